@@ -1,0 +1,135 @@
+"""``ftlaunch [OPTIONS] SCRIPT [SCRIPT_ARGS]...``: options → LaunchConfig, errors → exit codes.
+
+Every option can also be set as ``FTLAUNCH_<OPTION>`` (``FTLAUNCH_NPROC=8``), as torchrun's
+``PET_*``; the command line wins over the environment.
+"""
+
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import click
+
+from launcher.config import EntryKind, LaunchConfig, preflight, resolve_backend, visible_gpu_count
+from launcher.errors import ExitCode, FtlaunchError, UsageError
+from worker_lib.backend import BACKENDS
+
+__all__ = ["cli", "main", "run"]
+
+ENV_PREFIX = "FTLAUNCH"
+
+
+def _say(line: str) -> None:
+    click.echo(f"[ftlaunch] {line}", err=True)
+
+
+@click.command(
+    context_settings={"allow_interspersed_args": False, "show_default": True},
+    epilog="Every option can also be set as FTLAUNCH_<OPTION>, e.g. FTLAUNCH_NPROC=8.",
+)
+@click.option("--nproc", "--nproc-per-node", "nproc", default="auto", metavar="N|auto",
+              help="Workers on this node; auto: one per visible GPU, else 1.")
+@click.option("-m", "--module", is_flag=True, help="Run SCRIPT as a module, like python -m.")
+@click.option("--no-python", is_flag=True, help="Run SCRIPT as an executable, not with python.")
+@click.option("--max-failures", type=int, default=3,
+              help="Failed groups restarted before giving up; -1: unlimited, 0: none.")
+@click.option("--backend", type=click.Choice(BACKENDS), default="auto",
+              help="Collective backend; auto: nccl with GPUs, else gloo.")
+@click.option("--log-dir", type=click.Path(path_type=Path), default=None,
+              help="Where per-attempt, per-rank logs go  [default: ftlaunch_logs/RUN_ID]")
+@click.option("--grace-period", type=float, default=5.0,
+              help="Seconds between SIGTERM and SIGKILL when stopping workers.")
+@click.option("--run-id", default=None, help="TORCHELASTIC_RUN_ID  [default: date-time-pid]")
+@click.option("--master-addr", default="127.0.0.1", help="Address the workers' store listens on.")
+@click.option("--master-port", type=int, default=0, help="Port of the workers' store; 0: a free one.")
+@click.option("--console-ranks", default=None, metavar="R[,R...]",
+              help="Ranks shown on the console (all are logged to files)  [default: all]")
+@click.option("-v", "--verbose", is_flag=True, help="Log the supervisor's own decisions.")
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.version_option(package_name="ftlaunch")
+def cli(verbose: bool, **options) -> int:
+    """Start SCRIPT on N workers, watch them, and restart the whole group when one fails.
+
+    Everything after SCRIPT is passed to SCRIPT.
+    """
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="[ftlaunch] %(name)s: %(message)s")
+    config = config_from_options(**options)
+    preflight(config)
+    from launcher.summary import summary_lines
+    from launcher.supervisor import Supervisor
+
+    result = Supervisor(config, say=_say).run()
+    for line in summary_lines(result):
+        _say(line)
+    return int(result.exit_code)
+
+
+def config_from_options(
+    nproc: str, module: bool, no_python: bool, max_failures: int, backend: str,
+    log_dir: Optional[Path], grace_period: float, run_id: Optional[str], master_addr: str,
+    master_port: int, console_ranks: Optional[str], script: str, script_args: Sequence[str],
+) -> LaunchConfig:
+    if module and no_python:
+        raise UsageError("--module and --no-python exclude each other")
+    gpus = visible_gpu_count()
+    procs = _parse_nproc(nproc, gpus)
+    run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    return LaunchConfig(
+        entrypoint=script,
+        script_args=tuple(script_args),
+        entry_kind=EntryKind.MODULE if module else EntryKind.EXECUTABLE if no_python else EntryKind.SCRIPT,
+        nproc=procs,
+        max_failures=max_failures,
+        backend=resolve_backend(backend, procs, gpus),
+        log_dir=log_dir or Path("ftlaunch_logs") / run_id,
+        grace_period=grace_period,
+        run_id=run_id,
+        master_addr=master_addr,
+        master_port=master_port,
+        console_ranks=_parse_ranks(console_ranks),
+    )
+
+
+def _parse_nproc(value: str, gpus: int) -> int:
+    if value == "auto":
+        return gpus or 1
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(f"--nproc must be a whole number or 'auto', got {value!r}") from None
+
+
+def _parse_ranks(value: Optional[str]) -> Optional[frozenset]:
+    if value is None:
+        return None
+    try:
+        return frozenset(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise UsageError(f"--console-ranks takes ranks like 0 or 0,3, got {value!r}") from None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The one place where errors become exit codes."""
+    try:
+        return cli.main(args=argv, prog_name="ftlaunch", standalone_mode=False, auto_envvar_prefix=ENV_PREFIX)
+    except click.exceptions.Exit as done:  # --help, --version
+        return done.exit_code
+    except click.ClickException as err:
+        _error(err.format_message())
+        return ExitCode.USAGE
+    except FtlaunchError as err:
+        _error(str(err))
+        return err.exit_code
+
+
+def _error(message: str) -> None:
+    click.echo(f"ftlaunch: error: {message}", err=True)
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

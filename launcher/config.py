@@ -1,0 +1,115 @@
+"""LaunchConfig: built once by the CLI, validated, frozen, passed down."""
+
+import dataclasses
+import enum
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import FrozenSet, Optional, Tuple
+
+from launcher.errors import UsageError
+from worker_lib.backend import choose_backend
+
+__all__ = ["EntryKind", "LaunchConfig", "preflight", "visible_gpu_count"]
+
+
+class EntryKind(str, enum.Enum):
+    """How the entry point is run: ``python SCRIPT``, ``python -m MODULE`` or ``SCRIPT`` itself."""
+
+    SCRIPT = "script"
+    MODULE = "module"
+    EXECUTABLE = "executable"  # --no-python
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """Everything one ftlaunch run needs; invariants are checked in ``__post_init__``."""
+
+    entrypoint: str
+    script_args: Tuple[str, ...] = ()
+    entry_kind: EntryKind = EntryKind.SCRIPT
+    nproc: int = 1
+    max_failures: int = 3  # failed groups tolerated; -1: unlimited, 0: none
+    backend: str = "gloo"  # resolved: "nccl" or "gloo", never "auto"
+    log_dir: Path = Path("ftlaunch_logs")
+    grace_period: float = 5.0  # seconds between SIGTERM and SIGKILL
+    run_id: str = "ftlaunch"
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0  # 0: the OS picks a free port for each attempt's store
+    console_ranks: Optional[FrozenSet[int]] = None  # None: every rank on the console
+    python: str = sys.executable
+
+    def __post_init__(self) -> None:
+        if self.nproc < 1:
+            raise UsageError(f"--nproc must be at least 1, got {self.nproc}")
+        if self.max_failures < -1:
+            raise UsageError(f"--max-failures must be -1 (unlimited) or more, got {self.max_failures}")
+        if self.backend not in ("nccl", "gloo"):
+            raise UsageError(f"backend must be resolved to nccl or gloo, got {self.backend!r}")
+        if self.grace_period < 0:
+            raise UsageError(f"--grace-period must be 0 or more seconds, got {self.grace_period}")
+        if not 0 <= self.master_port < 65536:
+            raise UsageError(f"--master-port must be in 0..65535, got {self.master_port}")
+        if self.console_ranks is not None:
+            outside = sorted(r for r in self.console_ranks if not 0 <= r < self.nproc)
+            if outside:
+                raise UsageError(f"--console-ranks names ranks {outside} outside 0..{self.nproc - 1}")
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc
+
+    def shows_on_console(self, rank: int) -> bool:
+        return self.console_ranks is None or rank in self.console_ranks
+
+    def worker_argv(self) -> Tuple[str, ...]:
+        """The command line every rank runs."""
+        if self.entry_kind is EntryKind.MODULE:
+            return (self.python, "-u", "-m", self.entrypoint, *self.script_args)
+        if self.entry_kind is EntryKind.EXECUTABLE:
+            return (self.entrypoint, *self.script_args)
+        return (self.python, "-u", self.entrypoint, *self.script_args)
+
+
+def visible_gpu_count() -> int:
+    """GPUs this node can use; asks NVML through torch, so no CUDA context is created."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a declared dependency
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def resolve_backend(requested: str, nproc: int, gpu_count: int) -> str:
+    """Choose the backend and refuse nccl setups that cannot work, before anything starts."""
+    try:
+        backend = choose_backend(requested, gpu_count)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if backend == "nccl" and nproc > gpu_count:
+        raise UsageError(f"--nproc {nproc} with nccl needs {nproc} GPUs, this node sees {gpu_count}")
+    return backend
+
+
+def preflight(config: LaunchConfig) -> None:
+    """Checks against the world (files, directories) that must pass before any worker starts."""
+    _check_entrypoint(config)
+    _check_log_dir_writable(config.log_dir)
+
+
+def _check_entrypoint(config: LaunchConfig) -> None:
+    if config.entry_kind is EntryKind.SCRIPT and not Path(config.entrypoint).is_file():
+        raise UsageError(f"script not found: {config.entrypoint}")
+    if config.entry_kind is EntryKind.EXECUTABLE and shutil.which(config.entrypoint) is None:
+        raise UsageError(f"executable not found or not executable: {config.entrypoint}")
+
+
+def _check_log_dir_writable(log_dir: Path) -> None:
+    probe = log_dir / f".ftlaunch-write-test-{os.getpid()}"
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise UsageError(f"log dir {log_dir} is not writable: {err.strerror or err}") from None

@@ -1,0 +1,33 @@
+"""ftlaunch's exit codes and its one exception family."""
+
+import enum
+import signal
+
+__all__ = ["ExitCode", "FtlaunchError", "UsageError", "exit_code_for_signal"]
+
+
+class ExitCode(enum.IntEnum):
+    """What ftlaunch's exit status means (the README's table is written from this)."""
+
+    SUCCESS = 0  # every rank exited 0
+    FAILED = 1  # the failure budget is spent
+    USAGE = 2  # bad input; no worker was started
+    INTERRUPTED_SIGINT = 128 + signal.SIGINT  # 130
+    INTERRUPTED_SIGTERM = 128 + signal.SIGTERM  # 143
+
+
+def exit_code_for_signal(signum: int) -> int:
+    """The shell's convention: a run ended by signal N exits 128 + N."""
+    return 128 + signum
+
+
+class FtlaunchError(Exception):
+    """Base of every error ftlaunch raises on purpose; ``cli.main`` maps it to an exit code."""
+
+    exit_code: int = ExitCode.FAILED
+
+
+class UsageError(FtlaunchError):
+    """Bad input found before any worker started."""
+
+    exit_code = ExitCode.USAGE

@@ -1,0 +1,148 @@
+"""Per-rank logs: every byte to ``rank_<r>.log``, whole lines prefixed ``[r]`` to the console.
+
+One thread reads every worker pipe through a selector, so console lines are written by a
+single writer and two ranks never mix within a line.
+"""
+
+import logging
+import os
+import selectors
+import threading
+from collections import deque
+from pathlib import Path
+from typing import BinaryIO, Dict, List, Optional
+
+__all__ = ["LogPump", "tail_lines"]
+
+log = logging.getLogger(__name__)
+
+_READ_SIZE = 65536
+
+
+class _Stream:
+    """One worker pipe: where its bytes go, and the console line not yet finished."""
+
+    def __init__(self, fd: int, log_file: BinaryIO, console: Optional[BinaryIO], prefix: bytes):
+        self.fd = fd
+        self.log_file = log_file
+        self.console = console
+        self.prefix = prefix
+        self.partial = b""
+
+    def take(self, chunk: bytes) -> None:
+        self.log_file.write(chunk)
+        self.log_file.flush()
+        if self.console is None:
+            return
+        lines = (self.partial + chunk).split(b"\n")
+        self.partial = lines.pop()
+        if lines:
+            self.console.write(b"".join(self.prefix + line + b"\n" for line in lines))
+            self.console.flush()
+
+    def finish(self) -> None:
+        """A last line without its newline still reaches the console, whole."""
+        if self.console is not None and self.partial:
+            self.console.write(self.prefix + self.partial + b"\n")
+            self.console.flush()
+        self.partial = b""
+
+
+class LogPump:
+    """Copies worker output to log files and the console until ``close()``."""
+
+    def __init__(self, console_out: BinaryIO, console_err: BinaryIO) -> None:
+        self._console = {"stdout": console_out, "stderr": console_err}
+        self._selector = selectors.DefaultSelector()
+        self._streams: Dict[int, _Stream] = {}
+        self._files: List[BinaryIO] = []
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ftlaunch-logs", daemon=True)
+        self._thread.start()
+
+    def open_log(self, path: Path) -> BinaryIO:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "ab")
+        self._files.append(handle)
+        return handle
+
+    def add(self, fd: int, kind: str, rank: int, log_file: BinaryIO, to_console: bool) -> None:
+        """Start pumping ``fd`` (a worker's stdout or stderr pipe); ``kind`` picks the console."""
+        os.set_blocking(fd, False)
+        console = self._console[kind] if to_console else None
+        stream = _Stream(fd, log_file, console, f"[{rank}] ".encode())
+        with self._lock:
+            self._streams[fd] = stream
+            self._selector.register(fd, selectors.EVENT_READ)
+
+    def close(self) -> None:
+        """Stop the thread, copy what is still buffered in the pipes, close everything.
+
+        Called after the workers are reaped; a grandchild that still holds a pipe open must
+        not keep us waiting for an EOF, so the last read is non-blocking.
+        """
+        self._stopping.set()
+        self._thread.join()
+        for fd in list(self._streams):
+            self._drain(fd)
+            self._drop(fd)
+        self._selector.close()
+        for handle in self._files:
+            handle.close()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            with self._lock:
+                has_streams = bool(self._streams)
+            if not has_streams:
+                self._stopping.wait(0.05)
+                continue
+            for key, _ in self._selector.select(timeout=0.05):
+                self._read_once(key.fd)
+
+    def _read_once(self, fd: int) -> None:
+        try:
+            chunk = os.read(fd, _READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError as err:
+            log.debug("reading worker pipe %d: %s", fd, err)
+            chunk = b""
+        with self._lock:
+            if chunk:
+                self._streams[fd].take(chunk)
+            else:
+                self._drop(fd)
+
+    def _drain(self, fd: int) -> None:
+        while fd in self._streams:
+            try:
+                chunk = os.read(fd, _READ_SIZE)
+            except OSError:  # BlockingIOError included: nothing more for now
+                return
+            if not chunk:
+                return
+            self._streams[fd].take(chunk)
+
+    def _drop(self, fd: int) -> None:
+        stream = self._streams.pop(fd, None)
+        if stream is None:
+            return
+        stream.finish()
+        self._selector.unregister(fd)
+        os.close(fd)
+
+
+def tail_lines(path: Path, count: int = 20, max_bytes: int = 65536) -> List[str]:
+    """The last ``count`` lines of a log file, for the failure summary."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - max_bytes))
+            data = handle.read()
+    except OSError:
+        return []
+    lines = deque(data.decode("utf-8", "replace").splitlines(), maxlen=count)
+    return list(lines)

@@ -1,0 +1,88 @@
+"""Plan, then execute: what each rank of an attempt runs, as plain data that tests can inspect."""
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import List, Mapping, Optional, Tuple
+
+from launcher.config import LaunchConfig
+from worker_lib import contract as c
+
+__all__ = ["WorkerSpec", "attempt_dir", "plan_workers", "worker_env"]
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSpec:
+    rank: int
+    local_rank: int
+    argv: Tuple[str, ...]
+    env: Mapping[str, str]
+    log_file: Path
+    error_file: Path
+
+
+def attempt_dir(config: LaunchConfig, attempt: int) -> Path:
+    return config.log_dir / f"attempt_{attempt}"
+
+
+def plan_workers(
+    config: LaunchConfig, attempt: int, master_port: int, base_env: Optional[Mapping[str, str]] = None
+) -> List[WorkerSpec]:
+    """One spec per local rank; ``base_env`` (default: ours) is what the workers inherit."""
+    base = dict(os.environ if base_env is None else base_env)
+    folder = attempt_dir(config, attempt)
+    argv = config.worker_argv()
+    specs = []
+    for local_rank in range(config.nproc):
+        error_file = folder / f"rank_{local_rank}.error.json"
+        env = worker_env(config, local_rank, attempt, master_port, error_file, base)
+        specs.append(
+            WorkerSpec(
+                rank=local_rank,  # single node: global rank == local rank
+                local_rank=local_rank,
+                argv=argv,
+                env=env,
+                log_file=folder / f"rank_{local_rank}.log",
+                error_file=error_file,
+            )
+        )
+    return specs
+
+
+def worker_env(
+    config: LaunchConfig,
+    local_rank: int,
+    attempt: int,
+    master_port: int,
+    error_file: Path,
+    base: Mapping[str, str],
+) -> dict:
+    """torchrun's variables with torchrun's meaning, plus ftlaunch's own."""
+    env = dict(base)
+    env.update(
+        {
+            c.RANK: str(local_rank),
+            c.LOCAL_RANK: str(local_rank),
+            c.WORLD_SIZE: str(config.world_size),
+            c.LOCAL_WORLD_SIZE: str(config.nproc),
+            c.GROUP_RANK: "0",
+            c.GROUP_WORLD_SIZE: "1",
+            c.ROLE_RANK: str(local_rank),
+            c.ROLE_NAME: "default",
+            c.ROLE_WORLD_SIZE: str(config.world_size),
+            c.MASTER_ADDR: config.master_addr,
+            c.MASTER_PORT: str(master_port),
+            c.RESTART_COUNT: str(attempt),
+            c.MAX_RESTARTS: str(config.max_failures),
+            c.RUN_ID: config.run_id,
+            c.USE_AGENT_STORE: "True",
+            c.ERROR_FILE: str(error_file.resolve()),
+            c.NCCL_ASYNC_ERROR_HANDLING: base.get(c.NCCL_ASYNC_ERROR_HANDLING, "1"),
+            c.FT_ATTEMPT: str(attempt),
+            c.FT_BACKEND: config.backend,
+        }
+    )
+    if config.nproc > 1 and "OMP_NUM_THREADS" not in base:
+        # As torchrun does: N ranks each using every core oversubscribe the CPU badly.
+        env["OMP_NUM_THREADS"] = "1"
+    return env

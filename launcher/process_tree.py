@@ -1,0 +1,118 @@
+"""Stopping process trees: SIGCONT + a first signal to every group and descendant, a grace
+period on a monotonic clock, SIGKILL, then a psutil check that nothing is left.
+
+The supervisor is a child subreaper (``linux.become_subreaper``), so a grandchild whose parent
+died is re-parented to the supervisor and still found among its descendants here.
+"""
+
+import dataclasses
+import os
+import signal
+import time
+from typing import Callable, Collection, Iterable, List, Set
+
+import psutil
+
+__all__ = ["StopReport", "descendants", "stop_tree"]
+
+_POLL_S = 0.02
+
+
+@dataclasses.dataclass(frozen=True)
+class StopReport:
+    killed: bool  # the grace period ran out (or was cut short) and SIGKILL was needed
+    survivors: List[int]  # pids still alive afterwards (uninterruptible sleep, say)
+    seconds: float
+
+
+def descendants(exclude: Collection[int] = ()) -> List[psutil.Process]:
+    """Every live descendant of this process, except ``exclude`` (the orphan guard)."""
+    try:
+        found = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+    return [p for p in found if p.pid not in exclude]
+
+
+def stop_tree(
+    leaders: Collection[int],
+    first_signal: int,
+    grace: float,
+    abort: Callable[[], bool],
+    exclude: Collection[int] = (),
+    reap: Callable[[], None] = lambda: None,
+) -> StopReport:
+    """Stop every process group led by ``leaders`` and every descendant of ours.
+
+    ``abort()`` turning true (a second Ctrl+C) ends the grace period at once; ``reap()`` lets
+    the owner collect its children's exit statuses while we wait.
+    """
+    start = time.monotonic()
+    targets = _signal_all(leaders, signal.SIGCONT, exclude)  # a stopped process can't act on SIGTERM
+    targets |= _signal_all(leaders, first_signal, exclude)
+    deadline = start + grace
+    while _alive(targets) and time.monotonic() < deadline and not abort():
+        reap()
+        time.sleep(_POLL_S)
+    killed = bool(_alive(targets))
+    if killed:
+        targets |= _signal_all(leaders, signal.SIGKILL, exclude)
+    survivors = _wait_gone(targets, set(leaders), reap, timeout=2.0)
+    return StopReport(killed=killed, survivors=survivors, seconds=time.monotonic() - start)
+
+
+def _signal_all(leaders: Iterable[int], sig: int, exclude: Collection[int]) -> Set[int]:
+    """Signal each group (catches processes born since the last look) and each descendant
+    (catches those that left the group); return the pids signalled."""
+    for pgid in leaders:
+        _quietly(os.killpg, pgid, sig)
+    pids = {p.pid for p in descendants(exclude)}
+    for pid in pids:
+        _quietly(os.kill, pid, sig)
+    return pids | set(leaders)
+
+
+def _quietly(send: Callable[[int, int], None], target: int, sig: int) -> None:
+    try:
+        send(target, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _alive(pids: Iterable[int]) -> List[int]:
+    """Pids still running: zombies have exited and only wait for a reap, so they don't count."""
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def _wait_gone(
+    pids: Set[int], leaders: Set[int], reap: Callable[[], None], timeout: float
+) -> List[int]:
+    """After SIGKILL the kernel needs a moment; a process in uninterruptible sleep (D state)
+    may never go, and is reported rather than waited on forever."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reap()
+        _reap_orphans(pids - leaders)  # the leaders are reaped by their owner
+        left = _alive(pids)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(_POLL_S)
+
+
+def _reap_orphans(pids: Iterable[int]) -> None:
+    """Collect re-parented grandchildren, which are our children now; never waitpid(-1),
+    which would steal exit statuses that Popen is waiting for."""
+    me = os.getpid()
+    for pid in pids:
+        try:
+            if psutil.Process(pid).ppid() == me:
+                os.waitpid(pid, os.WNOHANG)
+        except (psutil.Error, ChildProcessError):
+            pass

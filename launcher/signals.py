@@ -1,0 +1,59 @@
+"""Signals as events for the supervisor's loop.
+
+SIGINT and SIGTERM are recorded, not acted on in the handler; SIGCHLD only wakes the loop.
+All three write to one wakeup pipe, so the loop sleeps in ``select`` and still notices a dead
+worker or a Ctrl+C at once instead of at its next poll.
+"""
+
+import os
+import select
+import signal
+from typing import List, Optional
+
+__all__ = ["SignalInbox"]
+
+_HANDLED = (signal.SIGINT, signal.SIGTERM)
+
+
+class SignalInbox:
+    """Install with ``open()`` (main thread only), undo with ``close()``."""
+
+    def __init__(self) -> None:
+        self.received: List[int] = []
+        self._read_fd = -1
+        self._previous: dict = {}
+        self._previous_wakeup = -1
+
+    @property
+    def first(self) -> Optional[int]:
+        return self.received[0] if self.received else None
+
+    def open(self) -> None:
+        self._read_fd, write_fd = os.pipe()
+        os.set_blocking(self._read_fd, False)
+        os.set_blocking(write_fd, False)
+        self._write_fd = write_fd
+        self._previous_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        for sig in _HANDLED:
+            self._previous[sig] = signal.signal(sig, self._record)
+        self._previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    def close(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        signal.set_wakeup_fd(self._previous_wakeup)
+        for fd in (self._read_fd, self._write_fd):
+            os.close(fd)
+
+    def wait(self, timeout: float) -> None:
+        """Sleep until a signal arrives (a child's exit included) or ``timeout`` passes."""
+        ready, _, _ = select.select([self._read_fd], [], [], timeout)
+        if ready:
+            try:
+                while os.read(self._read_fd, 512):
+                    pass
+            except BlockingIOError:
+                pass
+
+    def _record(self, signum: int, _frame: object) -> None:
+        self.received.append(signum)

@@ -1,0 +1,40 @@
+"""The lines ftlaunch prints when a run ends: outcome, every failure, the root cause."""
+
+from typing import List
+
+from launcher.failures import ProcessFailure
+from launcher.supervisor import Outcome, RunResult
+
+__all__ = ["summary_lines"]
+
+
+def summary_lines(result: RunResult) -> List[str]:
+    failed = [a for a in result.attempts if a.outcome is Outcome.FAILED]
+    lines = [
+        f"{_verdict(result)} after {len(result.attempts)} attempt(s), "
+        f"{len(failed)} failed group(s): {result.reason} (exit {int(result.exit_code)})"
+    ]
+    for attempt in failed:
+        extra = len(attempt.failures) - 1
+        more = f" (+{extra} more rank(s) failed)" if extra else ""
+        lines.append(f"  attempt {attempt.attempt}: {attempt.root_cause.describe()}{more}")
+    if failed and result.exit_code != 0:
+        lines += _root_cause_detail(failed[-1].root_cause)
+    return lines
+
+
+def _verdict(result: RunResult) -> str:
+    if result.exit_code == 0:
+        return "SUCCEEDED"
+    return "STOPPED" if result.attempts[-1].outcome is Outcome.INTERRUPTED else "FAILED"
+
+
+def _root_cause_detail(failure: ProcessFailure) -> List[str]:
+    lines = [f"root cause: {failure.describe()}"]
+    if failure.error and failure.error.traceback:
+        lines.append("  traceback (from TORCHELASTIC_ERROR_FILE):")
+        lines += [f"  | {line}" for line in failure.error.traceback.rstrip().splitlines()]
+    elif failure.log_tail:
+        lines.append(f"  last lines of {failure.log_file}:")
+        lines += [f"  | {line}" for line in failure.log_tail]
+    return lines

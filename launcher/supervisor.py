@@ -1,0 +1,233 @@
+"""The supervisor: monitor → decide → act, one attempt's worker group at a time."""
+
+import dataclasses
+import enum
+import logging
+import signal
+import sys
+from typing import BinaryIO, Callable, List, Optional
+
+from launcher.config import LaunchConfig
+from launcher.errors import ExitCode, FtlaunchError, UsageError, exit_code_for_signal
+from launcher.events import EventLog
+from launcher.failures import ProcessFailure, read_error_file, root_cause
+from launcher.linux import become_subreaper
+from launcher.logs import LogPump, tail_lines
+from launcher.orphan_guard import OrphanGuard
+from launcher.plan import plan_workers
+from launcher.policy import FailurePolicy
+from launcher.signals import SignalInbox
+from launcher.state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine
+from launcher.store import AttemptStore
+from launcher.workers import Exit, PopenSpawner, Spawner, WorkerGroup
+
+__all__ = ["AttemptResult", "Outcome", "RunResult", "Supervisor"]
+
+log = logging.getLogger(__name__)
+
+# The loop sleeps in select() on the signal pipe; SIGCHLD wakes it the moment a worker dies.
+# The timeout only bounds how long a missed wakeup could go unnoticed.
+_MONITOR_TIMEOUT_S = 0.05
+_LOG_TAIL_LINES = 20
+
+
+class Outcome(str, enum.Enum):
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    INTERRUPTED = "INTERRUPTED"
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptResult:
+    attempt: int
+    outcome: Outcome
+    failures: List[ProcessFailure] = dataclasses.field(default_factory=list)
+    signum: Optional[int] = None  # for INTERRUPTED
+
+    @property
+    def root_cause(self) -> Optional[ProcessFailure]:
+        return root_cause(self.failures) if self.failures else None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    exit_code: int
+    attempts: List[AttemptResult]
+    reason: str
+
+
+class Supervisor:
+    """Runs ``config`` to completion; the caller owns this process (we reap its children)."""
+
+    def __init__(
+        self,
+        config: LaunchConfig,
+        spawner: Optional[Spawner] = None,
+        say: Callable[[str], None] = lambda line: print(f"[ftlaunch] {line}", file=sys.stderr),
+        console_out: Optional[BinaryIO] = None,
+        console_err: Optional[BinaryIO] = None,
+    ) -> None:
+        self.config = config
+        self._spawner = spawner or PopenSpawner()
+        self._say = say
+        self._policy = FailurePolicy(config.max_failures)
+        self._signals = SignalInbox()
+        self._console = (console_out or sys.stdout.buffer, console_err or sys.stderr.buffer)
+        self._events: Optional[EventLog] = None
+        self._guard: Optional[OrphanGuard] = None
+
+    def run(self) -> RunResult:
+        self._open()
+        try:
+            result = self._run_attempts()
+            self._events.emit("run_end", exit_code=int(result.exit_code), reason=result.reason)
+            return result
+        finally:
+            self._shutdown()
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def _run_attempts(self) -> RunResult:
+        attempts: List[AttemptResult] = []
+        while True:
+            result = self._run_attempt(len(attempts))
+            attempts.append(result)
+            if result.outcome is Outcome.SUCCEEDED:
+                return RunResult(ExitCode.SUCCESS, attempts, "every rank exited 0")
+            if result.outcome is Outcome.INTERRUPTED:
+                name = signal.Signals(result.signum).name
+                return RunResult(exit_code_for_signal(result.signum), attempts, f"interrupted by {name}")
+            failed = sum(a.outcome is Outcome.FAILED for a in attempts)
+            decision = self._policy.after_failure(failed)
+            self._events.emit("decision", attempt=result.attempt, restart=decision.restart, reason=decision.reason)
+            self._say(f"attempt {result.attempt} failed: {result.root_cause.describe()}")
+            if not decision.restart:
+                return RunResult(ExitCode.FAILED, attempts, decision.reason)
+            self._say(f"restarting the group ({decision.reason})")
+
+    def _run_attempt(self, attempt: int) -> AttemptResult:
+        machine = GroupStateMachine(attempt, self._on_transition)
+        store = self._open_store(attempt)
+        pump = LogPump(*self._console)
+        specs = plan_workers(self.config, attempt, store.port)
+        group = WorkerGroup(specs, self._spawner, pump, self._guard, self.config.shows_on_console)
+        try:
+            result = self._start_and_watch(machine, group)
+            self._stop(machine, group, result)
+        except BaseException:
+            self._kill_after_error(machine, group)
+            raise
+        finally:
+            pump.close()
+            store.close()
+        return self._with_log_tails(result)
+
+    def _start_and_watch(self, machine: GroupStateMachine, group: WorkerGroup) -> AttemptResult:
+        if self._signals.first is not None:  # interrupted between two attempts
+            return AttemptResult(machine.attempt, Outcome.INTERRUPTED, signum=self._signals.first)
+        self._say(
+            f"attempt {machine.attempt}: starting {self.config.nproc} worker(s), "
+            f"backend {self.config.backend}, logs in {group.specs[0].log_file.parent}"
+        )
+        try:
+            group.spawn()
+        except OSError as err:
+            machine.transition(GroupState.FAILED, error=str(err))
+            raise FtlaunchError(f"cannot start the workers: {err}") from None
+        machine.transition(GroupState.RUNNING, pids=group.pids)
+        return self._monitor(machine, group)
+
+    def _monitor(self, machine: GroupStateMachine, group: WorkerGroup) -> AttemptResult:
+        failures: List[ProcessFailure] = []
+        while True:
+            if self._signals.first is not None:
+                return AttemptResult(machine.attempt, Outcome.INTERRUPTED, signum=self._signals.first)
+            for exited in group.poll():
+                self._record_exit(machine.attempt, exited, failures)
+            if failures:
+                machine.transition(GroupState.FAILED, root_cause=root_cause(failures).describe())
+                return AttemptResult(machine.attempt, Outcome.FAILED, failures)
+            if group.all_exited():
+                machine.transition(GroupState.SUCCEEDED)
+                return AttemptResult(machine.attempt, Outcome.SUCCEEDED)
+            self._signals.wait(_MONITOR_TIMEOUT_S)
+
+    def _record_exit(self, attempt: int, exited: Exit, failures: List[ProcessFailure]) -> None:
+        self._events.emit(
+            "worker_exit", attempt=attempt, rank=exited.spec.rank, pid=exited.pid,
+            exitcode=exited.exitcode, t_observed=exited.observed_at,
+        )
+        if exited.exitcode != 0:
+            failures.append(
+                ProcessFailure(
+                    rank=exited.spec.rank,
+                    local_rank=exited.spec.local_rank,
+                    pid=exited.pid,
+                    exitcode=exited.exitcode,
+                    observed_at=exited.observed_at,
+                    error=read_error_file(exited.spec.error_file),
+                    log_file=exited.spec.log_file,
+                )
+            )
+
+    def _stop(self, machine: GroupStateMachine, group: WorkerGroup, result: AttemptResult) -> None:
+        """Stop the whole group. After a success this only sweeps up leftover grandchildren."""
+        if result.outcome is not Outcome.SUCCEEDED:
+            machine.transition(GroupState.STOPPING)
+        first_signal = result.signum if result.outcome is Outcome.INTERRUPTED else signal.SIGTERM
+        report = group.stop(first_signal, self.config.grace_period, abort=self._stop_cut_short)
+        if report.survivors:
+            self._say(f"could not stop pids {report.survivors} (uninterruptible?); left behind")
+        if result.outcome is not Outcome.SUCCEEDED:
+            machine.transition(
+                GroupState.STOPPED, killed=report.killed, seconds=round(report.seconds, 3),
+                survivors=report.survivors,
+            )
+
+    def _kill_after_error(self, machine: GroupStateMachine, group: WorkerGroup) -> None:
+        """Whatever went wrong in the supervisor itself, no worker outlives this attempt."""
+        if GroupState.STOPPING in ALLOWED_TRANSITIONS[machine.state]:
+            machine.transition(GroupState.STOPPING)
+        group.stop(signal.SIGKILL, 0.0, abort=lambda: True)
+        if machine.state is GroupState.STOPPING:
+            machine.transition(GroupState.STOPPED, killed=True)
+
+    def _stop_cut_short(self) -> bool:
+        """A second Ctrl+C (or any second signal) skips the rest of the grace period."""
+        return len(self._signals.received) >= 2
+
+    def _with_log_tails(self, result: AttemptResult) -> AttemptResult:
+        """Attach each failed rank's last log lines, now that the log pump has drained."""
+        failures = [
+            dataclasses.replace(f, log_tail=tuple(tail_lines(f.log_file, _LOG_TAIL_LINES) if f.log_file else ()))
+            for f in result.failures
+        ]
+        return dataclasses.replace(result, failures=failures)
+
+    # -- setup and teardown -----------------------------------------------------------------
+
+    def _open(self) -> None:
+        become_subreaper()
+        self._events = EventLog(self.config.log_dir / "events.jsonl")
+        self._events.emit("run_start", run_id=self.config.run_id, config=dataclasses.asdict(self.config))
+        self._signals.open()
+        self._guard = OrphanGuard()
+
+    def _open_store(self, attempt: int) -> AttemptStore:
+        try:
+            return AttemptStore(self.config.master_addr, self.config.master_port)
+        except OSError as err:
+            where = f"{self.config.master_addr}:{self.config.master_port}"
+            error_type = UsageError if attempt == 0 else FtlaunchError
+            raise error_type(f"cannot listen on {where} for the workers' store: {err.strerror or err}") from None
+
+    def _on_transition(self, attempt: int, old: Optional[GroupState], new: GroupState, **details) -> None:
+        self._events.emit("transition", attempt=attempt, old=old and old.value, new=new.value, **details)
+        log.info("attempt %s: %s -> %s", attempt, old and old.value, new.value)
+
+    def _shutdown(self) -> None:
+        if self._guard is not None:
+            self._guard.close()
+        self._signals.close()
+        if self._events is not None:
+            self._events.close()

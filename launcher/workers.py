@@ -1,0 +1,136 @@
+"""Process mechanics of one attempt's worker group: spawn → poll → stop. No policy here."""
+
+import dataclasses
+import os
+import subprocess
+import time
+from typing import Callable, Dict, List, Optional, Protocol
+
+from launcher.linux import die_with_parent
+from launcher.logs import LogPump
+from launcher.orphan_guard import OrphanGuard
+from launcher.plan import WorkerSpec
+from launcher.process_tree import StopReport, stop_tree
+
+__all__ = ["Exit", "PopenSpawner", "Spawned", "Spawner", "WorkerGroup", "WorkerProcess"]
+
+
+class WorkerProcess(Protocol):
+    """What the group needs of a started worker (``subprocess.Popen`` is one)."""
+
+    pid: int
+
+    def poll(self) -> Optional[int]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Spawned:
+    process: WorkerProcess
+    stdout_fd: int  # read ends of the worker's pipes; the log pump owns and closes them
+    stderr_fd: int
+
+
+class Spawner(Protocol):
+    """How workers are started; one small interface so a faster way (a fork server that has
+    already imported torch) can replace plain exec without touching the group."""
+
+    def spawn(self, spec: WorkerSpec) -> Spawned: ...
+
+
+class PopenSpawner:
+    """fork + exec of ``spec.argv``, in its own session (so its tree is one process group),
+    dying with the supervisor (PR_SET_PDEATHSIG), stdin from /dev/null."""
+
+    def spawn(self, spec: WorkerSpec) -> Spawned:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            process = subprocess.Popen(
+                spec.argv,
+                env=dict(spec.env),
+                stdin=subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=err_w,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),
+            )
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        return Spawned(process, out_r, err_r)
+
+
+@dataclasses.dataclass(frozen=True)
+class Exit:
+    spec: WorkerSpec
+    pid: int
+    exitcode: int
+    observed_at: float  # time.monotonic()
+
+
+class WorkerGroup:
+    def __init__(
+        self,
+        specs: List[WorkerSpec],
+        spawner: Spawner,
+        pump: LogPump,
+        guard: OrphanGuard,
+        to_console: Callable[[int], bool],
+    ) -> None:
+        self.specs = specs
+        self._spawner = spawner
+        self._pump = pump
+        self._guard = guard
+        self._to_console = to_console
+        self._procs: Dict[int, WorkerProcess] = {}  # rank -> process
+        self._exits: Dict[int, Exit] = {}  # rank -> how it ended
+
+    @property
+    def pids(self) -> List[int]:
+        return [p.pid for p in self._procs.values()]
+
+    def spawn(self) -> None:
+        for spec in self.specs:
+            spec.log_file.parent.mkdir(parents=True, exist_ok=True)
+            log_file = self._pump.open_log(spec.log_file)
+            spawned = self._spawner.spawn(spec)
+            self._procs[spec.rank] = spawned.process
+            self._guard.watch(spawned.process.pid)
+            show = self._to_console(spec.rank)
+            self._pump.add(spawned.stdout_fd, "stdout", spec.rank, log_file, show)
+            self._pump.add(spawned.stderr_fd, "stderr", spec.rank, log_file, show)
+
+    def poll(self) -> List[Exit]:
+        """Workers that exited since the last poll, in rank order."""
+        now = time.monotonic()
+        new = []
+        for spec in self.specs:
+            proc = self._procs.get(spec.rank)
+            if proc is None or spec.rank in self._exits:
+                continue
+            code = proc.poll()
+            if code is not None:
+                self._exits[spec.rank] = Exit(spec, proc.pid, code, now)
+                new.append(self._exits[spec.rank])
+        return new
+
+    def all_exited(self) -> bool:
+        return len(self._exits) == len(self.specs)
+
+    def stop(self, first_signal: int, grace: float, abort: Callable[[], bool]) -> StopReport:
+        """Stop every worker and every descendant, reap them, and release their groups."""
+        report = stop_tree(
+            self.pids,
+            first_signal,
+            grace,
+            abort,
+            exclude={self._guard.pid},
+            reap=self.poll,
+        )
+        for pid in self.pids:
+            self._guard.forget(pid)
+        return report
