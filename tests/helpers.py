@@ -1,0 +1,123 @@
+"""Run ftlaunch for real, watch what it started, and find what outlived it."""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import List, Optional
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+ACTOR = SCRIPTS / "actor.py"
+MARKER = "FTLAUNCH_TEST_MARKER"  # set in the supervisor's env, inherited by all it starts
+
+
+def processes_with_marker(marker: str) -> List[psutil.Process]:
+    """Live (non-zombie) processes whose environment carries this test's marker."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get(MARKER) == marker and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
+@dataclasses.dataclass
+class Launch:
+    proc: subprocess.Popen
+    log_dir: Path
+    marker: str
+    stdout: str = ""
+    stderr: str = ""
+
+    def wait(self, timeout: float = 90) -> int:
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+            raise AssertionError(f"ftlaunch did not finish in {timeout}s:\n{out}\n{err}") from None
+        self.stdout, self.stderr = out, err
+        return self.proc.returncode
+
+    def events(self, kind: Optional[str] = None) -> List[dict]:
+        lines = (self.log_dir / "events.jsonl").read_text().splitlines()
+        events = [json.loads(line) for line in lines]
+        return [e for e in events if kind is None or e["event"] == kind]
+
+    def survivors(self) -> List[psutil.Process]:
+        return processes_with_marker(self.marker)
+
+
+class Launcher:
+    """Starts ``python -m launcher ...`` in its own session and cleans up after the test."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.launches: List[Launch] = []
+
+    def start(self, *args: str, env: Optional[dict] = None, log_dir: Optional[Path] = None) -> Launch:
+        marker = uuid.uuid4().hex
+        log_dir = log_dir or self.tmp_path / f"logs_{len(self.launches)}"
+        full_env = {**os.environ, MARKER: marker, **(env or {})}
+        argv = [sys.executable, "-m", "launcher", "--log-dir", str(log_dir), *args]
+        proc = subprocess.Popen(
+            argv, env=full_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, start_new_session=True,
+        )
+        launch = Launch(proc, log_dir, marker)
+        self.launches.append(launch)
+        return launch
+
+    def run(self, *args: str, timeout: float = 90, **kwargs) -> Launch:
+        launch = self.start(*args, **kwargs)
+        launch.wait(timeout)
+        return launch
+
+    def cleanup(self) -> List[str]:
+        """Stop anything left, by PID, and report what had survived."""
+        leaked = []
+        for launch in self.launches:
+            if launch.proc.poll() is None:
+                launch.proc.kill()
+                launch.proc.wait()
+                leaked.append(f"supervisor {launch.proc.pid}")
+            for proc in _wait_for_none(launch.marker, timeout=2.0):
+                leaked.append(f"{proc.pid} {' '.join(proc.cmdline())}")
+                proc.kill()
+        return leaked
+
+
+def _wait_for_none(marker: str, timeout: float) -> List[psutil.Process]:
+    """Give the kernel a moment to finish SIGKILLs already sent; bounded."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = processes_with_marker(marker)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.05)
+
+
+def wait_for_files(folder: Path, pattern: str, count: int, timeout: float = 30) -> List[Path]:
+    """Bounded wait until ``count`` files match (workers announce they are up this way)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = sorted(folder.glob(pattern)) if folder.exists() else []
+        if len(found) >= count:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"only {len(found)} of {count} {pattern} in {folder} after {timeout}s")
+
+
+def send(launch: Launch, sig: int) -> None:
+    os.kill(launch.proc.pid, sig)
+

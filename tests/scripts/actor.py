@@ -1,0 +1,105 @@
+"""A worker that does one thing for a test: crash, hang, trap signals, spawn children, dump env.
+
+Every behaviour is real: os._exit, SIGKILL to itself, a NULL dereference, an uncaught
+exception, a blocking sleep. It imports torch only where the behaviour needs it.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RANK = int(os.environ["RANK"])
+ATTEMPT = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--fail", choices=["exit", "sigkill", "segv", "raise"], help="how the chosen rank dies")
+    p.add_argument("--fail-rank", type=int, default=1)
+    p.add_argument("--fail-attempts", default="0", help="comma list of attempts that fail, or 'all'")
+    p.add_argument("--fail-after", type=float, default=0.3, help="seconds before failing")
+    p.add_argument("--others", choices=["sleep", "exit0"], default="exit0", help="what other ranks do")
+    p.add_argument("--run-for", type=float, default=1.0, help="seconds the others run before exit0")
+    p.add_argument("--ready-dir", type=Path, help="write <dir>/rank_<r>.attempt_<a>.pid once started")
+    p.add_argument("--env-dir", type=Path, help="dump the environment to <dir>/rank_<r>.attempt_<a>.json")
+    p.add_argument("--trap", choices=["report", "ignore"], help="SIGINT/SIGTERM: print and exit 0, or ignore")
+    p.add_argument("--grandchild", choices=["group", "session"], help="start a `sleep` child")
+    p.add_argument("--spam", type=int, default=0, help="print this many long lines fast")
+    p.add_argument("--no-newline", action="store_true", help="end with a line without newline")
+    return p.parse_args()
+
+
+def fails_now(args: argparse.Namespace) -> bool:
+    if args.fail is None or RANK != args.fail_rank:
+        return False
+    return args.fail_attempts == "all" or str(ATTEMPT) in args.fail_attempts.split(",")
+
+
+def die(how: str) -> None:
+    print(f"rank {RANK} about to fail by {how}", flush=True)
+    if how == "exit":
+        os._exit(1)
+    if how == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "segv":
+        ctypes.string_at(0)  # a real NULL dereference
+    if how == "raise":
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        @record
+        def train() -> None:
+            raise ValueError(f"boom on rank {RANK}")
+
+        train()
+
+
+def trap(mode: str) -> None:
+    def report(signum, _frame):
+        print(f"rank {RANK} got {signal.Signals(signum).name}", flush=True)
+        sys.exit(0)
+
+    handler = report if mode == "report" else signal.SIG_IGN
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
+
+
+def start_grandchild(mode: str) -> None:
+    child = subprocess.Popen(["sleep", "1000"], start_new_session=(mode == "session"))
+    print(f"rank {RANK} grandchild {child.pid}", flush=True)
+
+
+def main() -> None:
+    args = parse()
+    if args.trap:
+        trap(args.trap)
+    if args.env_dir:
+        args.env_dir.mkdir(parents=True, exist_ok=True)
+        (args.env_dir / f"rank_{RANK}.attempt_{ATTEMPT}.json").write_text(json.dumps(dict(os.environ)))
+    if args.grandchild:
+        start_grandchild(args.grandchild)
+    for i in range(args.spam):
+        print(f"rank {RANK} line {i} " + "x" * 200)
+    if args.ready_dir:
+        args.ready_dir.mkdir(parents=True, exist_ok=True)
+        ready = args.ready_dir / f"rank_{RANK}.attempt_{ATTEMPT}.pid"
+        ready.with_suffix(".tmp").write_text(str(os.getpid()))
+        ready.with_suffix(".tmp").rename(ready)  # whole, or not there at all
+    print(f"rank {RANK} attempt {ATTEMPT} started", flush=True)
+    if fails_now(args):
+        time.sleep(args.fail_after)
+        die(args.fail)
+    if args.others == "sleep":
+        time.sleep(1000)
+    time.sleep(args.run_for)
+    if args.no_newline:
+        print(f"rank {RANK} last words", end="", flush=True)
+
+
+if __name__ == "__main__":
+    main()

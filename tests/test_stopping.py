@@ -1,0 +1,136 @@
+"""Stopping the whole tree: signals forwarded, grandchildren included, nothing left after
+the supervisor itself is SIGKILLed."""
+
+import os
+import signal
+import time
+
+import psutil
+from helpers import ACTOR, wait_for_files
+
+
+def _start_sleepers(launcher, tmp_path, options=(), actor_args=(), nproc=2):
+    """ftlaunch with ``nproc`` ranks that sleep; returns once every rank has announced its pid."""
+    ready = tmp_path / "ready"
+    launch = launcher.start("--nproc", str(nproc), *options, str(ACTOR), "--others", "sleep",
+                            "--ready-dir", str(ready), *actor_args)
+    pids = [int(p.read_text()) for p in wait_for_files(ready, "rank_*.attempt_0.pid", nproc)]
+    return launch, pids
+
+
+def test_supervisor_sigkill_leaves_no_worker_nor_grandchild(launcher, tmp_path):
+    launch, pids = _start_sleepers(launcher, tmp_path, ["--grace-period", "30"], ["--grandchild", "group"], 3)
+    # Actor writes its ready file after starting its grandchild, so all of them exist now.
+    assert len(launch.survivors()) >= 1 + 1 + 3 * 2  # supervisor, orphan guard, workers, sleeps
+
+    os.kill(launch.proc.pid, signal.SIGKILL)
+    launch.wait()
+    time.sleep(1.0)
+
+    assert launch.survivors() == []
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in pids)
+
+
+def test_workers_die_with_the_supervisor_even_without_the_orphan_guard(launcher, tmp_path):
+    # PR_SET_PDEATHSIG alone: the guard is killed first, so only the kernel can stop the workers.
+    launch, pids = _start_sleepers(launcher, tmp_path, nproc=2)
+    guard = next(p for p in psutil.Process(launch.proc.pid).children() if "orphan_guard" in " ".join(p.cmdline()))
+    guard.kill()
+    _wait_dead(guard)
+
+    os.kill(launch.proc.pid, signal.SIGKILL)
+    launch.wait()
+    time.sleep(1.0)
+
+    assert launch.survivors() == []
+
+
+def _wait_dead(proc: psutil.Process, timeout: float = 5.0) -> None:
+    """Dead, or a zombie its parent has not reaped yet (not our child: psutil.wait can't tell)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"pid {proc.pid} still alive after {timeout}s")
+
+
+def test_sigint_goes_to_workers_and_exits_130(launcher, tmp_path):
+    ready = tmp_path / "ready"
+    launch = launcher.start("--nproc", "2", str(ACTOR), "--trap", "report", "--others", "sleep",
+                            "--ready-dir", str(ready))
+    wait_for_files(ready, "rank_*.pid", 2)
+
+    os.kill(launch.proc.pid, signal.SIGINT)
+
+    assert launch.wait() == 130
+    assert "[0] rank 0 got SIGINT" in launch.stdout and "[1] rank 1 got SIGINT" in launch.stdout
+    assert "interrupted by SIGINT" in launch.stderr
+    assert launch.survivors() == []
+
+
+def test_sigterm_goes_to_workers_and_exits_143(launcher, tmp_path):
+    ready = tmp_path / "ready"
+    launch = launcher.start("--nproc", "2", str(ACTOR), "--trap", "report", "--others", "sleep",
+                            "--ready-dir", str(ready))
+    wait_for_files(ready, "rank_*.pid", 2)
+
+    os.kill(launch.proc.pid, signal.SIGTERM)
+
+    assert launch.wait() == 143
+    assert "[0] rank 0 got SIGTERM" in launch.stdout and "[1] rank 1 got SIGTERM" in launch.stdout
+    assert launch.survivors() == []
+
+
+def test_workers_that_ignore_signals_are_killed_after_the_grace_period(launcher, tmp_path):
+    ready = tmp_path / "ready"
+    launch = launcher.start("--nproc", "2", "--grace-period", "1", str(ACTOR), "--trap", "ignore",
+                            "--others", "sleep", "--ready-dir", str(ready))
+    wait_for_files(ready, "rank_*.pid", 2)
+
+    os.kill(launch.proc.pid, signal.SIGTERM)
+
+    assert launch.wait() == 143
+    stopped = launch.events("transition")[-1]
+    assert stopped["new"] == "STOPPED" and stopped["killed"] is True
+    assert 1.0 <= stopped["seconds"] < 10
+    assert launch.survivors() == []
+
+
+def test_second_ctrl_c_stops_at_once(launcher, tmp_path):
+    ready = tmp_path / "ready"
+    launch = launcher.start("--nproc", "2", "--grace-period", "300", str(ACTOR), "--trap", "ignore",
+                            "--others", "sleep", "--ready-dir", str(ready))
+    wait_for_files(ready, "rank_*.pid", 2)
+
+    os.kill(launch.proc.pid, signal.SIGINT)
+    time.sleep(0.5)
+    os.kill(launch.proc.pid, signal.SIGINT)
+
+    assert launch.wait(timeout=30) == 130  # not 300 s later
+    stopped = launch.events("transition")[-1]
+    assert stopped["killed"] is True and stopped["seconds"] < 30
+    assert launch.survivors() == []
+
+
+def test_grandchildren_in_and_out_of_the_worker_group_are_stopped(launcher, tmp_path):
+    # One rank's child stays in its process group; a child that called setsid() has left it,
+    # and is still found (the supervisor is a subreaper) and stopped.
+    for mode in ("group", "session"):
+        launch = launcher.run("--nproc", "2", "--max-failures", "1", str(ACTOR), "--grandchild", mode,
+                              "--fail", "exit", "--fail-attempts", "all", "--fail-after", "0.5",
+                              "--others", "sleep")
+        assert launch.proc.returncode == 1, launch.stderr
+        assert launch.stdout.count("grandchild") == 4  # 2 ranks x 2 attempts started one
+        assert launch.survivors() == []
+
+
+def test_a_stopped_worker_is_still_stopped_and_reaped(launcher, tmp_path):
+    launch, pids = _start_sleepers(launcher, tmp_path, ["--grace-period", "2"])
+    os.kill(pids[0], signal.SIGSTOP)
+    os.kill(launch.proc.pid, signal.SIGTERM)
+    assert launch.wait() == 143
+    assert launch.survivors() == []
