@@ -1,0 +1,94 @@
+"""The command line: --help, FTLAUNCH_* variables, and every kind of bad input → one clear
+line, exit code 2, no worker started."""
+
+import pytest
+from helpers import ACTOR
+
+
+def _assert_usage_error(launch, fragment: str) -> None:
+    assert launch.proc.returncode == 2, launch.stderr
+    lines = launch.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ftlaunch: error: "), launch.stderr
+    assert fragment in lines[0]
+    assert not (launch.log_dir / "attempt_0").exists()  # no worker was started
+    assert launch.survivors() == []
+
+
+def test_help_lists_the_options(launcher):
+    launch = launcher.run("--help")
+    assert launch.proc.returncode == 0
+    for option in ("--nproc", "--nproc-per-node", "--module", "--no-python", "--max-failures",
+                   "--backend", "--log-dir", "--grace-period", "--console-ranks", "FTLAUNCH_"):
+        assert option in launch.stdout
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["missing_script.py"], "script not found: missing_script.py"),
+        (["--nproc", "0", str(ACTOR)], "--nproc must be at least 1, got 0"),
+        (["--nproc", "two", str(ACTOR)], "--nproc must be a whole number or 'auto'"),
+        (["--backend", "mpi", str(ACTOR)], "'mpi' is not one of 'auto', 'nccl', 'gloo'"),
+        (["--backend", "nccl", "--nproc", "1", str(ACTOR)], "with nccl needs 1 GPUs, this node sees 0"),
+        (["--max-failures", "-2", str(ACTOR)], "--max-failures must be -1 (unlimited) or more"),
+        (["--grace-period", "-1", str(ACTOR)], "--grace-period must be 0 or more seconds"),
+        (["--nproc", "2", "--console-ranks", "0,5", str(ACTOR)], "--console-ranks names ranks [5]"),
+        (["--module", "--no-python", "json.tool"], "--module and --no-python exclude each other"),
+        (["--no-python", "no-such-program-here"], "executable not found"),
+        (["--frobnicate", str(ACTOR)], "No such option '--frobnicate'"),
+        ([], "Missing argument 'SCRIPT'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(launcher, args, fragment):
+    _assert_usage_error(launcher.run(*args), fragment)
+
+
+def test_unwritable_log_dir(launcher, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    _assert_usage_error(launcher.run(str(ACTOR), log_dir=blocker / "logs"), "is not writable")
+
+
+def test_busy_master_port_is_a_usage_error(launcher):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        launch = launcher.run("--master-port", str(port), str(ACTOR))
+    _assert_usage_error(launch, f"cannot listen on 127.0.0.1:{port}")
+
+
+def test_options_from_ftlaunch_environment_variables(launcher, tmp_path):
+    envs = tmp_path / "env"
+    launch = launcher.run(str(ACTOR), "--env-dir", str(envs),
+                          env={"FTLAUNCH_NPROC": "3", "FTLAUNCH_MAX_FAILURES": "7"})
+    assert launch.proc.returncode == 0, launch.stderr
+    assert len(list(envs.iterdir())) == 3
+    assert '"TORCHELASTIC_MAX_RESTARTS": "7"' in (envs / "rank_2.attempt_0.json").read_text()
+
+
+def test_bad_environment_variable_is_a_usage_error(launcher):
+    _assert_usage_error(launcher.run(str(ACTOR), env={"FTLAUNCH_BACKEND": "mpi"}), "'mpi' is not one of")
+
+
+def test_everything_after_the_script_belongs_to_the_script(launcher, tmp_path):
+    # --nproc after SCRIPT goes to the script (which rejects it), not to ftlaunch.
+    launch = launcher.run("--max-failures", "0", str(ACTOR), "--nproc", "5")
+    assert launch.proc.returncode == 1
+    assert "actor.py: error: unrecognized arguments: --nproc 5" in launch.stderr
+
+
+def test_module_mode(launcher, tmp_path):
+    out = tmp_path / "out.json"
+    (tmp_path / "in.json").write_text('{"a": 1}')
+    launch = launcher.run("-m", "json.tool", str(tmp_path / "in.json"), str(out))
+    assert launch.proc.returncode == 0, launch.stderr
+    assert out.read_text().strip() == '{\n    "a": 1\n}'
+
+
+def test_no_python_mode(launcher, tmp_path):
+    launch = launcher.run("--nproc", "2", "--no-python", "sh", "-c", 'echo "rank=$RANK of $WORLD_SIZE"')
+    assert launch.proc.returncode == 0, launch.stderr
+    assert "[0] rank=0 of 2" in launch.stdout and "[1] rank=1 of 2" in launch.stdout

@@ -1,0 +1,102 @@
+"""Pure logic with scripted inputs: policy, state table, plan, failure records, config."""
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from launcher.config import EntryKind, LaunchConfig, resolve_backend
+from launcher.errors import UsageError
+from launcher.failures import ErrorRecord, ProcessFailure, describe_exit, read_error_file, root_cause
+from launcher.plan import plan_workers
+from launcher.policy import FailurePolicy
+from launcher.state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine, IllegalTransition
+from worker_lib import contract
+from worker_lib.backend import choose_backend
+
+
+@pytest.mark.parametrize(
+    "max_failures, failures, restart",
+    [(0, 1, False), (1, 1, True), (1, 2, False), (3, 3, True), (3, 4, False), (-1, 1000, True)],
+)
+def test_failure_budget(max_failures, failures, restart):
+    assert FailurePolicy(max_failures).after_failure(failures).restart is restart
+
+
+def test_state_machine_follows_the_table_and_reports_every_transition():
+    seen = []
+    machine = GroupStateMachine(4, lambda **e: seen.append((e["old"], e["new"])))
+    for state in (GroupState.RUNNING, GroupState.FAILED, GroupState.STOPPING, GroupState.STOPPED):
+        machine.transition(state)
+    assert seen == [
+        (None, GroupState.STARTING), (GroupState.STARTING, GroupState.RUNNING),
+        (GroupState.RUNNING, GroupState.FAILED), (GroupState.FAILED, GroupState.STOPPING),
+        (GroupState.STOPPING, GroupState.STOPPED),
+    ]
+    with pytest.raises(IllegalTransition):
+        machine.transition(GroupState.RUNNING)
+    assert all(not ALLOWED_TRANSITIONS[s] for s in GroupState if s.is_terminal())
+
+
+def test_plan_gives_each_rank_torchrun_variables(tmp_path):
+    config = LaunchConfig(entrypoint="train.py", script_args=("--lr", "1"), nproc=2, max_failures=5,
+                          log_dir=tmp_path, run_id="r1", python="/py")
+    specs = plan_workers(config, attempt=3, master_port=1234, base_env={"PATH": "/bin"})
+    assert [s.rank for s in specs] == [0, 1]
+    assert specs[1].argv == ("/py", "-u", "train.py", "--lr", "1")
+    env = specs[1].env
+    assert env["PATH"] == "/bin"
+    assert (env[contract.RANK], env[contract.WORLD_SIZE], env[contract.LOCAL_WORLD_SIZE]) == ("1", "2", "2")
+    assert (env[contract.MASTER_PORT], env[contract.RESTART_COUNT], env[contract.MAX_RESTARTS]) == ("1234", "3", "5")
+    assert env[contract.USE_AGENT_STORE] == "True" and env["OMP_NUM_THREADS"] == "1"
+    assert specs[1].log_file == tmp_path / "attempt_3" / "rank_1.log"
+    assert env[contract.ERROR_FILE] == str((tmp_path / "attempt_3" / "rank_1.error.json").resolve())
+
+
+def test_plan_keeps_the_users_thread_count(tmp_path):
+    config = LaunchConfig(entrypoint="m", entry_kind=EntryKind.MODULE, nproc=2, log_dir=tmp_path, python="/py")
+    spec = plan_workers(config, 0, 1, base_env={"OMP_NUM_THREADS": "4"})[0]
+    assert spec.env["OMP_NUM_THREADS"] == "4" and spec.argv == ("/py", "-u", "-m", "m")
+
+
+def test_backend_choice():
+    assert choose_backend("auto", 0) == "gloo" and choose_backend("auto", 8) == "nccl"
+    assert choose_backend("gloo", 8) == "gloo"
+    assert resolve_backend("nccl", 8, 8) == "nccl"
+    with pytest.raises(UsageError, match="needs 9 GPUs, this node sees 8"):
+        resolve_backend("nccl", 9, 8)
+
+
+def test_config_is_frozen():
+    config = LaunchConfig(entrypoint="x.py")
+    with pytest.raises(AttributeError):
+        config.nproc = 3
+
+
+def test_exit_descriptions():
+    assert describe_exit(3) == "exit code 3"
+    assert describe_exit(-signal.SIGSEGV) == "Signal 11 (SIGSEGV)"
+
+
+def test_root_cause_is_the_earliest_failure():
+    late = ProcessFailure(rank=0, local_rank=0, pid=1, exitcode=1, observed_at=2.0)
+    early = ProcessFailure(rank=3, local_rank=3, pid=2, exitcode=-9, observed_at=1.0)
+    assert root_cause([late, early]) is early
+    same_poll = [
+        ProcessFailure(0, 0, 1, 1, 5.0, ErrorRecord("B", timestamp=20)),
+        ProcessFailure(1, 1, 2, 1, 5.0, ErrorRecord("A", timestamp=10)),
+    ]
+    assert root_cause(same_poll).rank == 1
+
+
+def test_error_file_formats(tmp_path: Path):
+    path = tmp_path / "e.json"
+    path.write_text(json.dumps({"message": {"message": "KeyError: 'x'",
+                                            "extraInfo": {"py_callstack": "tb", "timestamp": "7"}}}))
+    assert read_error_file(path) == ErrorRecord("KeyError: 'x'", "tb", 7)
+    path.write_text(json.dumps({"message": "plain", "timestamp": 3}))
+    assert read_error_file(path) == ErrorRecord("plain", "", 3)
+    path.write_text("{not json")
+    assert read_error_file(path) is None
+    assert read_error_file(tmp_path / "missing.json") is None
