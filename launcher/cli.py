@@ -30,23 +30,49 @@ def _say(line: str) -> None:
     context_settings={"allow_interspersed_args": False, "show_default": True},
     epilog="Every option can also be set as FTLAUNCH_<OPTION>, e.g. FTLAUNCH_NPROC=8.",
 )
-@click.option("--nproc", "--nproc-per-node", "nproc", default="auto", metavar="N|auto",
-              help="Workers on this node; auto: one per visible GPU, else 1.")
+@click.option(
+    "--nproc",
+    "--nproc-per-node",
+    "nproc",
+    default="auto",
+    metavar="N|auto",
+    help="Workers on this node; auto: one per visible GPU, else 1.",
+)
 @click.option("-m", "--module", is_flag=True, help="Run SCRIPT as a module, like python -m.")
 @click.option("--no-python", is_flag=True, help="Run SCRIPT as an executable, not with python.")
-@click.option("--max-failures", type=int, default=3,
-              help="Failed groups restarted before giving up; -1: unlimited, 0: none.")
-@click.option("--backend", type=click.Choice(BACKENDS), default="auto",
-              help="Collective backend; auto: nccl with GPUs, else gloo.")
-@click.option("--log-dir", type=click.Path(path_type=Path), default=None,
-              help="Where per-attempt, per-rank logs go  [default: ftlaunch_logs/RUN_ID]")
-@click.option("--grace-period", type=float, default=5.0,
-              help="Seconds between SIGTERM and SIGKILL when stopping workers.")
+@click.option(
+    "--max-failures",
+    type=int,
+    default=3,
+    help="Failed groups restarted before giving up; -1: unlimited, 0: none.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(BACKENDS),
+    default="auto",
+    help="Collective backend; auto: nccl with GPUs, else gloo.",
+)
+@click.option(
+    "--log-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where per-attempt, per-rank logs go  [default: ftlaunch_logs/RUN_ID]",
+)
+@click.option(
+    "--grace-period",
+    type=float,
+    default=5.0,
+    help="Seconds between SIGTERM and SIGKILL when stopping workers.",
+)
 @click.option("--run-id", default=None, help="TORCHELASTIC_RUN_ID  [default: date-time-pid]")
 @click.option("--master-addr", default="127.0.0.1", help="Address the workers' store listens on.")
 @click.option("--master-port", type=int, default=0, help="Port of the workers' store; 0: a free one.")
-@click.option("--console-ranks", default=None, metavar="R[,R...]",
-              help="Ranks shown on the console (all are logged to files)  [default: all]")
+@click.option(
+    "--console-ranks",
+    default=None,
+    metavar="R[,R...]",
+    help="Ranks shown on the console (all are logged to files)  [default: all]",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log the supervisor's own decisions.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
@@ -56,7 +82,9 @@ def cli(verbose: bool, **options) -> int:
 
     Everything after SCRIPT is passed to SCRIPT.
     """
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="[ftlaunch] %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING, format="[ftlaunch] %(name)s: %(message)s"
+    )
     config = config_from_options(**options)
     preflight(config)
     from launcher.summary import summary_lines
@@ -69,9 +97,19 @@ def cli(verbose: bool, **options) -> int:
 
 
 def config_from_options(
-    nproc: str, module: bool, no_python: bool, max_failures: int, backend: str,
-    log_dir: Optional[Path], grace_period: float, run_id: Optional[str], master_addr: str,
-    master_port: int, console_ranks: Optional[str], script: str, script_args: Sequence[str],
+    nproc: str,
+    module: bool,
+    no_python: bool,
+    max_failures: int,
+    backend: str,
+    log_dir: Optional[Path],
+    grace_period: float,
+    run_id: Optional[str],
+    master_addr: str,
+    master_port: int,
+    console_ranks: Optional[str],
+    script: str,
+    script_args: Sequence[str],
 ) -> LaunchConfig:
     if module and no_python:
         raise UsageError("--module and --no-python exclude each other")

@@ -91,9 +91,7 @@ def _alive(pids: Iterable[int]) -> List[int]:
     return alive
 
 
-def _wait_gone(
-    pids: Set[int], leaders: Set[int], reap: Callable[[], None], timeout: float
-) -> List[int]:
+def _wait_gone(pids: Set[int], leaders: Set[int], reap: Callable[[], None], timeout: float) -> List[int]:
     """After SIGKILL the kernel needs a moment; a process in uninterruptible sleep (D state)
     may never go, and is reported rather than waited on forever."""
     deadline = time.monotonic() + timeout

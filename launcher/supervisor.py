@@ -99,7 +99,9 @@ class Supervisor:
                 return RunResult(exit_code_for_signal(result.signum), attempts, f"interrupted by {name}")
             failed = sum(a.outcome is Outcome.FAILED for a in attempts)
             decision = self._policy.after_failure(failed)
-            self._events.emit("decision", attempt=result.attempt, restart=decision.restart, reason=decision.reason)
+            self._events.emit(
+                "decision", attempt=result.attempt, restart=decision.restart, reason=decision.reason
+            )
             self._say(f"attempt {result.attempt} failed: {result.root_cause.describe()}")
             if not decision.restart:
                 return RunResult(ExitCode.FAILED, attempts, decision.reason)
@@ -154,8 +156,12 @@ class Supervisor:
 
     def _record_exit(self, attempt: int, exited: Exit, failures: List[ProcessFailure]) -> None:
         self._events.emit(
-            "worker_exit", attempt=attempt, rank=exited.spec.rank, pid=exited.pid,
-            exitcode=exited.exitcode, t_observed=exited.observed_at,
+            "worker_exit",
+            attempt=attempt,
+            rank=exited.spec.rank,
+            pid=exited.pid,
+            exitcode=exited.exitcode,
+            t_observed=exited.observed_at,
         )
         if exited.exitcode != 0:
             failures.append(
@@ -180,7 +186,9 @@ class Supervisor:
             self._say(f"could not stop pids {report.survivors} (uninterruptible?); left behind")
         if result.outcome is not Outcome.SUCCEEDED:
             machine.transition(
-                GroupState.STOPPED, killed=report.killed, seconds=round(report.seconds, 3),
+                GroupState.STOPPED,
+                killed=report.killed,
+                seconds=round(report.seconds, 3),
                 survivors=report.survivors,
             )
 
@@ -199,7 +207,9 @@ class Supervisor:
     def _with_log_tails(self, result: AttemptResult) -> AttemptResult:
         """Attach each failed rank's last log lines, now that the log pump has drained."""
         failures = [
-            dataclasses.replace(f, log_tail=tuple(tail_lines(f.log_file, _LOG_TAIL_LINES) if f.log_file else ()))
+            dataclasses.replace(
+                f, log_tail=tuple(tail_lines(f.log_file, _LOG_TAIL_LINES) if f.log_file else ())
+            )
             for f in result.failures
         ]
         return dataclasses.replace(result, failures=failures)
@@ -219,7 +229,9 @@ class Supervisor:
         except OSError as err:
             where = f"{self.config.master_addr}:{self.config.master_port}"
             error_type = UsageError if attempt == 0 else FtlaunchError
-            raise error_type(f"cannot listen on {where} for the workers' store: {err.strerror or err}") from None
+            raise error_type(
+                f"cannot listen on {where} for the workers' store: {err.strerror or err}"
+            ) from None
 
     def _on_transition(self, attempt: int, old: Optional[GroupState], new: GroupState, **details) -> None:
         self._events.emit("transition", attempt=attempt, old=old and old.value, new=new.value, **details)

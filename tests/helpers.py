@@ -3,7 +3,6 @@
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -71,8 +70,13 @@ class Launcher:
         full_env = {**os.environ, MARKER: marker, **(env or {})}
         argv = [sys.executable, "-m", "launcher", "--log-dir", str(log_dir), *args]
         proc = subprocess.Popen(
-            argv, env=full_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, start_new_session=True,
+            argv,
+            env=full_env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
         launch = Launch(proc, log_dir, marker)
         self.launches.append(launch)
@@ -120,4 +124,3 @@ def wait_for_files(folder: Path, pattern: str, count: int, timeout: float = 30) 
 
 def send(launch: Launch, sig: int) -> None:
     os.kill(launch.proc.pid, sig)
-

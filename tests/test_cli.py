@@ -17,8 +17,18 @@ def _assert_usage_error(launch, fragment: str) -> None:
 def test_help_lists_the_options(launcher):
     launch = launcher.run("--help")
     assert launch.proc.returncode == 0
-    for option in ("--nproc", "--nproc-per-node", "--module", "--no-python", "--max-failures",
-                   "--backend", "--log-dir", "--grace-period", "--console-ranks", "FTLAUNCH_"):
+    for option in (
+        "--nproc",
+        "--nproc-per-node",
+        "--module",
+        "--no-python",
+        "--max-failures",
+        "--backend",
+        "--log-dir",
+        "--grace-period",
+        "--console-ranks",
+        "FTLAUNCH_",
+    ):
         assert option in launch.stdout
 
 
@@ -62,8 +72,9 @@ def test_busy_master_port_is_a_usage_error(launcher):
 
 def test_options_from_ftlaunch_environment_variables(launcher, tmp_path):
     envs = tmp_path / "env"
-    launch = launcher.run(str(ACTOR), "--env-dir", str(envs),
-                          env={"FTLAUNCH_NPROC": "3", "FTLAUNCH_MAX_FAILURES": "7"})
+    launch = launcher.run(
+        str(ACTOR), "--env-dir", str(envs), env={"FTLAUNCH_NPROC": "3", "FTLAUNCH_MAX_FAILURES": "7"}
+    )
     assert launch.proc.returncode == 0, launch.stderr
     assert len(list(envs.iterdir())) == 3
     assert '"TORCHELASTIC_MAX_RESTARTS": "7"' in (envs / "rank_2.attempt_0.json").read_text()

@@ -19,7 +19,7 @@ def test_crash_restarts_whole_group_then_succeeds(launcher, how):
     launch = launcher.run("--nproc", "3", str(ACTOR), "--fail", how, "--others", "exit0", "--run-for", "3")
 
     assert launch.proc.returncode == 0, launch.stderr
-    assert f"attempt 0: rank 1 (pid" in launch.stderr
+    assert "attempt 0: rank 1 (pid" in launch.stderr
     assert ROOT_CAUSES[how] in launch.stderr
     assert launch.survivors() == []
     # The whole group was stopped: ranks 0 and 2 of attempt 0 were still running when rank 1 died.
@@ -28,15 +28,22 @@ def test_crash_restarts_whole_group_then_succeeds(launcher, how):
     assert sorted(r for a, r in exits if a == 1) == [0, 1, 2]
     states = [(e["attempt"], e["new"]) for e in launch.events("transition")]
     assert states == [
-        (0, "STARTING"), (0, "RUNNING"), (0, "FAILED"), (0, "STOPPING"), (0, "STOPPED"),
-        (1, "STARTING"), (1, "RUNNING"), (1, "SUCCEEDED"),
+        (0, "STARTING"),
+        (0, "RUNNING"),
+        (0, "FAILED"),
+        (0, "STOPPING"),
+        (0, "STOPPED"),
+        (1, "STARTING"),
+        (1, "RUNNING"),
+        (1, "SUCCEEDED"),
     ]
 
 
 def test_restart_count_reaches_workers(launcher, tmp_path):
     envs = tmp_path / "env"
-    launch = launcher.run("--nproc", "2", str(ACTOR), "--fail", "exit", "--fail-attempts", "0,1",
-                          "--env-dir", str(envs))
+    launch = launcher.run(
+        "--nproc", "2", str(ACTOR), "--fail", "exit", "--fail-attempts", "0,1", "--env-dir", str(envs)
+    )
     assert launch.proc.returncode == 0, launch.stderr
     for attempt in range(3):
         for rank in range(2):
@@ -46,8 +53,19 @@ def test_restart_count_reaches_workers(launcher, tmp_path):
 
 
 def test_budget_spent_exits_nonzero_with_every_failure_and_the_log_tail(launcher):
-    launch = launcher.run("--nproc", "2", "--max-failures", "2", str(ACTOR), "--fail", "exit",
-                          "--fail-attempts", "all", "--others", "sleep")
+    launch = launcher.run(
+        "--nproc",
+        "2",
+        "--max-failures",
+        "2",
+        str(ACTOR),
+        "--fail",
+        "exit",
+        "--fail-attempts",
+        "all",
+        "--others",
+        "sleep",
+    )
 
     assert launch.proc.returncode == 1
     assert "FAILED after 3 attempt(s), 3 failed group(s): failure budget spent (2 allowed)" in launch.stderr
@@ -59,8 +77,9 @@ def test_budget_spent_exits_nonzero_with_every_failure_and_the_log_tail(launcher
 
 
 def test_exception_root_cause_shows_the_traceback(launcher):
-    launch = launcher.run("--nproc", "2", "--max-failures", "0", str(ACTOR), "--fail", "raise",
-                          "--others", "sleep")
+    launch = launcher.run(
+        "--nproc", "2", "--max-failures", "0", str(ACTOR), "--fail", "raise", "--others", "sleep"
+    )
 
     assert launch.proc.returncode == 1
     assert "no failures allowed" in launch.stderr
@@ -71,8 +90,9 @@ def test_exception_root_cause_shows_the_traceback(launcher):
 
 def test_ranks_that_succeed_while_another_fails_still_fail_the_group(launcher):
     # Rank 0 exits 0 at once; rank 1 fails later. The group failed: both run again.
-    launch = launcher.run("--nproc", "2", str(ACTOR), "--fail", "exit", "--fail-after", "1.0",
-                          "--run-for", "0")
+    launch = launcher.run(
+        "--nproc", "2", str(ACTOR), "--fail", "exit", "--fail-after", "1.0", "--run-for", "0"
+    )
 
     assert launch.proc.returncode == 0, launch.stderr
     exits = [(e["attempt"], e["rank"], e["exitcode"]) for e in launch.events("worker_exit")]
@@ -81,7 +101,20 @@ def test_ranks_that_succeed_while_another_fails_still_fail_the_group(launcher):
 
 
 def test_unlimited_failures(launcher):
-    launch = launcher.run("--nproc", "1", "--max-failures", "-1", str(ACTOR), "--fail", "exit",
-                          "--fail-rank", "0", "--fail-attempts", "0,1,2,3", "--fail-after", "0")
+    launch = launcher.run(
+        "--nproc",
+        "1",
+        "--max-failures",
+        "-1",
+        str(ACTOR),
+        "--fail",
+        "exit",
+        "--fail-rank",
+        "0",
+        "--fail-attempts",
+        "0,1,2,3",
+        "--fail-after",
+        "0",
+    )
     assert launch.proc.returncode == 0, launch.stderr
     assert "failure 4 (no limit)" in launch.stderr

@@ -39,8 +39,9 @@ def test_each_attempt_has_its_own_logs(launcher):
 def test_dataloader_workers_are_stopped_with_their_rank(launcher, tmp_path):
     ready = tmp_path / "ready"
     ready.mkdir()
-    launch = launcher.run("--nproc", "2", "--max-failures", "0", str(SCRIPTS / "dataloader.py"),
-                          env={"READY_DIR": str(ready)})
+    launch = launcher.run(
+        "--nproc", "2", "--max-failures", "0", str(SCRIPTS / "dataloader.py"), env={"READY_DIR": str(ready)}
+    )
     assert launch.proc.returncode == 1, launch.stderr
     assert "rank 1: loader workers up, dying" in launch.stdout
     assert len(list(ready.glob("rank_*.loader_*.pid"))) == 4  # 2 ranks x 2 loader processes

@@ -12,8 +12,17 @@ from helpers import ACTOR, wait_for_files
 def _start_sleepers(launcher, tmp_path, options=(), actor_args=(), nproc=2):
     """ftlaunch with ``nproc`` ranks that sleep; returns once every rank has announced its pid."""
     ready = tmp_path / "ready"
-    launch = launcher.start("--nproc", str(nproc), *options, str(ACTOR), "--others", "sleep",
-                            "--ready-dir", str(ready), *actor_args)
+    launch = launcher.start(
+        "--nproc",
+        str(nproc),
+        *options,
+        str(ACTOR),
+        "--others",
+        "sleep",
+        "--ready-dir",
+        str(ready),
+        *actor_args,
+    )
     pids = [int(p.read_text()) for p in wait_for_files(ready, "rank_*.attempt_0.pid", nproc)]
     return launch, pids
 
@@ -34,7 +43,9 @@ def test_supervisor_sigkill_leaves_no_worker_nor_grandchild(launcher, tmp_path):
 def test_workers_die_with_the_supervisor_even_without_the_orphan_guard(launcher, tmp_path):
     # PR_SET_PDEATHSIG alone: the guard is killed first, so only the kernel can stop the workers.
     launch, pids = _start_sleepers(launcher, tmp_path, nproc=2)
-    guard = next(p for p in psutil.Process(launch.proc.pid).children() if "orphan_guard" in " ".join(p.cmdline()))
+    guard = next(
+        p for p in psutil.Process(launch.proc.pid).children() if "orphan_guard" in " ".join(p.cmdline())
+    )
     guard.kill()
     _wait_dead(guard)
 
@@ -60,8 +71,9 @@ def _wait_dead(proc: psutil.Process, timeout: float = 5.0) -> None:
 
 def test_sigint_goes_to_workers_and_exits_130(launcher, tmp_path):
     ready = tmp_path / "ready"
-    launch = launcher.start("--nproc", "2", str(ACTOR), "--trap", "report", "--others", "sleep",
-                            "--ready-dir", str(ready))
+    launch = launcher.start(
+        "--nproc", "2", str(ACTOR), "--trap", "report", "--others", "sleep", "--ready-dir", str(ready)
+    )
     wait_for_files(ready, "rank_*.pid", 2)
 
     os.kill(launch.proc.pid, signal.SIGINT)
@@ -74,8 +86,9 @@ def test_sigint_goes_to_workers_and_exits_130(launcher, tmp_path):
 
 def test_sigterm_goes_to_workers_and_exits_143(launcher, tmp_path):
     ready = tmp_path / "ready"
-    launch = launcher.start("--nproc", "2", str(ACTOR), "--trap", "report", "--others", "sleep",
-                            "--ready-dir", str(ready))
+    launch = launcher.start(
+        "--nproc", "2", str(ACTOR), "--trap", "report", "--others", "sleep", "--ready-dir", str(ready)
+    )
     wait_for_files(ready, "rank_*.pid", 2)
 
     os.kill(launch.proc.pid, signal.SIGTERM)
@@ -87,8 +100,19 @@ def test_sigterm_goes_to_workers_and_exits_143(launcher, tmp_path):
 
 def test_workers_that_ignore_signals_are_killed_after_the_grace_period(launcher, tmp_path):
     ready = tmp_path / "ready"
-    launch = launcher.start("--nproc", "2", "--grace-period", "1", str(ACTOR), "--trap", "ignore",
-                            "--others", "sleep", "--ready-dir", str(ready))
+    launch = launcher.start(
+        "--nproc",
+        "2",
+        "--grace-period",
+        "1",
+        str(ACTOR),
+        "--trap",
+        "ignore",
+        "--others",
+        "sleep",
+        "--ready-dir",
+        str(ready),
+    )
     wait_for_files(ready, "rank_*.pid", 2)
 
     os.kill(launch.proc.pid, signal.SIGTERM)
@@ -102,8 +126,19 @@ def test_workers_that_ignore_signals_are_killed_after_the_grace_period(launcher,
 
 def test_second_ctrl_c_stops_at_once(launcher, tmp_path):
     ready = tmp_path / "ready"
-    launch = launcher.start("--nproc", "2", "--grace-period", "300", str(ACTOR), "--trap", "ignore",
-                            "--others", "sleep", "--ready-dir", str(ready))
+    launch = launcher.start(
+        "--nproc",
+        "2",
+        "--grace-period",
+        "300",
+        str(ACTOR),
+        "--trap",
+        "ignore",
+        "--others",
+        "sleep",
+        "--ready-dir",
+        str(ready),
+    )
     wait_for_files(ready, "rank_*.pid", 2)
 
     os.kill(launch.proc.pid, signal.SIGINT)
@@ -120,9 +155,23 @@ def test_grandchildren_in_and_out_of_the_worker_group_are_stopped(launcher, tmp_
     # One rank's child stays in its process group; a child that called setsid() has left it,
     # and is still found (the supervisor is a subreaper) and stopped.
     for mode in ("group", "session"):
-        launch = launcher.run("--nproc", "2", "--max-failures", "1", str(ACTOR), "--grandchild", mode,
-                              "--fail", "exit", "--fail-attempts", "all", "--fail-after", "0.5",
-                              "--others", "sleep")
+        launch = launcher.run(
+            "--nproc",
+            "2",
+            "--max-failures",
+            "1",
+            str(ACTOR),
+            "--grandchild",
+            mode,
+            "--fail",
+            "exit",
+            "--fail-attempts",
+            "all",
+            "--fail-after",
+            "0.5",
+            "--others",
+            "sleep",
+        )
         assert launch.proc.returncode == 1, launch.stderr
         assert launch.stdout.count("grandchild") == 4  # 2 ranks x 2 attempts started one
         assert launch.survivors() == []

@@ -30,8 +30,10 @@ def test_state_machine_follows_the_table_and_reports_every_transition():
     for state in (GroupState.RUNNING, GroupState.FAILED, GroupState.STOPPING, GroupState.STOPPED):
         machine.transition(state)
     assert seen == [
-        (None, GroupState.STARTING), (GroupState.STARTING, GroupState.RUNNING),
-        (GroupState.RUNNING, GroupState.FAILED), (GroupState.FAILED, GroupState.STOPPING),
+        (None, GroupState.STARTING),
+        (GroupState.STARTING, GroupState.RUNNING),
+        (GroupState.RUNNING, GroupState.FAILED),
+        (GroupState.FAILED, GroupState.STOPPING),
         (GroupState.STOPPING, GroupState.STOPPED),
     ]
     with pytest.raises(IllegalTransition):
@@ -40,22 +42,35 @@ def test_state_machine_follows_the_table_and_reports_every_transition():
 
 
 def test_plan_gives_each_rank_torchrun_variables(tmp_path):
-    config = LaunchConfig(entrypoint="train.py", script_args=("--lr", "1"), nproc=2, max_failures=5,
-                          log_dir=tmp_path, run_id="r1", python="/py")
+    config = LaunchConfig(
+        entrypoint="train.py",
+        script_args=("--lr", "1"),
+        nproc=2,
+        max_failures=5,
+        log_dir=tmp_path,
+        run_id="r1",
+        python="/py",
+    )
     specs = plan_workers(config, attempt=3, master_port=1234, base_env={"PATH": "/bin"})
     assert [s.rank for s in specs] == [0, 1]
     assert specs[1].argv == ("/py", "-u", "train.py", "--lr", "1")
     env = specs[1].env
     assert env["PATH"] == "/bin"
     assert (env[contract.RANK], env[contract.WORLD_SIZE], env[contract.LOCAL_WORLD_SIZE]) == ("1", "2", "2")
-    assert (env[contract.MASTER_PORT], env[contract.RESTART_COUNT], env[contract.MAX_RESTARTS]) == ("1234", "3", "5")
+    assert (env[contract.MASTER_PORT], env[contract.RESTART_COUNT], env[contract.MAX_RESTARTS]) == (
+        "1234",
+        "3",
+        "5",
+    )
     assert env[contract.USE_AGENT_STORE] == "True" and env["OMP_NUM_THREADS"] == "1"
     assert specs[1].log_file == tmp_path / "attempt_3" / "rank_1.log"
     assert env[contract.ERROR_FILE] == str((tmp_path / "attempt_3" / "rank_1.error.json").resolve())
 
 
 def test_plan_keeps_the_users_thread_count(tmp_path):
-    config = LaunchConfig(entrypoint="m", entry_kind=EntryKind.MODULE, nproc=2, log_dir=tmp_path, python="/py")
+    config = LaunchConfig(
+        entrypoint="m", entry_kind=EntryKind.MODULE, nproc=2, log_dir=tmp_path, python="/py"
+    )
     spec = plan_workers(config, 0, 1, base_env={"OMP_NUM_THREADS": "4"})[0]
     assert spec.env["OMP_NUM_THREADS"] == "4" and spec.argv == ("/py", "-u", "-m", "m")
 
@@ -92,8 +107,11 @@ def test_root_cause_is_the_earliest_failure():
 
 def test_error_file_formats(tmp_path: Path):
     path = tmp_path / "e.json"
-    path.write_text(json.dumps({"message": {"message": "KeyError: 'x'",
-                                            "extraInfo": {"py_callstack": "tb", "timestamp": "7"}}}))
+    path.write_text(
+        json.dumps(
+            {"message": {"message": "KeyError: 'x'", "extraInfo": {"py_callstack": "tb", "timestamp": "7"}}}
+        )
+    )
     assert read_error_file(path) == ErrorRecord("KeyError: 'x'", "tb", 7)
     path.write_text(json.dumps({"message": "plain", "timestamp": 3}))
     assert read_error_file(path) == ErrorRecord("plain", "", 3)

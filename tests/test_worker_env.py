@@ -22,8 +22,17 @@ def _added_vars(env_file, base):
 
 def _run_torchrun(env_dir, marker):
     env = {**os.environ, MARKER: marker}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
-           str(ACTOR), "--env-dir", str(env_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "3",
+        str(ACTOR),
+        "--env-dir",
+        str(env_dir),
+    ]
     subprocess.run(cmd, env=env, cwd=ROOT, check=True, capture_output=True, timeout=120)
 
 
@@ -32,7 +41,9 @@ def test_workers_see_what_torchrun_gives(launcher, tmp_path):
     _run_torchrun(tmp_path / "torchrun", marker)
     assert processes_with_marker(marker) == []
     # --max-failures 0 is torchrun's default --max-restarts 0, so even that value must match.
-    launch = launcher.run("--nproc", "3", "--max-failures", "0", str(ACTOR), "--env-dir", str(tmp_path / "ftlaunch"))
+    launch = launcher.run(
+        "--nproc", "3", "--max-failures", "0", str(ACTOR), "--env-dir", str(tmp_path / "ftlaunch")
+    )
     assert launch.proc.returncode == 0, launch.stderr
 
     base = dict(os.environ)
@@ -44,9 +55,18 @@ def test_workers_see_what_torchrun_gives(launcher, tmp_path):
             assert ours[name] == theirs[name], name
         assert ours["RANK"] == ours["LOCAL_RANK"] == str(rank)
         assert ours["FTLAUNCH_BACKEND"] == "gloo"
-        assert ours["TORCHELASTIC_ERROR_FILE"] == str(launch.log_dir.resolve() / "attempt_0" / f"rank_{rank}.error.json")
-    assert len({json.loads((tmp_path / "ftlaunch" / f"rank_{r}.attempt_0.json").read_text())["MASTER_PORT"]
-                for r in range(3)}) == 1
+        assert ours["TORCHELASTIC_ERROR_FILE"] == str(
+            launch.log_dir.resolve() / "attempt_0" / f"rank_{rank}.error.json"
+        )
+    assert (
+        len(
+            {
+                json.loads((tmp_path / "ftlaunch" / f"rank_{r}.attempt_0.json").read_text())["MASTER_PORT"]
+                for r in range(3)
+            }
+        )
+        == 1
+    )
 
 
 def test_env_init_and_gloo_all_reduce_work_across_a_restart(launcher):

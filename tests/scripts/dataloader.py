@@ -29,7 +29,7 @@ class Slow(Dataset):
 
 
 loader = DataLoader(Slow(), batch_size=4, num_workers=2)
-for step, batch in enumerate(loader):
+for step, _batch in enumerate(loader):
     if step == 20 and RANK == 1:
         print(f"rank {RANK}: loader workers up, dying", flush=True)
         os._exit(1)

@@ -1,0 +1,40 @@
+# `make demo` and `make test` work on a fresh machine: `install` builds .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+LINTED := launcher worker_lib tests scripts examples
+
+.PHONY: install test demo bench lint integration clean
+
+install: $(STAMP)
+
+# torch is pinned first: that version's CPU wheel is on this machine's disk; an unpinned
+# torch would download a multi-GB CUDA build. Users get `torch>=2.4` from setup.cfg.
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test,examples]'
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest
+
+demo: install
+	rm -rf demo_run
+	$(VENV)/bin/ftlaunch --nproc 2 --log-dir demo_run/logs \
+		examples/train.py --epochs 15 --crash-at-step 170 --checkpoint demo_run/checkpoints/digits.pt
+
+bench: install
+	$(PY) scripts/bench_recovery.py
+
+lint: install
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+
+# Exactly what CI runs.
+integration:
+	bash .ci/run
+
+clean:
+	rm -rf $(VENV) demo_run bench_runs ftlaunch_logs .pytest_cache *.egg-info
