@@ -162,6 +162,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except FtlaunchError as err:
         _error(str(err))
         return err.exit_code
+    except KeyboardInterrupt:  # Ctrl+C before the supervisor took over the signal (no worker yet)
+        return ExitCode.INTERRUPTED_SIGINT
 
 
 def _error(message: str) -> None:

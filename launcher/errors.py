@@ -12,6 +12,7 @@ class ExitCode(enum.IntEnum):
     SUCCESS = 0  # every rank exited 0
     FAILED = 1  # the failure budget is spent
     USAGE = 2  # bad input; no worker was started
+    INTERRUPTED_SIGHUP = 128 + signal.SIGHUP  # 129
     INTERRUPTED_SIGINT = 128 + signal.SIGINT  # 130
     INTERRUPTED_SIGTERM = 128 + signal.SIGTERM  # 143
 

@@ -1,8 +1,9 @@
 """Signals as events for the supervisor's loop.
 
-SIGINT and SIGTERM are recorded, not acted on in the handler; SIGCHLD only wakes the loop.
-All three write to one wakeup pipe, so the loop sleeps in ``select`` and still notices a dead
-worker or a Ctrl+C at once instead of at its next poll.
+SIGINT, SIGTERM and SIGHUP (a closed terminal or ssh session) are recorded, not acted on in
+the handler; SIGCHLD only wakes the loop. All of them write to one wakeup pipe, so the loop
+sleeps in ``select`` and still notices a dead worker or a Ctrl+C at once instead of at its
+next poll.
 """
 
 import os
@@ -12,7 +13,7 @@ from typing import List, Optional
 
 __all__ = ["SignalInbox"]
 
-_HANDLED = (signal.SIGINT, signal.SIGTERM)
+_HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class SignalInbox:

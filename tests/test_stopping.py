@@ -6,6 +6,7 @@ import signal
 import time
 
 import psutil
+import pytest
 from helpers import ACTOR, wait_for_files
 
 
@@ -69,32 +70,24 @@ def _wait_dead(proc: psutil.Process, timeout: float = 5.0) -> None:
     raise AssertionError(f"pid {proc.pid} still alive after {timeout}s")
 
 
-def test_sigint_goes_to_workers_and_exits_130(launcher, tmp_path):
+@pytest.mark.parametrize(
+    "sig, code",
+    [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)],
+    ids=["INT", "TERM", "HUP"],
+)
+def test_signal_goes_to_workers_and_sets_the_exit_code(launcher, tmp_path, sig, code):
     ready = tmp_path / "ready"
     launch = launcher.start(
         "--nproc", "2", str(ACTOR), "--trap", "report", "--others", "sleep", "--ready-dir", str(ready)
     )
     wait_for_files(ready, "rank_*.pid", 2)
 
-    os.kill(launch.proc.pid, signal.SIGINT)
+    os.kill(launch.proc.pid, sig)
 
-    assert launch.wait() == 130
-    assert "[0] rank 0 got SIGINT" in launch.stdout and "[1] rank 1 got SIGINT" in launch.stdout
-    assert "interrupted by SIGINT" in launch.stderr
-    assert launch.survivors() == []
-
-
-def test_sigterm_goes_to_workers_and_exits_143(launcher, tmp_path):
-    ready = tmp_path / "ready"
-    launch = launcher.start(
-        "--nproc", "2", str(ACTOR), "--trap", "report", "--others", "sleep", "--ready-dir", str(ready)
-    )
-    wait_for_files(ready, "rank_*.pid", 2)
-
-    os.kill(launch.proc.pid, signal.SIGTERM)
-
-    assert launch.wait() == 143
-    assert "[0] rank 0 got SIGTERM" in launch.stdout and "[1] rank 1 got SIGTERM" in launch.stdout
+    assert launch.wait() == code
+    name = signal.Signals(sig).name
+    assert f"[0] rank 0 got {name}" in launch.stdout and f"[1] rank 1 got {name}" in launch.stdout
+    assert f"interrupted by {name}" in launch.stderr
     assert launch.survivors() == []
 
 

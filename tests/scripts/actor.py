@@ -28,7 +28,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--run-for", type=float, default=1.0, help="seconds the others run before exit0")
     p.add_argument("--ready-dir", type=Path, help="write <dir>/rank_<r>.attempt_<a>.pid once started")
     p.add_argument("--env-dir", type=Path, help="dump the environment to <dir>/rank_<r>.attempt_<a>.json")
-    p.add_argument("--trap", choices=["report", "ignore"], help="SIGINT/SIGTERM: print and exit 0, or ignore")
+    p.add_argument("--trap", choices=["report", "ignore"], help="INT/TERM/HUP: print and exit 0, or ignore")
     p.add_argument("--grandchild", choices=["group", "session"], help="start a `sleep` child")
     p.add_argument("--spam", type=int, default=0, help="print this many long lines fast")
     p.add_argument("--no-newline", action="store_true", help="end with a line without newline")
@@ -65,7 +65,7 @@ def trap(mode: str) -> None:
         sys.exit(0)
 
     handler = report if mode == "report" else signal.SIG_IGN
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, handler)
 
 
