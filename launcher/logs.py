@@ -30,22 +30,39 @@ class _Stream:
         self.partial = b""
 
     def take(self, chunk: bytes) -> None:
-        self.log_file.write(chunk)
-        self.log_file.flush()
+        self._to_file(chunk)
         if self.console is None:
             return
         lines = (self.partial + chunk).split(b"\n")
         self.partial = lines.pop()
         if lines:
-            self.console.write(b"".join(self.prefix + line + b"\n" for line in lines))
-            self.console.flush()
+            self._to_console(b"".join(self.prefix + line + b"\n" for line in lines))
 
     def finish(self) -> None:
         """A last line without its newline still reaches the console, whole."""
         if self.console is not None and self.partial:
-            self.console.write(self.prefix + self.partial + b"\n")
-            self.console.flush()
+            self._to_console(self.prefix + self.partial + b"\n")
         self.partial = b""
+
+    # A write error must not stop the pump: the worker would block on a full pipe and hang.
+    def _to_file(self, data: bytes) -> None:
+        if self.log_file is None:
+            return
+        try:
+            self.log_file.write(data)
+            self.log_file.flush()
+        except OSError as err:
+            log.warning(
+                "cannot write %s (%s); this rank's output goes to the console only", self.log_file.name, err
+            )
+            self.log_file = None
+
+    def _to_console(self, data: bytes) -> None:
+        try:
+            self.console.write(data)
+            self.console.flush()
+        except OSError:  # e.g. `ftlaunch ... | head` closed the pipe: keep writing the log file
+            self.console = None
 
 
 class LogPump:

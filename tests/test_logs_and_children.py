@@ -46,3 +46,14 @@ def test_dataloader_workers_are_stopped_with_their_rank(launcher, tmp_path):
     assert "rank 1: loader workers up, dying" in launch.stdout
     assert len(list(ready.glob("rank_*.loader_*.pid"))) == 4  # 2 ranks x 2 loader processes
     assert launch.survivors() == []
+
+
+def test_a_closed_console_does_not_stall_the_workers(launcher):
+    # As in `ftlaunch ... | head`: the reader goes away, the workers keep running, files stay whole.
+    launch = launcher.start("--nproc", "2", str(ACTOR), "--spam", "20000")
+    launch.proc.stdout.close()
+    assert launch.proc.wait(timeout=60) == 0
+    for rank in range(2):
+        log = (launch.log_dir / "attempt_0" / f"rank_{rank}.log").read_text()
+        assert log.count(f"rank {rank} line ") == 20000
+    assert launch.survivors() == []

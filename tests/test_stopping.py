@@ -76,11 +76,7 @@ def _wait_dead(proc: psutil.Process, timeout: float = 5.0) -> None:
     ids=["INT", "TERM", "HUP"],
 )
 def test_signal_goes_to_workers_and_sets_the_exit_code(launcher, tmp_path, sig, code):
-    ready = tmp_path / "ready"
-    launch = launcher.start(
-        "--nproc", "2", str(ACTOR), "--trap", "report", "--others", "sleep", "--ready-dir", str(ready)
-    )
-    wait_for_files(ready, "rank_*.pid", 2)
+    launch, _ = _start_sleepers(launcher, tmp_path, actor_args=["--trap", "report"])
 
     os.kill(launch.proc.pid, sig)
 
@@ -92,21 +88,7 @@ def test_signal_goes_to_workers_and_sets_the_exit_code(launcher, tmp_path, sig, 
 
 
 def test_workers_that_ignore_signals_are_killed_after_the_grace_period(launcher, tmp_path):
-    ready = tmp_path / "ready"
-    launch = launcher.start(
-        "--nproc",
-        "2",
-        "--grace-period",
-        "1",
-        str(ACTOR),
-        "--trap",
-        "ignore",
-        "--others",
-        "sleep",
-        "--ready-dir",
-        str(ready),
-    )
-    wait_for_files(ready, "rank_*.pid", 2)
+    launch, _ = _start_sleepers(launcher, tmp_path, ["--grace-period", "1"], ["--trap", "ignore"])
 
     os.kill(launch.proc.pid, signal.SIGTERM)
 
@@ -118,21 +100,7 @@ def test_workers_that_ignore_signals_are_killed_after_the_grace_period(launcher,
 
 
 def test_second_ctrl_c_stops_at_once(launcher, tmp_path):
-    ready = tmp_path / "ready"
-    launch = launcher.start(
-        "--nproc",
-        "2",
-        "--grace-period",
-        "300",
-        str(ACTOR),
-        "--trap",
-        "ignore",
-        "--others",
-        "sleep",
-        "--ready-dir",
-        str(ready),
-    )
-    wait_for_files(ready, "rank_*.pid", 2)
+    launch, _ = _start_sleepers(launcher, tmp_path, ["--grace-period", "300"], ["--trap", "ignore"])
 
     os.kill(launch.proc.pid, signal.SIGINT)
     time.sleep(0.5)
@@ -148,23 +116,9 @@ def test_grandchildren_in_and_out_of_the_worker_group_are_stopped(launcher, tmp_
     # One rank's child stays in its process group; a child that called setsid() has left it,
     # and is still found (the supervisor is a subreaper) and stopped.
     for mode in ("group", "session"):
-        launch = launcher.run(
-            "--nproc",
-            "2",
-            "--max-failures",
-            "1",
-            str(ACTOR),
-            "--grandchild",
-            mode,
-            "--fail",
-            "exit",
-            "--fail-attempts",
-            "all",
-            "--fail-after",
-            "0.5",
-            "--others",
-            "sleep",
-        )
+        options = ["--nproc", "2", "--max-failures", "1"]
+        behaviour = ["--grandchild", mode, "--fail", "exit", "--fail-attempts", "all", "--fail-after", "0.5"]
+        launch = launcher.run(*options, str(ACTOR), *behaviour, "--others", "sleep")
         assert launch.proc.returncode == 1, launch.stderr
         assert launch.stdout.count("grandchild") == 4  # 2 ranks x 2 attempts started one
         assert launch.survivors() == []
