@@ -1,9 +1,20 @@
-"""The ``launcher`` fixture: runs ftlaunch, then fails the test if anything it started survives."""
+"""Fixtures: ``launcher`` runs ftlaunch and fails the test if anything it started survives;
+``storage`` is a fresh checkpoint location on a local disk, a GCS emulator or an S3 emulator."""
 
-from pathlib import Path
+import os
 
-import pytest
-from helpers import Launcher
+# Before gcsfs is imported anywhere: otherwise every write waits 60 s on a gRPC call that the
+# emulator never answers. Workers inherit it from here.
+os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+
+import dataclasses  # noqa: E402
+import uuid  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Dict  # noqa: E402
+
+import pytest  # noqa: E402
+from helpers import Launcher  # noqa: E402
+from storage_servers import start_gcs, start_s3  # noqa: E402
 
 
 @pytest.fixture
@@ -13,3 +24,44 @@ def launcher(tmp_path: Path):
     yield runner
     leaked = runner.cleanup()
     assert not leaked, f"processes survived the test: {leaked}"
+
+
+@dataclasses.dataclass(frozen=True)
+class StorageTarget:
+    kind: str
+    url: str  # a fresh, empty location for this test
+    env: Dict[str, str]  # FSSPEC_* settings (and credentials) that reach this storage
+
+
+@pytest.fixture(scope="session")
+def gcs_env(tmp_path_factory):
+    server, env = start_gcs(tmp_path_factory.mktemp("gcs"))
+    yield env
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_env(tmp_path_factory):
+    server, env = start_s3(tmp_path_factory.mktemp("s3"))
+    yield env
+    server.stop()
+
+
+@pytest.fixture(params=["local", "gcs", "s3"])
+def storage(request, tmp_path, monkeypatch) -> StorageTarget:
+    """The same test on each storage. In this process fsspec's config is set directly (it read
+    the environment at import); processes started by the test get it through ``env``."""
+    import fsspec
+
+    if request.param == "local":
+        return StorageTarget("local", str(tmp_path / "ckpt"), {})
+    env = request.getfixturevalue(f"{request.param}_env")
+    protocol = request.param
+    bucket = f"test-{uuid.uuid4().hex[:12]}"
+    options = {k[len(f"FSSPEC_{protocol.upper()}_"):].lower(): v for k, v in env.items() if k.startswith("FSSPEC_")}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setitem(fsspec.config.conf, protocol, options)
+    fs = fsspec.filesystem(protocol, **options)
+    fs.mkdir(bucket)
+    return StorageTarget(protocol, f"{protocol}://{bucket}/run", env)

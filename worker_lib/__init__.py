@@ -1,10 +1,100 @@
 """What training scripts import: ``import worker_lib as ft``.
 
-Importing this package must stay cheap (no torch at import time): workers that only beat
-or read their environment should not pay for torch.
+    ft.init()                                       # process group from the environment
+    ckpt = ft.load_checkpoint()                     # None on a fresh run; else .step .state .metrics
+    ft.save_checkpoint(step, state, metrics=None)   # every rank; copied now, written in background
+
+Importing this package stays cheap (no torch at import time): workers that only read their
+environment should not pay for torch.
 """
+
+from typing import Any, Dict, Optional
 
 from worker_lib import contract
 from worker_lib.backend import choose_backend
+from worker_lib.retention import RetentionPolicy
 
-__all__ = ["contract", "choose_backend"]
+__all__ = [
+    "contract",
+    "choose_backend",
+    "init",
+    "info",
+    "save_checkpoint",
+    "load_checkpoint",
+    "wait_for_checkpoint",
+]
+
+_session = None
+
+
+def init(
+    checkpoint_dir: Optional[str] = None,
+    *,
+    keep_last: int = 2,
+    keep_best: int = 0,
+    best_metric: Optional[str] = None,
+    best_mode: str = "min",
+    save_rng: bool = True,
+    init_process_group: bool = True,
+    storage_options: Optional[Dict[str, Any]] = None,
+):
+    """Join the process group and open checkpoint storage; call once, early, on every rank.
+
+    ``checkpoint_dir`` (any fsspec URL) defaults to ftlaunch's ``--checkpoint-dir``. Storage that
+    cannot be written fails here, before training starts, with a ``StorageError``.
+    """
+    from worker_lib.session import start_session
+
+    global _session
+    retention = RetentionPolicy(keep_last, keep_best, best_metric, best_mode)
+    _session = start_session(checkpoint_dir, init_process_group, retention, save_rng, storage_options)
+    return _session.info
+
+
+def info():
+    """This process's WorkerInfo (rank, world size, attempt, ...)."""
+    return _require_session().info
+
+
+def save_checkpoint(
+    step: int,
+    state: Any,
+    metrics: Optional[Dict[str, float]] = None,
+    *,
+    replicated: bool = False,
+    blocking: bool = False,
+) -> None:
+    """Save this rank's ``state`` for ``step``; every rank calls it.
+
+    ``replicated=True``: the state is the same on every rank (plain DDP); rank 0 writes it once,
+    every rank loads it. The state is copied to CPU memory before this returns; writing and the
+    commit happen in the background unless ``blocking``. The next save waits for this one, and
+    a background failure is raised there.
+    """
+    _checkpoints().save(step, state, metrics, replicated=replicated, blocking=blocking)
+
+
+def load_checkpoint():
+    """The newest checkpoint every rank completed and can verify, or None on a fresh run."""
+    return _checkpoints().load()
+
+
+def wait_for_checkpoint() -> None:
+    """Block until the save in flight is committed (or raise its error)."""
+    _checkpoints().wait()
+
+
+def _require_session():
+    if _session is None:
+        raise RuntimeError("call worker_lib.init() first")
+    return _session
+
+
+def _checkpoints():
+    manager = _require_session().checkpoints
+    if manager is None:
+        raise RuntimeError(
+            "no checkpoint storage: run under `ftlaunch --checkpoint-dir URL` or call "
+            "worker_lib.init(checkpoint_dir=URL)"
+        )
+    return manager

@@ -26,6 +26,7 @@ __all__ = [
     "NCCL_ASYNC_ERROR_HANDLING",
     "FT_ATTEMPT",
     "FT_BACKEND",
+    "FT_CHECKPOINT_URL",
     "TORCHRUN_VARIABLES",
 ]
 
@@ -73,3 +74,4 @@ TORCHRUN_VARIABLES = (
 # ftlaunch's own.
 FT_ATTEMPT = "FTLAUNCH_ATTEMPT"  # 0 for the first group of a run, +1 per restart
 FT_BACKEND = "FTLAUNCH_BACKEND"  # "nccl" or "gloo", chosen once by the supervisor
+FT_CHECKPOINT_URL = "FTLAUNCH_CHECKPOINT_URL"  # fsspec URL of the checkpoint root (--checkpoint-dir)

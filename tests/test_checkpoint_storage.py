@@ -1,0 +1,154 @@
+"""Checkpoints on real storage (local disk, GCS emulator, S3 emulator), one rank in-process:
+commit marker, verification and fallback, retention, RNG, async save, bad storage."""
+
+import hashlib
+import json
+import random
+import threading
+
+import pytest
+import torch
+
+from worker_lib.checkpoint import MARKER, CheckpointManager, LocalChannel, step_dir
+from worker_lib.retention import RetentionPolicy
+from worker_lib.storage import Storage, StorageError
+
+
+def _manager(url, **kwargs) -> CheckpointManager:
+    return CheckpointManager(Storage(url), rank=0, world_size=1, channel=LocalChannel(), **kwargs)
+
+
+def _state(value: float):
+    return {"model": {"w": torch.full((4, 4), value)}, "step_in_epoch": int(value)}
+
+
+def test_save_commit_and_load(storage):
+    manager = _manager(storage.url)
+    assert manager.load() is None  # a fresh run
+    manager.save(10, _state(1.0), metrics={"loss": 0.5}, blocking=True)
+    manager.save(20, _state(2.0), metrics={"loss": 0.4})
+    manager.wait()
+
+    loaded = _manager(storage.url).load()
+    assert loaded.step == 20 and loaded.metrics == {"loss": 0.4}
+    assert torch.equal(loaded.state["model"]["w"], torch.full((4, 4), 2.0))
+    marker = json.loads(manager.storage.read_bytes(f"{step_dir(20)}/{MARKER}"))
+    part = manager.storage.read_bytes(f"{step_dir(20)}/rank_0.pt")
+    assert marker["parts"]["rank_0.pt"] == {"size": len(part), "sha256": hashlib.sha256(part).hexdigest()}
+
+
+def test_a_step_without_its_marker_does_not_exist(storage):
+    manager = _manager(storage.url)
+    manager.save(10, _state(1.0), blocking=True)
+    manager.save(20, _state(2.0), blocking=True)
+    manager.storage.fs.rm_file(manager.storage.path(f"{step_dir(20)}/{MARKER}"))  # as if cut off before commit
+    assert _manager(storage.url).load().step == 10
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "truncate", "delete"])
+def test_a_damaged_part_falls_back_to_the_previous_step(storage, damage, caplog):
+    manager = _manager(storage.url)
+    manager.save(10, _state(1.0), blocking=True)
+    manager.save(20, _state(2.0), blocking=True)
+    part = f"{step_dir(20)}/rank_0.pt"
+    data = manager.storage.read_bytes(part)
+    if damage == "delete":
+        manager.storage.fs.rm_file(manager.storage.path(part))
+    else:
+        flipped = data[:50] + bytes([data[50] ^ 0xFF]) + data[51:]  # same size, one bit pattern off
+        manager.storage.write_bytes(part, flipped if damage == "corrupt" else data[:100])
+
+    loaded = _manager(storage.url).load()
+
+    assert loaded.step == 10
+    assert "checkpoint step 20 is not usable" in caplog.text
+    assert {"corrupt": "fails its checksum", "truncate": "has 100 bytes", "delete": "is missing"}[damage] in caplog.text
+
+
+def test_retention_keeps_the_last_k_and_the_best(storage):
+    policy = RetentionPolicy(keep_last=2, keep_best=1, metric="loss", mode="min")
+    manager = _manager(storage.url, retention=policy)
+    losses = {10: 0.9, 20: 0.1, 30: 0.5, 40: 0.7, 50: 0.6}
+    for step, loss in losses.items():
+        manager.save(step, _state(float(step)), metrics={"loss": loss})
+    manager.wait()
+    assert sorted(manager._steps()) == [20, 40, 50]
+
+
+def test_uncommitted_leftovers_are_cleaned_up_later(storage):
+    manager = _manager(storage.url)
+    manager.storage.write_bytes(f"{step_dir(5)}/rank_0.pt", b"half a save from a crashed run")
+    manager.save(10, _state(1.0), blocking=True)
+    assert manager._steps() == [10]
+
+
+def test_rng_states_are_restored_with_the_checkpoint(storage):
+    manager = _manager(storage.url)
+    random.seed(7)
+    torch.manual_seed(7)
+    manager.save(1, _state(0.0), blocking=True)
+    expected = (random.random(), torch.rand(3))
+    random.seed(99)
+    torch.manual_seed(99)
+
+    _manager(storage.url).load()
+
+    assert random.random() == expected[0] and torch.equal(torch.rand(3), expected[1])
+
+
+def test_async_save_returns_before_the_write_and_copies_the_state(storage):
+    manager = _manager(storage.url)
+    state = {"w": torch.zeros(1000)}
+    release = threading.Event()
+    write = manager.storage.write_bytes
+
+    def slow_write(rel, data, retries=True):
+        release.wait(30)  # the write cannot finish until the training loop has moved on
+        write(rel, data, retries)
+
+    manager.storage.write_bytes = slow_write
+    manager.save(1, state)
+    state["w"] += 5  # training goes on and changes the tensor in place
+    release.set()
+    manager.wait()
+    assert torch.equal(_manager(storage.url).load().state["w"], torch.zeros(1000))
+
+
+def test_a_background_failure_is_raised_at_the_next_call(storage):
+    manager = _manager(storage.url)
+
+    def broken(rel, data, retries=True):
+        raise StorageError("disk full")
+
+    manager.storage.write_bytes = broken
+    manager.save(1, _state(1.0))
+    with pytest.raises(Exception, match="the previous checkpoint save failed: disk full"):
+        manager.save(2, _state(2.0))
+
+
+def test_writable_storage_passes_the_probe(storage):
+    Storage(storage.url).check_writable("test")
+
+
+def test_bad_storage_is_a_clear_error_before_training(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(StorageError, match="is not usable"):
+        Storage(str(blocker / "ckpt")).check_writable("r0")
+    with pytest.raises(StorageError, match="nosuchproto"):
+        Storage("nosuchproto://bucket/x")
+
+
+def test_missing_bucket_is_a_clear_error(storage):
+    if storage.kind == "local":
+        return  # a local directory is created on demand: there is no "missing bucket"
+    with pytest.raises(StorageError, match="is not usable"):
+        Storage(f"{storage.kind}://no-such-bucket-{storage.url[-20:-4]}/run").check_writable("r0")
+
+
+def test_unreachable_endpoint_is_a_clear_error(monkeypatch):
+    # Nothing listens on port 9 (discard) of the loopback: the connection is refused at once.
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    storage = Storage("s3://bucket/run", endpoint_url="http://127.0.0.1:9", key="k", secret="s")
+    with pytest.raises(StorageError, match="is not usable: writing .*Could not connect to the endpoint"):
+        storage.check_writable("r0")

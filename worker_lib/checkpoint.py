@@ -1,0 +1,333 @@
+"""Per-rank checkpoints with a commit marker written last.
+
+Layout under the storage root::
+
+    step_<n>/rank_<r>.pt      each rank's part: its RNG states, and its state unless replicated
+    step_<n>/replicated.pt    replicated mode: the state, written once by rank 0
+    step_<n>/COMMITTED        JSON, written by rank 0 once every part is durable: the parts with
+                              sizes and SHA-256 checksums, the world size, the metrics
+
+A step without COMMITTED does not exist for readers. Ranks tell rank 0 about their parts through
+the job's c10d store (never a collective: the background save thread must not interleave
+collectives with the training loop's), and agree on which step to load through it as well.
+"""
+
+import atexit
+import collections
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import threading
+import time
+from typing import Any, Dict, Iterator, List, Optional, Protocol, Tuple
+
+from worker_lib.retention import CommittedStep, RetentionPolicy
+from worker_lib.rng import capture_rng, restore_rng
+from worker_lib.storage import Storage, StorageError
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "CheckpointManager",
+    "CommitChannel",
+    "LocalChannel",
+    "StoreChannel",
+]
+
+log = logging.getLogger(__name__)
+
+MARKER = "COMMITTED"
+REPLICATED = "replicated.pt"
+_STEP_PREFIX = "step_"
+
+
+class CheckpointError(RuntimeError):
+    """A save failed in the background, or a checkpoint cannot be read as asked."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    state: Any
+    metrics: Dict[str, float]
+
+
+class CommitChannel(Protocol):
+    """How ranks exchange small messages outside collectives."""
+
+    def share(self, key: str, rank: int, value: str) -> None: ...
+
+    def gather(self, key: str, world_size: int, timeout: float) -> List[str]: ...
+
+
+class LocalChannel:
+    """A world of one rank: nothing to exchange."""
+
+    def __init__(self) -> None:
+        self._values: Dict[str, str] = {}
+
+    def share(self, key: str, rank: int, value: str) -> None:
+        self._values[key] = value
+
+    def gather(self, key: str, world_size: int, timeout: float) -> List[str]:
+        return [self._values[key]]
+
+
+class StoreChannel:
+    """Messages through a c10d store, under a prefix unique to this run and attempt."""
+
+    def __init__(self, store: Any, prefix: str) -> None:
+        from torch.distributed import PrefixStore
+
+        self._store = PrefixStore(prefix, store)
+        self._lock = threading.Lock()  # one store client, used by the save thread and the caller
+
+    def share(self, key: str, rank: int, value: str) -> None:
+        with self._lock:
+            self._store.set(f"{key}/{rank}", value)
+
+    def gather(self, key: str, world_size: int, timeout: float) -> List[str]:
+        from datetime import timedelta
+
+        keys = [f"{key}/{r}" for r in range(world_size)]
+        with self._lock:
+            self._store.wait(keys, timedelta(seconds=timeout))
+            return [self._store.get(k).decode() for k in keys]
+
+
+def step_dir(step: int) -> str:
+    return f"{_STEP_PREFIX}{step}"
+
+
+def part_name(rank: int) -> str:
+    return f"rank_{rank}.pt"
+
+
+class CheckpointManager:
+    """Saves and loads this rank's checkpoints; one per process, built by ``worker_lib.init``."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        rank: int,
+        world_size: int,
+        channel: CommitChannel,
+        retention: Optional[RetentionPolicy] = None,
+        save_rng: bool = True,
+        commit_timeout: float = 1800.0,
+    ) -> None:
+        self.storage = storage
+        self.rank = rank
+        self.world_size = world_size
+        self._channel = channel
+        self._retention = retention or RetentionPolicy()
+        self._save_rng = save_rng
+        self._commit_timeout = commit_timeout
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+        self._loads = 0
+        atexit.register(self._wait_at_exit)
+
+    # -- saving -----------------------------------------------------------------------------
+
+    def save(
+        self,
+        step: int,
+        state: Any,
+        metrics: Optional[Dict[str, float]] = None,
+        replicated: bool = False,
+        blocking: bool = False,
+    ) -> None:
+        """Copy ``state`` to CPU memory now; write and commit it in the background (or now)."""
+        self.wait()
+        snapshot = _to_cpu(state) if not replicated or self.rank == 0 else None
+        rng = capture_rng() if self._save_rng else None
+        job = lambda: self._write_and_commit(step, snapshot, rng, dict(metrics or {}), replicated)  # noqa: E731
+        if blocking:
+            job()
+            return
+        self._thread = threading.Thread(
+            target=self._run_in_background, args=(job,), name=f"ftlaunch-save-{step}"
+        )
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Block until the save in flight is done; raise its error, if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise CheckpointError(f"the previous checkpoint save failed: {error}") from error
+
+    def _run_in_background(self, job) -> None:
+        try:
+            job()
+        except BaseException as err:  # kept for the next call on the training thread
+            log.error("background checkpoint save failed: %s", err)
+            self._error = err
+
+    def _write_and_commit(
+        self, step: int, snapshot: Any, rng: Any, metrics: Dict[str, float], replicated: bool
+    ) -> None:
+        parts = [
+            self._write_part(
+                step, part_name(self.rank), {"rng": rng, "state": None if replicated else snapshot}
+            )
+        ]
+        if replicated and self.rank == 0:
+            parts.append(self._write_part(step, REPLICATED, snapshot))
+        self._channel.share(f"commit/{step}", self.rank, json.dumps(parts))
+        if self.rank == 0:
+            gathered = self._channel.gather(f"commit/{step}", self.world_size, self._commit_timeout)
+            self._commit(step, [p for value in gathered for p in json.loads(value)], metrics, replicated)
+            self._apply_retention(step)
+
+    def _write_part(self, step: int, name: str, payload: Any) -> Dict[str, Any]:
+        data = _serialize(payload)
+        self.storage.write_bytes(f"{step_dir(step)}/{name}", data)
+        return {"name": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+    def _commit(
+        self, step: int, parts: List[Dict[str, Any]], metrics: Dict[str, float], replicated: bool
+    ) -> None:
+        marker = {
+            "step": step,
+            "world_size": self.world_size,
+            "replicated": replicated,
+            "parts": {p["name"]: {"size": p["size"], "sha256": p["sha256"]} for p in parts},
+            "metrics": metrics,
+            "time": time.time(),
+        }
+        self.storage.write_bytes(f"{step_dir(step)}/{MARKER}", json.dumps(marker, indent=1).encode())
+        log.info("checkpoint step %d committed (%d parts)", step, len(parts))
+
+    def _apply_retention(self, newest: int) -> None:
+        """Rank 0 only: delete what the policy lets go, and uncommitted leftovers older than
+        ``newest`` (crashed saves). Newer uncommitted steps may be a restarted run's next save."""
+        committed = []
+        for step, marker in self._markers():
+            committed.append(CommittedStep(step, marker.get("metrics", {})))
+        doomed = set(self._retention.to_delete(committed))
+        doomed |= {s for s in self._steps() if s < newest and s not in {c.step for c in committed}}
+        for step in sorted(doomed):
+            self.storage.remove_tree(step_dir(step))
+            log.info("checkpoint step %d deleted (retention)", step)
+
+    def _wait_at_exit(self) -> None:
+        try:
+            self.wait()
+        except CheckpointError as err:
+            log.error("%s", err)
+
+    # -- loading ----------------------------------------------------------------------------
+
+    def load(self) -> Optional[Checkpoint]:
+        """The newest step every rank can read and verify; None on a fresh run."""
+        self.wait()
+        self._loads += 1
+        for round_, (step, marker) in enumerate(self._markers()):
+            payload, problem = self._read_own_parts(step, marker)
+            key = f"load/{self._loads}/{round_}"
+            self._channel.share(key, self.rank, f"{step}:{problem or 'ok'}")
+            votes = self._channel.gather(key, self.world_size, self._commit_timeout)
+            if all(v == f"{step}:ok" for v in votes):
+                return self._restore(step, marker, payload)
+            reasons = sorted({v.split(":", 1)[1] for v in votes if v != f"{step}:ok"})
+            log.warning(
+                "checkpoint step %d is not usable (%s): falling back to the previous committed step",
+                step,
+                "; ".join(reasons),
+            )
+        return None
+
+    def _restore(self, step: int, marker: Dict[str, Any], payload: Dict[str, Any]) -> Checkpoint:
+        if payload["own"]["rng"] is not None and self._save_rng:
+            restore_rng(payload["own"]["rng"])
+        state = payload["replicated"] if marker.get("replicated") else payload["own"]["state"]
+        return Checkpoint(step=step, state=state, metrics=marker.get("metrics", {}))
+
+    def _read_own_parts(self, step: int, marker: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[str]]:
+        if marker.get("world_size") != self.world_size and not marker.get("replicated"):
+            return {}, f"saved by {marker.get('world_size')} ranks, now {self.world_size}"
+        payload: Dict[str, Any] = {}
+        names = {"own": part_name(self.rank)}
+        if marker.get("replicated"):
+            names["replicated"] = REPLICATED
+        for key, name in names.items():
+            data, problem = self._read_verified(step, name, marker["parts"].get(name))
+            if problem:
+                return {}, f"rank {self.rank}: {problem}"
+            payload[key] = _deserialize(data)
+        return payload, None
+
+    def _read_verified(
+        self, step: int, name: str, expected: Optional[Dict[str, Any]]
+    ) -> Tuple[bytes, Optional[str]]:
+        if expected is None:
+            return b"", f"{name} is not listed in the commit marker"
+        try:
+            data = self.storage.read_bytes(f"{step_dir(step)}/{name}")
+        except FileNotFoundError:
+            return b"", f"{name} is missing"
+        except StorageError as err:
+            return b"", f"{name} cannot be read: {err}"
+        if len(data) != expected["size"]:
+            return b"", f"{name} has {len(data)} bytes, the marker says {expected['size']}"
+        if hashlib.sha256(data).hexdigest() != expected["sha256"]:
+            return b"", f"{name} fails its checksum"
+        return data, None
+
+    # -- listing ----------------------------------------------------------------------------
+
+    def _steps(self) -> List[int]:
+        names = self.storage.list_names()
+        return sorted(
+            int(n[len(_STEP_PREFIX) :])
+            for n in names
+            if n.startswith(_STEP_PREFIX) and n[len(_STEP_PREFIX) :].isdigit()
+        )
+
+    def _markers(self) -> Iterator[Tuple[int, Dict[str, Any]]]:
+        """Committed steps, newest first, with their markers."""
+        for step in reversed(self._steps()):
+            try:
+                yield step, json.loads(self.storage.read_bytes(f"{step_dir(step)}/{MARKER}"))
+            except FileNotFoundError:
+                continue  # not committed: does not exist for readers
+            except (ValueError, StorageError) as err:
+                log.warning("checkpoint step %d: unreadable commit marker (%s); skipped", step, err)
+
+
+def _to_cpu(state: Any) -> Any:
+    """A copy the training loop cannot change under the background writer: tensors are copied
+    to CPU memory, containers rebuilt, anything else deep-copied."""
+    import copy
+
+    import torch
+
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if type(state) in (dict, collections.OrderedDict):  # a state_dict is an OrderedDict
+        return type(state)((k, _to_cpu(v)) for k, v in state.items())
+    if type(state) in (list, tuple):
+        return type(state)(_to_cpu(v) for v in state)
+    return copy.deepcopy(state)
+
+
+def _serialize(payload: Any) -> bytes:
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return buffer.getvalue()
+
+
+def _deserialize(data: bytes) -> Any:
+    import torch
+
+    # weights_only=False: a part holds RNG states and arbitrary training state, written by this
+    # job to its own storage; checkpoints from untrusted storage must not be loaded.
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)

@@ -1,0 +1,111 @@
+"""``worker_lib.init()`` and the per-process session the module-level API works on."""
+
+import dataclasses
+import os
+from typing import Any, Dict, Optional
+
+from worker_lib import contract as c
+from worker_lib.backend import choose_backend
+from worker_lib.retention import RetentionPolicy
+
+__all__ = ["WorkerInfo", "Session", "start_session"]
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerInfo:
+    """Who this process is, read once from the environment torchrun or ftlaunch set."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    attempt: int
+    run_id: str
+    backend: str
+
+    @classmethod
+    def from_environ(cls, environ=os.environ) -> "WorkerInfo":
+        gpus = _gpu_count()
+        return cls(
+            rank=int(environ.get(c.RANK, 0)),
+            local_rank=int(environ.get(c.LOCAL_RANK, 0)),
+            world_size=int(environ.get(c.WORLD_SIZE, 1)),
+            local_world_size=int(environ.get(c.LOCAL_WORLD_SIZE, 1)),
+            attempt=int(environ.get(c.RESTART_COUNT, 0)),
+            run_id=environ.get(c.RUN_ID, "local"),
+            backend=environ.get(c.FT_BACKEND) or choose_backend("auto", gpus),
+        )
+
+
+@dataclasses.dataclass
+class Session:
+    info: WorkerInfo
+    checkpoints: Optional[Any]  # CheckpointManager, or None without a checkpoint dir
+
+
+def start_session(
+    checkpoint_dir: Optional[str],
+    init_process_group: bool,
+    retention: RetentionPolicy,
+    save_rng: bool,
+    storage_options: Optional[Dict[str, Any]],
+) -> Session:
+    info = WorkerInfo.from_environ()
+    if init_process_group and info.world_size > 1:
+        _init_process_group(info)
+    url = checkpoint_dir or os.environ.get(c.FT_CHECKPOINT_URL)
+    manager = _checkpoint_manager(info, url, retention, save_rng, storage_options or {}) if url else None
+    return Session(info, manager)
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _init_process_group(info: WorkerInfo) -> None:
+    """env:// init, with the backend the supervisor chose; nccl binds this rank's GPU first."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    if info.backend == "nccl":
+        device = torch.device("cuda", info.local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        dist.init_process_group(info.backend)
+
+
+def _checkpoint_manager(
+    info: WorkerInfo, url: str, retention: RetentionPolicy, save_rng: bool, storage_options: Dict[str, Any]
+):
+    from worker_lib.checkpoint import CheckpointManager, LocalChannel, StoreChannel
+    from worker_lib.storage import Storage
+
+    storage = Storage(url, **storage_options)
+    storage.check_writable(f"rank{info.rank}")
+    if info.world_size == 1:
+        channel = LocalChannel()
+    else:
+        channel = StoreChannel(_job_store(), prefix=f"ftlaunch/{info.run_id}/{info.attempt}/")
+    return CheckpointManager(storage, info.rank, info.world_size, channel, retention, save_rng)
+
+
+def _job_store():
+    """A client of the store the launcher hosts (torchrun and ftlaunch both set
+    TORCHELASTIC_USE_AGENT_STORE); else the default process group's own store."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if os.environ.get(c.USE_AGENT_STORE) == "True":
+        host, port = os.environ[c.MASTER_ADDR], int(os.environ[c.MASTER_PORT])
+        return dist.TCPStore(host, port, None, False, timedelta(minutes=30))
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "worker_lib.init(): with several ranks and no launcher store, initialize the process group first"
+        )
+    return dist.distributed_c10d._get_default_store()
