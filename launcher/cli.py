@@ -73,6 +73,12 @@ def _say(line: str) -> None:
     metavar="R[,R...]",
     help="Ranks shown on the console (all are logged to files)  [default: all]",
 )
+@click.option(
+    "--checkpoint-dir",
+    default=None,
+    metavar="URL",
+    help="Checkpoint storage for worker_lib (path, gs://, s3://, any fsspec URL); checked before start.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log the supervisor's own decisions.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
@@ -108,6 +114,7 @@ def config_from_options(
     master_addr: str,
     master_port: int,
     console_ranks: Optional[str],
+    checkpoint_dir: Optional[str],
     script: str,
     script_args: Sequence[str],
 ) -> LaunchConfig:
@@ -129,6 +136,7 @@ def config_from_options(
         master_addr=master_addr,
         master_port=master_port,
         console_ranks=_parse_ranks(console_ranks),
+        checkpoint_url=checkpoint_dir,
     )
 
 

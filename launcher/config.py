@@ -38,6 +38,7 @@ class LaunchConfig:
     master_addr: str = "127.0.0.1"
     master_port: int = 0  # 0: the OS picks a free port for each attempt's store
     console_ranks: Optional[FrozenSet[int]] = None  # None: every rank on the console
+    checkpoint_url: Optional[str] = None  # fsspec URL handed to workers (worker_lib's storage root)
     python: str = sys.executable
 
     def __post_init__(self) -> None:
@@ -96,6 +97,8 @@ def preflight(config: LaunchConfig) -> None:
     """Checks against the world (files, directories) that must pass before any worker starts."""
     _check_entrypoint(config)
     _check_log_dir_writable(config.log_dir)
+    if config.checkpoint_url:
+        _check_checkpoint_storage(config.checkpoint_url)
 
 
 def _check_entrypoint(config: LaunchConfig) -> None:
@@ -113,3 +116,13 @@ def _check_log_dir_writable(log_dir: Path) -> None:
         probe.unlink()
     except OSError as err:
         raise UsageError(f"log dir {log_dir} is not writable: {err.strerror or err}") from None
+
+
+def _check_checkpoint_storage(url: str) -> None:
+    """A malformed URL, a missing bucket or no permission: say so now, not once per restart."""
+    from worker_lib.storage import Storage, StorageError
+
+    try:
+        Storage(url).check_writable("supervisor")
+    except StorageError as err:
+        raise UsageError(str(err)) from None

@@ -58,7 +58,9 @@ def storage(request, tmp_path, monkeypatch) -> StorageTarget:
     env = request.getfixturevalue(f"{request.param}_env")
     protocol = request.param
     bucket = f"test-{uuid.uuid4().hex[:12]}"
-    options = {k[len(f"FSSPEC_{protocol.upper()}_"):].lower(): v for k, v in env.items() if k.startswith("FSSPEC_")}
+    options = {
+        k[len(f"FSSPEC_{protocol.upper()}_") :].lower(): v for k, v in env.items() if k.startswith("FSSPEC_")
+    }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setitem(fsspec.config.conf, protocol, options)

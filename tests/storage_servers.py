@@ -31,7 +31,9 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.proc.args[0]} exited with {self.proc.returncode}; see {self._log.name}")
+                raise RuntimeError(
+                    f"{self.proc.args[0]} exited with {self.proc.returncode}; see {self._log.name}"
+                )
             try:
                 urllib.request.urlopen(url, timeout=1).close()
                 return
@@ -56,8 +58,23 @@ def start_gcs(workdir: Path) -> "tuple[ServerProcess, Dict[str, str]]":
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    argv = [str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
-            "-port", str(port), "-external-url", url, "-public-host", f"127.0.0.1:{port}", "-log-level", "warn"]
+    argv = [
+        str(_get_binary_path()),
+        "-scheme",
+        "http",
+        "-backend",
+        "memory",
+        "-host",
+        "127.0.0.1",
+        "-port",
+        str(port),
+        "-external-url",
+        url,
+        "-public-host",
+        f"127.0.0.1:{port}",
+        "-log-level",
+        "warn",
+    ]
     server = ServerProcess(argv, f"{url}/storage/v1/b", workdir / "fake-gcs.log")
     # fsspec reads FSSPEC_<PROTOCOL>_<OPTION> variables: workers inherit the same settings.
     env = {"FSSPEC_GCS_TOKEN": "anon", "FSSPEC_GCS_ENDPOINT_URL": url}

@@ -41,7 +41,9 @@ def test_a_step_without_its_marker_does_not_exist(storage):
     manager = _manager(storage.url)
     manager.save(10, _state(1.0), blocking=True)
     manager.save(20, _state(2.0), blocking=True)
-    manager.storage.fs.rm_file(manager.storage.path(f"{step_dir(20)}/{MARKER}"))  # as if cut off before commit
+    manager.storage.fs.rm_file(
+        manager.storage.path(f"{step_dir(20)}/{MARKER}")
+    )  # as if cut off before commit
     assert _manager(storage.url).load().step == 10
 
 
@@ -62,7 +64,9 @@ def test_a_damaged_part_falls_back_to_the_previous_step(storage, damage, caplog)
 
     assert loaded.step == 10
     assert "checkpoint step 20 is not usable" in caplog.text
-    assert {"corrupt": "fails its checksum", "truncate": "has 100 bytes", "delete": "is missing"}[damage] in caplog.text
+    assert {"corrupt": "fails its checksum", "truncate": "has 100 bytes", "delete": "is missing"}[
+        damage
+    ] in caplog.text
 
 
 def test_retention_keeps_the_last_k_and_the_best(storage):

@@ -1,0 +1,105 @@
+"""DDP training through worker_lib's checkpoints, with crashes injected where a test asks.
+
+Deterministic given its arguments: the data of each step depends on (step, rank) only, and the
+label noise is drawn from the global torch RNG, so a resumed run matches a run that never
+stopped only if worker_lib restored the model, the optimizer *and* the RNG states.
+"""
+
+import argparse
+import os
+import signal
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import worker_lib as ft
+from worker_lib.checkpoint import CheckpointManager
+from worker_lib.storage import Storage
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--save-every", type=int, default=5)
+    p.add_argument(
+        "--crash", action="append", default=[], help="STEP:ATTEMPT: rank --crash-rank is SIGKILLed"
+    )
+    p.add_argument("--crash-rank", type=int, default=1)
+    p.add_argument("--die-before-commit", type=int, help="rank 0 dies after its part, before the marker")
+    p.add_argument("--die-mid-write", type=int, help="rank 1 dies half-way through writing its part")
+    p.add_argument("--replicated", action="store_true")
+    p.add_argument("--out", required=True)
+    return p.parse_args()
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def inject_storage_faults(args, rank: int, attempt: int) -> None:
+    """Replace pieces of worker_lib with versions that die at the chosen moment (first attempt)."""
+    if attempt != 0:
+        return
+    if args.die_before_commit is not None and rank == 0:
+        commit = CheckpointManager._commit
+
+        def commit_or_die(self, step, *rest):
+            if step == args.die_before_commit:
+                print(f"rank 0: dying before the commit of step {step}", flush=True)
+                die()
+            commit(self, step, *rest)
+
+        CheckpointManager._commit = commit_or_die
+    if args.die_mid_write is not None and rank == 1:
+        write = Storage.write_bytes
+
+        def write_half_or_die(self, rel, data, retries=True):
+            if rel.startswith(f"step_{args.die_mid_write}/"):
+                print(f"rank 1: dying half-way through {rel}", flush=True)
+                self.fs.pipe_file(self.path(rel), data[: len(data) // 2])  # a torn, non-atomic write
+                die()
+            write(self, rel, data, retries)
+
+        Storage.write_bytes = write_half_or_die
+
+
+def main() -> None:
+    args = parse()
+    info = ft.init()
+    inject_storage_faults(args, info.rank, info.attempt)
+    crashes = {tuple(map(int, c.split(":"))) for c in args.crash}
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ckpt = ft.load_checkpoint()
+    start = 0
+    if ckpt is not None:
+        model.load_state_dict(ckpt.state["model"])
+        optimizer.load_state_dict(ckpt.state["optimizer"])
+        start = ckpt.step
+    print(f"rank {info.rank} attempt {info.attempt} starts at step {start}", flush=True)
+    ddp = DDP(model)
+    for step in range(start, args.steps):
+        if (step, info.attempt) in crashes and info.rank == args.crash_rank:
+            print(f"rank {info.rank}: crash at step {step}", flush=True)
+            die()
+        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(step * 1000 + info.rank))
+        y = x[:, :4] + 0.1 * torch.randn(16, 4)  # global RNG: must be restored on resume
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if (step + 1) % args.save_every == 0:
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+            ft.save_checkpoint(step + 1, state, metrics={"loss": loss.item()}, replicated=args.replicated)
+    ft.wait_for_checkpoint()
+    if info.rank == 0:
+        torch.save(model.state_dict(), args.out)
+    dist.barrier()
+    dist.destroy_process_group()
+    os._exit(0)  # see examples/train.py: skip gloo's racy interpreter shutdown
+
+
+if __name__ == "__main__":
+    main()
