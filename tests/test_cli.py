@@ -45,6 +45,7 @@ def test_help_lists_the_options(launcher):
         (["--nproc", "2", "--console-ranks", "0,5", str(ACTOR)], "--console-ranks names ranks [5]"),
         (["--module", "--no-python", "json.tool"], "--module and --no-python exclude each other"),
         (["--no-python", "no-such-program-here"], "executable not found"),
+        (["--checkpoint-dir", "nosuchproto://bucket/run", str(ACTOR)], "Protocol not known: nosuchproto"),
         (["--frobnicate", str(ACTOR)], "No such option '--frobnicate'"),
         ([], "Missing argument 'SCRIPT'"),
     ],
@@ -103,3 +104,15 @@ def test_no_python_mode(launcher, tmp_path):
     launch = launcher.run("--nproc", "2", "--no-python", "sh", "-c", 'echo "rank=$RANK of $WORLD_SIZE"')
     assert launch.proc.returncode == 0, launch.stderr
     assert "[0] rank=0 of 2" in launch.stdout and "[1] rank=1 of 2" in launch.stdout
+
+
+def test_unusable_checkpoint_dir_is_a_usage_error(launcher, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    launch = launcher.run("--checkpoint-dir", str(blocker / "ckpt"), str(ACTOR))
+    _assert_usage_error(launch, "is not usable")
+
+
+def test_missing_bucket_is_a_usage_error(launcher, gcs_env):
+    launch = launcher.run("--checkpoint-dir", "gcs://no-such-bucket-here/run", str(ACTOR), env=gcs_env)
+    _assert_usage_error(launch, "checkpoint storage 'gcs://no-such-bucket-here/run' is not usable")
