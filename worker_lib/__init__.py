@@ -22,6 +22,8 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "wait_for_checkpoint",
+    "checkpoint_dir",
+    "latest_checkpoint_dir",
 ]
 
 _session = None
@@ -77,6 +79,24 @@ def save_checkpoint(
 def load_checkpoint():
     """The newest checkpoint every rank completed and can verify, or None on a fresh run."""
     return _checkpoints().load()
+
+
+def checkpoint_dir(step: int, metrics: Optional[Dict[str, float]] = None):
+    """``with ft.checkpoint_dir(step) as d:`` write any files into the local directory ``d``;
+    on leaving the block they are uploaded in the background and committed as ``step``.
+    Every rank enters it (a rank with nothing to write leaves it empty)."""
+    from worker_lib.directory import save_directory
+
+    return save_directory(_checkpoints(), step, metrics)
+
+
+def latest_checkpoint_dir() -> Optional[str]:
+    """A local directory holding the newest committed directory-mode step (every rank's files),
+    or None on a fresh run. Remote files are fetched once per node."""
+    from worker_lib.directory import latest_directory
+
+    session = _require_session()
+    return latest_directory(_checkpoints(), session.info.run_id, session.info.attempt)
 
 
 def wait_for_checkpoint() -> None:

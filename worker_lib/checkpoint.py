@@ -21,7 +21,7 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Tuple
 
 from worker_lib.retention import CommittedStep, RetentionPolicy
 from worker_lib.rng import capture_rng, restore_rng
@@ -144,7 +144,32 @@ class CheckpointManager:
         self.wait()
         snapshot = _to_cpu(state) if not replicated or self.rank == 0 else None
         rng = capture_rng() if self._save_rng else None
-        job = lambda: self._write_and_commit(step, snapshot, rng, dict(metrics or {}), replicated)  # noqa: E731
+        own = {"rng": rng, "state": None if replicated else snapshot}
+        parts = [(part_name(self.rank), lambda: _serialize(own))]
+        if replicated and self.rank == 0:
+            parts.append((REPLICATED, lambda: _serialize(snapshot)))
+        kind = "replicated" if replicated else "state"
+        self.submit(step, parts, dict(metrics or {}), kind, blocking)
+
+    def submit(
+        self,
+        step: int,
+        parts: List[Tuple[str, Callable[[], bytes]]],
+        metrics: Dict[str, float],
+        kind: str,
+        blocking: bool = False,
+        cleanup: Callable[[], None] = lambda: None,
+    ) -> None:
+        """Write ``parts`` (name, bytes producer) for ``step`` and commit once every rank has;
+        ``cleanup`` runs once the parts are written, whether or not that worked."""
+
+        def job() -> None:
+            try:
+                written = [self._write_part(step, name, produce()) for name, produce in parts]
+            finally:
+                cleanup()
+            self._share_and_commit(step, written, metrics, kind)
+
         if blocking:
             job()
             return
@@ -152,6 +177,11 @@ class CheckpointManager:
             target=self._run_in_background, args=(job,), name=f"ftlaunch-save-{step}"
         )
         self._thread.start()
+
+    def own_rng_part(self) -> Tuple[str, Callable[[], bytes]]:
+        """This rank's part when the state lives elsewhere (directory mode): its RNG states."""
+        own = {"rng": capture_rng() if self._save_rng else None, "state": None}
+        return part_name(self.rank), lambda: _serialize(own)
 
     def wait(self) -> None:
         """Block until the save in flight is done; raise its error, if it failed."""
@@ -169,34 +199,28 @@ class CheckpointManager:
             log.error("background checkpoint save failed: %s", err)
             self._error = err
 
-    def _write_and_commit(
-        self, step: int, snapshot: Any, rng: Any, metrics: Dict[str, float], replicated: bool
+    def _share_and_commit(
+        self, step: int, written: List[Dict[str, Any]], metrics: Dict[str, float], kind: str
     ) -> None:
-        parts = [
-            self._write_part(
-                step, part_name(self.rank), {"rng": rng, "state": None if replicated else snapshot}
-            )
-        ]
-        if replicated and self.rank == 0:
-            parts.append(self._write_part(step, REPLICATED, snapshot))
-        self._channel.share(f"commit/{step}", self.rank, json.dumps(parts))
+        self._channel.share(f"commit/{step}", self.rank, json.dumps(written))
         if self.rank == 0:
             gathered = self._channel.gather(f"commit/{step}", self.world_size, self._commit_timeout)
-            self._commit(step, [p for value in gathered for p in json.loads(value)], metrics, replicated)
+            self._commit(step, [p for value in gathered for p in json.loads(value)], metrics, kind)
             self._apply_retention(step)
 
-    def _write_part(self, step: int, name: str, payload: Any) -> Dict[str, Any]:
-        data = _serialize(payload)
+    def _write_part(self, step: int, name: str, data: bytes) -> Dict[str, Any]:
         self.storage.write_bytes(f"{step_dir(step)}/{name}", data)
         return {"name": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
-    def _commit(
-        self, step: int, parts: List[Dict[str, Any]], metrics: Dict[str, float], replicated: bool
-    ) -> None:
+    def _commit(self, step: int, parts: List[Dict[str, Any]], metrics: Dict[str, float], kind: str) -> None:
+        names = [p["name"] for p in parts]
+        clashes = sorted({n for n in names if names.count(n) > 1})
+        if clashes:  # two ranks wrote the same file: neither copy can be trusted to be "the" one
+            raise CheckpointError(f"step {step} not committed: several ranks wrote {', '.join(clashes)}")
         marker = {
             "step": step,
             "world_size": self.world_size,
-            "replicated": replicated,
+            "kind": kind,
             "parts": {p["name"]: {"size": p["size"], "sha256": p["sha256"]} for p in parts},
             "metrics": metrics,
             "time": time.time(),
@@ -226,15 +250,26 @@ class CheckpointManager:
 
     def load(self) -> Optional[Checkpoint]:
         """The newest step every rank can read and verify; None on a fresh run."""
+        found = self.newest_agreed(self._read_state_parts)
+        if found is None:
+            return None
+        step, marker, payload = found
+        self.restore_rng(payload["own"])
+        state = payload["replicated"] if marker.get("kind") == "replicated" else payload["own"]["state"]
+        return Checkpoint(step=step, state=state, metrics=marker.get("metrics", {}))
+
+    def newest_agreed(self, read: Callable[[int, Dict[str, Any]], Tuple[Any, Optional[str]]]):
+        """(step, marker, payload) of the newest committed step that ``read`` accepts on every
+        rank; the ranks agree through the channel, so all of them load the same step."""
         self.wait()
         self._loads += 1
         for round_, (step, marker) in enumerate(self._markers()):
-            payload, problem = self._read_own_parts(step, marker)
+            payload, problem = read(step, marker)
             key = f"load/{self._loads}/{round_}"
             self._channel.share(key, self.rank, f"{step}:{problem or 'ok'}")
             votes = self._channel.gather(key, self.world_size, self._commit_timeout)
             if all(v == f"{step}:ok" for v in votes):
-                return self._restore(step, marker, payload)
+                return step, marker, payload
             reasons = sorted({v.split(":", 1)[1] for v in votes if v != f"{step}:ok"})
             log.warning(
                 "checkpoint step %d is not usable (%s): falling back to the previous committed step",
@@ -243,27 +278,31 @@ class CheckpointManager:
             )
         return None
 
-    def _restore(self, step: int, marker: Dict[str, Any], payload: Dict[str, Any]) -> Checkpoint:
-        if payload["own"]["rng"] is not None and self._save_rng:
-            restore_rng(payload["own"]["rng"])
-        state = payload["replicated"] if marker.get("replicated") else payload["own"]["state"]
-        return Checkpoint(step=step, state=state, metrics=marker.get("metrics", {}))
+    def restore_rng(self, own_part: Dict[str, Any]) -> None:
+        if own_part.get("rng") is not None and self._save_rng:
+            restore_rng(own_part["rng"])
 
-    def _read_own_parts(self, step: int, marker: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[str]]:
-        if marker.get("world_size") != self.world_size and not marker.get("replicated"):
+    def read_own_part(self, step: int, marker: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[str]]:
+        name = part_name(self.rank)
+        if marker.get("world_size") != self.world_size:
+            if marker.get("kind") == "replicated":  # the state fits any world size; RNG streams do not
+                return {"rng": None, "state": None}, None
             return {}, f"saved by {marker.get('world_size')} ranks, now {self.world_size}"
-        payload: Dict[str, Any] = {}
-        names = {"own": part_name(self.rank)}
-        if marker.get("replicated"):
-            names["replicated"] = REPLICATED
-        for key, name in names.items():
-            data, problem = self._read_verified(step, name, marker["parts"].get(name))
-            if problem:
-                return {}, f"rank {self.rank}: {problem}"
-            payload[key] = _deserialize(data)
-        return payload, None
+        data, problem = self.read_verified(step, name, marker["parts"].get(name))
+        return ({}, f"rank {self.rank}: {problem}") if problem else (_deserialize(data), None)
 
-    def _read_verified(
+    def _read_state_parts(self, step: int, marker: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[str]]:
+        own, problem = self.read_own_part(step, marker)
+        if problem or marker.get("kind") != "replicated":
+            return {"own": own}, problem
+        data, problem = self.read_verified(step, REPLICATED, marker["parts"].get(REPLICATED))
+        return (
+            ({}, f"rank {self.rank}: {problem}")
+            if problem
+            else ({"own": own, "replicated": _deserialize(data)}, None)
+        )
+
+    def read_verified(
         self, step: int, name: str, expected: Optional[Dict[str, Any]]
     ) -> Tuple[bytes, Optional[str]]:
         if expected is None:

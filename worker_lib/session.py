@@ -55,7 +55,24 @@ def start_session(
         _init_process_group(info)
     url = checkpoint_dir or os.environ.get(c.FT_CHECKPOINT_URL)
     manager = _checkpoint_manager(info, url, retention, save_rng, storage_options or {}) if url else None
+    if manager is not None and info.local_rank == 0:
+        _tidy_node_cache(info)
     return Session(info, manager)
+
+
+def _tidy_node_cache(info: WorkerInfo) -> None:
+    """Local rank 0 owns this node's cache of fetched checkpoint files: copies left by earlier
+    attempts (killed before they could clean up) go now, this attempt's when it exits."""
+    import atexit
+    import shutil
+
+    from worker_lib.directory import node_cache_root
+
+    root = node_cache_root(info.run_id)
+    for old in root.glob("attempt_*"):
+        if old.name != f"attempt_{info.attempt}":
+            shutil.rmtree(old, ignore_errors=True)
+    atexit.register(shutil.rmtree, root / f"attempt_{info.attempt}", ignore_errors=True)
 
 
 def _gpu_count() -> int:

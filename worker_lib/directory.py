@@ -1,0 +1,117 @@
+"""Directory mode: a checkpoint is whatever files the script writes (torch.save,
+save_pretrained, torch.distributed.checkpoint), committed like any other step.
+
+Saving: every rank gets an empty local directory, writes into it, and on leaving the ``with``
+block its files are uploaded in the background to ``step_<n>/files/`` (the same folder for every
+rank: a torch.distributed.checkpoint writes one shared directory), then committed. Two ranks
+writing the same file name is an error: the step is not committed.
+
+Loading: the newest committed step whose files all verify is made available as a local
+directory. On each node one rank, holding a file lock, reads and verifies the files (and, for
+remote storage, keeps them in a node-local cache); the node's other ranks reuse its work.
+"""
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+from worker_lib.checkpoint import CheckpointManager, step_dir
+
+__all__ = ["save_directory", "latest_directory", "node_cache_root"]
+
+log = logging.getLogger(__name__)
+
+_FILES = "files"
+
+
+@contextlib.contextmanager
+def save_directory(
+    manager: CheckpointManager, step: int, metrics: Optional[Dict[str, float]]
+) -> Iterator[str]:
+    manager.wait()
+    local = Path(tempfile.mkdtemp(prefix=f"ftlaunch-save-{step}-rank{manager.rank}-"))
+    try:
+        yield str(local)
+    except BaseException:
+        shutil.rmtree(local, ignore_errors=True)
+        raise
+    files = sorted(p for p in local.rglob("*") if p.is_file())
+    parts = [manager.own_rng_part()]
+    parts += [(f"{_FILES}/{p.relative_to(local).as_posix()}", p.read_bytes) for p in files]
+    cleanup = lambda: shutil.rmtree(local, ignore_errors=True)  # noqa: E731
+    manager.submit(step, parts, dict(metrics or {}), kind="directory", cleanup=cleanup)
+
+
+def latest_directory(manager: CheckpointManager, run_id: str, attempt: int) -> Optional[str]:
+    """A local directory with the newest committed step's files, or None on a fresh run."""
+    cache = node_cache_root(run_id) / f"attempt_{attempt}"
+    found = manager.newest_agreed(lambda step, marker: _read_files(manager, cache, step, marker))
+    if found is None:
+        return None
+    _, _, payload = found
+    manager.restore_rng(payload["own"])
+    return payload["folder"]
+
+
+def node_cache_root(run_id: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"ftlaunch-cache-{os.getuid()}" / run_id
+
+
+def _read_files(
+    manager, cache: Path, step: int, marker: Dict[str, Any]
+) -> Tuple[Dict[str, Any], Optional[str]]:
+    own, problem = manager.read_own_part(step, marker)
+    if problem:
+        return {}, problem
+    # Keyed by the commit marker's digest: a cache left by another run that reused this run id
+    # (or a step committed again after a restart) is never taken for this one.
+    digest = hashlib.sha256(json.dumps(marker, sort_keys=True).encode()).hexdigest()[:16]
+    folder = cache / f"{step_dir(step)}-{digest}"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(folder.with_suffix(".lock")):
+        status = folder.with_suffix(".status")
+        if not status.exists():  # the first rank of this node to get here does the work
+            status.write_text(json.dumps(_fetch_and_verify(manager, folder, step, marker)))
+        verdict = json.loads(status.read_text())
+    if verdict["problem"]:
+        return {}, verdict["problem"]
+    return {"own": own, "folder": verdict["folder"]}, None
+
+
+def _fetch_and_verify(manager, folder: Path, step: int, marker: Dict[str, Any]) -> Dict[str, Any]:
+    names = sorted(n for n in marker["parts"] if n.startswith(f"{_FILES}/"))
+    for name in names:
+        data, problem = manager.read_verified(step, name, marker["parts"][name])
+        if problem:
+            return {"problem": problem, "folder": None}
+        if not manager.storage.is_local:
+            target = folder / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+    log.info(
+        "checkpoint step %d: %d files verified%s",
+        step,
+        len(names),
+        "" if manager.storage.is_local else f" and fetched to {folder}",
+    )
+    source = (
+        manager.storage.path(step_dir(step), _FILES) if manager.storage.is_local else str(folder / _FILES)
+    )
+    return {"problem": None, "folder": source}
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
