@@ -27,6 +27,7 @@ demo: install
 
 bench: install
 	$(PY) scripts/bench_recovery.py
+	$(PY) scripts/bench_checkpoint.py
 
 lint: install
 	$(VENV)/bin/ruff check $(LINTED)

@@ -104,13 +104,13 @@ def test_async_save_returns_before_the_write_and_copies_the_state(storage):
     manager = _manager(storage.url)
     state = {"w": torch.zeros(1000)}
     release = threading.Event()
-    write = manager.storage.write_bytes
+    write = manager.storage.write_stream
 
-    def slow_write(rel, data, retries=True):
+    def slow_write(rel, fill, retries=True):
         release.wait(30)  # the write cannot finish until the training loop has moved on
-        write(rel, data, retries)
+        return write(rel, fill, retries)
 
-    manager.storage.write_bytes = slow_write
+    manager.storage.write_stream = slow_write
     manager.save(1, state)
     state["w"] += 5  # training goes on and changes the tensor in place
     release.set()
@@ -121,10 +121,10 @@ def test_async_save_returns_before_the_write_and_copies_the_state(storage):
 def test_a_background_failure_is_raised_at_the_next_call(storage):
     manager = _manager(storage.url)
 
-    def broken(rel, data, retries=True):
+    def broken(rel, fill, retries=True):
         raise StorageError("disk full")
 
-    manager.storage.write_bytes = broken
+    manager.storage.write_stream = broken
     manager.save(1, _state(1.0))
     with pytest.raises(Exception, match="the previous checkpoint save failed: disk full"):
         manager.save(2, _state(2.0))

@@ -21,7 +21,7 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Tuple
+from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Protocol, Tuple
 
 from worker_lib.retention import CommittedStep, RetentionPolicy
 from worker_lib.rng import capture_rng, restore_rng
@@ -145,27 +145,27 @@ class CheckpointManager:
         snapshot = _to_cpu(state) if not replicated or self.rank == 0 else None
         rng = capture_rng() if self._save_rng else None
         own = {"rng": rng, "state": None if replicated else snapshot}
-        parts = [(part_name(self.rank), lambda: _serialize(own))]
+        parts = [(part_name(self.rank), _writer(own))]
         if replicated and self.rank == 0:
-            parts.append((REPLICATED, lambda: _serialize(snapshot)))
+            parts.append((REPLICATED, _writer(snapshot)))
         kind = "replicated" if replicated else "state"
         self.submit(step, parts, dict(metrics or {}), kind, blocking)
 
     def submit(
         self,
         step: int,
-        parts: List[Tuple[str, Callable[[], bytes]]],
+        parts: List[Tuple[str, Callable[[BinaryIO], object]]],
         metrics: Dict[str, float],
         kind: str,
         blocking: bool = False,
         cleanup: Callable[[], None] = lambda: None,
     ) -> None:
-        """Write ``parts`` (name, bytes producer) for ``step`` and commit once every rank has;
+        """Write ``parts`` (name, writer into a stream) for ``step``, commit once every rank has;
         ``cleanup`` runs once the parts are written, whether or not that worked."""
 
         def job() -> None:
             try:
-                written = [self._write_part(step, name, produce()) for name, produce in parts]
+                written = [self._write_part(step, name, fill) for name, fill in parts]
             finally:
                 cleanup()
             self._share_and_commit(step, written, metrics, kind)
@@ -178,10 +178,10 @@ class CheckpointManager:
         )
         self._thread.start()
 
-    def own_rng_part(self) -> Tuple[str, Callable[[], bytes]]:
+    def own_rng_part(self) -> Tuple[str, Callable[[BinaryIO], object]]:
         """This rank's part when the state lives elsewhere (directory mode): its RNG states."""
         own = {"rng": capture_rng() if self._save_rng else None, "state": None}
-        return part_name(self.rank), lambda: _serialize(own)
+        return part_name(self.rank), _writer(own)
 
     def wait(self) -> None:
         """Block until the save in flight is done; raise its error, if it failed."""
@@ -208,9 +208,9 @@ class CheckpointManager:
             self._commit(step, [p for value in gathered for p in json.loads(value)], metrics, kind)
             self._apply_retention(step)
 
-    def _write_part(self, step: int, name: str, data: bytes) -> Dict[str, Any]:
-        self.storage.write_bytes(f"{step_dir(step)}/{name}", data)
-        return {"name": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    def _write_part(self, step: int, name: str, fill: Callable[[BinaryIO], object]) -> Dict[str, Any]:
+        size, sha256 = self.storage.write_stream(f"{step_dir(step)}/{name}", fill)
+        return {"name": name, "size": size, "sha256": sha256}
 
     def _commit(self, step: int, parts: List[Dict[str, Any]], metrics: Dict[str, float], kind: str) -> None:
         names = [p["name"] for p in parts]
@@ -356,12 +356,11 @@ def _to_cpu(state: Any) -> Any:
     return copy.deepcopy(state)
 
 
-def _serialize(payload: Any) -> bytes:
+def _writer(payload: Any) -> Callable[[BinaryIO], object]:
+    """Serialize straight into the storage stream (no in-memory copy of the whole part)."""
     import torch
 
-    buffer = io.BytesIO()
-    torch.save(payload, buffer)
-    return buffer.getvalue()
+    return lambda handle: torch.save(payload, handle)
 
 
 def _deserialize(data: bytes) -> Any:

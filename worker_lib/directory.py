@@ -44,9 +44,17 @@ def save_directory(
         raise
     files = sorted(p for p in local.rglob("*") if p.is_file())
     parts = [manager.own_rng_part()]
-    parts += [(f"{_FILES}/{p.relative_to(local).as_posix()}", p.read_bytes) for p in files]
+    parts += [(f"{_FILES}/{p.relative_to(local).as_posix()}", _copier(p)) for p in files]
     cleanup = lambda: shutil.rmtree(local, ignore_errors=True)  # noqa: E731
     manager.submit(step, parts, dict(metrics or {}), kind="directory", cleanup=cleanup)
+
+
+def _copier(path: Path):
+    def copy(handle) -> None:
+        with open(path, "rb") as source:
+            shutil.copyfileobj(source, handle, 8 * 2**20)
+
+    return copy
 
 
 def latest_directory(manager: CheckpointManager, run_id: str, attempt: int) -> Optional[str]:

@@ -6,12 +6,13 @@ files are written to a temporary name first. Object stores make a PUT visible wh
 at all, so their objects are written in place.
 """
 
+import hashlib
 import logging
 import os
 import posixpath
 import time
 import uuid
-from typing import Callable, List, TypeVar
+from typing import BinaryIO, Callable, List, Tuple, TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -53,9 +54,19 @@ class Storage:
             raise StorageError(f"checkpoint storage {self.url!r} is not usable: {cause}") from None
 
     def write_bytes(self, rel: str, data: bytes, retries: bool = True) -> None:
+        self.write_stream(rel, lambda handle: handle.write(data), retries)
+
+    def write_stream(
+        self, rel: str, fill: Callable[[BinaryIO], object], retries: bool = True
+    ) -> Tuple[int, str]:
+        """Write what ``fill(handle)`` writes, atomically; return its size and SHA-256.
+
+        The checksum is computed as the bytes go by: no second pass, no copy in memory.
+        ``fill`` may be called again on a retry, so it must be able to write everything again.
+        """
         target = self.path(rel)
         write = self._write_local if self.is_local else self._write_object
-        self._retrying(lambda: write(target, data), f"writing {target}", retries)
+        return self._retrying(lambda: write(target, fill), f"writing {target}", retries)
 
     def read_bytes(self, rel: str) -> bytes:
         target = self.path(rel)
@@ -78,19 +89,24 @@ class Storage:
         except FileNotFoundError:
             pass
 
-    def _write_local(self, target: str, data: bytes) -> None:
+    def _write_local(self, target: str, fill: Callable[[BinaryIO], object]) -> Tuple[int, str]:
         folder = os.path.dirname(target)
         os.makedirs(folder, exist_ok=True)
         tmp = f"{target}.tmp-{os.getpid()}"
         with open(tmp, "wb") as handle:
-            handle.write(data)
+            hashing = _HashingWriter(handle)
+            fill(hashing)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
         _fsync_dir(folder)  # the rename itself must survive a power cut
+        return hashing.size, hashing.sha256.hexdigest()
 
-    def _write_object(self, target: str, data: bytes) -> None:
-        self.fs.pipe_file(target, data)
+    def _write_object(self, target: str, fill: Callable[[BinaryIO], object]) -> Tuple[int, str]:
+        with self.fs.open(target, "wb") as handle:  # the object appears whole, on close
+            hashing = _HashingWriter(handle)
+            fill(hashing)
+        return hashing.size, hashing.sha256.hexdigest()
 
     def _retrying(self, action: Callable[[], _T], what: str, retries: bool) -> _T:
         delays = _RETRY_DELAYS_S if retries else ()
@@ -105,6 +121,23 @@ class Storage:
                 log.warning("%s failed (%s); retry %d in %.1fs", what, _describe(err), attempt + 1, delay)
                 time.sleep(delay)
         raise AssertionError("unreachable")
+
+
+class _HashingWriter:
+    """A write-only stream that checksums and counts what passes through to ``handle``."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self._handle = handle
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        self.size += len(data)
+        return self._handle.write(data)
+
+    def flush(self) -> None:
+        self._handle.flush()
 
 
 def _fsync_dir(folder: str) -> None:

@@ -6,6 +6,7 @@ stopped only if worker_lib restored the model, the optimizer *and* the RNG state
 """
 
 import argparse
+import io
 import os
 import signal
 
@@ -52,16 +53,19 @@ def inject_storage_faults(args, rank: int, attempt: int) -> None:
 
         CheckpointManager._commit = commit_or_die
     if args.die_mid_write is not None and rank == 1:
-        write = Storage.write_bytes
+        write = Storage.write_stream
 
-        def write_half_or_die(self, rel, data, retries=True):
+        def write_half_or_die(self, rel, fill, retries=True):
             if rel.startswith(f"step_{args.die_mid_write}/"):
                 print(f"rank 1: dying half-way through {rel}", flush=True)
+                whole = io.BytesIO()
+                fill(whole)
+                data = whole.getvalue()
                 self.fs.pipe_file(self.path(rel), data[: len(data) // 2])  # a torn, non-atomic write
                 die()
-            write(self, rel, data, retries)
+            return write(self, rel, fill, retries)
 
-        Storage.write_bytes = write_half_or_die
+        Storage.write_stream = write_half_or_die
 
 
 def main() -> None:

@@ -1,0 +1,122 @@
+"""Checkpoint throughput: worker_lib vs plain torch.save / raw reads, on local disk and on the
+GCS emulator (fake-gcs-server on 127.0.0.1, through gcsfs).
+
+    python scripts/bench_checkpoint.py [--mb 256] [--repeats 3]
+
+One rank, a state of --mb megabytes of float32 tensors. Rows:
+- save, sync: worker_lib's blocking save (serialize, SHA-256, write, fsync, rename, commit)
+  beside torch.save of the same state to the same storage
+- save, async: how long the training loop is blocked by ft.save_checkpoint (the copy to CPU
+  memory), and how long until the background save is committed
+- load: worker_lib's load (read, verify SHA-256, deserialize) beside reading the same bytes raw
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # before gcsfs is imported
+
+import fsspec  # noqa: E402
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # the storage servers the tests use
+
+from storage_servers import start_gcs  # noqa: E402
+
+from worker_lib.checkpoint import CheckpointManager, LocalChannel  # noqa: E402
+from worker_lib.storage import Storage  # noqa: E402
+
+
+def make_state(mb: int) -> Dict[str, torch.Tensor]:
+    per_tensor = 16 * 2**20 // 4  # 16 MiB of float32 each
+    return {f"layer{i}": torch.randn(per_tensor) for i in range(max(1, mb // 16))}
+
+
+def timed(action: Callable[[], object], repeats: int) -> List[float]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        action()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def bench_target(name: str, url: str, state, mb: float, repeats: int) -> List[List[str]]:
+    manager = CheckpointManager(Storage(url), 0, 1, LocalChannel(), save_rng=False)
+    fs, root = fsspec.core.url_to_fs(url)
+    plain = f"{root}/plain.pt"
+    steps = iter(range(1, 10_000))
+
+    def torch_save(durable: bool = False):
+        with fs.open(plain, "wb") as handle:
+            torch.save(state, handle)
+            if durable:  # what a save that survives a power cut also pays (local disk only)
+                handle.flush()
+                os.fsync(handle.fileno())
+
+    sync = timed(lambda: manager.save(next(steps), state, blocking=True), repeats)
+    baseline = timed(torch_save, repeats)
+    durable = timed(lambda: torch_save(durable=True), repeats) if manager.storage.is_local else None
+    blocked, committed = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        manager.save(next(steps), state)
+        blocked.append(time.perf_counter() - start)
+        manager.wait()
+        committed.append(time.perf_counter() - start)
+    load = timed(manager.load, repeats)
+    raw = timed(lambda: fs.cat_file(plain), repeats)
+    med = statistics.median
+    plain_save = f"torch.save: {_rate(mb, med(baseline))}"
+    if durable:
+        plain_save += f"; torch.save + fsync: {_rate(mb, med(durable))}"
+    return [
+        [name, "save, sync", _rate(mb, med(sync)), plain_save],
+        [
+            name,
+            "save, async: loop blocked",
+            f"{med(blocked) * 1000:.0f} ms",
+            f"{100 * med(blocked) / med(sync):.1f}% of the sync save; committed after {med(committed):.2f} s",
+        ],
+        [name, "load", _rate(mb, med(load)), f"raw read: {_rate(mb, med(raw))}"],
+    ]
+
+
+def _rate(mb: float, seconds: float) -> str:
+    return f"{mb / seconds:.0f} MB/s ({seconds:.2f} s)"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--mb", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args()
+    state = make_state(args.mb)
+    mb = sum(t.numel() * t.element_size() for t in state.values()) / 1e6
+    work = Path(tempfile.mkdtemp(prefix="ftlaunch-bench-ckpt-"))
+    server, env = start_gcs(work)
+    try:
+        fsspec.config.conf["gcs"] = {"token": "anon", "endpoint_url": env["FSSPEC_GCS_ENDPOINT_URL"]}
+        fsspec.filesystem("gcs").mkdir("bench")
+        rows = bench_target("local disk", str(work / "local"), state, mb, args.repeats)
+        rows += bench_target("GCS emulator", "gcs://bench/run", state, mb, args.repeats)
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"\nCheckpoint of {mb:.0f} MB, 1 rank, median of {args.repeats}\n")
+    print("| storage | operation | worker_lib | baseline |")
+    print("|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main()
