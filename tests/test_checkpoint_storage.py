@@ -3,7 +3,9 @@ commit marker, verification and fallback, retention, RNG, async save, bad storag
 
 import hashlib
 import json
+import os
 import random
+import subprocess
 import threading
 
 import pytest
@@ -156,3 +158,26 @@ def test_unreachable_endpoint_is_a_clear_error(monkeypatch):
     storage = Storage("s3://bucket/run", endpoint_url="http://127.0.0.1:9", key="k", secret="s")
     with pytest.raises(StorageError, match="is not usable: writing .*Could not connect to the endpoint"):
         storage.check_writable("r0")
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real 1 MiB filesystem (tmpfs), so a save really runs out of space."""
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)], check=True)
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI and dev machines run as root)")
+def test_a_full_disk_fails_the_save_and_keeps_the_previous_step(tiny_disk, caplog):
+    manager = _manager(str(tiny_disk / "ckpt"))
+    manager.save(1, {"w": torch.zeros(25_000)}, blocking=True)  # 100 kB: fits
+    manager.save(2, {"w": torch.ones(500_000)})  # 2 MB: cannot fit
+    with pytest.raises(Exception, match="No space left on device"):
+        manager.wait()
+    assert "retry" in caplog.text
+    assert not [p for p in (tiny_disk / "ckpt").rglob("*.tmp-*")]  # the torn file was removed
+    loaded = _manager(str(tiny_disk / "ckpt")).load()
+    assert loaded.step == 1 and torch.equal(loaded.state["w"], torch.zeros(25_000))

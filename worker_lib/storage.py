@@ -6,13 +6,14 @@ files are written to a temporary name first. Object stores make a PUT visible wh
 at all, so their objects are written in place.
 """
 
+import contextlib
 import hashlib
 import logging
 import os
 import posixpath
 import time
 import uuid
-from typing import BinaryIO, Callable, List, Tuple, TypeVar
+from typing import BinaryIO, Callable, List, Optional, Tuple, TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -93,19 +94,24 @@ class Storage:
         folder = os.path.dirname(target)
         os.makedirs(folder, exist_ok=True)
         tmp = f"{target}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as handle:
-            hashing = _HashingWriter(handle)
-            fill(hashing)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
+        try:
+            with open(tmp, "wb") as handle:
+                hashing = _HashingWriter(handle)
+                _fill(fill, hashing)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # a half-written file must not keep a full disk full
+            raise
         _fsync_dir(folder)  # the rename itself must survive a power cut
         return hashing.size, hashing.sha256.hexdigest()
 
     def _write_object(self, target: str, fill: Callable[[BinaryIO], object]) -> Tuple[int, str]:
         with self.fs.open(target, "wb") as handle:  # the object appears whole, on close
             hashing = _HashingWriter(handle)
-            fill(hashing)
+            _fill(fill, hashing)
         return hashing.size, hashing.sha256.hexdigest()
 
     def _retrying(self, action: Callable[[], _T], what: str, retries: bool) -> _T:
@@ -130,14 +136,32 @@ class _HashingWriter:
         self._handle = handle
         self.sha256 = hashlib.sha256()
         self.size = 0
+        self.error: Optional[OSError] = None
 
     def write(self, data) -> int:
         self.sha256.update(data)
         self.size += len(data)
-        return self._handle.write(data)
+        try:
+            return self._handle.write(data)
+        except OSError as err:  # torch.save hides it behind "unexpected pos": keep the real cause
+            self.error = err
+            raise
+
+    def reraise_cause(self, raised: BaseException) -> None:
+        """Raise the storage error behind ``raised`` (e.g. ENOSPC), if that is what it was."""
+        if self.error is not None and self.error is not raised:
+            raise self.error from raised
 
     def flush(self) -> None:
         self._handle.flush()
+
+
+def _fill(fill: Callable[[BinaryIO], object], hashing: _HashingWriter) -> None:
+    try:
+        fill(hashing)
+    except Exception as err:
+        hashing.reraise_cause(err)
+        raise
 
 
 def _fsync_dir(folder: str) -> None:
