@@ -62,17 +62,15 @@ def start_session(
 
 def _tidy_node_cache(info: WorkerInfo) -> None:
     """Local rank 0 owns this node's cache of fetched checkpoint files: copies left by earlier
-    attempts (killed before they could clean up) go now, this attempt's when it exits."""
-    import atexit
+    attempts go now. The current attempt's copy stays until the next attempt (or run) on this
+    node: removing it at exit raced with slower local ranks still reading it."""
     import shutil
 
     from worker_lib.directory import node_cache_root
 
-    root = node_cache_root(info.run_id)
-    for old in root.glob("attempt_*"):
+    for old in node_cache_root(info.run_id).glob("attempt_*"):
         if old.name != f"attempt_{info.attempt}":
             shutil.rmtree(old, ignore_errors=True)
-    atexit.register(shutil.rmtree, root / f"attempt_{info.attempt}", ignore_errors=True)
 
 
 def _gpu_count() -> int:
