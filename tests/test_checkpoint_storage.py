@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import threading
+import time
 
 import pytest
 import torch
@@ -181,3 +182,28 @@ def test_a_full_disk_fails_the_save_and_keeps_the_previous_step(tiny_disk, caplo
     assert not [p for p in (tiny_disk / "ckpt").rglob("*.tmp-*")]  # the torn file was removed
     loaded = _manager(str(tiny_disk / "ckpt")).load()
     assert loaded.step == 1 and torch.equal(loaded.state["w"], torch.zeros(25_000))
+
+
+def test_a_storage_outage_during_a_save_is_retried(tmp_path, monkeypatch):
+    """The GCS emulator goes down after step 1 and comes back while step 2 is being saved."""
+    import fsspec
+    from storage_servers import start_gcs
+
+    server, env = start_gcs(tmp_path, keep_data=True)
+    port = int(env["FSSPEC_GCS_ENDPOINT_URL"].rsplit(":", 1)[1])
+    monkeypatch.setitem(
+        fsspec.config.conf, "gcs", {"token": "anon", "endpoint_url": env["FSSPEC_GCS_ENDPOINT_URL"]}
+    )
+    try:
+        fsspec.filesystem("gcs").mkdir("outage")
+        manager = _manager("gcs://outage/run")
+        manager.save(1, _state(1.0), blocking=True)
+        server.stop()
+        manager.save(2, _state(2.0))  # in the background, against a storage that is down
+        time.sleep(1.0)
+        server, _ = start_gcs(tmp_path, port=port, keep_data=True)
+        manager.wait()  # no error: the write was retried once the storage was back
+        loaded = _manager("gcs://outage/run").load()
+        assert loaded.step == 2 and torch.equal(loaded.state["model"]["w"], torch.full((4, 4), 2.0))
+    finally:
+        server.stop()
