@@ -34,13 +34,6 @@ class EventLog:
         log.debug("event %s", event)
         return event
 
-    def first(self, kind: str, **match: Any) -> Dict[str, Any]:
-        """The first event of ``kind`` whose fields equal ``match``; KeyError if none."""
-        for event in self.events:
-            if event["event"] == kind and all(event.get(k) == v for k, v in match.items()):
-                return event
-        raise KeyError(kind)
-
     def close(self) -> None:
         with self._lock:
             self._file.close()

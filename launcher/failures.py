@@ -31,25 +31,11 @@ class ProcessFailure:
     log_file: Optional[Path] = None
     log_tail: Tuple[str, ...] = ()  # filled in once the log pump has drained the rank's pipes
 
-    @property
-    def signal_number(self) -> Optional[int]:
-        return -self.exitcode if self.exitcode < 0 else None
-
     def describe(self) -> str:
         """One line: "rank 1 (pid 42): Signal 11 (SIGSEGV)" or "...: ValueError: boom (exit code 1)"."""
         how = describe_exit(self.exitcode)
         what = f"{self.error.message} ({how})" if self.error else how
         return f"rank {self.rank} (pid {self.pid}): {what}"
-
-    def to_json(self) -> dict:
-        return {
-            "rank": self.rank,
-            "local_rank": self.local_rank,
-            "pid": self.pid,
-            "exitcode": self.exitcode,
-            "cause": describe_exit(self.exitcode),
-            "message": self.error.message if self.error else None,
-        }
 
 
 def describe_exit(exitcode: int) -> str:

@@ -120,7 +120,3 @@ def wait_for_files(folder: Path, pattern: str, count: int, timeout: float = 30) 
             return found
         time.sleep(0.05)
     raise AssertionError(f"only {len(found)} of {count} {pattern} in {folder} after {timeout}s")
-
-
-def send(launch: Launch, sig: int) -> None:
-    os.kill(launch.proc.pid, sig)
