@@ -55,15 +55,20 @@ def storage(request, tmp_path, monkeypatch) -> StorageTarget:
 
     if request.param == "local":
         return StorageTarget("local", str(tmp_path / "ckpt"), {})
-    env = request.getfixturevalue(f"{request.param}_env")
     protocol = request.param
+    env = request.getfixturevalue(f"{protocol}_env")
+    use_emulator(protocol, env, monkeypatch)
     bucket = f"test-{uuid.uuid4().hex[:12]}"
-    options = {
-        k[len(f"FSSPEC_{protocol.upper()}_") :].lower(): v for k, v in env.items() if k.startswith("FSSPEC_")
-    }
+    fsspec.filesystem(protocol).mkdir(bucket)
+    return StorageTarget(protocol, f"{protocol}://{bucket}/run", env)
+
+
+def use_emulator(protocol: str, env: Dict[str, str], monkeypatch) -> None:
+    """Point this process (fsspec's config) and its children (environment) at an emulator."""
+    import fsspec
+
+    prefix = f"FSSPEC_{protocol.upper()}_"
+    options = {k[len(prefix) :].lower(): v for k, v in env.items() if k.startswith(prefix)}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setitem(fsspec.config.conf, protocol, options)
-    fs = fsspec.filesystem(protocol, **options)
-    fs.mkdir(bucket)
-    return StorageTarget(protocol, f"{protocol}://{bucket}/run", env)

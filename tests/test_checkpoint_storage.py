@@ -146,11 +146,13 @@ def test_bad_storage_is_a_clear_error_before_training(tmp_path):
         Storage("nosuchproto://bucket/x")
 
 
-def test_missing_bucket_is_a_clear_error(storage):
-    if storage.kind == "local":
-        return  # a local directory is created on demand: there is no "missing bucket"
+@pytest.mark.parametrize("kind", ["gcs", "s3"])
+def test_missing_bucket_is_a_clear_error(kind, request, monkeypatch):
+    from conftest import use_emulator
+
+    use_emulator(kind, request.getfixturevalue(f"{kind}_env"), monkeypatch)
     with pytest.raises(StorageError, match="is not usable"):
-        Storage(f"{storage.kind}://no-such-bucket-{storage.url[-20:-4]}/run").check_writable("r0")
+        Storage(f"{kind}://no-such-bucket-here/run").check_writable("r0")
 
 
 def test_unreachable_endpoint_is_a_clear_error(monkeypatch):
