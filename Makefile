@@ -22,8 +22,8 @@ test: install
 
 demo: install
 	rm -rf demo_run
-	$(VENV)/bin/ftlaunch --nproc 2 --log-dir demo_run/logs \
-		examples/train.py --epochs 15 --crash-at-step 170 --checkpoint demo_run/checkpoints/digits.pt
+	$(VENV)/bin/ftlaunch --nproc 2 --log-dir demo_run/logs --checkpoint-dir demo_run/checkpoints \
+		examples/train.py --epochs 15 --crash-at-step 170
 
 bench: install
 	$(PY) scripts/bench_recovery.py

@@ -1,22 +1,21 @@
 """Train a small classifier on the handwritten digits data set with DDP, and survive crashes.
 
-Plain torchrun contract only (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT via env://,
-TORCHELASTIC_RESTART_COUNT): the same file runs under ``torchrun`` and under ``ftlaunch``.
+    ftlaunch --nproc 2 --checkpoint-dir runs/digits examples/train.py --epochs 20 --crash-at-step 150
 
-    ftlaunch --nproc 2 examples/train.py --epochs 20 --crash-at-step 150
+The data set (1,797 8x8 images, 10 classes) ships inside scikit-learn: no download. Every
+``--checkpoint-every`` steps the model and optimizer are saved through worker_lib (replicated: the
+state is the same on every rank, so rank 0 uploads it once; each rank's RNG goes with it). The save
+is copied to memory at the call and written in the background; a crash mid-save never destroys the
+last committed checkpoint. After a restart every rank loads the newest committed step and continues
+from it, in the same data order.
 
-The data set (1,797 8x8 images, 10 classes) ships inside scikit-learn: no download. Rank 0
-checkpoints every ``--checkpoint-every`` steps (write to a temporary file, then rename, so a
-crash mid-save never destroys the last good checkpoint); after a restart every rank loads it
-and continues from the same step, in the same data order.
+Under torchrun (no ftlaunch) pass the storage yourself: ``--checkpoint-dir URL`` (any fsspec URL).
 """
 
 import argparse
 import os
 import signal
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -24,6 +23,8 @@ import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import worker_lib as ft
 
 SEED = 1234
 
@@ -33,23 +34,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--checkpoint", type=Path, default=Path("checkpoints/digits.pt"))
+    p.add_argument("--checkpoint-dir", default=None, help="any fsspec URL; default: ftlaunch's --checkpoint-dir")
     p.add_argument("--checkpoint-every", type=int, default=50, help="steps")
     p.add_argument("--crash-at-step", type=int, default=None, help="kill one rank there, first attempt only")
     p.add_argument("--crash-rank", type=int, default=1)
     return p.parse_args()
-
-
-def setup() -> torch.device:
-    """Join the group from torchrun's variables; nccl on GPUs, gloo on CPUs."""
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
-    return device
 
 
 def load_data():
@@ -68,20 +57,20 @@ def build_model(device: torch.device) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).to(device)
 
 
-def save_checkpoint(path: Path, model, optimizer, step: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp)
-    os.replace(tmp, path)  # atomic: readers see the old checkpoint or the new one, never half
-
-
-def load_checkpoint(path: Path, model, optimizer, device) -> int:
-    if not path.exists():
+def restore(model, optimizer) -> int:
+    """The step to continue from: the newest checkpoint every rank completed, or 0."""
+    ckpt = ft.load_checkpoint()
+    if ckpt is None:
         return 0
-    state = torch.load(path, map_location=device)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    return state["step"]
+    model.load_state_dict(ckpt.state["model"])
+    optimizer.load_state_dict(ckpt.state["optimizer"])
+    return ckpt.step
+
+
+def save(step: int, model, optimizer, loss) -> None:
+    """Every rank calls it; the state is the same everywhere, so rank 0 alone writes it."""
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    ft.save_checkpoint(step, state, metrics={"loss": loss.item()}, replicated=True)
 
 
 @torch.no_grad()
@@ -92,8 +81,7 @@ def evaluate(model, data: TensorDataset, device) -> tuple:
 
 
 def maybe_crash(args, step: int, rank: int) -> None:
-    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-    if first_attempt and step == args.crash_at_step and rank == args.crash_rank:
+    if ft.info().attempt == 0 and step == args.crash_at_step and rank == args.crash_rank:
         print(f"rank {rank}: injected crash at step {step} (SIGKILL)", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -105,7 +93,7 @@ def train(args, device) -> None:
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
     model = build_model(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    step = load_checkpoint(args.checkpoint, model, optimizer, device)
+    step = restore(model, optimizer)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     if step and rank == 0:
         print(f"resumed from checkpoint at step {step}", flush=True)
@@ -121,8 +109,8 @@ def train(args, device) -> None:
             loss.backward()
             optimizer.step()
             step += 1
-            if rank == 0 and step % args.checkpoint_every == 0:
-                save_checkpoint(args.checkpoint, model, optimizer, step)
+            if step % args.checkpoint_every == 0:
+                save(step, model, optimizer, loss)
         if rank == 0:
             test_loss, acc = evaluate(model, test_set, device)
             print(
@@ -130,6 +118,8 @@ def train(args, device) -> None:
                 f"test loss {test_loss:.4f} accuracy {acc:.3f}",
                 flush=True,
             )
+    if step % args.checkpoint_every:
+        save(step, model, optimizer, loss)  # the finished model, too
     if rank == 0:
         test_loss, acc = evaluate(model, test_set, device)
         print(
@@ -141,17 +131,9 @@ def train(args, device) -> None:
 
 def main() -> None:
     args = parse_args()
-    device = setup()
-    train(args, device)
-    dist.barrier()  # no rank tears down while a peer is still in its last collective
-    dist.destroy_process_group()
-    # torch 2.13's gloo worker threads may free their last work item during interpreter
-    # shutdown, which aborts the process (SIGABRT, "terminate called without an active
-    # exception"; under torchrun too, in about one run in three without the barrier). Our work
-    # is saved and flushed: leave without running the interpreter's finalization.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    info = ft.init(checkpoint_dir=args.checkpoint_dir)  # process group: nccl on GPUs, gloo on CPUs
+    train(args, torch.device(info.device))
+    ft.shutdown()  # waits for the last save, leaves the group cleanly
 
 
 if __name__ == "__main__":

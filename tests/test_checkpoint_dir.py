@@ -6,7 +6,7 @@ from pathlib import Path
 from helpers import SCRIPTS
 
 from worker_lib.checkpoint import CheckpointManager, LocalChannel
-from worker_lib.directory import latest_directory, save_directory
+from worker_lib.directory import latest_directory, node_cache_root, save_directory
 from worker_lib.storage import Storage
 
 
@@ -31,9 +31,12 @@ def test_files_round_trip_and_a_damaged_file_falls_back(storage, tmp_path, caplo
 
 
 def test_every_rank_finds_every_file_fetched_once_per_node(launcher, storage, tmp_path):
+    run_id = f"dir-{tmp_path.name}"
     launch = launcher.run(
         "--nproc",
         "3",
+        "--run-id",
+        run_id,
         "--checkpoint-dir",
         storage.url,
         str(SCRIPTS / "dir_ckpt.py"),
@@ -50,4 +53,5 @@ def test_every_rank_finds_every_file_fetched_once_per_node(launcher, storage, tm
     assert "[0] rank 0 committed; dying" in launch.stdout
     logs = [(launch.log_dir / "attempt_1" / f"rank_{r}.log").read_text() for r in range(3)]
     assert sum("files verified" in log for log in logs) == 1  # one rank did it for the node
+    assert not node_cache_root(run_id).exists()  # ft.shutdown() cleaned up after the fetch
     assert launch.survivors() == []

@@ -9,13 +9,13 @@ def test_example_recovers_from_a_crash_and_learns(launcher, tmp_path):
     launch = launcher.run(
         "--nproc",
         "2",
+        "--checkpoint-dir",
+        str(tmp_path / "checkpoints"),
         str(ROOT / "examples" / "train.py"),
         "--epochs",
         "8",
         "--crash-at-step",
         "120",
-        "--checkpoint",
-        str(tmp_path / "digits.pt"),
         timeout=180,
     )
 
@@ -26,4 +26,6 @@ def test_example_recovers_from_a_crash_and_learns(launcher, tmp_path):
     final = re.search(r"final: step (\d+), test loss [\d.]+, test accuracy ([\d.]+)", launch.stdout)
     assert final and int(final.group(1)) == 8 * 22  # 1437 samples / 2 ranks / 32 per batch
     assert float(final.group(2)) > 0.9
+    committed = sorted(p.parent.name for p in (tmp_path / "checkpoints").glob("step_*/COMMITTED"))
+    assert committed == ["step_150", "step_176"]  # the last two (retention), the final one committed
     assert launch.survivors() == []

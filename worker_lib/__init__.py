@@ -3,6 +3,7 @@
     ft.init()                                       # process group from the environment
     ckpt = ft.load_checkpoint()                     # None on a fresh run; else .step .state .metrics
     ft.save_checkpoint(step, state, metrics=None)   # every rank; copied now, written in background
+    ft.shutdown()                                   # last: waits for the save, leaves the group
 
 Importing this package stays cheap (no torch at import time): workers that only read their
 environment should not pay for torch.
@@ -24,6 +25,7 @@ __all__ = [
     "wait_for_checkpoint",
     "checkpoint_dir",
     "latest_checkpoint_dir",
+    "shutdown",
 ]
 
 _session = None
@@ -102,6 +104,16 @@ def latest_checkpoint_dir() -> Optional[str]:
 def wait_for_checkpoint() -> None:
     """Block until the save in flight is committed (or raise its error)."""
     _checkpoints().wait()
+
+
+def shutdown() -> None:
+    """Call once at the end of training, on every rank: waits for the save in flight, for every
+    rank to arrive, removes this node's fetched checkpoint copies and destroys the process
+    group. Raises if the last save failed."""
+    global _session
+    if _session is not None:
+        session, _session = _session, None
+        session.close()
 
 
 def _require_session():

@@ -192,6 +192,11 @@ class CheckpointManager:
             error, self._error = self._error, None
             raise CheckpointError(f"the previous checkpoint save failed: {error}") from error
 
+    def barrier(self, name: str) -> None:
+        """Return once every rank has called ``barrier(name)``."""
+        self._channel.share(f"barrier/{name}", self.rank, "")
+        self._channel.gather(f"barrier/{name}", self.world_size, self._commit_timeout)
+
     def _run_in_background(self, job) -> None:
         try:
             job()

@@ -36,11 +36,33 @@ class WorkerInfo:
             backend=environ.get(c.FT_BACKEND) or choose_backend("auto", gpus),
         )
 
+    @property
+    def device(self) -> str:
+        """This rank's device for ``torch.device()``: its GPU under nccl, else the CPU."""
+        return f"cuda:{self.local_rank}" if self.backend == "nccl" else "cpu"
+
 
 @dataclasses.dataclass
 class Session:
     info: WorkerInfo
     checkpoints: Optional[Any]  # CheckpointManager, or None without a checkpoint dir
+
+    def close(self) -> None:
+        """Finish the run on this rank: the save in flight is committed, every rank arrives,
+        then this node's fetched checkpoint copies go and the process group is destroyed.
+
+        The barrier comes before the cleanup (a slower local rank may still read the cache) and
+        before destroying the group: torch 2.13's gloo aborts the process at interpreter
+        shutdown in about one run in three when a rank leaves while a peer is still in its last
+        collective."""
+        if self.checkpoints is not None:
+            self.checkpoints.wait()
+        _barrier(self)
+        if self.checkpoints is not None and self.info.local_rank == 0:
+            _remove_node_cache(self.info, keep_attempt=None)
+        dist = _initialized_torch_distributed()
+        if dist is not None:
+            dist.destroy_process_group()
 
 
 def start_session(
@@ -56,21 +78,41 @@ def start_session(
     url = checkpoint_dir or os.environ.get(c.FT_CHECKPOINT_URL)
     manager = _checkpoint_manager(info, url, retention, save_rng, storage_options or {}) if url else None
     if manager is not None and info.local_rank == 0:
-        _tidy_node_cache(info)
+        _remove_node_cache(info, keep_attempt=info.attempt)
     return Session(info, manager)
 
 
-def _tidy_node_cache(info: WorkerInfo) -> None:
-    """Local rank 0 owns this node's cache of fetched checkpoint files: copies left by earlier
-    attempts go now. The current attempt's copy stays until the next attempt (or run) on this
-    node: removing it at exit raced with slower local ranks still reading it."""
+def _remove_node_cache(info: WorkerInfo, keep_attempt: Optional[int]) -> None:
+    """Local rank 0 owns this node's cache of fetched checkpoint files. At start, copies left by
+    earlier attempts (which crashed, so never reached ``close``) go; at ``close``, all of it."""
     import shutil
 
     from worker_lib.directory import node_cache_root
 
-    for old in node_cache_root(info.run_id).glob("attempt_*"):
-        if old.name != f"attempt_{info.attempt}":
+    root = node_cache_root(info.run_id)
+    for old in root.glob("attempt_*"):
+        if old.name != f"attempt_{keep_attempt}":
             shutil.rmtree(old, ignore_errors=True)
+    if keep_attempt is None:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _barrier(session: Session) -> None:
+    """Every rank of the job arrives: through the process group when there is one, else
+    through the checkpoint channel (the job store)."""
+    dist = _initialized_torch_distributed()
+    if dist is not None:
+        dist.barrier()
+    elif session.checkpoints is not None:
+        session.checkpoints.barrier("close")
+
+
+def _initialized_torch_distributed():
+    """torch.distributed if this process initialized a group; never imports torch itself."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    return dist if dist is not None and dist.is_available() and dist.is_initialized() else None
 
 
 def _gpu_count() -> int:

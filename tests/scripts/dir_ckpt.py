@@ -26,3 +26,4 @@ if found is None:
 names = sorted(str(p.relative_to(found)) for p in Path(found).rglob("*") if p.is_file())
 sizes = [Path(found, f"shard_{r}.bin").stat().st_size for r in range(info.world_size)]
 print(f"rank {info.rank} found {names} sizes {sizes}", flush=True)
+ft.shutdown()  # the node's fetched copy goes
