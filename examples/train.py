@@ -34,7 +34,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--checkpoint-dir", default=None, help="any fsspec URL; default: ftlaunch's --checkpoint-dir")
+    p.add_argument("--checkpoint-dir", default=None, help="fsspec URL (default: ftlaunch's)")
     p.add_argument("--checkpoint-every", type=int, default=50, help="steps")
     p.add_argument("--crash-at-step", type=int, default=None, help="kill one rank there, first attempt only")
     p.add_argument("--crash-rank", type=int, default=1)
