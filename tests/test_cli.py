@@ -3,6 +3,7 @@ line, exit code 2, no worker started."""
 
 import pytest
 from helpers import ACTOR
+from storage_servers import start_s3_read_only
 
 
 def _assert_usage_error(launch, fragment: str) -> None:
@@ -111,6 +112,25 @@ def test_unusable_checkpoint_dir_is_a_usage_error(launcher, tmp_path):
     blocker.write_text("")
     launch = launcher.run("--checkpoint-dir", str(blocker / "ckpt"), str(ACTOR))
     _assert_usage_error(launch, "is not usable")
+
+
+def test_storage_without_write_permission_is_a_usage_error(launcher, tmp_path):
+    import s3fs
+
+    server, reader = start_s3_read_only(tmp_path, bucket="ckpt")
+    try:
+        launch = launcher.run("--checkpoint-dir", "s3://ckpt/run", str(ACTOR), env=reader)
+        # The same keys may read: what was refused is the write, not the credentials.
+        listed = s3fs.S3FileSystem(
+            key=reader["AWS_ACCESS_KEY_ID"],
+            secret=reader["AWS_SECRET_ACCESS_KEY"],
+            endpoint_url=reader["FSSPEC_S3_ENDPOINT_URL"],
+        ).ls("ckpt")
+    finally:
+        server.stop()
+    _assert_usage_error(launch, "checkpoint storage 's3://ckpt/run' is not usable: PermissionError")
+    assert "Access Denied" in launch.stderr
+    assert listed == []
 
 
 def test_missing_bucket_is_a_usage_error(launcher, gcs_env):
