@@ -28,6 +28,7 @@ demo: install
 bench: install
 	$(PY) scripts/bench_recovery.py
 	$(PY) scripts/bench_checkpoint.py
+	$(PY) scripts/bench_heartbeat.py
 
 lint: install
 	$(VENV)/bin/ruff check $(LINTED)

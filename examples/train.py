@@ -109,6 +109,7 @@ def train(args, device) -> None:
             loss.backward()
             optimizer.step()
             step += 1
+            ft.heartbeat(step)  # progress: a rank that stops beating is a hang, and is restarted
             if step % args.checkpoint_every == 0:
                 save(step, model, optimizer, loss)
         if rank == 0:

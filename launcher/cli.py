@@ -79,6 +79,25 @@ def _say(line: str) -> None:
     metavar="URL",
     help="Checkpoint storage for worker_lib (path, gs://, s3://, any fsspec URL); checked before start.",
 )
+@click.option(
+    "--heartbeat-timeout",
+    default="auto",
+    metavar="auto|off|DURATION",
+    help="Longest silence between ft.heartbeat() calls before a rank counts as hung; auto: learned "
+    "from the step interval (10x its p99, at least --heartbeat-floor).",
+)
+@click.option(
+    "--init-timeout",
+    default="15m",
+    metavar="DURATION",
+    help="Longest wait for a rank's first heartbeat, and for a checkpoint save/load (90, 90s, 15m, 2h).",
+)
+@click.option(
+    "--heartbeat-floor",
+    default="2m",
+    metavar="DURATION",
+    help="The smallest deadline auto sets: covers steps that are rarely slow (evaluation, logging).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log the supervisor's own decisions.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
@@ -115,6 +134,9 @@ def config_from_options(
     master_port: int,
     console_ranks: Optional[str],
     checkpoint_dir: Optional[str],
+    heartbeat_timeout: str,
+    init_timeout: str,
+    heartbeat_floor: str,
     script: str,
     script_args: Sequence[str],
 ) -> LaunchConfig:
@@ -137,7 +159,34 @@ def config_from_options(
         master_port=master_port,
         console_ranks=_parse_ranks(console_ranks),
         checkpoint_url=checkpoint_dir,
+        init_timeout=parse_duration(init_timeout, "--init-timeout"),
+        heartbeat_timeout=_parse_heartbeat_timeout(heartbeat_timeout),
+        heartbeat_floor=parse_duration(heartbeat_floor, "--heartbeat-floor"),
     )
+
+
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: str, option: str) -> float:
+    """Seconds from "90", "90s", "1.5m", "2h" or "1d"."""
+    text = value.strip().lower()
+    number, unit = text.rstrip("smhd"), text[len(text.rstrip("smhd")) :]
+    try:
+        seconds = float(number) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise UsageError(f"{option} takes a duration like 90, 90s, 15m or 2h, got {value!r}") from None
+    if seconds < 0:
+        raise UsageError(f"{option} must not be negative, got {value!r}")
+    return seconds
+
+
+def _parse_heartbeat_timeout(value: str) -> Optional[float]:
+    if value.strip().lower() == "auto":
+        return None
+    if value.strip().lower() == "off":
+        return 0.0
+    return parse_duration(value, "--heartbeat-timeout")
 
 
 def _parse_nproc(value: str, gpus: int) -> int:

@@ -39,6 +39,9 @@ class LaunchConfig:
     master_port: int = 0  # 0: the OS picks a free port for each attempt's store
     console_ranks: Optional[FrozenSet[int]] = None  # None: every rank on the console
     checkpoint_url: Optional[str] = None  # fsspec URL handed to workers (worker_lib's storage root)
+    init_timeout: float = 900.0  # seconds from start (or a pause) to a beat, once the script beats
+    heartbeat_timeout: Optional[float] = None  # seconds between beats; None: auto; 0: off
+    heartbeat_floor: float = 120.0  # the smallest deadline auto sets
     python: str = sys.executable
 
     def __post_init__(self) -> None:
@@ -52,6 +55,12 @@ class LaunchConfig:
             raise UsageError(f"--grace-period must be 0 or more seconds, got {self.grace_period}")
         if not 0 <= self.master_port < 65536:
             raise UsageError(f"--master-port must be in 0..65535, got {self.master_port}")
+        if self.init_timeout <= 0 or self.heartbeat_floor <= 0:
+            raise UsageError("--init-timeout and --heartbeat-floor must be more than 0 seconds")
+        if self.heartbeat_timeout is not None and self.heartbeat_timeout < 0:
+            raise UsageError(
+                f"--heartbeat-timeout must be auto, off or seconds, got {self.heartbeat_timeout}"
+            )
         if self.console_ranks is not None:
             outside = sorted(r for r in self.console_ranks if not 0 <= r < self.nproc)
             if outside:
@@ -60,6 +69,10 @@ class LaunchConfig:
     @property
     def world_size(self) -> int:
         return self.nproc
+
+    @property
+    def detects_hangs(self) -> bool:
+        return self.heartbeat_timeout != 0
 
     def shows_on_console(self, rank: int) -> bool:
         return self.console_ranks is None or rank in self.console_ranks

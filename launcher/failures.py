@@ -4,9 +4,19 @@ import dataclasses
 import json
 import signal
 from pathlib import Path
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple, Union
 
-__all__ = ["ErrorRecord", "ProcessFailure", "describe_exit", "read_error_file", "root_cause"]
+from launcher.stacks import short_frame
+
+__all__ = [
+    "ErrorRecord",
+    "Failure",
+    "HangFailure",
+    "ProcessFailure",
+    "describe_exit",
+    "read_error_file",
+    "root_cause",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +47,66 @@ class ProcessFailure:
         what = f"{self.error.message} ({how})" if self.error else how
         return f"rank {self.rank} (pid {self.pid}): {what}"
 
+    @property
+    def blame_order(self) -> tuple:
+        """Exits seen in the same poll are ordered by the time their exception was recorded."""
+        return (self.observed_at, self.error.timestamp if self.error else 0, self.rank)
+
+
+@dataclasses.dataclass(frozen=True)
+class HangFailure:
+    """One worker that missed its heartbeat deadline (alive, but silent)."""
+
+    rank: int
+    local_rank: int
+    pid: int
+    phase: str  # "starting", "stepping" or "paused" (see launcher.hang)
+    silent_for: float  # seconds without a sign of life when the hang was declared
+    deadline: float
+    last_step: int  # -1: it never said
+    observed_at: float  # time.monotonic() of its last sign of life
+    log_file: Optional[Path] = None
+    thread_id: int = 0  # its main thread, as the stack dump names it
+    process_status: str = ""  # psutil's word when it was declared hung: "stopped", "disk-sleep", ...
+    log_tail: Tuple[str, ...] = ()
+    stack: Tuple[str, ...] = ()  # its main thread's frames, innermost first (from the stack dump)
+
+    def describe(self) -> str:
+        """One line: "rank 1 (pid 42): hung: no heartbeat for 5.1 s (deadline 5 s) after step 17, at ..."."""
+        silence = {
+            "starting": "no first heartbeat",
+            "stepping": "no heartbeat",
+            "paused": "stuck in a save/load/pause",
+        }[self.phase]
+        step = f" after step {self.last_step}" if self.last_step >= 0 else ""
+        where = f", in {short_frame(self.stack[0])}" if self.stack else ""
+        status = f", process {self.process_status}" if self.process_status in _NOTABLE_STATUS else ""
+        return (
+            f"rank {self.rank} (pid {self.pid}): hung: {silence} for {self.silent_for:.1f} s "
+            f"(deadline {seconds(self.deadline)} s){step}{where}{status}"
+        )
+
+    @property
+    def waits_on_peers(self) -> bool:
+        """Stuck inside torch.distributed: most likely waiting for a rank that is hung itself."""
+        return bool(self.stack) and "torch/distributed/" in self.stack[0]
+
+    @property
+    def blame_order(self) -> tuple:
+        """The rank behind (lowest step) and not blocked in a collective is the likeliest cause."""
+        return (self.waits_on_peers, self.last_step, self.observed_at, self.rank)
+
+
+Failure = Union[ProcessFailure, HangFailure]
+
+# Process states that explain a silence by themselves (SIGSTOP, a debugger, uninterruptible I/O).
+_NOTABLE_STATUS = ("stopped", "tracing-stop", "disk-sleep")
+
+
+def seconds(value: float) -> str:
+    """2.0 → "2", 1.50216 → "1.5", 900.0 → "900": durations as people write them."""
+    return f"{value:.1f}".rstrip("0").rstrip(".")
+
 
 def describe_exit(exitcode: int) -> str:
     if exitcode >= 0:
@@ -48,12 +118,10 @@ def describe_exit(exitcode: int) -> str:
     return f"Signal {-exitcode} ({name})"
 
 
-def root_cause(failures: Sequence[ProcessFailure]) -> ProcessFailure:
-    """The earliest failure: later ones are usually peers dying of the first (a broken collective).
-
-    Exits seen in the same poll are ordered by the time their exception was recorded, where known.
-    """
-    return min(failures, key=lambda f: (f.observed_at, f.error.timestamp if f.error else 0, f.rank))
+def root_cause(failures: Sequence[Failure]) -> Failure:
+    """The failure that most likely caused the others: for exits the earliest (later ones are
+    usually peers dying of a broken collective); for hangs the rank that is behind."""
+    return min(failures, key=lambda f: f.blame_order)
 
 
 def read_error_file(path: Path) -> Optional[ErrorRecord]:

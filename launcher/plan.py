@@ -26,7 +26,11 @@ def attempt_dir(config: LaunchConfig, attempt: int) -> Path:
 
 
 def plan_workers(
-    config: LaunchConfig, attempt: int, master_port: int, base_env: Optional[Mapping[str, str]] = None
+    config: LaunchConfig,
+    attempt: int,
+    master_port: int,
+    base_env: Optional[Mapping[str, str]] = None,
+    heartbeat_file: Optional[Path] = None,
 ) -> List[WorkerSpec]:
     """One spec per local rank; ``base_env`` (default: ours) is what the workers inherit."""
     base = dict(os.environ if base_env is None else base_env)
@@ -36,6 +40,8 @@ def plan_workers(
     for local_rank in range(config.nproc):
         error_file = folder / f"rank_{local_rank}.error.json"
         env = worker_env(config, local_rank, attempt, master_port, error_file, base)
+        if heartbeat_file is not None:
+            env[c.FT_HEARTBEAT_FILE] = str(heartbeat_file)
         specs.append(
             WorkerSpec(
                 rank=local_rank,  # single node: global rank == local rank

@@ -2,7 +2,7 @@
 
 from typing import List
 
-from launcher.failures import ProcessFailure
+from launcher.failures import Failure, HangFailure
 from launcher.supervisor import Outcome, RunResult
 
 __all__ = ["summary_lines"]
@@ -29,9 +29,16 @@ def _verdict(result: RunResult) -> str:
     return "STOPPED" if result.attempts[-1].outcome is Outcome.INTERRUPTED else "FAILED"
 
 
-def _root_cause_detail(failure: ProcessFailure) -> List[str]:
+def _root_cause_detail(failure: Failure) -> List[str]:
     lines = [f"root cause: {failure.describe()}"]
-    if failure.error and failure.error.traceback:
+    if isinstance(failure, HangFailure) and failure.stack:
+        lines.append(f"  where its main thread was (every thread's stack is in {failure.log_file}):")
+        lines += [f"  | {frame}" for frame in failure.stack]
+    elif isinstance(failure, HangFailure):
+        lines.append(
+            f"  no stack: the rank did not answer the dump signal (stopped?); see {failure.log_file}"
+        )
+    elif failure.error and failure.error.traceback:
         lines.append("  traceback (from TORCHELASTIC_ERROR_FILE):")
         lines += [f"  | {line}" for line in failure.error.traceback.rstrip().splitlines()]
     elif failure.log_tail:

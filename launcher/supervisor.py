@@ -3,6 +3,7 @@
 import dataclasses
 import enum
 import logging
+import os
 import signal
 import sys
 from typing import BinaryIO, Callable, List, Optional
@@ -10,13 +11,16 @@ from typing import BinaryIO, Callable, List, Optional
 from launcher.config import LaunchConfig
 from launcher.errors import ExitCode, FtlaunchError, UsageError, exit_code_for_signal
 from launcher.events import EventLog
-from launcher.failures import ProcessFailure, read_error_file, root_cause
+from launcher.failures import Failure, HangFailure, ProcessFailure, read_error_file, root_cause
+from launcher.hang_monitor import HangMonitor
+from launcher.heartbeat import HeartbeatBoard
 from launcher.linux import become_subreaper
 from launcher.logs import LogPump, tail_lines
 from launcher.orphan_guard import OrphanGuard
 from launcher.plan import plan_workers
 from launcher.policy import FailurePolicy
 from launcher.signals import SignalInbox
+from launcher.stacks import main_thread_stack
 from launcher.state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine
 from launcher.store import AttemptStore
 from launcher.workers import Exit, PopenSpawner, Spawner, WorkerGroup
@@ -41,11 +45,11 @@ class Outcome(str, enum.Enum):
 class AttemptResult:
     attempt: int
     outcome: Outcome
-    failures: List[ProcessFailure] = dataclasses.field(default_factory=list)
+    failures: List[Failure] = dataclasses.field(default_factory=list)
     signum: Optional[int] = None  # for INTERRUPTED
 
     @property
-    def root_cause(self) -> Optional[ProcessFailure]:
+    def root_cause(self) -> Optional[Failure]:
         return root_cause(self.failures) if self.failures else None
 
 
@@ -75,6 +79,7 @@ class Supervisor:
         self._console = (console_out or sys.stdout.buffer, console_err or sys.stderr.buffer)
         self._events: Optional[EventLog] = None
         self._guard: Optional[OrphanGuard] = None
+        self._hangs: Optional[HangMonitor] = None
 
     def run(self) -> RunResult:
         self._open()
@@ -110,11 +115,12 @@ class Supervisor:
     def _run_attempt(self, attempt: int) -> AttemptResult:
         machine = GroupStateMachine(attempt, self._on_transition)
         store = self._open_store(attempt)
+        board = HeartbeatBoard(self.config.nproc, f"{os.getpid()}-{attempt}") if self._hangs else None
         pump = LogPump(*self._console)
-        specs = plan_workers(self.config, attempt, store.port)
+        specs = plan_workers(self.config, attempt, store.port, heartbeat_file=board and board.path)
         group = WorkerGroup(specs, self._spawner, pump, self._guard, self.config.shows_on_console)
         try:
-            result = self._start_and_watch(machine, group)
+            result = self._start_and_watch(machine, group, board)
             self._stop(machine, group, result)
         except BaseException:
             self._kill_after_error(machine, group)
@@ -122,9 +128,13 @@ class Supervisor:
         finally:
             pump.close()
             store.close()
+            if board is not None:
+                board.close()
         return self._with_log_tails(result)
 
-    def _start_and_watch(self, machine: GroupStateMachine, group: WorkerGroup) -> AttemptResult:
+    def _start_and_watch(
+        self, machine: GroupStateMachine, group: WorkerGroup, board: Optional[HeartbeatBoard]
+    ) -> AttemptResult:
         if self._signals.first is not None:  # interrupted between two attempts
             return AttemptResult(machine.attempt, Outcome.INTERRUPTED, signum=self._signals.first)
         self._say(
@@ -137,10 +147,16 @@ class Supervisor:
             machine.transition(GroupState.FAILED, error=str(err))
             raise FtlaunchError(f"cannot start the workers: {err}") from None
         machine.transition(GroupState.RUNNING, pids=group.pids)
-        return self._monitor(machine, group)
+        return self._monitor(machine, group, board)
 
-    def _monitor(self, machine: GroupStateMachine, group: WorkerGroup) -> AttemptResult:
-        failures: List[ProcessFailure] = []
+    def _monitor(
+        self,
+        machine: GroupStateMachine,
+        group: WorkerGroup,
+        board: Optional[HeartbeatBoard],
+    ) -> AttemptResult:
+        failures: List[Failure] = []
+        watch = self._hangs.watch_attempt() if board is not None else None
         while True:
             if self._signals.first is not None:
                 return AttemptResult(machine.attempt, Outcome.INTERRUPTED, signum=self._signals.first)
@@ -152,9 +168,14 @@ class Supervisor:
             if group.all_exited():
                 machine.transition(GroupState.SUCCEEDED)
                 return AttemptResult(machine.attempt, Outcome.SUCCEEDED)
+            if watch is not None:
+                hung = self._hangs.check(watch, machine.attempt, group, board.read())
+                if hung:
+                    machine.transition(GroupState.HUNG, ranks=[f.rank for f in hung])
+                    return AttemptResult(machine.attempt, Outcome.FAILED, hung)
             self._signals.wait(_MONITOR_TIMEOUT_S)
 
-    def _record_exit(self, attempt: int, exited: Exit, failures: List[ProcessFailure]) -> None:
+    def _record_exit(self, attempt: int, exited: Exit, failures: List[Failure]) -> None:
         self._events.emit(
             "worker_exit",
             attempt=attempt,
@@ -205,13 +226,16 @@ class Supervisor:
         return len(self._signals.received) >= 2
 
     def _with_log_tails(self, result: AttemptResult) -> AttemptResult:
-        """Attach each failed rank's last log lines, now that the log pump has drained."""
-        failures = [
-            dataclasses.replace(
+        """Attach each failed rank's last log lines (and a hung rank's stack), now that the log
+        pump has drained."""
+        failures = []
+        for f in result.failures:
+            f = dataclasses.replace(
                 f, log_tail=tuple(tail_lines(f.log_file, _LOG_TAIL_LINES) if f.log_file else ())
             )
-            for f in result.failures
-        ]
+            if isinstance(f, HangFailure) and f.log_file:
+                f = dataclasses.replace(f, stack=main_thread_stack(f.log_file, f.thread_id))
+            failures.append(f)
         return dataclasses.replace(result, failures=failures)
 
     # -- setup and teardown -----------------------------------------------------------------
@@ -222,6 +246,8 @@ class Supervisor:
         self._events.emit("run_start", run_id=self.config.run_id, config=dataclasses.asdict(self.config))
         self._signals.open()
         self._guard = OrphanGuard()
+        if self.config.detects_hangs:
+            self._hangs = HangMonitor(self.config, self._events, self._say)
 
     def _open_store(self, attempt: int) -> AttemptStore:
         try:

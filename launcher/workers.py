@@ -118,6 +118,10 @@ class WorkerGroup:
                 new.append(self._exits[spec.rank])
         return new
 
+    def running(self) -> Dict[int, int]:
+        """Rank → pid of every worker not yet seen to exit."""
+        return {rank: proc.pid for rank, proc in self._procs.items() if rank not in self._exits}
+
     def all_exited(self) -> bool:
         return len(self._exits) == len(self.specs)
 

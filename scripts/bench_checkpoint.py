@@ -52,19 +52,30 @@ def timed(action: Callable[[], object], repeats: int) -> List[float]:
 def bench_target(name: str, url: str, state, mb: float, repeats: int) -> List[List[str]]:
     manager = CheckpointManager(Storage(url), 0, 1, LocalChannel(), save_rng=False)
     fs, root = fsspec.core.url_to_fs(url)
-    plain = f"{root}/plain.pt"
     steps = iter(range(1, 10_000))
+    plain_names = (f"{root}/plain_{i}.pt" for i in range(10_000))
+    written: List[str] = []
 
     def torch_save(durable: bool = False):
-        with fs.open(plain, "wb") as handle:
+        # A fresh file each time, the previous one deleted, as checkpoints are: rewriting one
+        # file in place reuses its disk blocks and flatters the baseline on this machine's disk.
+        path = next(plain_names)
+        with fs.open(path, "wb") as handle:
             torch.save(state, handle)
             if durable:  # what a save that survives a power cut also pays (local disk only)
                 handle.flush()
                 os.fsync(handle.fileno())
+        for old in written:
+            fs.rm_file(old)
+        written[:] = [path]
 
-    sync = timed(lambda: manager.save(next(steps), state, blocking=True), repeats)
-    baseline = timed(torch_save, repeats)
-    durable = timed(lambda: torch_save(durable=True), repeats) if manager.storage.is_local else None
+    sync, baseline, durable = [], [], []
+    for _ in range(repeats):  # interleaved, so that disk and cache drift hit every column alike
+        sync += timed(lambda: manager.save(next(steps), state, blocking=True), 1)
+        baseline += timed(torch_save, 1)
+        if manager.storage.is_local:
+            durable += timed(lambda: torch_save(durable=True), 1)
+    plain = written[0]
     blocked, committed = [], []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -97,7 +108,7 @@ def _rate(mb: float, seconds: float) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mb", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
     state = make_state(args.mb)
     mb = sum(t.numel() * t.element_size() for t in state.values()) / 1e6

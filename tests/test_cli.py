@@ -48,6 +48,9 @@ def test_help_lists_the_options(launcher):
         (["--no-python", "no-such-program-here"], "executable not found"),
         (["--checkpoint-dir", "nosuchproto://bucket/run", str(ACTOR)], "Protocol not known: nosuchproto"),
         (["--frobnicate", str(ACTOR)], "No such option '--frobnicate'"),
+        (["--heartbeat-timeout", "soon", str(ACTOR)], "--heartbeat-timeout takes a duration like 90, 90s"),
+        (["--init-timeout", "0", str(ACTOR)], "--init-timeout and --heartbeat-floor must be more than 0"),
+        (["--heartbeat-floor", "-5s", str(ACTOR)], "--heartbeat-floor must not be negative"),
         ([], "Missing argument 'SCRIPT'"),
     ],
 )

@@ -3,16 +3,19 @@
     ft.init()                                       # process group from the environment
     ckpt = ft.load_checkpoint()                     # None on a fresh run; else .step .state .metrics
     ft.save_checkpoint(step, state, metrics=None)   # every rank; copied now, written in background
+    ft.heartbeat(step)                              # every step: progress, for hang detection
     ft.shutdown()                                   # last: waits for the save, leaves the group
 
 Importing this package stays cheap (no torch at import time): workers that only read their
 environment should not pay for torch.
 """
 
+import contextlib
 from typing import Any, Dict, Optional
 
 from worker_lib import contract
 from worker_lib.backend import choose_backend
+from worker_lib.progress import heartbeat, pause_heartbeat, stop_beating
 from worker_lib.retention import RetentionPolicy
 
 __all__ = [
@@ -20,6 +23,8 @@ __all__ = [
     "choose_backend",
     "init",
     "info",
+    "heartbeat",
+    "pause_heartbeat",
     "save_checkpoint",
     "load_checkpoint",
     "wait_for_checkpoint",
@@ -51,7 +56,8 @@ def init(
 
     global _session
     retention = RetentionPolicy(keep_last, keep_best, best_metric, best_mode)
-    _session = start_session(checkpoint_dir, init_process_group, retention, save_rng, storage_options)
+    with pause_heartbeat():  # joining the group waits for the slowest rank to start
+        _session = start_session(checkpoint_dir, init_process_group, retention, save_rng, storage_options)
     return _session.info
 
 
@@ -75,12 +81,14 @@ def save_checkpoint(
     commit happen in the background unless ``blocking``. The next save waits for this one, and
     a background failure is raised there.
     """
-    _checkpoints().save(step, state, metrics, replicated=replicated, blocking=blocking)
+    with pause_heartbeat():  # waiting for the previous save, or a blocking save, is not a hang
+        _checkpoints().save(step, state, metrics, replicated=replicated, blocking=blocking)
 
 
 def load_checkpoint():
     """The newest checkpoint every rank completed and can verify, or None on a fresh run."""
-    return _checkpoints().load()
+    with pause_heartbeat():
+        return _checkpoints().load()
 
 
 def checkpoint_dir(step: int, metrics: Optional[Dict[str, float]] = None):
@@ -89,7 +97,7 @@ def checkpoint_dir(step: int, metrics: Optional[Dict[str, float]] = None):
     Every rank enters it (a rank with nothing to write leaves it empty)."""
     from worker_lib.directory import save_directory
 
-    return save_directory(_checkpoints(), step, metrics)
+    return _paused(save_directory(_checkpoints(), step, metrics))
 
 
 def latest_checkpoint_dir() -> Optional[str]:
@@ -98,12 +106,14 @@ def latest_checkpoint_dir() -> Optional[str]:
     from worker_lib.directory import latest_directory
 
     session = _require_session()
-    return latest_directory(_checkpoints(), session.info.run_id, session.info.attempt)
+    with pause_heartbeat():
+        return latest_directory(_checkpoints(), session.info.run_id, session.info.attempt)
 
 
 def wait_for_checkpoint() -> None:
     """Block until the save in flight is committed (or raise its error)."""
-    _checkpoints().wait()
+    with pause_heartbeat():
+        _checkpoints().wait()
 
 
 def shutdown() -> None:
@@ -111,9 +121,17 @@ def shutdown() -> None:
     rank to arrive, removes this node's fetched checkpoint copies and destroys the process
     group. Raises if the last save failed."""
     global _session
+    stop_beating()  # the last save, the barrier and the interpreter's exit are not steps
     if _session is not None:
         session, _session = _session, None
         session.close()
+
+
+@contextlib.contextmanager
+def _paused(block):
+    """``block`` (a context manager), with the heartbeat deadline paused for all of it."""
+    with pause_heartbeat(), block as value:
+        yield value
 
 
 def _require_session():

@@ -142,7 +142,10 @@ class CheckpointManager:
     ) -> None:
         """Copy ``state`` to CPU memory now; write and commit it in the background (or now)."""
         self.wait()
-        snapshot = _to_cpu(state) if not replicated or self.rank == 0 else None
+        writes_state = not replicated or self.rank == 0
+        # A blocking save serializes before returning: the training loop cannot change the
+        # state under it, so the copy would only cost time and memory.
+        snapshot = (state if blocking else _to_cpu(state)) if writes_state else None
         rng = capture_rng() if self._save_rng else None
         own = {"rng": rng, "state": None if replicated else snapshot}
         parts = [(part_name(self.rank), _writer(own))]

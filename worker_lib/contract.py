@@ -27,7 +27,17 @@ __all__ = [
     "FT_ATTEMPT",
     "FT_BACKEND",
     "FT_CHECKPOINT_URL",
+    "FT_HEARTBEAT_FILE",
     "TORCHRUN_VARIABLES",
+    "SLOT_WORDS",
+    "SLOT_BEATS",
+    "SLOT_STEP",
+    "SLOT_TIME_NS",
+    "SLOT_PAUSED",
+    "SLOT_PAUSES",
+    "SLOT_DUMP_SIGNAL",
+    "SLOT_MAIN_THREAD",
+    "SLOT_PID",
 ]
 
 # torchrun's variables (torch/distributed/elastic/agent/server/local_elastic_agent.py).
@@ -75,3 +85,19 @@ TORCHRUN_VARIABLES = (
 FT_ATTEMPT = "FTLAUNCH_ATTEMPT"  # 0 for the first group of a run, +1 per restart
 FT_BACKEND = "FTLAUNCH_BACKEND"  # "nccl" or "gloo", chosen once by the supervisor
 FT_CHECKPOINT_URL = "FTLAUNCH_CHECKPOINT_URL"  # fsspec URL of the checkpoint root (--checkpoint-dir)
+# Shared-memory file of heartbeat slots, one per local rank (slot index = LOCAL_RANK). Absent
+# outside ftlaunch: heartbeats then go to a private page nobody reads.
+FT_HEARTBEAT_FILE = "FTLAUNCH_HEARTBEAT_FILE"
+
+# A slot is SLOT_WORDS native int64 words (64 bytes: one cache line per rank). Each word has
+# one writer: the worker. Aligned 8-byte stores are atomic, so the supervisor's reads may be
+# stale by a beat but never torn.
+SLOT_WORDS = 8
+SLOT_BEATS = 0  # ft.heartbeat() calls so far in this process
+SLOT_STEP = 1  # the step passed to the last beat (-1: none given)
+SLOT_TIME_NS = 2  # CLOCK_MONOTONIC ns of the last beat, pause start or pause end
+SLOT_PAUSED = 3  # > 0 while inside a save, a load, init() or pause_heartbeat()
+SLOT_PAUSES = 4  # pauses ended so far (tells the supervisor an interval contained one)
+SLOT_DUMP_SIGNAL = 5  # the signal that makes this worker write its stacks to stderr; 0: none
+SLOT_MAIN_THREAD = 6  # threading.main_thread().ident, to find its stack in the dump
+SLOT_PID = 7  # the process that attached to the slot

@@ -1,0 +1,119 @@
+"""When silence is a hang: deadlines from heartbeats. Pure: readings and clock times come in,
+verdicts go out; no processes, no clock read here (tests script both).
+
+Nothing is judged until the script is known to beat (some rank has, in this attempt or an
+earlier one): a script that never beats is never killed for silence, only for crashing. Then a
+rank is judged by the phase it is in:
+
+- paused (inside a save, a load, ``init()`` or ``pause_heartbeat()``): ``init_timeout`` since the
+  pause began;
+- stepping (it has beaten): the heartbeat deadline since its last beat or pause end; the deadline is
+  fixed, or with ``auto`` learned from the beat intervals (``factor`` x their 99th percentile, at
+  least ``floor``) once ``MIN_SAMPLES`` intervals are known, ``init_timeout`` until then;
+- starting (no beat yet): ``init_timeout`` since the group started or its last pause ended.
+"""
+
+import collections
+import dataclasses
+from typing import Deque, Dict, List, Optional
+
+from launcher.heartbeat import BeatReading
+
+__all__ = ["HangLimits", "HangWatch", "Overdue", "MIN_SAMPLES"]
+
+MIN_SAMPLES = 10  # beat intervals needed before an auto deadline replaces init_timeout
+_WINDOW = 200  # the most recent intervals (all ranks together) the auto deadline is learned from
+
+
+@dataclasses.dataclass(frozen=True)
+class HangLimits:
+    init_timeout: float  # seconds: start, or a pause, to the next sign of life
+    heartbeat_timeout: Optional[float]  # seconds between beats; None: auto
+    floor: float = 120.0  # auto never sets a deadline below this
+    factor: float = 10.0  # auto deadline: factor x p99 of the step interval
+
+
+@dataclasses.dataclass(frozen=True)
+class Overdue:
+    """A rank whose silence has lasted ``silent_for`` seconds against a ``deadline``."""
+
+    rank: int
+    phase: str  # "starting", "stepping" or "paused"
+    silent_for: float
+    deadline: float
+    last_step: int  # -1: it never said
+    silent_since: float  # monotonic time of its last sign of life
+
+
+class HangWatch:
+    """One attempt's deadlines. ``known_to_beat``: an earlier attempt of the run saw a beat."""
+
+    def __init__(self, limits: HangLimits, started_at: float, known_to_beat: bool = False) -> None:
+        self.limits = limits
+        self.started_at = started_at
+        self.known_to_beat = known_to_beat
+        self._intervals: Deque[float] = collections.deque(maxlen=_WINDOW)
+        self._learned: Optional[float] = None
+        self._previous: Dict[int, BeatReading] = {}
+
+    @property
+    def step_deadline(self) -> Optional[float]:
+        """The deadline between beats now in force; None while auto is still learning."""
+        if self.limits.heartbeat_timeout is not None:
+            return self.limits.heartbeat_timeout
+        return self._learned
+
+    def observe(self, readings: Dict[int, BeatReading]) -> None:
+        """Take in the slots of the ranks still running."""
+        for rank, now in readings.items():
+            before = self._previous.get(rank)
+            if now.beats > 0:
+                self.known_to_beat = True
+            if before is not None and _is_clean_interval(before, now):
+                self._intervals.append((now.active_at - before.active_at) / (now.beats - before.beats))
+            self._previous[rank] = now
+        if self.limits.heartbeat_timeout is None and len(self._intervals) >= MIN_SAMPLES:
+            self._learned = max(self.limits.floor, self.limits.factor * _p99(self._intervals))
+
+    def silences(self, now: float, readings: Dict[int, BeatReading]) -> List[Overdue]:
+        """Every rank under a deadline, with how long it has been silent (judge by ``overdue``)."""
+        if not self.known_to_beat:
+            return []
+        found = []
+        for rank, r in readings.items():
+            if r.paused:
+                phase, since, deadline = "paused", r.active_at, self.limits.init_timeout
+            elif r.beats > 0:
+                phase, since = "stepping", r.active_at
+                deadline = self.step_deadline or self.limits.init_timeout
+            elif self.known_to_beat:
+                phase, since, deadline = (
+                    "starting",
+                    max(self.started_at, r.active_at),
+                    self.limits.init_timeout,
+                )
+            else:
+                continue
+            found.append(Overdue(rank, phase, now - since, deadline, r.step, since))
+        return found
+
+    def overdue(self, now: float, readings: Dict[int, BeatReading]) -> List[Overdue]:
+        """The ranks past their deadline: hung."""
+        return [s for s in self.silences(now, readings) if s.silent_for > s.deadline]
+
+    def never_beat(self, now: float) -> bool:
+        """No rank has beaten within ``init_timeout`` of the start: the script does not beat."""
+        return not self.known_to_beat and now - self.started_at > self.limits.init_timeout
+
+
+def _is_clean_interval(before: BeatReading, now: BeatReading) -> bool:
+    """Beats between two readings with no pause in between and not the first step (which
+    includes start-up work such as compilation)."""
+    return (
+        now.beats > before.beats > 0 and now.pauses == before.pauses and not now.paused and not before.paused
+    )
+
+
+def _p99(values) -> float:
+    ordered = sorted(values)
+    return ordered[int(0.99 * (len(ordered) - 1))]

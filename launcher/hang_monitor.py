@@ -1,0 +1,146 @@
+"""Watching heartbeats during an attempt: apply the deadlines (launcher.hang), say who is behind,
+and when a rank is hung, have every rank write its stacks before the group is stopped."""
+
+import dataclasses
+import os
+import time
+from typing import Callable, Dict, List, Optional
+
+import psutil
+
+from launcher.config import LaunchConfig
+from launcher.events import EventLog
+from launcher.failures import Failure, HangFailure, seconds
+from launcher.hang import HangLimits, HangWatch, Overdue
+from launcher.heartbeat import BeatReading
+from launcher.workers import WorkerGroup
+
+__all__ = ["HangMonitor"]
+
+# After the stack-dump signal, before SIGTERM: a pending SIGTERM would be delivered first (Linux
+# delivers lower-numbered signals first) and kill the worker before faulthandler writes.
+_STACK_DUMP_WAIT_S = 0.5
+_LAGGARD_REPORT_EVERY_S = 10.0  # at most one "rank N is behind" report per this many seconds
+
+
+class HangMonitor:
+    """One per run: what it learns (that the script beats) carries over to the next attempt."""
+
+    def __init__(self, config: LaunchConfig, events: EventLog, say: Callable[[str], None]) -> None:
+        self._limits = HangLimits(config.init_timeout, config.heartbeat_timeout, config.heartbeat_floor)
+        self._events = events
+        self._say = say
+        self._known_to_beat = False  # some rank of this run has called ft.heartbeat()
+        self._said_never_beats = False
+        self._next_laggard_report = 0.0
+        self._reported_deadline: Optional[float] = None
+
+    def watch_attempt(self) -> HangWatch:
+        """Deadlines for a group that has just started (auto learns afresh: the restarted group
+        may run on different hardware, at a different batch size)."""
+        self._reported_deadline = None
+        return HangWatch(self._limits, time.monotonic(), self._known_to_beat)
+
+    def check(
+        self, watch: HangWatch, attempt: int, group: WorkerGroup, slots: Dict[int, BeatReading]
+    ) -> List[Failure]:
+        """The ranks past their deadline, their stacks already dumped; [] while all is well."""
+        running = group.running()
+        readings = {rank: r for rank, r in slots.items() if rank in running}
+        watch.observe(readings)
+        self._known_to_beat = watch.known_to_beat
+        self._report_deadline(attempt, watch.step_deadline)
+        now = time.monotonic()
+        overdue = watch.overdue(now, readings)
+        if overdue:
+            return self._declare_hang(attempt, group, overdue, readings)
+        self._report_laggards(attempt, now, watch.silences(now, readings), readings)
+        if watch.never_beat(now) and not self._said_never_beats:
+            self._said_never_beats = True
+            self._say(
+                f"no rank has called ft.heartbeat() within --init-timeout "
+                f"({seconds(self._limits.init_timeout)} s): "
+                "crashes are detected, hangs are not"
+            )
+        return []
+
+    def _declare_hang(
+        self, attempt: int, group: WorkerGroup, overdue: List[Overdue], readings: Dict[int, BeatReading]
+    ) -> List[Failure]:
+        running = group.running()
+        for o in overdue:
+            self._events.emit("hang", attempt=attempt, **dataclasses.asdict(o))
+        ranks = ", ".join(str(o.rank) for o in overdue)
+        self._say(
+            f"attempt {attempt}: rank(s) {ranks} missed the heartbeat deadline; their stacks go to the logs"
+        )
+        _dump_stacks(running, readings)
+        specs = {spec.rank: spec for spec in group.specs}
+        return [
+            HangFailure(
+                rank=o.rank,
+                local_rank=specs[o.rank].local_rank,
+                pid=running[o.rank],
+                phase=o.phase,
+                silent_for=o.silent_for,
+                deadline=o.deadline,
+                last_step=o.last_step,
+                observed_at=o.silent_since,
+                log_file=specs[o.rank].log_file,
+                thread_id=readings[o.rank].main_thread,
+                process_status=_status(running[o.rank]),
+            )
+            for o in overdue
+        ]
+
+    def _report_deadline(self, attempt: int, now_in_force: Optional[float]) -> None:
+        """Said when first learned and when it moves by half or more, not on every wiggle."""
+        if self._limits.heartbeat_timeout is not None or now_in_force is None:
+            return
+        last = self._reported_deadline
+        if last is None or not 0.67 < now_in_force / last < 1.5:
+            self._reported_deadline = now_in_force
+            self._events.emit("heartbeat_deadline", attempt=attempt, seconds=now_in_force)
+            self._say(f"heartbeat deadline now {seconds(now_in_force)} s (learned from the step interval)")
+
+    def _report_laggards(
+        self, attempt: int, now: float, silences: List[Overdue], readings: Dict[int, BeatReading]
+    ) -> None:
+        """A rank silent for over half its deadline is named, with where the others are."""
+        behind = [s for s in silences if s.silent_for > s.deadline / 2]
+        if not behind or now < self._next_laggard_report:
+            return
+        self._next_laggard_report = now + _LAGGARD_REPORT_EVERY_S
+        for s in behind:
+            self._events.emit("laggard", attempt=attempt, **dataclasses.asdict(s))
+        named = ", ".join(
+            f"rank {s.rank} silent {s.silent_for:.1f} s of {seconds(s.deadline)} s "
+            f"({s.phase}, step {s.last_step})"
+            for s in behind
+        )
+        steps = [r.step for r in readings.values() if r.beats]
+        others = f"; all ranks at steps {min(steps)}..{max(steps)}" if steps else ""
+        self._say(f"behind: {named}{others}")
+
+
+def _dump_stacks(running: Dict[int, int], readings: Dict[int, BeatReading]) -> None:
+    """Every live rank that registered the dump signal writes all its threads' stacks to its log:
+    the hung ones, and the peers they left waiting (which show where the group stood)."""
+    signalled = False
+    for rank, pid in running.items():
+        reading = readings.get(rank)
+        if reading is not None and reading.dump_signal and reading.pid == pid:
+            try:
+                os.kill(pid, reading.dump_signal)
+                signalled = True
+            except ProcessLookupError:
+                pass
+    if signalled:
+        time.sleep(_STACK_DUMP_WAIT_S)
+
+
+def _status(pid: int) -> str:
+    try:
+        return psutil.Process(pid).status()
+    except psutil.Error:
+        return ""

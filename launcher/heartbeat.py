@@ -1,0 +1,67 @@
+"""The supervisor's side of the heartbeat slots: one shared-memory file per attempt."""
+
+import dataclasses
+import mmap
+import os
+import tempfile
+from pathlib import Path
+from typing import Dict
+
+from worker_lib import contract as c
+
+__all__ = ["BeatReading", "HeartbeatBoard"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BeatReading:
+    """One rank's slot as read at one moment (times in seconds, CLOCK_MONOTONIC)."""
+
+    beats: int
+    step: int
+    active_at: float  # the last beat, pause start or pause end; 0.0: never
+    paused: bool
+    pauses: int
+    dump_signal: int
+    main_thread: int
+    pid: int
+
+
+class HeartbeatBoard:
+    """Creates the slot file for ``nproc`` local ranks; read by the supervisor, written by workers.
+
+    In /dev/shm where there is one (memory, never written back to a disk), else in the temp dir.
+    """
+
+    def __init__(self, nproc: int, tag: str) -> None:
+        folder = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+        fd, name = tempfile.mkstemp(prefix=f"ftlaunch-heartbeat-{tag}-", dir=folder)
+        self.path = Path(name)
+        self._nproc = nproc
+        try:
+            os.ftruncate(fd, nproc * c.SLOT_WORDS * 8)  # zeros: no beat, no pause, nothing registered
+            self._map = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        self._words = memoryview(self._map).cast("q")
+
+    def read(self) -> Dict[int, BeatReading]:
+        """Every local rank's slot."""
+        readings = {}
+        for rank in range(self._nproc):
+            w = self._words[rank * c.SLOT_WORDS :][: c.SLOT_WORDS].tolist()
+            readings[rank] = BeatReading(
+                beats=w[c.SLOT_BEATS],
+                step=w[c.SLOT_STEP],
+                active_at=w[c.SLOT_TIME_NS] / 1e9,
+                paused=w[c.SLOT_PAUSED] > 0,
+                pauses=w[c.SLOT_PAUSES],
+                dump_signal=w[c.SLOT_DUMP_SIGNAL],
+                main_thread=w[c.SLOT_MAIN_THREAD],
+                pid=w[c.SLOT_PID],
+            )
+        return readings
+
+    def close(self) -> None:
+        self._words.release()
+        self._map.close()
+        self.path.unlink(missing_ok=True)

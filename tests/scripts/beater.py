@@ -1,0 +1,83 @@
+"""A worker that beats every step and, on the first attempt, hangs the way a test asks.
+
+Steps are sleeps (``--step-time``), optionally with a gloo all_reduce each step. The hang is
+real: a sleep with no end, SIGSTOP to itself, or (for the other ranks) a collective that never
+completes because a peer is hung.
+"""
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+import worker_lib as ft
+
+RANK = int(os.environ["RANK"])
+ATTEMPT = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--step-time", type=float, default=0.05)
+    p.add_argument("--slow-from", type=int, default=None, help="steps from here take 3x as long")
+    p.add_argument("--hang", choices=["sleep", "stop"], help="what the hanging rank does")
+    p.add_argument("--hang-rank", type=int, default=1)
+    p.add_argument("--hang-at", type=int, default=10, help="the step it hangs in (first attempt only)")
+    p.add_argument("--collective", action="store_true", help="gloo all_reduce every step")
+    p.add_argument(
+        "--save-mb", type=int, default=0, help="blocking checkpoint save of this size at --save-at"
+    )
+    p.add_argument("--save-at", type=int, default=5)
+    p.add_argument("--no-beat", action="store_true", help="never call ft.heartbeat()")
+    return p.parse_args()
+
+
+def sleep_forever() -> None:
+    while True:
+        time.sleep(3600)
+
+
+def hang(how: str, step: int) -> None:
+    print(f"rank {RANK} hangs at step {step} ({how})", flush=True)
+    if how == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    sleep_forever()
+
+
+def save(step: int, megabytes: int) -> None:
+    import torch
+
+    state = {"weights": torch.zeros(megabytes * 2**20 // 4)}
+    started = time.monotonic()
+    ft.save_checkpoint(step, state, blocking=True)
+    print(f"rank {RANK} saved {megabytes} MB in {time.monotonic() - started:.2f} s", flush=True)
+
+
+def main() -> None:
+    args = parse()
+    ft.init(init_process_group=args.collective)
+    if args.collective:
+        import torch
+        import torch.distributed as dist
+
+        ones = torch.ones(4)
+    for step in range(args.steps):
+        if args.hang and ATTEMPT == 0 and RANK == args.hang_rank and step == args.hang_at:
+            hang(args.hang, step)
+        slow = args.slow_from is not None and step >= args.slow_from
+        time.sleep(args.step_time * (3 if slow else 1))
+        if args.collective:
+            dist.all_reduce(ones)
+        if args.save_mb and step == args.save_at:
+            save(step, args.save_mb)
+        if not args.no_beat:
+            ft.heartbeat(step)
+    print(f"rank {RANK} done after {args.steps} steps", flush=True)
+    sys.stdout.flush()
+    ft.shutdown()
+
+
+if __name__ == "__main__":
+    main()

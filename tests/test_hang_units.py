@@ -1,0 +1,152 @@
+"""Hang deadlines, stack-dump parsing and durations: pure logic with scripted clocks and slots."""
+
+import pytest
+
+from launcher.cli import parse_duration
+from launcher.errors import UsageError
+from launcher.failures import HangFailure, root_cause
+from launcher.hang import MIN_SAMPLES, HangLimits, HangWatch
+from launcher.heartbeat import BeatReading, HeartbeatBoard
+from launcher.stacks import last_stacks, short_frame
+from worker_lib import contract as c
+
+
+def slot(beats=0, step=-1, at=0.0, paused=False, pauses=0) -> BeatReading:
+    return BeatReading(beats, step, at, paused, pauses, dump_signal=0, main_thread=0, pid=1)
+
+
+FIXED = HangLimits(init_timeout=60.0, heartbeat_timeout=5.0)
+AUTO = HangLimits(init_timeout=60.0, heartbeat_timeout=None, floor=1.0, factor=10.0)
+
+
+def test_a_script_that_has_not_beaten_is_not_judged_at_all():
+    watch = HangWatch(FIXED, started_at=0.0)
+    readings = {0: slot(), 1: slot(paused=True, at=1.0)}
+    watch.observe(readings)
+    assert watch.overdue(now=10_000.0, readings=readings) == []
+    assert watch.never_beat(now=61.0) and not watch.never_beat(now=59.0)
+
+
+def test_fixed_deadline_between_beats():
+    watch = HangWatch(FIXED, started_at=0.0)
+    readings = {0: slot(beats=3, step=7, at=100.0), 1: slot(beats=3, step=7, at=102.0)}
+    watch.observe(readings)
+    assert watch.overdue(104.9, readings) == []
+    (late,) = watch.overdue(105.5, readings)
+    assert (late.rank, late.phase, late.last_step, late.deadline) == (0, "stepping", 7, 5.0)
+    assert late.silent_for == pytest.approx(5.5) and late.silent_since == 100.0
+
+
+def test_a_paused_rank_gets_the_init_timeout_from_the_pause_start():
+    watch = HangWatch(FIXED, started_at=0.0)
+    readings = {0: slot(beats=1, at=10.0), 1: slot(beats=1, at=20.0, paused=True)}
+    watch.observe(readings)
+    assert [o.rank for o in watch.overdue(30.0, readings)] == [0]  # rank 1 saves for 10 s: fine
+    assert {o.rank: o.phase for o in watch.overdue(81.0, readings)} == {0: "stepping", 1: "paused"}
+
+
+def test_a_rank_without_its_first_beat_gets_the_init_timeout_once_the_script_beats():
+    watch = HangWatch(FIXED, started_at=0.0, known_to_beat=True)  # an earlier attempt beat
+    readings = {0: slot(at=0.0), 1: slot(at=30.0)}  # rank 1 ended its init pause at 30 s
+    watch.observe(readings)
+    assert [(o.rank, o.phase) for o in watch.overdue(61.0, readings)] == [(0, "starting")]
+    assert [o.rank for o in watch.overdue(91.0, readings)] == [0, 1]
+
+
+def test_auto_uses_the_init_timeout_until_it_has_learned():
+    watch = HangWatch(AUTO, started_at=0.0)
+    _beat(watch, interval=0.5, beats=MIN_SAMPLES)  # the first interval is not a sample
+    assert watch.step_deadline is None
+    _beat(watch, interval=0.5, beats=2, start=MIN_SAMPLES)
+    assert watch.step_deadline == pytest.approx(5.0)
+
+
+def test_auto_has_a_floor_and_follows_slower_steps():
+    watch = HangWatch(AUTO, started_at=0.0)
+    end = _beat(watch, interval=0.01, beats=50)
+    assert watch.step_deadline == 1.0  # 10 x 10 ms is under the floor
+    _beat(watch, interval=0.3, beats=5, start=50, t0=end)
+    assert watch.step_deadline == pytest.approx(3.0)  # the slower steps reach the p99 at once
+
+
+def test_auto_ignores_intervals_that_contain_a_pause():
+    watch = HangWatch(AUTO, started_at=0.0)
+    end = _beat(watch, interval=0.2, beats=30)
+    watch.observe({0: slot(beats=31, at=end + 300.0, pauses=1)})  # a 5-minute save in between
+    assert watch.step_deadline == pytest.approx(2.0)
+
+
+def test_a_hung_rank_is_blamed_before_peers_waiting_in_a_collective():
+    def hang(rank, step, frame):
+        return HangFailure(rank, rank, 100 + rank, "stepping", 6.0, 5.0, step, 1.0, stack=(frame,))
+
+    waiting = 'File "/v/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce'
+    sleeping = 'File "/w/train.py", line 9 in load_batch'
+    assert root_cause([hang(0, 9, waiting), hang(1, 9, sleeping), hang(2, 9, waiting)]).rank == 1
+    assert root_cause([hang(0, 12, sleeping), hang(1, 9, sleeping)]).rank == 1  # the one behind
+
+
+def test_stack_dump_is_read_back_per_thread(tmp_path):
+    log = tmp_path / "rank_0.log"
+    log.write_text(
+        "step 1\n"
+        "Thread 0x00007f00000000aa (most recent call first):\n"
+        '  File "/usr/lib/python3.11/threading.py", line 320 in wait\n'
+        "\n"
+        "Current thread 0x00007f00000000bb (most recent call first):\n"
+        '  File "/w/train.py", line 37 in sleep_forever\n'
+        '  File "/w/train.py", line 80 in <module>\n'
+        "[after] more output\n"
+    )
+    stacks = last_stacks(log)
+    assert stacks[0x7F00000000AA] == ('File "/usr/lib/python3.11/threading.py", line 320 in wait',)
+    assert (
+        stacks[0x7F00000000BB][0] == 'File "/w/train.py", line 37 in sleep_forever'
+        and len(stacks[0x7F00000000BB]) == 2
+    )
+    assert short_frame(stacks[0x7F00000000BB][0]) == "sleep_forever (train.py:37)"
+    assert last_stacks(tmp_path / "missing.log") == {}
+
+
+def test_board_reads_what_a_worker_writes_into_its_slot(monkeypatch):
+    import worker_lib.progress as hb
+
+    board = HeartbeatBoard(3, "unit")
+    try:
+        monkeypatch.setenv(c.FT_HEARTBEAT_FILE, str(board.path))
+        monkeypatch.setenv(c.LOCAL_RANK, "2")
+        monkeypatch.setattr(hb, "_slot", None)
+        hb.heartbeat(41)
+        hb.heartbeat(42)
+        with hb.pause_heartbeat():
+            assert board.read()[2].paused
+        reading = board.read()[2]
+        assert (reading.beats, reading.step, reading.pauses, reading.paused) == (2, 42, 1, False)
+        assert reading.dump_signal == int(hb.STACK_DUMP_SIGNAL) and reading.main_thread and reading.pid
+        assert board.read()[0] == BeatReading(0, 0, 0.0, False, 0, 0, 0, 0)  # other slots untouched
+    finally:
+        board.close()
+        hb._slot = None
+    assert not board.path.exists()
+
+
+@pytest.mark.parametrize(
+    "text, seconds", [("90", 90.0), ("90s", 90.0), ("1.5m", 90.0), ("2h", 7200.0), ("1d", 86400.0)]
+)
+def test_durations(text, seconds):
+    assert parse_duration(text, "--x") == seconds
+
+
+@pytest.mark.parametrize("text", ["", "m", "ten", "5w", "-3"])
+def test_bad_durations(text):
+    with pytest.raises(UsageError, match="--x"):
+        parse_duration(text, "--x")
+
+
+def _beat(watch: HangWatch, interval: float, beats: int, start: int = 0, t0: float = 0.0) -> float:
+    """One rank beating every ``interval`` s, read after each beat; returns the last beat time."""
+    t = t0
+    for n in range(start + 1, start + beats + 1):
+        t += interval
+        watch.observe({0: slot(beats=n, step=n, at=t)})
+    return t

@@ -1,0 +1,146 @@
+"""Hangs under ftlaunch: real workers that stop beating (a sleep, SIGSTOP, a collective left
+waiting), detected by deadline, their stacks dumped into their logs, the group restarted."""
+
+import re
+
+import pytest
+from helpers import SCRIPTS
+
+BEATER = str(SCRIPTS / "beater.py")
+
+
+def _transitions(launch, attempt):
+    return [e["new"] for e in launch.events("transition") if e["attempt"] == attempt]
+
+
+def test_a_sleeping_rank_is_detected_with_its_stack_and_the_group_restarts(launcher):
+    launch = launcher.run("--nproc", "2", "--heartbeat-timeout", "2", BEATER, "--hang", "sleep")
+
+    assert launch.proc.returncode == 0, launch.stderr
+    (hang,) = launch.events("hang")
+    assert hang["rank"] == 1 and hang["last_step"] == 9 and hang["phase"] == "stepping"
+    assert 2.0 < hang["silent_for"] < 3.0  # detected within the timeout plus 1 s
+    assert _transitions(launch, 0) == ["STARTING", "RUNNING", "HUNG", "STOPPING", "STOPPED"]
+    rank_1 = (launch.log_dir / "attempt_0" / "rank_1.log").read_text()
+    assert re.search(
+        r"Current thread 0x[0-9a-f]+ \(most recent call first\):\n.*line \d+ in sleep_forever", rank_1
+    )
+    assert "rank 1 (pid" in launch.stderr and "hung: no heartbeat for 2." in launch.stderr
+    assert "after step 9, in sleep_forever (beater.py:" in launch.stderr
+    assert (
+        "[0] rank 0 done after 30 steps" in launch.stdout
+        and "[1] rank 1 done after 30 steps" in launch.stdout
+    )
+    assert launch.survivors() == []
+
+
+def test_a_stopped_rank_is_detected_and_cleaned_up(launcher):
+    launch = launcher.run("--nproc", "2", "--heartbeat-timeout", "1", BEATER, "--hang", "stop")
+
+    assert launch.proc.returncode == 0, launch.stderr
+    (hang,) = launch.events("hang")
+    assert hang["rank"] == 1
+    assert "process stopped" in launch.stderr
+    assert "[1] rank 1 done after 30 steps" in launch.stdout
+    assert launch.survivors() == []
+
+
+def test_peers_blocked_in_a_collective_are_stopped_and_the_hung_rank_is_blamed(launcher):
+    launch = launcher.run(
+        "--nproc",
+        "3",
+        "--heartbeat-timeout",
+        "2",
+        "--max-failures",
+        "0",
+        BEATER,
+        "--hang",
+        "sleep",
+        "--collective",
+    )
+
+    assert launch.proc.returncode == 1, launch.stderr
+    assert sorted(h["rank"] for h in launch.events("hang")) == [0, 1, 2]  # every rank went silent
+    assert "root cause: rank 1 (pid" in launch.stderr and "in sleep_forever" in launch.stderr
+    for rank in (0, 2):  # the peers' stacks show where they waited
+        log = (launch.log_dir / "attempt_0" / f"rank_{rank}.log").read_text()
+        assert re.search(r"line \d+ in all_reduce", log), log
+    assert launch.survivors() == []
+
+
+@pytest.mark.parametrize("storage", ["gcs"], indirect=True)
+def test_a_save_longer_than_the_deadline_is_not_a_hang(launcher, storage):
+    launch = launcher.run(
+        "--nproc",
+        "2",
+        "--heartbeat-timeout",
+        "0.5",
+        "--checkpoint-dir",
+        storage.url,
+        BEATER,
+        "--steps",
+        "10",
+        "--save-mb",
+        "96",
+        env=storage.env,
+        timeout=120,
+    )
+
+    assert launch.proc.returncode == 0, launch.stderr
+    took = [float(s) for s in re.findall(r"saved 96 MB in ([\d.]+) s", launch.stdout)]
+    assert len(took) == 2 and min(took) > 1.0, launch.stdout  # twice the deadline, at least
+    assert launch.events("hang") == [] and "attempt 1" not in launch.stderr
+    assert launch.survivors() == []
+
+
+def test_a_script_that_never_beats_is_never_killed_for_silence(launcher):
+    launch = launcher.run(
+        "--nproc",
+        "2",
+        "--init-timeout",
+        "0.5",
+        "--heartbeat-timeout",
+        "0.2",
+        BEATER,
+        "--no-beat",
+        "--steps",
+        "20",
+        "--step-time",
+        "0.1",
+    )
+
+    assert launch.proc.returncode == 0, launch.stderr
+    assert launch.events("hang") == []
+    assert launch.stderr.count("crashes are detected, hangs are not") == 1
+    assert launch.survivors() == []
+
+
+def test_auto_deadline_follows_steps_that_slow_down_3x(launcher):
+    launch = launcher.run(
+        "--nproc",
+        "2",
+        "--heartbeat-floor",
+        "0.2",
+        "--max-failures",
+        "0",
+        BEATER,
+        "--steps",
+        "120",
+        "--slow-from",
+        "80",
+        "--hang",
+        "sleep",
+        "--hang-rank",
+        "0",
+        "--hang-at",
+        "115",
+    )
+
+    assert launch.proc.returncode == 1, launch.stderr
+    learned = [e["seconds"] for e in launch.events("heartbeat_deadline")]
+    (hang,) = launch.events("hang")
+    assert hang["rank"] == 0 and hang["last_step"] == 114  # no false alarm before the real hang
+    # 10x the 50 ms step, then 10x the 150 ms step (each a little more: sleeps overshoot).
+    assert 0.5 <= learned[0] < 1.0 and 1.5 <= hang["deadline"] < 2.5, learned
+    assert hang["silent_for"] < hang["deadline"] + 1.0
+    assert launch.survivors() == []
