@@ -22,7 +22,7 @@ test: install
 
 demo: install
 	rm -rf demo_run
-	$(VENV)/bin/ftlaunch --nproc 2 --log-dir demo_run/logs --checkpoint-dir demo_run/checkpoints \
+	$(VENV)/bin/ftlaunch --nproc 2 --run-dir demo_run \
 		examples/train.py --epochs 15 --crash-at-step 170
 
 bench: install

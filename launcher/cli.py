@@ -4,10 +4,9 @@ Every option can also be set as ``FTLAUNCH_<OPTION>`` (``FTLAUNCH_NPROC=8``), as
 ``PET_*``; the command line wins over the environment.
 """
 
+import hashlib
 import logging
-import os
 import sys
-import time
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -98,6 +97,37 @@ def _say(line: str) -> None:
     metavar="DURATION",
     help="The smallest deadline auto sets: covers steps that are rarely slow (evaluation, logging).",
 )
+@click.option(
+    "--run-dir",
+    default="ftlaunch_runs",
+    metavar="URL",
+    help="Where runs live (path or any fsspec URL); <run-dir>/<run-name> holds a run's state, history, "
+    "lock and, by default, its checkpoints and logs.",
+)
+@click.option(
+    "--run-name",
+    default=None,
+    help="Names the run: the same name resumes it  [default: the script's name]",
+)
+@click.option(
+    "--fresh", is_flag=True, help="Start the run anew; its previous state and checkpoints are archived."
+)
+@click.option(
+    "--failure-window",
+    default=None,
+    metavar="DURATION",
+    help="Only failures this recent count against --max-failures  [default: all count]",
+)
+@click.option(
+    "--crash-loop",
+    type=int,
+    default=3,
+    help="Stop early (exit 3) after this many failed attempts in a row without a newer checkpoint; 0: off.",
+)
+@click.option(
+    "--backoff", default="1s", metavar="DURATION", help="Wait before the 2nd restart in a row; doubles."
+)
+@click.option("--max-backoff", default="1m", metavar="DURATION", help="The longest wait between restarts.")
 @click.option("-v", "--verbose", is_flag=True, help="Log the supervisor's own decisions.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
@@ -137,6 +167,13 @@ def config_from_options(
     heartbeat_timeout: str,
     init_timeout: str,
     heartbeat_floor: str,
+    run_dir: str,
+    run_name: Optional[str],
+    fresh: bool,
+    failure_window: Optional[str],
+    crash_loop: int,
+    backoff: str,
+    max_backoff: str,
     script: str,
     script_args: Sequence[str],
 ) -> LaunchConfig:
@@ -144,7 +181,12 @@ def config_from_options(
         raise UsageError("--module and --no-python exclude each other")
     gpus = visible_gpu_count()
     procs = _parse_nproc(nproc, gpus)
-    run_id = run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    name = _check_run_name(run_name or _default_run_name(script, module))
+    run_url = _join(run_dir, name)
+    local = "://" not in run_url or run_url.startswith("file://")
+    run_id = run_id or f"{name}-{hashlib.sha1(run_url.encode()).hexdigest()[:8]}"
+    if log_dir is None:  # logs are written by this node: on the run dir only when it is local
+        log_dir = Path(run_url.replace("file://", "")) / "logs" if local else Path("ftlaunch_logs") / name
     return LaunchConfig(
         entrypoint=script,
         script_args=tuple(script_args),
@@ -152,17 +194,42 @@ def config_from_options(
         nproc=procs,
         max_failures=max_failures,
         backend=resolve_backend(backend, procs, gpus),
-        log_dir=log_dir or Path("ftlaunch_logs") / run_id,
+        log_dir=log_dir,
         grace_period=grace_period,
         run_id=run_id,
         master_addr=master_addr,
         master_port=master_port,
         console_ranks=_parse_ranks(console_ranks),
-        checkpoint_url=checkpoint_dir,
+        checkpoint_url=checkpoint_dir or f"{run_url}/checkpoints",
+        run_url=run_url,
+        run_name=name,
+        fresh=fresh,
+        failure_window=parse_duration(failure_window, "--failure-window") if failure_window else None,
+        crash_loop=crash_loop,
+        backoff=parse_duration(backoff, "--backoff"),
+        backoff_cap=parse_duration(max_backoff, "--max-backoff"),
         init_timeout=parse_duration(init_timeout, "--init-timeout"),
         heartbeat_timeout=_parse_heartbeat_timeout(heartbeat_timeout),
         heartbeat_floor=parse_duration(heartbeat_floor, "--heartbeat-floor"),
     )
+
+
+def _default_run_name(script: str, module: bool) -> str:
+    """The script's name: relaunching the same command finds the same run."""
+    return script.rsplit(".", 1)[-1] if module else Path(script).stem or "run"
+
+
+def _check_run_name(name: str) -> str:
+    if not name or name in (".", "..") or "/" in name or any(ch.isspace() for ch in name):
+        raise UsageError(f"--run-name must be a plain name (no '/', no spaces), got {name!r}")
+    return name
+
+
+def _join(run_dir: str, name: str) -> str:
+    """<run-dir>/<name>; a local run dir becomes absolute, so a relaunch from elsewhere finds it."""
+    if "://" in run_dir:
+        return f"{run_dir.rstrip('/')}/{name}"
+    return str(Path(run_dir).expanduser().resolve() / name)
 
 
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}

@@ -42,6 +42,14 @@ class LaunchConfig:
     init_timeout: float = 900.0  # seconds from start (or a pause) to a beat, once the script beats
     heartbeat_timeout: Optional[float] = None  # seconds between beats; None: auto; 0: off
     heartbeat_floor: float = 120.0  # the smallest deadline auto sets
+    run_url: str = "ftlaunch_runs/run"  # fsspec URL of the run directory: <--run-dir>/<--run-name>
+    run_name: str = "run"
+    fresh: bool = False  # archive a finished run and start it again
+    lease: float = 60.0  # seconds the run lock lasts without renewal
+    failure_window: Optional[float] = None  # seconds; None: every failure counts
+    crash_loop: int = 3  # failed attempts in a row without a newer checkpoint; 0: off
+    backoff: float = 1.0  # seconds before the second restart in a row; doubles after
+    backoff_cap: float = 60.0
     python: str = sys.executable
 
     def __post_init__(self) -> None:
@@ -61,6 +69,10 @@ class LaunchConfig:
             raise UsageError(
                 f"--heartbeat-timeout must be auto, off or seconds, got {self.heartbeat_timeout}"
             )
+        if self.crash_loop < 0:
+            raise UsageError(f"--crash-loop must be 0 (off) or more, got {self.crash_loop}")
+        if self.failure_window is not None and self.failure_window <= 0:
+            raise UsageError("--failure-window must be more than 0 seconds")
         if self.console_ranks is not None:
             outside = sorted(r for r in self.console_ranks if not 0 <= r < self.nproc)
             if outside:
@@ -73,6 +85,17 @@ class LaunchConfig:
     @property
     def detects_hangs(self) -> bool:
         return self.heartbeat_timeout != 0
+
+    @property
+    def checkpoints_in_run_dir(self) -> bool:
+        return self.checkpoint_url == f"{self.run_url}/checkpoints"
+
+    def to_json(self) -> dict:
+        """The configuration as run.json records it."""
+        data = dataclasses.asdict(self)
+        data["log_dir"] = str(self.log_dir)
+        data["console_ranks"] = sorted(self.console_ranks) if self.console_ranks is not None else None
+        return data
 
     def shows_on_console(self, rank: int) -> bool:
         return self.console_ranks is None or rank in self.console_ranks
@@ -110,6 +133,7 @@ def preflight(config: LaunchConfig) -> None:
     """Checks against the world (files, directories) that must pass before any worker starts."""
     _check_entrypoint(config)
     _check_log_dir_writable(config.log_dir)
+    _check_run_dir(config.run_url)
     if config.checkpoint_url:
         _check_checkpoint_storage(config.checkpoint_url)
 
@@ -129,6 +153,16 @@ def _check_log_dir_writable(log_dir: Path) -> None:
         probe.unlink()
     except OSError as err:
         raise UsageError(f"log dir {log_dir} is not writable: {err.strerror or err}") from None
+
+
+def _check_run_dir(url: str) -> None:
+    from launcher.run_dir import RunDir
+    from worker_lib.storage import StorageError
+
+    try:
+        RunDir(url).check_writable()
+    except StorageError as err:  # a malformed URL fails before the probe
+        raise UsageError(str(err).replace("checkpoint storage", "run dir")) from None
 
 
 def _check_checkpoint_storage(url: str) -> None:

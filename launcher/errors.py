@@ -3,18 +3,19 @@
 import enum
 import signal
 
-__all__ = ["ExitCode", "FtlaunchError", "UsageError", "exit_code_for_signal"]
+__all__ = ["ExitCode", "FtlaunchError", "RunBusy", "UsageError", "exit_code_for_signal"]
 
 
 class ExitCode(enum.IntEnum):
     """What ftlaunch's exit status means (the README's table is written from this)."""
 
-    SUCCESS = 0  # every rank exited 0
+    SUCCESS = 0  # every rank exited 0 (or the run had already succeeded)
     FAILED = 1  # the failure budget is spent
-    USAGE = 2  # bad input; no worker was started
+    USAGE = 2  # bad input, or the run is held by another ftlaunch; no worker was started
+    CRASH_LOOP = 3  # attempts kept failing without a newer checkpoint: stopped early
     INTERRUPTED_SIGHUP = 128 + signal.SIGHUP  # 129
     INTERRUPTED_SIGINT = 128 + signal.SIGINT  # 130
-    INTERRUPTED_SIGTERM = 128 + signal.SIGTERM  # 143
+    PREEMPTED = 128 + signal.SIGTERM  # 143: SIGTERM (scheduler preemption, time limit): requeue me
 
 
 def exit_code_for_signal(signum: int) -> int:
@@ -32,3 +33,7 @@ class UsageError(FtlaunchError):
     """Bad input found before any worker started."""
 
     exit_code = ExitCode.USAGE
+
+
+class RunBusy(UsageError):
+    """Another live ftlaunch holds the run."""

@@ -1,28 +1,105 @@
-"""Restart policy: pure decisions from the failure history, no processes, no clocks read."""
+"""Restart policy: pure decisions from the attempt history and a clock reading passed in.
+
+- budget: at most ``max_failures`` failed attempts (-1: no limit) are restarted, counting only
+  failures inside ``failure_window`` seconds when one is set (systemd's StartLimitIntervalSec);
+- crash loop: ``crash_loop`` failed attempts in a row known to have committed no newer checkpoint
+  stop the run early (0: off; progress is known only where the supervisor sees the checkpoints);
+- backoff: the first failure after progress restarts at once; each further one in a row without
+  known progress waits twice as long, from ``backoff`` seconds up to ``backoff_cap``.
+"""
 
 import dataclasses
+import enum
+from typing import Callable, Optional, Sequence
 
-__all__ = ["FailurePolicy", "RestartDecision"]
+__all__ = ["AttemptOutcome", "AttemptRecord", "RestartPolicy", "RestartDecision", "Verdict"]
+
+
+class AttemptOutcome(str, enum.Enum):
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"  # a rank crashed or hung
+    INTERRUPTED = "INTERRUPTED"  # SIGINT/SIGHUP to ftlaunch
+    PREEMPTED = "PREEMPTED"  # SIGTERM to ftlaunch: the scheduler wants the node back
+    SUPERVISOR_LOST = "SUPERVISOR_LOST"  # its supervisor died; found by the next one
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptRecord:
+    """What the policy needs to know of one finished attempt."""
+
+    attempt: int
+    outcome: AttemptOutcome
+    ended_at: float  # seconds, on the clock ``now`` is read from
+    progressed: Optional[bool] = None  # committed a newer checkpoint; None: cannot tell
+
+
+class Verdict(str, enum.Enum):
+    RESTART = "RESTART"
+    BUDGET_SPENT = "BUDGET_SPENT"
+    CRASH_LOOP = "CRASH_LOOP"
 
 
 @dataclasses.dataclass(frozen=True)
 class RestartDecision:
-    restart: bool
+    verdict: Verdict
     reason: str
+    delay: float = 0.0  # seconds to wait before the restart
+
+    @property
+    def restart(self) -> bool:
+        return self.verdict is Verdict.RESTART
 
 
 @dataclasses.dataclass(frozen=True)
-class FailurePolicy:
-    """``max_failures`` failed groups are restarted; the next one ends the run (-1: never)."""
+class RestartPolicy:
+    max_failures: int = 3
+    failure_window: Optional[float] = None  # seconds; None: every failure counts
+    crash_loop: int = 3
+    backoff: float = 1.0
+    backoff_cap: float = 60.0
 
-    max_failures: int
+    def after_failure(self, history: Sequence[AttemptRecord], now: float) -> RestartDecision:
+        """``history``: the attempts that count, oldest first, the one that just failed last."""
+        stuck = _failures_in_a_row(history, lambda r: r.progressed is False)
+        if self.crash_loop > 0 and stuck >= self.crash_loop:
+            return RestartDecision(
+                Verdict.CRASH_LOOP, f"crash loop: {stuck} attempts in a row failed without a newer checkpoint"
+            )
+        counted = self.counted_failures(history, now)
+        window = f" in the last {self.failure_window:g} s" if self.failure_window is not None else ""
+        if self.max_failures >= 0 and counted > self.max_failures:
+            if self.max_failures == 0:
+                return RestartDecision(Verdict.BUDGET_SPENT, "no failures allowed (--max-failures 0)")
+            return RestartDecision(
+                Verdict.BUDGET_SPENT,
+                f"failure budget spent ({counted} failures{window}, {self.max_failures} allowed)",
+            )
+        limit = "no limit" if self.max_failures < 0 else f"of {self.max_failures} allowed"
+        in_a_row = _failures_in_a_row(history, lambda r: r.progressed is not True)
+        return RestartDecision(Verdict.RESTART, f"failure {counted}{window} ({limit})", self.delay(in_a_row))
 
-    def after_failure(self, failures_so_far: int) -> RestartDecision:
-        """``failures_so_far`` counts failed groups, the one that just failed included."""
-        if self.max_failures < 0:
-            return RestartDecision(True, f"failure {failures_so_far} (no limit)")
-        if failures_so_far <= self.max_failures:
-            return RestartDecision(True, f"failure {failures_so_far} of {self.max_failures} allowed")
-        if self.max_failures == 0:
-            return RestartDecision(False, "no failures allowed (--max-failures 0)")
-        return RestartDecision(False, f"failure budget spent ({self.max_failures} allowed)")
+    def counted_failures(self, history: Sequence[AttemptRecord], now: float) -> int:
+        return sum(
+            1
+            for a in history
+            if a.outcome is AttemptOutcome.FAILED
+            and (self.failure_window is None or now - a.ended_at <= self.failure_window)
+        )
+
+    def delay(self, failures_in_a_row: int) -> float:
+        if failures_in_a_row <= 1:
+            return 0.0
+        return min(self.backoff_cap, self.backoff * 2 ** (failures_in_a_row - 2))
+
+
+def _failures_in_a_row(history: Sequence[AttemptRecord], stalled: Callable[[AttemptRecord], bool]) -> int:
+    """Failed attempts at the end of ``history`` for which ``stalled`` holds; any other attempt
+    ends the row, except a lost supervisor (not the workers' doing: it neither ends nor extends it)."""
+    count = 0
+    for record in reversed(history):
+        if record.outcome is AttemptOutcome.SUPERVISOR_LOST:
+            continue
+        if record.outcome is not AttemptOutcome.FAILED or not stalled(record):
+            break
+        count += 1
+    return count

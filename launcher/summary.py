@@ -2,6 +2,7 @@
 
 from typing import List
 
+from launcher.errors import ExitCode
 from launcher.failures import Failure, HangFailure
 from launcher.supervisor import Outcome, RunResult
 
@@ -9,6 +10,8 @@ __all__ = ["summary_lines"]
 
 
 def summary_lines(result: RunResult) -> List[str]:
+    if not result.attempts:  # nothing ran: the run had already succeeded
+        return [result.reason]
     failed = [a for a in result.attempts if a.outcome is Outcome.FAILED]
     lines = [
         f"{_verdict(result)} after {len(result.attempts)} attempt(s), "
@@ -24,8 +27,10 @@ def summary_lines(result: RunResult) -> List[str]:
 
 
 def _verdict(result: RunResult) -> str:
-    if result.exit_code == 0:
+    if result.exit_code == ExitCode.SUCCESS:
         return "SUCCEEDED"
+    if result.exit_code == ExitCode.PREEMPTED:
+        return "PREEMPTED"
     return "STOPPED" if result.attempts[-1].outcome is Outcome.INTERRUPTED else "FAILED"
 
 

@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from typing import BinaryIO, Callable, List, Optional
 
 from launcher.config import LaunchConfig
@@ -18,7 +19,9 @@ from launcher.linux import become_subreaper
 from launcher.logs import LogPump, tail_lines
 from launcher.orphan_guard import OrphanGuard
 from launcher.plan import plan_workers
-from launcher.policy import FailurePolicy
+from launcher.policy import AttemptOutcome, RestartPolicy, Verdict
+from launcher.run import Run
+from launcher.run_state import RunStatus
 from launcher.signals import SignalInbox
 from launcher.stacks import main_thread_stack
 from launcher.state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine
@@ -74,7 +77,10 @@ class Supervisor:
         self.config = config
         self._spawner = spawner or PopenSpawner()
         self._say = say
-        self._policy = FailurePolicy(config.max_failures)
+        self._policy = RestartPolicy(
+            config.max_failures, config.failure_window, config.crash_loop, config.backoff, config.backoff_cap
+        )
+        self._run = Run(config, say)
         self._signals = SignalInbox()
         self._console = (console_out or sys.stdout.buffer, console_err or sys.stderr.buffer)
         self._events: Optional[EventLog] = None
@@ -82,35 +88,71 @@ class Supervisor:
         self._hangs: Optional[HangMonitor] = None
 
     def run(self) -> RunResult:
-        self._open()
+        self._run.hold()  # before anything is written: a second ftlaunch on a live run stops here
         try:
+            self._open()
+            self._run.load(self._events)
+            if self._run.already_succeeded:
+                return self._already_succeeded()
             result = self._run_attempts()
+            self._run.finish(_run_status(result), result.reason, int(result.exit_code))
             self._events.emit("run_end", exit_code=int(result.exit_code), reason=result.reason)
             return result
         finally:
             self._shutdown()
+            self._run.close()
 
     # -- the loop ---------------------------------------------------------------------------
 
     def _run_attempts(self) -> RunResult:
         attempts: List[AttemptResult] = []
         while True:
-            result = self._run_attempt(len(attempts))
+            number = self._run.state.next_attempt
+            before = self._run.newest_checkpoint()
+            entry = self._run.attempt_started(number, before[0] if before else None)
+            result = self._run_attempt(number)
             attempts.append(result)
+            self._run.attempt_ended(
+                entry, _attempt_outcome(result), result.failures, self._run.newest_checkpoint()
+            )
             if result.outcome is Outcome.SUCCEEDED:
                 return RunResult(ExitCode.SUCCESS, attempts, "every rank exited 0")
             if result.outcome is Outcome.INTERRUPTED:
                 name = signal.Signals(result.signum).name
                 return RunResult(exit_code_for_signal(result.signum), attempts, f"interrupted by {name}")
-            failed = sum(a.outcome is Outcome.FAILED for a in attempts)
-            decision = self._policy.after_failure(failed)
+            decision = self._policy.after_failure(self._run.state.history(), time.time())
             self._events.emit(
-                "decision", attempt=result.attempt, restart=decision.restart, reason=decision.reason
+                "decision",
+                attempt=number,
+                verdict=decision.verdict.value,
+                reason=decision.reason,
+                delay=decision.delay,
             )
-            self._say(f"attempt {result.attempt} failed: {result.root_cause.describe()}")
+            self._say(f"attempt {number} failed: {result.root_cause.describe()}")
+            if decision.verdict is Verdict.CRASH_LOOP:
+                since = self._run.state.latest_step
+                where = f"step {since}" if since is not None else "the start"
+                return RunResult(
+                    ExitCode.CRASH_LOOP, attempts, f"{decision.reason}: no progress since {where}"
+                )
             if not decision.restart:
                 return RunResult(ExitCode.FAILED, attempts, decision.reason)
-            self._say(f"restarting the group ({decision.reason})")
+            wait = f"; waiting {decision.delay:g} s first (backoff)" if decision.delay else ""
+            self._say(f"restarting the group ({decision.reason}){wait}")
+            self._pause(decision.delay)
+
+    def _pause(self, seconds: float) -> None:
+        """Wait between attempts, keeping the run's lease; a signal ends the wait."""
+        deadline = time.monotonic() + seconds
+        while self._signals.first is None and time.monotonic() < deadline:
+            self._signals.wait(min(1.0, deadline - time.monotonic()))
+            self._run.keep_alive(time.time())
+
+    def _already_succeeded(self) -> RunResult:
+        state = self._run.state
+        ended = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.updated_at))
+        reason = f"run {state.url} had already succeeded ({ended}); --fresh starts it again"
+        return RunResult(ExitCode.SUCCESS, [], reason)
 
     def _run_attempt(self, attempt: int) -> AttemptResult:
         machine = GroupStateMachine(attempt, self._on_transition)
@@ -168,6 +210,7 @@ class Supervisor:
             if group.all_exited():
                 machine.transition(GroupState.SUCCEEDED)
                 return AttemptResult(machine.attempt, Outcome.SUCCEEDED)
+            self._run.keep_alive(time.time())
             if watch is not None:
                 hung = self._hangs.check(watch, machine.attempt, group, board.read())
                 if hung:
@@ -243,7 +286,9 @@ class Supervisor:
     def _open(self) -> None:
         become_subreaper()
         self._events = EventLog(self.config.log_dir / "events.jsonl")
-        self._events.emit("run_start", run_id=self.config.run_id, config=dataclasses.asdict(self.config))
+        self._events.emit(
+            "run_start", run_id=self.config.run_id, config=self.config.to_json(), pid=os.getpid()
+        )
         self._signals.open()
         self._guard = OrphanGuard()
         if self.config.detects_hangs:
@@ -269,3 +314,19 @@ class Supervisor:
         self._signals.close()
         if self._events is not None:
             self._events.close()
+
+
+def _attempt_outcome(result: AttemptResult) -> AttemptOutcome:
+    if result.outcome is Outcome.INTERRUPTED:
+        return AttemptOutcome.PREEMPTED if result.signum == signal.SIGTERM else AttemptOutcome.INTERRUPTED
+    return AttemptOutcome(result.outcome.value)
+
+
+def _run_status(result: RunResult) -> RunStatus:
+    if result.exit_code == ExitCode.SUCCESS:
+        return RunStatus.SUCCEEDED
+    if result.exit_code == ExitCode.PREEMPTED:
+        return RunStatus.PREEMPTED
+    if result.attempts and result.attempts[-1].outcome is Outcome.INTERRUPTED:
+        return RunStatus.STOPPED
+    return RunStatus.FAILED

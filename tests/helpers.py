@@ -68,7 +68,10 @@ class Launcher:
         marker = uuid.uuid4().hex
         log_dir = log_dir or self.tmp_path / f"logs_{len(self.launches)}"
         full_env = {**os.environ, MARKER: marker, **(env or {})}
-        argv = [sys.executable, "-m", "launcher", "--log-dir", str(log_dir), *args]
+        argv = [sys.executable, "-m", "launcher", "--log-dir", str(log_dir)]
+        if "--run-dir" not in args:  # runs live in the test's own directory, never the repo's
+            argv += ["--run-dir", str(self.tmp_path / "runs")]
+        argv += args
         proc = subprocess.Popen(
             argv,
             env=full_env,

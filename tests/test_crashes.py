@@ -58,6 +58,8 @@ def test_budget_spent_exits_nonzero_with_every_failure_and_the_log_tail(launcher
         "2",
         "--max-failures",
         "2",
+        "--crash-loop",
+        "0",
         str(ACTOR),
         "--fail",
         "exit",
@@ -68,7 +70,10 @@ def test_budget_spent_exits_nonzero_with_every_failure_and_the_log_tail(launcher
     )
 
     assert launch.proc.returncode == 1
-    assert "FAILED after 3 attempt(s), 3 failed group(s): failure budget spent (2 allowed)" in launch.stderr
+    assert (
+        "FAILED after 3 attempt(s), 3 failed group(s): failure budget spent (3 failures, 2 allowed)"
+        in launch.stderr
+    )
     for attempt in range(3):
         assert f"attempt {attempt}: rank 1 (pid" in launch.stderr
     assert "root cause: rank 1" in launch.stderr
@@ -106,6 +111,8 @@ def test_unlimited_failures(launcher):
         "1",
         "--max-failures",
         "-1",
+        "--crash-loop",
+        "0",
         str(ACTOR),
         "--fail",
         "exit",

@@ -10,18 +10,9 @@ from launcher.config import EntryKind, LaunchConfig, resolve_backend
 from launcher.errors import UsageError
 from launcher.failures import ErrorRecord, ProcessFailure, describe_exit, read_error_file, root_cause
 from launcher.plan import plan_workers
-from launcher.policy import FailurePolicy
 from launcher.state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine, IllegalTransition
 from worker_lib import contract
 from worker_lib.backend import choose_backend
-
-
-@pytest.mark.parametrize(
-    "max_failures, failures, restart",
-    [(0, 1, False), (1, 1, True), (1, 2, False), (3, 3, True), (3, 4, False), (-1, 1000, True)],
-)
-def test_failure_budget(max_failures, failures, restart):
-    assert FailurePolicy(max_failures).after_failure(failures).restart is restart
 
 
 def test_state_machine_follows_the_table_and_reports_every_transition():

@@ -330,22 +330,31 @@ class CheckpointManager:
     # -- listing ----------------------------------------------------------------------------
 
     def _steps(self) -> List[int]:
-        names = self.storage.list_names()
-        return sorted(
-            int(n[len(_STEP_PREFIX) :])
-            for n in names
-            if n.startswith(_STEP_PREFIX) and n[len(_STEP_PREFIX) :].isdigit()
-        )
+        return step_numbers(self.storage)
 
     def _markers(self) -> Iterator[Tuple[int, Dict[str, Any]]]:
-        """Committed steps, newest first, with their markers."""
-        for step in reversed(self._steps()):
-            try:
-                yield step, json.loads(self.storage.read_bytes(f"{step_dir(step)}/{MARKER}"))
-            except FileNotFoundError:
-                continue  # not committed: does not exist for readers
-            except (ValueError, StorageError) as err:
-                log.warning("checkpoint step %d: unreadable commit marker (%s); skipped", step, err)
+        return committed_steps(self.storage)
+
+
+def step_numbers(storage: Storage) -> List[int]:
+    """Every step folder, committed or not, oldest first."""
+    names = storage.list_names()
+    return sorted(
+        int(n[len(_STEP_PREFIX) :])
+        for n in names
+        if n.startswith(_STEP_PREFIX) and n[len(_STEP_PREFIX) :].isdigit()
+    )
+
+
+def committed_steps(storage: Storage) -> Iterator[Tuple[int, Dict[str, Any]]]:
+    """Committed steps, newest first, with their markers (the supervisor reads these too)."""
+    for step in reversed(step_numbers(storage)):
+        try:
+            yield step, json.loads(storage.read_bytes(f"{step_dir(step)}/{MARKER}"))
+        except FileNotFoundError:
+            continue  # not committed: does not exist for readers
+        except (ValueError, StorageError) as err:
+            log.warning("checkpoint step %d: unreadable commit marker (%s); skipped", step, err)
 
 
 def _to_cpu(state: Any) -> Any:

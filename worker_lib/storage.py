@@ -78,6 +78,7 @@ class Storage:
 
     def list_names(self, rel: str = "") -> List[str]:
         """Names directly under ``rel``; empty when it does not exist."""
+        self.fs.invalidate_cache(self.path(rel))  # other processes write here: no stale listing
         try:
             entries = self.fs.ls(self.path(rel), detail=False)
         except FileNotFoundError:

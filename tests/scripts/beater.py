@@ -31,6 +31,7 @@ def parse() -> argparse.Namespace:
     )
     p.add_argument("--save-at", type=int, default=5)
     p.add_argument("--no-beat", action="store_true", help="never call ft.heartbeat()")
+    p.add_argument("--save-every", type=int, default=0, help="async checkpoint of the step every N steps")
     return p.parse_args()
 
 
@@ -63,7 +64,12 @@ def main() -> None:
         import torch.distributed as dist
 
         ones = torch.ones(4)
-    for step in range(args.steps):
+    first = 0
+    if args.save_every:
+        ckpt = ft.load_checkpoint()
+        first = ckpt.step + 1 if ckpt else 0
+        print(f"rank {RANK} attempt {ATTEMPT} starts at step {first}", flush=True)
+    for step in range(first, args.steps):
         if args.hang and ATTEMPT == 0 and RANK == args.hang_rank and step == args.hang_at:
             hang(args.hang, step)
         slow = args.slow_from is not None and step >= args.slow_from
@@ -74,6 +80,8 @@ def main() -> None:
             save(step, args.save_mb)
         if not args.no_beat:
             ft.heartbeat(step)
+        if args.save_every and step % args.save_every == 0:
+            ft.save_checkpoint(step, {"step": step})
     print(f"rank {RANK} done after {args.steps} steps", flush=True)
     sys.stdout.flush()
     ft.shutdown()

@@ -1,0 +1,146 @@
+"""A run's home on any fsspec storage: ``run.json`` (its state), ``events.jsonl`` (its history)
+and ``lock.json`` (the supervisor that holds it, and its lease).
+
+One supervisor per run. The holder renews its lease while it lives; another ftlaunch refuses to
+run while the holder may be alive, and takes the run over when the holder is provably dead (same
+host, its pid gone or reused) or its lease has expired. Object stores have no atomic
+create-if-absent through fsspec, so a takeover writes its lock, waits, and reads it back: of two
+supervisors taking over at the same moment, the one whose lock is not there any more refuses.
+"""
+
+import dataclasses
+import json
+import os
+import socket
+import time
+import uuid
+from typing import Any, Dict, List, Optional
+
+import psutil
+
+from launcher.errors import RunBusy, UsageError
+from worker_lib.storage import Storage, StorageError
+
+__all__ = ["Holder", "RunDir", "STATE_FILE", "EVENTS_FILE", "LOCK_FILE"]
+
+STATE_FILE = "run.json"
+EVENTS_FILE = "events.jsonl"
+LOCK_FILE = "lock.json"
+_SETTLE_S = 0.3  # between writing a lock and reading it back
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    """The supervisor that holds a run."""
+
+    host: str
+    pid: int
+    pid_started: float  # the process's start time: tells a reused pid from the holder
+    token: str
+    renewed_at: float  # wall clock: hosts share no monotonic clock
+    lease: float  # seconds after renewed_at until others may take over
+
+    @classmethod
+    def me(cls, lease: float) -> "Holder":
+        pid = os.getpid()
+        started = psutil.Process(pid).create_time()
+        return cls(socket.gethostname(), pid, started, uuid.uuid4().hex, time.time(), lease)
+
+    def provably_dead(self) -> bool:
+        """On this host, with its pid gone or taken by another process."""
+        if self.host != socket.gethostname():
+            return False
+        try:
+            return abs(psutil.Process(self.pid).create_time() - self.pid_started) > 1.0
+        except psutil.NoSuchProcess:
+            return True
+
+    def expired(self, now: float) -> bool:
+        return now - self.renewed_at > self.lease
+
+    def describe(self, now: float) -> str:
+        age = now - self.renewed_at
+        return f"{self.host} pid {self.pid} (lease renewed {age:.0f} s ago, lasts {self.lease:g} s)"
+
+
+class RunDir:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.storage = Storage(url)
+        self._holder: Optional[Holder] = None
+
+    def check_writable(self) -> None:
+        try:
+            self.storage.check_writable("supervisor")
+        except StorageError as err:
+            raise UsageError(str(err).replace("checkpoint storage", "run dir")) from None
+
+    # -- state and history -----------------------------------------------------------------
+
+    def read_state(self) -> Optional[Dict[str, Any]]:
+        try:
+            return json.loads(self.storage.read_bytes(STATE_FILE))
+        except FileNotFoundError:
+            return None
+        except ValueError as err:
+            raise UsageError(f"{self.url}/{STATE_FILE} is not valid JSON ({err}); fix or move it") from None
+
+    def write_state(self, state: Dict[str, Any]) -> None:
+        """Atomic: a reader sees the previous state or this one, never half."""
+        self.storage.write_bytes(STATE_FILE, json.dumps(state, indent=1, default=str).encode())
+
+    def read_events(self) -> List[Dict[str, Any]]:
+        try:
+            text = self.storage.read_bytes(EVENTS_FILE).decode()
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def write_events(self, events: List[Dict[str, Any]]) -> None:
+        data = "".join(json.dumps(e, default=str) + "\n" for e in events)
+        self.storage.write_bytes(EVENTS_FILE, data.encode())
+
+    # -- the lock --------------------------------------------------------------------------
+
+    def acquire(self, lease: float) -> Optional[Holder]:
+        """Hold the run, or raise RunBusy naming its holder. Returns the dead or expired holder
+        taken over from, if any."""
+        now = time.time()
+        previous = self._read_lock()
+        if previous is not None and not previous.provably_dead() and not previous.expired(now):
+            raise RunBusy(f"run {self.url} is held by another ftlaunch: {previous.describe(now)}")
+        me = Holder.me(lease)
+        self._write_lock(me)
+        time.sleep(_SETTLE_S)
+        if (self._read_lock() or me).token != me.token:
+            raise RunBusy(f"run {self.url} was taken by another ftlaunch starting at the same moment")
+        self._holder = me
+        return previous
+
+    def renew(self) -> None:
+        if self._holder is not None:
+            self._holder = dataclasses.replace(self._holder, renewed_at=time.time())
+            self._write_lock(self._holder)
+
+    def renew_due(self, now: float) -> bool:
+        return self._holder is not None and now - self._holder.renewed_at > self._holder.lease / 3
+
+    def release(self) -> None:
+        """Remove the lock if it is still ours."""
+        if self._holder is None:
+            return
+        current = self._read_lock()
+        if current is not None and current.token == self._holder.token:
+            self.storage.fs.rm_file(self.storage.path(LOCK_FILE))
+        self._holder = None
+
+    def _read_lock(self) -> Optional[Holder]:
+        try:
+            return Holder(**json.loads(self.storage.read_bytes(LOCK_FILE)))
+        except FileNotFoundError:
+            return None
+        except (ValueError, TypeError):  # torn or foreign: treat as expired
+            return None
+
+    def _write_lock(self, holder: Holder) -> None:
+        self.storage.write_bytes(LOCK_FILE, json.dumps(dataclasses.asdict(holder)).encode())

@@ -1,0 +1,221 @@
+"""The run directory: a relaunch resumes after the supervisor itself died, one supervisor per
+run, finished runs are not run again by accident, crash loops stop early, any fsspec storage."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import ACTOR, SCRIPTS, wait_for_files
+
+BEATER = str(SCRIPTS / "beater.py")
+
+
+def _state(run_dir, name):
+    return json.loads((run_dir / name / "run.json").read_text())
+
+
+def test_relaunch_after_kill_9_of_the_supervisor_resumes_the_run(launcher, tmp_path):
+    runs = tmp_path / "runs"
+    command = ["--nproc", "2", "--run-dir", str(runs), BEATER, "--steps", "200", "--save-every", "10"]
+    first = launcher.start(*command, log_dir=tmp_path / "logs")
+    wait_for_files(runs / "beater" / "checkpoints", "step_40/COMMITTED", 1, timeout=60)
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.wait()
+    time.sleep(0.5)
+    assert first.survivors() == []  # the orphan guard took the first supervisor's workers down
+
+    second = launcher.run(*command, log_dir=tmp_path / "logs", timeout=120)
+
+    assert second.proc.returncode == 0, second.stderr
+    assert "took the run over from" in second.stderr and ": dead" in second.stderr
+    assert "resuming (RUNNING, 1 attempt(s), newest committed step" in second.stderr
+    resumed = [int(s) for s in _starts(second.stdout, attempt=1)]
+    assert len(resumed) == 2 and resumed[0] == resumed[1] >= 41  # from a step committed before the kill
+    state = _state(runs, "beater")
+    assert state["status"] == "SUCCEEDED"
+    assert [(a["attempt"], a["outcome"]) for a in state["attempts"]] == [
+        (0, "SUPERVISOR_LOST"),
+        (1, "SUCCEEDED"),
+    ]
+    assert state["takeovers"][0]["why"] == "dead"
+    events = [json.loads(line) for line in (runs / "beater" / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events].count("run_start") == 2  # both supervisors' history is kept
+    assert not (runs / "beater" / "lock.json").exists()
+    assert second.survivors() == []
+
+
+def _starts(stdout, attempt):
+    import re
+
+    return re.findall(rf"rank \d attempt {attempt} starts at step (\d+)", stdout)
+
+
+def test_a_second_supervisor_on_a_live_run_is_refused(launcher, tmp_path):
+    ready = tmp_path / "ready"
+    runs = tmp_path / "runs"
+    live = launcher.start(
+        "--run-dir", str(runs), str(ACTOR), "--others", "sleep", "--run-for", "60", "--ready-dir", str(ready)
+    )
+    wait_for_files(ready, "*.pid", 1)
+
+    refused = launcher.run("--run-dir", str(runs), str(ACTOR))
+
+    assert refused.proc.returncode == 2
+    line = refused.stderr.strip()
+    assert line.startswith("ftlaunch: error: run ") and "is held by another ftlaunch" in line
+    assert f"{socket.gethostname()} pid {live.proc.pid}" in line
+    live.proc.send_signal(signal.SIGTERM)  # as a scheduler preempting the job
+    assert live.wait() == 143
+    assert _state(runs, "actor")["status"] == "PREEMPTED"
+    assert live.survivors() == [] and refused.survivors() == []
+
+
+def _write_lock(run, **fields):
+    run.mkdir(parents=True, exist_ok=True)
+    lock = {
+        "host": socket.gethostname(),
+        "pid": 1,
+        "pid_started": 0.0,
+        "token": "x",
+        "renewed_at": time.time(),
+        "lease": 60.0,
+    }
+    (run / "lock.json").write_text(json.dumps({**lock, **fields}))
+
+
+def test_a_lock_left_by_a_dead_supervisor_is_taken_over(launcher, tmp_path):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that no longer runs
+    _write_lock(tmp_path / "runs" / "actor", pid=gone.pid)
+
+    launch = launcher.run(str(ACTOR))
+
+    assert launch.proc.returncode == 0, launch.stderr
+    assert f"took the run over from {socket.gethostname()} pid {gone.pid}" in launch.stderr
+    assert launch.survivors() == []
+
+
+def test_another_hosts_lock_is_respected_until_its_lease_expires(launcher, tmp_path):
+    run = tmp_path / "runs" / "actor"
+    _write_lock(run, host="elsewhere", renewed_at=time.time() - 10)
+    refused = launcher.run(str(ACTOR))
+    assert refused.proc.returncode == 2 and "elsewhere pid 1" in refused.stderr
+
+    _write_lock(run, host="elsewhere", renewed_at=time.time() - 600)
+    launch = launcher.run(str(ACTOR))
+    assert launch.proc.returncode == 0, launch.stderr
+    assert "took the run over from elsewhere pid 1" in launch.stderr and "lease expired" in launch.stderr
+    assert launch.survivors() == []
+
+
+def test_a_succeeded_run_is_not_run_again_unless_fresh(launcher, tmp_path):
+    assert launcher.run(str(ACTOR)).proc.returncode == 0
+
+    again = launcher.run(str(ACTOR))
+    assert again.proc.returncode == 0
+    assert "had already succeeded" in again.stderr and "--fresh starts it again" in again.stderr
+    assert not (again.log_dir / "attempt_0").exists()  # no worker started
+
+    fresh = launcher.run("--fresh", str(ACTOR))
+    assert fresh.proc.returncode == 0, fresh.stderr
+    assert "moved to" in fresh.stderr
+    archived = list((tmp_path / "runs" / "actor" / "archive").glob("*/run.json"))
+    assert len(archived) == 1 and json.loads(archived[0].read_text())["status"] == "SUCCEEDED"
+    assert _state(tmp_path / "runs", "actor")["attempts"][0]["outcome"] == "SUCCEEDED"
+    assert fresh.survivors() == []
+
+
+def test_a_crash_loop_stops_early_with_its_own_exit_code(launcher, tmp_path):
+    launch = launcher.run(
+        "--max-failures",
+        "-1",
+        "--crash-loop",
+        "3",
+        str(ACTOR),
+        "--fail",
+        "exit",
+        "--fail-rank",
+        "0",
+        "--fail-attempts",
+        "all",
+        "--fail-after",
+        "0",
+    )
+
+    assert launch.proc.returncode == 3, launch.stderr
+    assert (
+        "crash loop: 3 attempts in a row failed without a newer checkpoint: no progress since the start"
+        in launch.stderr
+    )
+    assert _state(tmp_path / "runs", "actor")["status"] == "FAILED"
+    assert launch.survivors() == []
+
+
+def test_backoff_waits_between_restarts_that_make_no_progress(launcher):
+    launch = launcher.run(
+        "--max-failures",
+        "2",
+        "--crash-loop",
+        "0",
+        "--backoff",
+        "1s",
+        str(ACTOR),
+        "--fail",
+        "exit",
+        "--fail-rank",
+        "0",
+        "--fail-attempts",
+        "0,1",
+        "--fail-after",
+        "0",
+    )
+
+    assert launch.proc.returncode == 0, launch.stderr
+    assert "waiting 1 s first (backoff)" in launch.stderr
+    running = [e["t_mono"] for e in launch.events("transition") if e["new"] == "RUNNING"]
+    stopped = [e["t_mono"] for e in launch.events("transition") if e["new"] == "STOPPED"]
+    assert running[1] - stopped[0] < 1.0  # the first restart is immediate
+    assert running[2] - stopped[1] >= 1.0  # the second waits
+    assert launch.survivors() == []
+
+
+@pytest.mark.parametrize("storage", ["gcs"], indirect=True)
+def test_the_whole_run_dir_on_a_gcs_emulator(launcher, storage, tmp_path):
+    import fsspec
+
+    command = [
+        "--nproc",
+        "2",
+        "--run-dir",
+        storage.url,
+        BEATER,
+        "--steps",
+        "30",
+        "--save-every",
+        "5",
+        "--hang",
+        "sleep",
+    ]
+    first = launcher.run("--heartbeat-timeout", "1", *command, env=storage.env, timeout=120)
+    assert first.proc.returncode == 0, first.stderr
+
+    fs = fsspec.filesystem("gcs")
+    run = storage.url.replace("gcs://", "") + "/beater"
+    state = json.loads(fs.cat_file(f"{run}/run.json"))
+    assert state["status"] == "SUCCEEDED" and [a["outcome"] for a in state["attempts"]] == [
+        "FAILED",
+        "SUCCEEDED",
+    ]
+    assert state["attempts"][0]["failures"][0]["cause"] == "hang"
+    assert state["latest_step"] == 25 and fs.exists(f"{run}/checkpoints/step_25/COMMITTED")
+    assert b'"event": "hang"' in fs.cat_file(f"{run}/events.jsonl")
+    assert not fs.exists(f"{run}/lock.json")
+
+    again = launcher.run("--heartbeat-timeout", "1", *command, env=storage.env)
+    assert again.proc.returncode == 0 and "had already succeeded" in again.stderr
+    assert first.survivors() == [] and again.survivors() == []
