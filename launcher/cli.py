@@ -182,7 +182,7 @@ def config_from_options(
     gpus = visible_gpu_count()
     procs = _parse_nproc(nproc, gpus)
     name = _check_run_name(run_name or _default_run_name(script, module))
-    run_url = _join(run_dir, name)
+    run_url = join_run_url(run_dir, name)
     local = "://" not in run_url or run_url.startswith("file://")
     run_id = run_id or f"{name}-{hashlib.sha1(run_url.encode()).hexdigest()[:8]}"
     if log_dir is None:  # logs are written by this node: on the run dir only when it is local
@@ -225,7 +225,7 @@ def _check_run_name(name: str) -> str:
     return name
 
 
-def _join(run_dir: str, name: str) -> str:
+def join_run_url(run_dir: str, name: str) -> str:
     """<run-dir>/<name>; a local run dir becomes absolute, so a relaunch from elsewhere finds it."""
     if "://" in run_dir:
         return f"{run_dir.rstrip('/')}/{name}"
@@ -276,8 +276,13 @@ def _parse_ranks(value: Optional[str]) -> Optional[frozenset]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The one place where errors become exit codes."""
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        return cli.main(args=argv, prog_name="ftlaunch", standalone_mode=False, auto_envvar_prefix=ENV_PREFIX)
+        if args[:1] == ["status"] and not Path("status").exists():  # `ftlaunch status`, not a script
+            from launcher.status import status_cli
+
+            return status_cli.main(args=args[1:], prog_name="ftlaunch status", standalone_mode=False)
+        return cli.main(args=args, prog_name="ftlaunch", standalone_mode=False, auto_envvar_prefix=ENV_PREFIX)
     except click.exceptions.Exit as done:  # --help, --version
         return done.exit_code
     except click.ClickException as err:

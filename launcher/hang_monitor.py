@@ -15,7 +15,7 @@ from launcher.hang import HangLimits, HangWatch, Overdue
 from launcher.heartbeat import BeatReading
 from launcher.workers import WorkerGroup
 
-__all__ = ["HangMonitor"]
+__all__ = ["HangMonitor", "progress_rows"]
 
 # After the stack-dump signal, before SIGTERM: a pending SIGTERM would be delivered first (Linux
 # delivers lower-numbered signals first) and kill the worker before faulthandler writes.
@@ -121,6 +121,24 @@ class HangMonitor:
         steps = [r.step for r in readings.values() if r.beats]
         others = f"; all ranks at steps {min(steps)}..{max(steps)}" if steps else ""
         self._say(f"behind: {named}{others}")
+
+
+def progress_rows(slots: Dict[int, BeatReading], running: Dict[int, int], now: float) -> List[dict]:
+    """Each running rank's step and beat age, as ``ftlaunch status`` shows them."""
+    rows = []
+    for rank, pid in sorted(running.items()):
+        r = slots.get(rank)
+        beaten = r is not None and r.beats > 0
+        rows.append(
+            {
+                "rank": rank,
+                "pid": pid,
+                "step": r.step if beaten else None,
+                "silent_for": round(now - r.active_at, 3) if r is not None and r.active_at else None,
+                "phase": "paused" if r is not None and r.paused else "stepping" if beaten else "starting",
+            }
+        )
+    return rows
 
 
 def _dump_stacks(running: Dict[int, int], readings: Dict[int, BeatReading]) -> None:

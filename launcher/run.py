@@ -11,7 +11,7 @@ from launcher.config import LaunchConfig
 from launcher.events import EventLog
 from launcher.failures import Failure
 from launcher.policy import AttemptOutcome
-from launcher.run_dir import Holder, RunDir
+from launcher.run_dir import PROGRESS_FILE, Holder, RunDir
 from launcher.run_state import AttemptEntry, FailureEntry, RunState, RunStatus
 
 __all__ = ["Run"]
@@ -153,6 +153,10 @@ class Run:
         except (StorageError, OSError) as err:
             self._say(f"cannot list the checkpoints ({err}); progress unknown")
         return None
+
+    def publish_progress(self, attempt: int, ranks: List[dict]) -> None:
+        """The live ranks' steps and beat ages, for ``ftlaunch status`` on any machine."""
+        self.dir.write_json(PROGRESS_FILE, {"attempt": attempt, "written_at": time.time(), "ranks": ranks})
 
     def keep_alive(self, now: float) -> None:
         if self.dir.renew_due(now):

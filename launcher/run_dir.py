@@ -21,9 +21,10 @@ import psutil
 from launcher.errors import RunBusy, UsageError
 from worker_lib.storage import Storage, StorageError
 
-__all__ = ["Holder", "RunDir", "STATE_FILE", "EVENTS_FILE", "LOCK_FILE"]
+__all__ = ["Holder", "RunDir", "STATE_FILE", "EVENTS_FILE", "LOCK_FILE", "PROGRESS_FILE"]
 
 STATE_FILE = "run.json"
+PROGRESS_FILE = "progress.json"  # the live ranks' steps and beat ages, for `ftlaunch status`
 EVENTS_FILE = "events.jsonl"
 LOCK_FILE = "lock.json"
 _SETTLE_S = 0.3  # between writing a lock and reading it back
@@ -89,6 +90,15 @@ class RunDir:
         """Atomic: a reader sees the previous state or this one, never half."""
         self.storage.write_bytes(STATE_FILE, json.dumps(state, indent=1, default=str).encode())
 
+    def read_json(self, name: str) -> Optional[Any]:
+        try:
+            return json.loads(self.storage.read_bytes(name))
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def write_json(self, name: str, data: Any) -> None:
+        self.storage.write_bytes(name, json.dumps(data, default=str).encode())
+
     def read_events(self) -> List[Dict[str, Any]]:
         try:
             text = self.storage.read_bytes(EVENTS_FILE).decode()
@@ -133,6 +143,9 @@ class RunDir:
         if current is not None and current.token == self._holder.token:
             self.storage.fs.rm_file(self.storage.path(LOCK_FILE))
         self._holder = None
+
+    def read_lock(self) -> Optional[Holder]:
+        return self._read_lock()
 
     def _read_lock(self) -> Optional[Holder]:
         try:

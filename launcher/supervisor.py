@@ -13,7 +13,7 @@ from launcher.config import LaunchConfig
 from launcher.errors import ExitCode, FtlaunchError, UsageError, exit_code_for_signal
 from launcher.events import EventLog
 from launcher.failures import Failure, HangFailure, ProcessFailure, read_error_file, root_cause
-from launcher.hang_monitor import HangMonitor
+from launcher.hang_monitor import HangMonitor, progress_rows
 from launcher.heartbeat import HeartbeatBoard
 from launcher.linux import become_subreaper
 from launcher.logs import LogPump, tail_lines
@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 # The timeout only bounds how long a missed wakeup could go unnoticed.
 _MONITOR_TIMEOUT_S = 0.05
 _LOG_TAIL_LINES = 20
+_PROGRESS_EVERY_S = 5.0  # how often the live ranks' steps go to the run dir for `ftlaunch status`
 
 
 class Outcome(str, enum.Enum):
@@ -86,6 +87,7 @@ class Supervisor:
         self._events: Optional[EventLog] = None
         self._guard: Optional[OrphanGuard] = None
         self._hangs: Optional[HangMonitor] = None
+        self._next_progress = 0.0
 
     def run(self) -> RunResult:
         self._run.hold()  # before anything is written: a second ftlaunch on a live run stops here
@@ -212,11 +214,19 @@ class Supervisor:
                 return AttemptResult(machine.attempt, Outcome.SUCCEEDED)
             self._run.keep_alive(time.time())
             if watch is not None:
-                hung = self._hangs.check(watch, machine.attempt, group, board.read())
+                slots = board.read()
+                self._publish_progress(machine.attempt, group, slots)
+                hung = self._hangs.check(watch, machine.attempt, group, slots)
                 if hung:
                     machine.transition(GroupState.HUNG, ranks=[f.rank for f in hung])
                     return AttemptResult(machine.attempt, Outcome.FAILED, hung)
             self._signals.wait(_MONITOR_TIMEOUT_S)
+
+    def _publish_progress(self, attempt: int, group: WorkerGroup, slots) -> None:
+        now = time.monotonic()
+        if now >= self._next_progress:
+            self._next_progress = now + _PROGRESS_EVERY_S
+            self._run.publish_progress(attempt, progress_rows(slots, group.running(), now))
 
     def _record_exit(self, attempt: int, exited: Exit, failures: List[Failure]) -> None:
         self._events.emit(

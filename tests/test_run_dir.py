@@ -3,6 +3,7 @@ run, finished runs are not run again by accident, crash loops stop early, any fs
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -219,3 +220,51 @@ def test_the_whole_run_dir_on_a_gcs_emulator(launcher, storage, tmp_path):
     again = launcher.run("--heartbeat-timeout", "1", *command, env=storage.env)
     assert again.proc.returncode == 0 and "had already succeeded" in again.stderr
     assert first.survivors() == [] and again.survivors() == []
+
+
+def _status(*args):
+    import contextlib
+    import io
+
+    from launcher.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["status", *args])
+    return code, out.getvalue()
+
+
+def test_status_of_a_live_and_of_a_finished_run(launcher, tmp_path):
+    runs = tmp_path / "runs"
+    live = launcher.start(
+        "--nproc", "2", "--run-dir", str(runs), BEATER, "--steps", "400", "--save-every", "10"
+    )
+    wait_for_files(runs / "beater" / "checkpoints", "step_20/COMMITTED", 1, timeout=60)
+    deadline = time.monotonic() + 20  # progress is published every 5 s: wait for one with steps
+    while time.monotonic() < deadline:
+        progress = json.loads(_status("--run-dir", str(runs), "beater", "--json")[1])["progress"]
+        if progress and all(r["step"] is not None for r in progress["ranks"]):
+            break
+        time.sleep(0.5)
+
+    code, table = _status("--run-dir", str(runs), "beater")
+    assert code == 0
+    assert f"RUNNING, held by {socket.gethostname()} pid {live.proc.pid}" in table
+    assert re.search(r"checkpoint   step \d+, committed [\d.]+ s ago", table), table
+    assert re.search(r"^\s+0\s+\d+\s+\d+\s+[\d.]+ s ago\s+stepping$", table, re.M), table  # rank 0's row
+    code, text = _status("--run-dir", str(runs), "beater", "--json")
+    report = json.loads(text)
+    assert report["live"] and report["run"]["status"] == "RUNNING" and report["run"]["latest_step"] >= 20
+    assert sorted(r["rank"] for r in report["progress"]["ranks"]) == [0, 1]
+    assert all(r["step"] is not None and r["silent_for"] < 5.0 for r in report["progress"]["ranks"])
+
+    assert live.wait(timeout=120) == 0, live.stderr
+    code, table = _status("--run-dir", str(runs), "beater")
+    assert "status       SUCCEEDED (every rank exited 0)" in table and "ranks of attempt" not in table
+    assert "checkpoint   step 390" in table
+    report = json.loads(_status(str(runs / "beater"), "--json")[1])  # a run's path works too
+    assert not report["live"] and report["run"]["attempts"][0]["outcome"] == "SUCCEEDED"
+    code, listing = _status("--run-dir", str(runs))
+    assert re.search(r"^beater\s+SUCCEEDED\s+1\s+390$", listing, re.M), listing
+    assert _status("--run-dir", str(runs), "nosuchrun")[0] == 2
+    assert live.survivors() == []

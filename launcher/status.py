@@ -1,0 +1,151 @@
+"""``ftlaunch status [RUN] [--run-dir URL] [--json]``: what a run is doing or did.
+
+Reads only the run directory (run.json, lock.json, progress.json), so it works from any
+machine that can reach the storage, while the run is live or long after.
+"""
+
+import json
+import time
+from typing import Any, Dict, List, Optional
+
+import click
+
+from launcher.errors import UsageError
+from launcher.failures import seconds
+from launcher.run_dir import LOCK_FILE, PROGRESS_FILE, RunDir
+
+__all__ = ["status_cli", "run_status"]
+
+
+@click.command(name="ftlaunch status")
+@click.argument("run", required=False)
+@click.option(
+    "--run-dir", default="ftlaunch_runs", metavar="URL", help="Where runs live  [default: ftlaunch_runs]"
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
+def status_cli(run: Optional[str], run_dir: str, as_json: bool) -> int:
+    """Show RUN (a name under --run-dir, or a run's path or URL); without RUN, list the runs."""
+    from launcher.cli import join_run_url
+
+    if run is None:
+        return _list_runs(run_dir, as_json)
+    url = run if ("/" in run or "://" in run) else join_run_url(run_dir, run)
+    report = run_status(url)
+    click.echo(json.dumps(report, indent=1, default=str) if as_json else "\n".join(_table(report)))
+    return 0
+
+
+def run_status(url: str) -> Dict[str, Any]:
+    """The run's state, whether a supervisor holds it now, and its ranks' progress if so."""
+    run = RunDir(url)
+    state = run.read_state()
+    if state is None:
+        raise UsageError(f"no run at {url} (no run.json)")
+    now = time.time()
+    holder = run.read_lock()
+    live = holder is not None and not holder.provably_dead() and not holder.expired(now)
+    progress = run.read_json(PROGRESS_FILE) if live else None
+    if live:  # the workers commit while the run is live: the storage is newer than run.json
+        state["latest_step"], state["latest_step_at"] = _newest_committed(
+            state, state["config"].get("checkpoint_url")
+        )
+    return {
+        "url": url,
+        "live": live,
+        "holder": holder.describe(now) if live else None,
+        "now": now,
+        "run": state,
+        "progress": progress,
+    }
+
+
+def _newest_committed(state: Dict[str, Any], url: Optional[str]) -> tuple:
+    from worker_lib.checkpoint import committed_steps
+    from worker_lib.storage import Storage, StorageError
+
+    try:
+        for step, marker in committed_steps(Storage(url)) if url else ():
+            return step, marker.get("time")
+    except (StorageError, OSError):
+        pass
+    return state.get("latest_step"), state.get("latest_step_at")
+
+
+def _list_runs(run_dir: str, as_json: bool) -> int:
+    from launcher.cli import join_run_url
+
+    base = RunDir(join_run_url(run_dir, "."))
+    rows = []
+    for name in sorted(base.storage.list_names()):
+        state = RunDir(join_run_url(run_dir, name)).read_state() if name != LOCK_FILE else None
+        if state is not None:
+            rows.append(
+                {
+                    "name": name,
+                    "status": state["status"],
+                    "attempts": len(state["attempts"]),
+                    "latest_step": state.get("latest_step"),
+                }
+            )
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+    elif not rows:
+        click.echo(f"no runs under {run_dir}")
+    else:
+        click.echo(f"{'run':<24} {'status':<10} {'attempts':>8} {'latest step':>12}")
+        for r in rows:
+            step = "-" if r["latest_step"] is None else r["latest_step"]
+            click.echo(f"{r['name']:<24} {r['status']:<10} {r['attempts']:>8} {step:>12}")
+    return 0
+
+
+def _table(report: Dict[str, Any]) -> List[str]:
+    state, now = report["run"], report["now"]
+    attempts = state["attempts"]
+    failed = [a for a in attempts if a["outcome"] == "FAILED"]
+    causes: Dict[str, int] = {}
+    for a in failed:
+        for f in a["failures"][:1]:
+            causes[f["cause"]] = causes.get(f["cause"], 0) + 1
+    status = state["status"] + (f", held by {report['holder']}" if report["live"] else "")
+    if state.get("reason"):
+        status += f" ({state['reason']})"
+    lines = [
+        f"run          {report['url']}",
+        f"status       {status}",
+        f"attempts     {len(attempts)}, {len(failed)} failed"
+        + (f" ({', '.join(f'{n} {c}' for c, n in sorted(causes.items()))})" if causes else ""),
+        f"checkpoint   {_checkpoint(state, now)}",
+        "",
+        f"{'attempt':>7}  {'started':<19}  {'ran':>8}  {'outcome':<16}  {'from step':>9}  first failure",
+    ]
+    for a in attempts:
+        ran = seconds((a["ended_at"] or now) - a["started_at"]) + " s"
+        first = a["failures"][0]["detail"] if a["failures"] else ""
+        step = "-" if a.get("resumed_from_step") is None else a["resumed_from_step"]
+        lines.append(
+            f"{a['attempt']:>7}  {_when(a['started_at']):<19}  {ran:>8}  {a['outcome'] or 'running':<16}  "
+            f"{step:>9}  {first}"
+        )
+    progress = report.get("progress")
+    if progress:
+        age = now - progress["written_at"]
+        lines += ["", f"ranks of attempt {progress['attempt']} (as of {age:.0f} s ago):"]
+        lines.append(f"{'rank':>5}  {'pid':>7}  {'step':>8}  {'last beat':>10}  phase")
+        for r in progress["ranks"]:
+            beat = "-" if r["silent_for"] is None else f"{r['silent_for'] + age:.1f} s ago"
+            step = "-" if r["step"] is None else r["step"]
+            lines.append(f"{r['rank']:>5}  {r['pid']:>7}  {step:>8}  {beat:>10}  {r['phase']}")
+    return lines
+
+
+def _checkpoint(state: Dict[str, Any], now: float) -> str:
+    if state.get("latest_step") is None:
+        return "none committed"
+    at = state.get("latest_step_at")
+    age = f", committed {seconds(now - at)} s ago" if at else ""
+    return f"step {state['latest_step']}{age}"
+
+
+def _when(wall: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(wall))
