@@ -55,6 +55,7 @@ class HangWatch:
         self._intervals: Deque[float] = collections.deque(maxlen=_WINDOW)
         self._learned: Optional[float] = None
         self._previous: Dict[int, BeatReading] = {}
+        self.all_stepping = False  # every rank has beaten at least once (set by the monitor)
 
     @property
     def step_deadline(self) -> Optional[float]:

@@ -49,6 +49,9 @@ class HangMonitor:
         readings = {rank: r for rank, r in slots.items() if rank in running}
         watch.observe(readings)
         self._known_to_beat = watch.known_to_beat
+        if not watch.all_stepping and readings and all(r.beats > 0 for r in readings.values()):
+            watch.all_stepping = True  # the group's first step: where a recovery ends
+            self._events.emit("first_step", attempt=attempt)
         self._report_deadline(attempt, watch.step_deadline)
         now = time.monotonic()
         overdue = watch.overdue(now, readings)

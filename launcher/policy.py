@@ -74,9 +74,9 @@ class RestartPolicy:
                 Verdict.BUDGET_SPENT,
                 f"failure budget spent ({counted} failures{window}, {self.max_failures} allowed)",
             )
-        limit = "no limit" if self.max_failures < 0 else f"of {self.max_failures} allowed"
+        limit = " (no limit)" if self.max_failures < 0 else f" of {self.max_failures} allowed"
         in_a_row = _failures_in_a_row(history, lambda r: r.progressed is not True)
-        return RestartDecision(Verdict.RESTART, f"failure {counted}{window} ({limit})", self.delay(in_a_row))
+        return RestartDecision(Verdict.RESTART, f"failure {counted}{window}{limit}", self.delay(in_a_row))
 
     def counted_failures(self, history: Sequence[AttemptRecord], now: float) -> int:
         return sum(

@@ -122,7 +122,7 @@ class Run:
         entry.failures = [FailureEntry.of(f, now) for f in failures]
         if newest is not None:
             entry.checkpoints_seen = True
-            entry.newest_step_at_end = newest[0]
+            entry.newest_step_at_end, entry.newest_step_committed_at = newest
             self.state.latest_step, self.state.latest_step_at = newest
         self.save()
 

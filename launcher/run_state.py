@@ -47,6 +47,7 @@ class AttemptEntry:
     ended_at: Optional[float] = None
     outcome: Optional[str] = None  # an AttemptOutcome value
     newest_step_at_end: Optional[int] = None
+    newest_step_committed_at: Optional[float] = None  # wall clock
     checkpoints_seen: bool = False  # the checkpoint dir could be listed at its end
     failures: List[FailureEntry] = dataclasses.field(default_factory=list)
     recovery: Dict[str, float] = dataclasses.field(default_factory=dict)  # phase → seconds, before it

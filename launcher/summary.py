@@ -4,6 +4,7 @@ from typing import List
 
 from launcher.errors import ExitCode
 from launcher.failures import Failure, HangFailure
+from launcher.recovery import Recovery
 from launcher.supervisor import Outcome, RunResult
 
 __all__ = ["summary_lines"]
@@ -21,9 +22,22 @@ def summary_lines(result: RunResult) -> List[str]:
         extra = len(attempt.failures) - 1
         more = f" (+{extra} more rank(s) failed)" if extra else ""
         lines.append(f"  attempt {attempt.attempt}: {attempt.root_cause.describe()}{more}")
+    for r in result.recoveries:
+        lines.append(f"  recovery after attempt {r.failed}: {_phases(r)}")
+    if result.recoveries:
+        down = sum(r.downtime for r in result.recoveries)
+        lines.append(f"  downtime {down:.2f} s in {len(result.recoveries)} recovery(ies)")
+    if result.goodput is not None:
+        lines.append(f"  goodput {100 * result.goodput:.0f}% (wall time spent on steps that were kept)")
     if failed and result.exit_code != 0:
         lines += _root_cause_detail(failed[-1].root_cause)
     return lines
+
+
+def _phases(r: Recovery) -> str:
+    parts = [("detect", r.detect), ("stop", r.stop), ("restart", r.restart), ("first step", r.first_step)]
+    shown = ", ".join(f"{name} {value:.2f} s" for name, value in parts if value is not None)
+    return f"{shown} (down {r.downtime:.2f} s)"
 
 
 def _verdict(result: RunResult) -> str:

@@ -20,6 +20,7 @@ from launcher.logs import LogPump, tail_lines
 from launcher.orphan_guard import OrphanGuard
 from launcher.plan import plan_workers
 from launcher.policy import AttemptOutcome, RestartPolicy, Verdict
+from launcher.recovery import Recovery, goodput, recoveries
 from launcher.run import Run
 from launcher.run_state import RunStatus
 from launcher.signals import SignalInbox
@@ -62,6 +63,8 @@ class RunResult:
     exit_code: int
     attempts: List[AttemptResult]
     reason: str
+    recoveries: List[Recovery] = dataclasses.field(default_factory=list)
+    goodput: Optional[float] = None  # over the whole run, earlier supervisors included
 
 
 class Supervisor:
@@ -97,6 +100,11 @@ class Supervisor:
             if self._run.already_succeeded:
                 return self._already_succeeded()
             result = self._run_attempts()
+            result = dataclasses.replace(
+                result,
+                recoveries=recoveries(self._events.events),
+                goodput=goodput(self._run.state.attempts, time.time()),
+            )
             self._run.finish(_run_status(result), result.reason, int(result.exit_code))
             self._events.emit("run_end", exit_code=int(result.exit_code), reason=result.reason)
             return result
@@ -207,7 +215,10 @@ class Supervisor:
             for exited in group.poll():
                 self._record_exit(machine.attempt, exited, failures)
             if failures:
-                machine.transition(GroupState.FAILED, root_cause=root_cause(failures).describe())
+                cause = root_cause(failures)
+                machine.transition(
+                    GroupState.FAILED, root_cause=cause.describe(), failed_at=cause.observed_at
+                )
                 return AttemptResult(machine.attempt, Outcome.FAILED, failures)
             if group.all_exited():
                 machine.transition(GroupState.SUCCEEDED)
@@ -218,7 +229,10 @@ class Supervisor:
                 self._publish_progress(machine.attempt, group, slots)
                 hung = self._hangs.check(watch, machine.attempt, group, slots)
                 if hung:
-                    machine.transition(GroupState.HUNG, ranks=[f.rank for f in hung])
+                    cause = root_cause(hung)
+                    machine.transition(
+                        GroupState.HUNG, ranks=[f.rank for f in hung], failed_at=cause.observed_at
+                    )
                     return AttemptResult(machine.attempt, Outcome.FAILED, hung)
             self._signals.wait(_MONITOR_TIMEOUT_S)
 

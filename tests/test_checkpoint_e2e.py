@@ -13,6 +13,8 @@ def _train(launcher, storage, tmp_path, name, *script_args):
     launch = launcher.run(
         "--nproc",
         "2",
+        "--run-name",
+        name,
         "--checkpoint-dir",
         f"{storage.url}/{name}",
         TRAIN,

@@ -1,0 +1,69 @@
+"""How long each recovery took, phase by phase, and how much of the wall time went into steps
+that were kept. Pure: computed from the event log (monotonic times) and the run's attempts."""
+
+import dataclasses
+from typing import Dict, List, Optional, Sequence
+
+from launcher.run_state import AttemptEntry
+
+__all__ = ["Recovery", "goodput", "recoveries"]
+
+_FAILED = ("FAILED", "HUNG")
+
+
+@dataclasses.dataclass(frozen=True)
+class Recovery:
+    """From attempt ``failed`` to the next one; seconds per phase (None: not observed)."""
+
+    failed: int
+    detect: Optional[float]  # failure → the supervisor's verdict
+    stop: float  # verdict → the old group gone
+    restart: float  # → the new group running (backoff and spawn)
+    first_step: Optional[float]  # → every rank of the new group has beaten (needs heartbeats)
+
+    @property
+    def downtime(self) -> float:
+        return sum(p for p in (self.detect, self.stop, self.restart, self.first_step) if p is not None)
+
+
+def recoveries(events: Sequence[dict]) -> List[Recovery]:
+    found = []
+    for attempt in sorted({e["attempt"] for e in events if e.get("new") in _FAILED}):
+        verdict = _first(events, attempt, lambda e: e.get("new") in _FAILED)
+        stopped = _first(events, attempt, lambda e: e.get("new") == "STOPPED")
+        running = _first(events, attempt + 1, lambda e: e.get("new") == "RUNNING")
+        if verdict is None or stopped is None or running is None:
+            continue  # the run ended there
+        failed_at = verdict.get("failed_at")
+        stepped = _first(events, attempt + 1, lambda e: e["event"] == "first_step")
+        found.append(
+            Recovery(
+                failed=attempt,
+                detect=verdict["t_mono"] - failed_at if failed_at is not None else None,
+                stop=stopped["t_mono"] - verdict["t_mono"],
+                restart=running["t_mono"] - stopped["t_mono"],
+                first_step=stepped["t_mono"] - running["t_mono"] if stepped else None,
+            )
+        )
+    return found
+
+
+def goodput(attempts: Sequence[AttemptEntry], now: float) -> Optional[float]:
+    """Share of the run's wall time (first start → ``now``) spent stepping towards what was kept:
+    a succeeded attempt's whole run, a failed one's until its newest commit; None without attempts.
+    Start-up and the work lost after the last commit count against it."""
+    if not attempts:
+        return None
+    kept = 0.0
+    for a in attempts:
+        end = a.ended_at if a.ended_at is not None else now
+        if a.outcome == "SUCCEEDED" or a.outcome is None:
+            kept += end - a.started_at
+        elif a.progressed and a.newest_step_committed_at is not None:
+            kept += max(0.0, min(end, a.newest_step_committed_at) - a.started_at)
+    total = now - attempts[0].started_at
+    return max(0.0, min(1.0, kept / total)) if total > 0 else None
+
+
+def _first(events: Sequence[dict], attempt: int, match) -> Optional[Dict]:
+    return next((e for e in events if e.get("attempt") == attempt and match(e)), None)

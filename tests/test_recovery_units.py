@@ -1,0 +1,43 @@
+"""Recovery phases and goodput from scripted event logs and attempts."""
+
+import pytest
+
+from launcher.recovery import goodput, recoveries
+from launcher.run_state import AttemptEntry
+
+
+def _t(attempt, new, t, **extra):
+    return {"event": "transition", "attempt": attempt, "new": new, "t_mono": t, **extra}
+
+
+def test_each_recovery_is_split_into_phases():
+    events = [
+        _t(0, "RUNNING", 1.0),
+        _t(0, "HUNG", 12.0, failed_at=10.0),
+        _t(0, "STOPPING", 12.0),
+        _t(0, "STOPPED", 12.5),
+        _t(1, "STARTING", 12.6),
+        _t(1, "RUNNING", 13.0),
+        {"event": "first_step", "attempt": 1, "t_mono": 15.0},
+        _t(1, "FAILED", 20.0, failed_at=20.0),
+        _t(1, "STOPPED", 20.1),  # the run ended there: no recovery to report
+    ]
+    (r,) = recoveries(events)
+    assert (r.failed, r.detect, r.stop, r.restart, r.first_step) == (0, 2.0, 0.5, 0.5, 2.0)
+    assert r.downtime == pytest.approx(5.0)
+
+
+def _attempt(n, start, end, outcome, resumed=None, newest=None, committed_at=None):
+    return AttemptEntry(
+        n, start, "host", 1, resumed, end, outcome, newest, committed_at, checkpoints_seen=True
+    )
+
+
+def test_goodput_counts_what_was_kept():
+    attempts = [
+        _attempt(0, 0.0, 40.0, "FAILED", None, 30, 30.0),  # 30 s kept, 10 s lost after the commit
+        _attempt(1, 50.0, 60.0, "FAILED", 30, 30, 30.0),  # no progress: all 10 s lost
+        _attempt(2, 60.0, 100.0, "SUCCEEDED", 30, 50, 99.0),  # all kept
+    ]
+    assert goodput(attempts, now=100.0) == pytest.approx(0.7)
+    assert goodput([], now=1.0) is None
