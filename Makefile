@@ -39,4 +39,4 @@ integration:
 	bash .ci/run
 
 clean:
-	rm -rf $(VENV) demo_run bench_runs ftlaunch_logs .pytest_cache *.egg-info
+	rm -rf $(VENV) demo_run bench_runs ftlaunch_logs ftlaunch_runs .pytest_cache *.egg-info

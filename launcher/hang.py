@@ -56,6 +56,7 @@ class HangWatch:
         self._learned: Optional[float] = None
         self._previous: Dict[int, BeatReading] = {}
         self.all_stepping = False  # every rank has beaten at least once (set by the monitor)
+        self.all_loaded = False  # every rank's checkpoint load has returned (set by the monitor)
 
     @property
     def step_deadline(self) -> Optional[float]:

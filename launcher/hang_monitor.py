@@ -26,7 +26,14 @@ _LAGGARD_REPORT_EVERY_S = 10.0  # at most one "rank N is behind" report per this
 class HangMonitor:
     """One per run: what it learns (that the script beats) carries over to the next attempt."""
 
-    def __init__(self, config: LaunchConfig, events: EventLog, say: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        config: LaunchConfig,
+        events: EventLog,
+        say: Callable[[str], None],
+        on_first_step: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._on_first_step = on_first_step
         self._limits = HangLimits(config.init_timeout, config.heartbeat_timeout, config.heartbeat_floor)
         self._events = events
         self._say = say
@@ -49,9 +56,7 @@ class HangMonitor:
         readings = {rank: r for rank, r in slots.items() if rank in running}
         watch.observe(readings)
         self._known_to_beat = watch.known_to_beat
-        if not watch.all_stepping and readings and all(r.beats > 0 for r in readings.values()):
-            watch.all_stepping = True  # the group's first step: where a recovery ends
-            self._events.emit("first_step", attempt=attempt)
+        self._note_milestones(watch, attempt, readings)
         self._report_deadline(attempt, watch.step_deadline)
         now = time.monotonic()
         overdue = watch.overdue(now, readings)
@@ -66,6 +71,20 @@ class HangMonitor:
                 "crashes are detected, hangs are not"
             )
         return []
+
+    def _note_milestones(self, watch: HangWatch, attempt: int, readings: Dict[int, BeatReading]) -> None:
+        """Every rank has loaded its checkpoint; every rank has stepped (where a recovery ends)."""
+        if not readings:
+            return
+        if not watch.all_loaded and all(r.loaded_at > 0 for r in readings.values()):
+            watch.all_loaded = True
+            self._events.emit(
+                "checkpoint_loaded", attempt=attempt, t_done=max(r.loaded_at for r in readings.values())
+            )
+        if not watch.all_stepping and all(r.beats > 0 for r in readings.values()):
+            watch.all_stepping = True
+            self._events.emit("first_step", attempt=attempt)
+            self._on_first_step()
 
     def _declare_hang(
         self, attempt: int, group: WorkerGroup, overdue: List[Overdue], readings: Dict[int, BeatReading]

@@ -24,6 +24,7 @@ class BeatReading:
     dump_signal: int
     main_thread: int
     pid: int
+    loaded_at: float = 0.0  # when its checkpoint load returned; 0.0: not (yet)
 
 
 class HeartbeatBoard:
@@ -58,6 +59,7 @@ class HeartbeatBoard:
                 dump_signal=w[c.SLOT_DUMP_SIGNAL],
                 main_thread=w[c.SLOT_MAIN_THREAD],
                 pid=w[c.SLOT_PID],
+                loaded_at=w[c.SLOT_LOADED_NS] / 1e9,
             )
         return readings
 

@@ -19,11 +19,15 @@ class Recovery:
     detect: Optional[float]  # failure → the supervisor's verdict
     stop: float  # verdict → the old group gone
     restart: float  # → the new group running (backoff and spawn)
+    load: Optional[float]  # → every rank has loaded its checkpoint: interpreter start, imports,
+    # joining the group and the load itself (worker_lib reports when the load returned)
     first_step: Optional[float]  # → every rank of the new group has beaten (needs heartbeats)
 
     @property
     def downtime(self) -> float:
-        return sum(p for p in (self.detect, self.stop, self.restart, self.first_step) if p is not None)
+        return sum(
+            p for p in (self.detect, self.stop, self.restart, self.load, self.first_step) if p is not None
+        )
 
 
 def recoveries(events: Sequence[dict]) -> List[Recovery]:
@@ -35,6 +39,8 @@ def recoveries(events: Sequence[dict]) -> List[Recovery]:
         if verdict is None or stopped is None or running is None:
             continue  # the run ended there
         failed_at = verdict.get("failed_at")
+        loaded = _first(events, attempt + 1, lambda e: e["event"] == "checkpoint_loaded")
+        loaded_at = loaded["t_done"] if loaded else None  # the workers' own clock reading
         stepped = _first(events, attempt + 1, lambda e: e["event"] == "first_step")
         found.append(
             Recovery(
@@ -42,7 +48,8 @@ def recoveries(events: Sequence[dict]) -> List[Recovery]:
                 detect=verdict["t_mono"] - failed_at if failed_at is not None else None,
                 stop=stopped["t_mono"] - verdict["t_mono"],
                 restart=running["t_mono"] - stopped["t_mono"],
-                first_step=stepped["t_mono"] - running["t_mono"] if stepped else None,
+                load=loaded_at - running["t_mono"] if loaded_at is not None else None,
+                first_step=stepped["t_mono"] - (loaded_at or running["t_mono"]) if stepped else None,
             )
         )
     return found
@@ -57,10 +64,11 @@ def goodput(attempts: Sequence[AttemptEntry], now: float) -> Optional[float]:
     kept = 0.0
     for a in attempts:
         end = a.ended_at if a.ended_at is not None else now
+        stepping_from = a.first_step_at or a.started_at  # start-up is not stepping
         if a.outcome == "SUCCEEDED" or a.outcome is None:
-            kept += end - a.started_at
+            kept += max(0.0, end - stepping_from)
         elif a.progressed and a.newest_step_committed_at is not None:
-            kept += max(0.0, min(end, a.newest_step_committed_at) - a.started_at)
+            kept += max(0.0, min(end, a.newest_step_committed_at) - stepping_from)
     total = now - attempts[0].started_at
     return max(0.0, min(1.0, kept / total)) if total > 0 else None
 

@@ -114,6 +114,10 @@ class Run:
         self.save()
         return entry
 
+    def mark_first_step(self) -> None:
+        """Every rank of the current attempt has stepped: its useful work starts here."""
+        self.state.attempts[-1].first_step_at = time.time()
+
     def attempt_ended(
         self, entry: AttemptEntry, outcome: AttemptOutcome, failures: List[Failure], newest: Optional[tuple]
     ) -> None:

@@ -49,8 +49,8 @@ class AttemptEntry:
     newest_step_at_end: Optional[int] = None
     newest_step_committed_at: Optional[float] = None  # wall clock
     checkpoints_seen: bool = False  # the checkpoint dir could be listed at its end
+    first_step_at: Optional[float] = None  # wall clock: every rank had beaten (needs heartbeats)
     failures: List[FailureEntry] = dataclasses.field(default_factory=list)
-    recovery: Dict[str, float] = dataclasses.field(default_factory=dict)  # phase → seconds, before it
 
     @property
     def progressed(self) -> Optional[bool]:

@@ -35,7 +35,13 @@ def summary_lines(result: RunResult) -> List[str]:
 
 
 def _phases(r: Recovery) -> str:
-    parts = [("detect", r.detect), ("stop", r.stop), ("restart", r.restart), ("first step", r.first_step)]
+    parts = [
+        ("detect", r.detect),
+        ("stop", r.stop),
+        ("restart", r.restart),
+        ("start and load", r.load),
+        ("first step", r.first_step),
+    ]
     shown = ", ".join(f"{name} {value:.2f} s" for name, value in parts if value is not None)
     return f"{shown} (down {r.downtime:.2f} s)"
 

@@ -316,7 +316,7 @@ class Supervisor:
         self._signals.open()
         self._guard = OrphanGuard()
         if self.config.detects_hangs:
-            self._hangs = HangMonitor(self.config, self._events, self._say)
+            self._hangs = HangMonitor(self.config, self._events, self._say, self._run.mark_first_step)
 
     def _open_store(self, attempt: int) -> AttemptStore:
         try:

@@ -18,12 +18,13 @@ def test_each_recovery_is_split_into_phases():
         _t(0, "STOPPED", 12.5),
         _t(1, "STARTING", 12.6),
         _t(1, "RUNNING", 13.0),
+        {"event": "checkpoint_loaded", "attempt": 1, "t_mono": 14.1, "t_done": 14.0},
         {"event": "first_step", "attempt": 1, "t_mono": 15.0},
         _t(1, "FAILED", 20.0, failed_at=20.0),
         _t(1, "STOPPED", 20.1),  # the run ended there: no recovery to report
     ]
     (r,) = recoveries(events)
-    assert (r.failed, r.detect, r.stop, r.restart, r.first_step) == (0, 2.0, 0.5, 0.5, 2.0)
+    assert (r.failed, r.detect, r.stop, r.restart, r.load, r.first_step) == (0, 2.0, 0.5, 0.5, 1.0, 1.0)
     assert r.downtime == pytest.approx(5.0)
 
 
@@ -40,4 +41,6 @@ def test_goodput_counts_what_was_kept():
         _attempt(2, 60.0, 100.0, "SUCCEEDED", 30, 50, 99.0),  # all kept
     ]
     assert goodput(attempts, now=100.0) == pytest.approx(0.7)
+    attempts[2].first_step_at = 70.0  # its first 10 s were start-up
+    assert goodput(attempts, now=100.0) == pytest.approx(0.6)
     assert goodput([], now=1.0) is None

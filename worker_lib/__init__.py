@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional
 
 from worker_lib import contract
 from worker_lib.backend import choose_backend
-from worker_lib.progress import heartbeat, pause_heartbeat, stop_beating
+from worker_lib.progress import heartbeat, mark_loaded, pause_heartbeat, stop_beating
 from worker_lib.retention import RetentionPolicy
 
 __all__ = [
@@ -88,7 +88,9 @@ def save_checkpoint(
 def load_checkpoint():
     """The newest checkpoint every rank completed and can verify, or None on a fresh run."""
     with pause_heartbeat():
-        return _checkpoints().load()
+        found = _checkpoints().load()
+    mark_loaded()
+    return found
 
 
 def checkpoint_dir(step: int, metrics: Optional[Dict[str, float]] = None):
@@ -107,7 +109,9 @@ def latest_checkpoint_dir() -> Optional[str]:
 
     session = _require_session()
     with pause_heartbeat():
-        return latest_directory(_checkpoints(), session.info.run_id, session.info.attempt)
+        found = latest_directory(_checkpoints(), session.info.run_id, session.info.attempt)
+    mark_loaded()
+    return found
 
 
 def wait_for_checkpoint() -> None:

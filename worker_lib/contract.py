@@ -38,6 +38,7 @@ __all__ = [
     "SLOT_DUMP_SIGNAL",
     "SLOT_MAIN_THREAD",
     "SLOT_PID",
+    "SLOT_LOADED_NS",
 ]
 
 # torchrun's variables (torch/distributed/elastic/agent/server/local_elastic_agent.py).
@@ -89,10 +90,10 @@ FT_CHECKPOINT_URL = "FTLAUNCH_CHECKPOINT_URL"  # fsspec URL of the checkpoint ro
 # outside ftlaunch: heartbeats then go to a private page nobody reads.
 FT_HEARTBEAT_FILE = "FTLAUNCH_HEARTBEAT_FILE"
 
-# A slot is SLOT_WORDS native int64 words (64 bytes: one cache line per rank). Each word has
+# A slot is SLOT_WORDS native int64 words (128 bytes: two cache lines per rank). Each word has
 # one writer: the worker. Aligned 8-byte stores are atomic, so the supervisor's reads may be
 # stale by a beat but never torn.
-SLOT_WORDS = 8
+SLOT_WORDS = 16
 SLOT_BEATS = 0  # ft.heartbeat() calls so far in this process
 SLOT_STEP = 1  # the step passed to the last beat (-1: none given)
 SLOT_TIME_NS = 2  # CLOCK_MONOTONIC ns of the last beat, pause start or pause end
@@ -101,3 +102,5 @@ SLOT_PAUSES = 4  # pauses ended so far (tells the supervisor an interval contain
 SLOT_DUMP_SIGNAL = 5  # the signal that makes this worker write its stacks to stderr; 0: none
 SLOT_MAIN_THREAD = 6  # threading.main_thread().ident, to find its stack in the dump
 SLOT_PID = 7  # the process that attached to the slot
+SLOT_LOADED_NS = 8  # CLOCK_MONOTONIC ns when ft.load_checkpoint() (or latest_checkpoint_dir) returned
+# 9..15: spare, zero

@@ -21,7 +21,7 @@ from typing import Iterator, Optional
 
 from worker_lib import contract as c
 
-__all__ = ["heartbeat", "pause_heartbeat", "stop_beating", "STACK_DUMP_SIGNAL"]
+__all__ = ["heartbeat", "mark_loaded", "pause_heartbeat", "stop_beating", "STACK_DUMP_SIGNAL"]
 
 # A real-time signal: no default meaning to any library we know of, unlike SIGUSR1/2, which
 # SLURM's --signal and many training scripts use. Its default action would kill the process,
@@ -60,6 +60,12 @@ def pause_heartbeat() -> Iterator[None]:
         slot[c.SLOT_TIME_NS] = time.monotonic_ns()
         slot[c.SLOT_PAUSES] += 1
         slot[c.SLOT_PAUSED] -= 1
+
+
+def mark_loaded() -> None:
+    """The checkpoint is loaded: the supervisor times this phase of a recovery."""
+    slot = _slot if _slot is not None else _attach()
+    slot[c.SLOT_LOADED_NS] = time.monotonic_ns()
 
 
 def stop_beating() -> None:
