@@ -125,6 +125,12 @@ def _say(line: str) -> None:
     help="Stop early (exit 3) after this many failed attempts in a row without a newer checkpoint; 0: off.",
 )
 @click.option(
+    "--max-preemptions",
+    type=int,
+    default=-1,
+    help="Preemptions (SIGTERM) a run may be resumed after; they never count as failures. -1: unlimited.",
+)
+@click.option(
     "--backoff", default="1s", metavar="DURATION", help="Wait before the 2nd restart in a row; doubles."
 )
 @click.option("--max-backoff", default="1m", metavar="DURATION", help="The longest wait between restarts.")
@@ -172,6 +178,7 @@ def config_from_options(
     fresh: bool,
     failure_window: Optional[str],
     crash_loop: int,
+    max_preemptions: int,
     backoff: str,
     max_backoff: str,
     script: str,
@@ -206,6 +213,7 @@ def config_from_options(
         fresh=fresh,
         failure_window=parse_duration(failure_window, "--failure-window") if failure_window else None,
         crash_loop=crash_loop,
+        max_preemptions=max_preemptions,
         backoff=parse_duration(backoff, "--backoff"),
         backoff_cap=parse_duration(max_backoff, "--max-backoff"),
         init_timeout=parse_duration(init_timeout, "--init-timeout"),

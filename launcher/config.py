@@ -48,6 +48,7 @@ class LaunchConfig:
     lease: float = 60.0  # seconds the run lock lasts without renewal
     failure_window: Optional[float] = None  # seconds; None: every failure counts
     crash_loop: int = 3  # failed attempts in a row without a newer checkpoint; 0: off
+    max_preemptions: int = -1  # preempted attempts a run may resume from; -1: unlimited
     backoff: float = 1.0  # seconds before the second restart in a row; doubles after
     backoff_cap: float = 60.0
     python: str = sys.executable
@@ -69,6 +70,8 @@ class LaunchConfig:
             raise UsageError(
                 f"--heartbeat-timeout must be auto, off or seconds, got {self.heartbeat_timeout}"
             )
+        if self.max_preemptions < -1:
+            raise UsageError(f"--max-preemptions must be -1 (unlimited) or more, got {self.max_preemptions}")
         if self.crash_loop < 0:
             raise UsageError(f"--crash-loop must be 0 (off) or more, got {self.crash_loop}")
         if self.failure_window is not None and self.failure_window <= 0:

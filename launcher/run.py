@@ -59,6 +59,10 @@ class Run:
     def already_succeeded(self) -> bool:
         return self.state.status is RunStatus.SUCCEEDED
 
+    @property
+    def preemptions(self) -> int:
+        return sum(a.outcome == AttemptOutcome.PREEMPTED.value for a in self.state.attempts)
+
     def _report_takeover(self, previous: Holder) -> None:
         now = time.time()
         how = "dead" if previous.provably_dead() else "lease expired"
@@ -77,6 +81,9 @@ class Run:
         if was is RunStatus.FAILED:  # a person relaunched a run that gave up: a fresh budget
             state.budget_from = state.next_attempt
         state.status, state.reason, state.exit_code = RunStatus.RUNNING, "", None
+        before = state.config.get("entrypoint")
+        if before != self.config.entrypoint:
+            self._say(f"the run was started with {before}; it goes on with {self.config.entrypoint}")
         state.config = self.config.to_json()
         newest = self.newest_checkpoint()  # the lost supervisor may have seen later commits
         if newest is not None and newest[0] is not None:

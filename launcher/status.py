@@ -103,6 +103,10 @@ def _table(report: Dict[str, Any]) -> List[str]:
     state, now = report["run"], report["now"]
     attempts = state["attempts"]
     failed = [a for a in attempts if a["outcome"] == "FAILED"]
+    others = {
+        o: sum(a["outcome"] == o for a in attempts) for o in ("PREEMPTED", "INTERRUPTED", "SUPERVISOR_LOST")
+    }
+    apart = "".join(f", {n} {o.lower().replace('_', ' ')}" for o, n in others.items() if n)
     causes: Dict[str, int] = {}
     for a in failed:
         for f in a["failures"][:1]:
@@ -114,7 +118,8 @@ def _table(report: Dict[str, Any]) -> List[str]:
         f"run          {report['url']}",
         f"status       {status}",
         f"attempts     {len(attempts)}, {len(failed)} failed"
-        + (f" ({', '.join(f'{n} {c}' for c, n in sorted(causes.items()))})" if causes else ""),
+        + (f" ({', '.join(f'{n} {c}' for c, n in sorted(causes.items()))})" if causes else "")
+        + apart,
         f"checkpoint   {_checkpoint(state, now)}",
         "",
         f"{'attempt':>7}  {'started':<19}  {'ran':>8}  {'outcome':<16}  {'from step':>9}  first failure",

@@ -11,7 +11,7 @@ __all__ = ["summary_lines"]
 
 
 def summary_lines(result: RunResult) -> List[str]:
-    if not result.attempts:  # nothing ran: the run had already succeeded
+    if not result.attempts:  # nothing ran: the run had already succeeded, or may not go on
         return [result.reason]
     failed = [a for a in result.attempts if a.outcome is Outcome.FAILED]
     lines = [

@@ -99,7 +99,15 @@ class Supervisor:
             self._run.load(self._events)
             if self._run.already_succeeded:
                 return self._already_succeeded()
-            result = self._run_attempts()
+            limit = self.config.max_preemptions
+            if 0 <= limit < self._run.preemptions:
+                result = RunResult(
+                    ExitCode.FAILED,
+                    [],
+                    f"preempted {self._run.preemptions} time(s), --max-preemptions {limit}",
+                )
+            else:
+                result = self._run_attempts()
             result = dataclasses.replace(
                 result,
                 recoveries=recoveries(self._events.events),
@@ -116,15 +124,14 @@ class Supervisor:
 
     def _run_attempts(self) -> RunResult:
         attempts: List[AttemptResult] = []
+        newest = self._run.newest_checkpoint()
         while True:
             number = self._run.state.next_attempt
-            before = self._run.newest_checkpoint()
-            entry = self._run.attempt_started(number, before[0] if before else None)
+            entry = self._run.attempt_started(number, newest[0] if newest else None)
             result = self._run_attempt(number)
             attempts.append(result)
-            self._run.attempt_ended(
-                entry, _attempt_outcome(result), result.failures, self._run.newest_checkpoint()
-            )
+            newest = self._run.newest_checkpoint()  # what this attempt left is where the next one starts
+            self._run.attempt_ended(entry, _attempt_outcome(result), result.failures, newest)
             if result.outcome is Outcome.SUCCEEDED:
                 return RunResult(ExitCode.SUCCESS, attempts, "every rank exited 0")
             if result.outcome is Outcome.INTERRUPTED:
@@ -331,6 +338,8 @@ class Supervisor:
     def _on_transition(self, attempt: int, old: Optional[GroupState], new: GroupState, **details) -> None:
         self._events.emit("transition", attempt=attempt, old=old and old.value, new=new.value, **details)
         log.info("attempt %s: %s -> %s", attempt, old and old.value, new.value)
+        if new is GroupState.RUNNING:  # off the recovery's critical path: the workers are starting
+            self._run.save()
 
     def _shutdown(self) -> None:
         if self._guard is not None:

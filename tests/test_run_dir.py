@@ -75,6 +75,13 @@ def test_a_second_supervisor_on_a_live_run_is_refused(launcher, tmp_path):
     assert _state(runs, "actor")["status"] == "PREEMPTED"
     assert live.survivors() == [] and refused.survivors() == []
 
+    # Preemptions are not failures (--max-failures 0 would have stopped at one), and are limited apart.
+    limited = launcher.run("--run-dir", str(runs), "--max-preemptions", "0", str(ACTOR))
+    assert limited.proc.returncode == 1 and "preempted 1 time(s), --max-preemptions 0" in limited.stderr
+    resumed = launcher.run("--run-dir", str(runs), "--max-failures", "0", str(ACTOR))
+    assert resumed.proc.returncode == 0, resumed.stderr
+    assert [a["outcome"] for a in _state(runs, "actor")["attempts"]] == ["PREEMPTED", "SUCCEEDED"]
+
 
 def _write_lock(run, **fields):
     run.mkdir(parents=True, exist_ok=True)
