@@ -138,21 +138,28 @@ def test_a_succeeded_run_is_not_run_again_unless_fresh(launcher, tmp_path):
     assert fresh.survivors() == []
 
 
-def test_a_crash_loop_stops_early_with_its_own_exit_code(launcher, tmp_path):
-    launch = launcher.run(
-        "--max-failures",
-        "-1",
-        "--crash-loop",
-        "3",
+def _rank_0_exits_1(attempts: str):
+    """The actor, with rank 0 exiting 1 at once in the given attempts ("all", or "0,1")."""
+    return (
         str(ACTOR),
         "--fail",
         "exit",
         "--fail-rank",
         "0",
         "--fail-attempts",
-        "all",
+        attempts,
         "--fail-after",
         "0",
+    )
+
+
+def test_a_crash_loop_stops_early_with_its_own_exit_code(launcher, tmp_path):
+    launch = launcher.run(
+        "--max-failures",
+        "-1",
+        "--crash-loop",
+        "3",
+        *_rank_0_exits_1(attempts="all"),
     )
 
     assert launch.proc.returncode == 3, launch.stderr
@@ -172,15 +179,7 @@ def test_backoff_waits_between_restarts_that_make_no_progress(launcher):
         "0",
         "--backoff",
         "1s",
-        str(ACTOR),
-        "--fail",
-        "exit",
-        "--fail-rank",
-        "0",
-        "--fail-attempts",
-        "0,1",
-        "--fail-after",
-        "0",
+        *_rank_0_exits_1(attempts="0,1"),
     )
 
     assert launch.proc.returncode == 0, launch.stderr

@@ -1,0 +1,57 @@
+"""RunDir's lock and state files on a real directory, without a supervisor."""
+
+import dataclasses
+import json
+import os
+
+import pytest
+
+from launcher.errors import RunBusy
+from launcher.run_dir import LOCK_FILE, Holder, RunDir
+
+
+def test_the_lock_is_held_renewed_and_released(tmp_path):
+    run = RunDir(str(tmp_path / "run"))
+    assert run.acquire(lease=30.0) is None  # nobody held it
+    with pytest.raises(RunBusy, match=f"pid {os.getpid()}"):
+        RunDir(str(tmp_path / "run")).acquire(lease=30.0)  # we are alive: a second holder is refused
+
+    held = run.read_lock()
+    assert not run.renew_due(held.renewed_at + 9.0) and run.renew_due(held.renewed_at + 11.0)
+    run.renew()
+    assert run.read_lock().renewed_at >= held.renewed_at and run.read_lock().token == held.token
+
+    run.release()
+    assert not (tmp_path / "run" / LOCK_FILE).exists()
+
+
+def test_release_leaves_a_lock_that_is_not_ours(tmp_path):
+    run = RunDir(str(tmp_path / "run"))
+    run.acquire(lease=30.0)
+    other = dataclasses.replace(run.read_lock(), token="someone-else")
+    (tmp_path / "run" / LOCK_FILE).write_text(json.dumps(dataclasses.asdict(other)))
+    run.release()
+    assert run.read_lock().token == "someone-else"
+
+
+def test_expired_and_dead_holders_are_taken_over(tmp_path):
+    me = Holder.me(lease=30.0)
+    expired = dataclasses.replace(me, host="elsewhere", renewed_at=me.renewed_at - 31.0)
+    assert expired.expired(me.renewed_at) and not expired.provably_dead()
+    reused_pid = dataclasses.replace(me, pid_started=me.pid_started - 100.0)  # our pid, another process
+    assert reused_pid.provably_dead()
+    for previous in (expired, reused_pid):
+        folder = tmp_path / previous.host / str(previous.pid_started)
+        folder.mkdir(parents=True)
+        (folder / LOCK_FILE).write_text(json.dumps(dataclasses.asdict(previous)))
+        run = RunDir(str(folder))
+        assert run.acquire(lease=30.0) == previous
+        run.release()
+
+
+def test_state_is_written_whole(tmp_path):
+    run = RunDir(str(tmp_path / "run"))
+    assert run.read_state() is None
+    run.write_state({"status": "RUNNING", "attempts": []})
+    assert run.read_state() == {"status": "RUNNING", "attempts": []}
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["run.json"]  # no temporary left
