@@ -25,6 +25,7 @@ class BeatReading:
     main_thread: int
     pid: int
     loaded_at: float = 0.0  # when its checkpoint load returned; 0.0: not (yet)
+    stop_aware: bool = False  # it calls ft.should_stop(): it can be asked to stop cleanly
 
 
 class HeartbeatBoard:
@@ -40,7 +41,7 @@ class HeartbeatBoard:
         self._nproc = nproc
         try:
             os.ftruncate(fd, nproc * c.SLOT_WORDS * 8)  # zeros: no beat, no pause, nothing registered
-            self._map = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+            self._map = mmap.mmap(fd, 0)  # read and write: the supervisor writes SLOT_STOP_AT_STEP
         finally:
             os.close(fd)
         self._words = memoryview(self._map).cast("q")
@@ -60,8 +61,14 @@ class HeartbeatBoard:
                 main_thread=w[c.SLOT_MAIN_THREAD],
                 pid=w[c.SLOT_PID],
                 loaded_at=w[c.SLOT_LOADED_NS] / 1e9,
+                stop_aware=bool(w[c.SLOT_STOP_AWARE]),
             )
         return readings
+
+    def request_stop(self, at_step: int) -> None:
+        """Ask every rank to stop once it reaches ``at_step`` (ft.should_stop)."""
+        for rank in range(self._nproc):
+            self._words[rank * c.SLOT_WORDS + c.SLOT_STOP_AT_STEP] = max(1, at_step)
 
     def close(self) -> None:
         self._words.release()

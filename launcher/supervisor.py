@@ -218,6 +218,8 @@ class Supervisor:
         watch = self._hangs.watch_attempt() if board is not None else None
         while True:
             if self._signals.first is not None:
+                if board is not None:
+                    self._ask_to_stop(machine.attempt, group, board)
                 return AttemptResult(machine.attempt, Outcome.INTERRUPTED, signum=self._signals.first)
             for exited in group.poll():
                 self._record_exit(machine.attempt, exited, failures)
@@ -241,6 +243,29 @@ class Supervisor:
                         GroupState.HUNG, ranks=[f.rank for f in hung], failed_at=cause.observed_at
                     )
                     return AttemptResult(machine.attempt, Outcome.FAILED, hung)
+            self._signals.wait(_MONITOR_TIMEOUT_S)
+
+    def _ask_to_stop(self, attempt: int, group: WorkerGroup, board: HeartbeatBoard) -> None:
+        """When every rank calls ft.should_stop(step), give them the grace period to reach a step
+        chosen for all (two past the furthest: none can have checked it yet), save it and leave,
+        before any signal reaches them. A second signal ends the wait."""
+        running = group.running()
+        slots = board.read()
+        if not running or not all(slots[rank].stop_aware for rank in running):
+            return  # a rank that would not stop would leave the others blocked in a collective
+        at_step = max(slots[rank].step for rank in running) + 2
+        board.request_stop(at_step)
+        grace = self.config.grace_period
+        self._events.emit("stop_requested", attempt=attempt, at_step=at_step)
+        self._say(
+            f"asking the workers to save and stop at step {at_step} (up to {grace:g} s; Ctrl+C again: now)"
+        )
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and not self._stop_cut_short():
+            for exited in group.poll():
+                self._record_exit(attempt, exited, [])  # an event; exits here are not failures
+            if group.all_exited():
+                return
             self._signals.wait(_MONITOR_TIMEOUT_S)
 
     def _publish_progress(self, attempt: int, group: WorkerGroup, slots) -> None:

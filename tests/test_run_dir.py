@@ -50,6 +50,29 @@ def test_relaunch_after_kill_9_of_the_supervisor_resumes_the_run(launcher, tmp_p
     assert second.survivors() == []
 
 
+def test_a_preempted_run_saves_one_step_on_every_rank_and_resumes_from_it(launcher, tmp_path):
+    runs = tmp_path / "runs"
+    command = ["--nproc", "2", "--run-dir", str(runs), "--grace-period", "30", BEATER, "--steps", "200"]
+    command += ["--save-every", "1000", "--stop-aware"]  # no periodic save after step 0
+    first = launcher.start(*command)
+    wait_for_files(runs / "beater", "progress.json", 1, timeout=60)
+    time.sleep(1.0)  # well into the steps
+    first.proc.send_signal(signal.SIGTERM)  # a preemption
+
+    assert first.wait(timeout=60) == 143, first.stderr
+    stops = re.findall(r"rank (\d) stopped at step (\d+) on request", first.stdout)
+    assert len(stops) == 2 and stops[0][1] == stops[1][1], first.stdout  # one step, chosen for all
+    step = int(stops[0][1])
+    assert "asking the workers to save and stop at step" in first.stderr
+    assert (runs / "beater" / "checkpoints" / f"step_{step}" / "COMMITTED").exists()
+    assert _state(runs, "beater")["status"] == "PREEMPTED"
+
+    second = launcher.run(*command, timeout=120)
+    assert second.proc.returncode == 0, second.stderr
+    assert [int(s) for s in _starts(second.stdout, attempt=1)] == [step + 1, step + 1]  # nothing lost
+    assert first.survivors() == [] and second.survivors() == []
+
+
 def _starts(stdout, attempt):
     import re
 

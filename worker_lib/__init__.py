@@ -4,6 +4,7 @@
     ckpt = ft.load_checkpoint()                     # None on a fresh run; else .step .state .metrics
     ft.save_checkpoint(step, state, metrics=None)   # every rank; copied now, written in background
     ft.heartbeat(step)                              # every step: progress, for hang detection
+    if ft.should_stop(step): save, then break       # Ctrl+C or a preemption: same step on all ranks
     ft.shutdown()                                   # last: waits for the save, leaves the group
 
 Importing this package stays cheap (no torch at import time): workers that only read their
@@ -15,7 +16,7 @@ from typing import Any, Dict, Optional
 
 from worker_lib import contract
 from worker_lib.backend import choose_backend
-from worker_lib.progress import heartbeat, mark_loaded, pause_heartbeat, stop_beating
+from worker_lib.progress import heartbeat, mark_loaded, pause_heartbeat, should_stop, stop_beating
 from worker_lib.retention import RetentionPolicy
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "info",
     "heartbeat",
     "pause_heartbeat",
+    "should_stop",
     "save_checkpoint",
     "load_checkpoint",
     "wait_for_checkpoint",

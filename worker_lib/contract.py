@@ -39,6 +39,8 @@ __all__ = [
     "SLOT_MAIN_THREAD",
     "SLOT_PID",
     "SLOT_LOADED_NS",
+    "SLOT_STOP_AWARE",
+    "SLOT_STOP_AT_STEP",
 ]
 
 # torchrun's variables (torch/distributed/elastic/agent/server/local_elastic_agent.py).
@@ -91,8 +93,8 @@ FT_CHECKPOINT_URL = "FTLAUNCH_CHECKPOINT_URL"  # fsspec URL of the checkpoint ro
 FT_HEARTBEAT_FILE = "FTLAUNCH_HEARTBEAT_FILE"
 
 # A slot is SLOT_WORDS native int64 words (128 bytes: two cache lines per rank). Each word has
-# one writer: the worker. Aligned 8-byte stores are atomic, so the supervisor's reads may be
-# stale by a beat but never torn.
+# one writer: the worker, except SLOT_STOP_AT_STEP, written by the supervisor. Aligned 8-byte
+# stores are atomic, so a read may be stale by a beat but never torn.
 SLOT_WORDS = 16
 SLOT_BEATS = 0  # ft.heartbeat() calls so far in this process
 SLOT_STEP = 1  # the step passed to the last beat (-1: none given)
@@ -103,4 +105,8 @@ SLOT_DUMP_SIGNAL = 5  # the signal that makes this worker write its stacks to st
 SLOT_MAIN_THREAD = 6  # threading.main_thread().ident, to find its stack in the dump
 SLOT_PID = 7  # the process that attached to the slot
 SLOT_LOADED_NS = 8  # CLOCK_MONOTONIC ns when ft.load_checkpoint() (or latest_checkpoint_dir) returned
-# 9..15: spare, zero
+SLOT_STOP_AWARE = 9  # 1 once the worker has called ft.should_stop(): it can stop cleanly when asked
+# The one word the supervisor writes: when asked to stop (Ctrl+C, SIGTERM), the step from which
+# ft.should_stop(step) is true on every rank; 0: not asked.
+SLOT_STOP_AT_STEP = 10
+# 11..15: spare, zero

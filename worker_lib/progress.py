@@ -21,7 +21,7 @@ from typing import Iterator, Optional
 
 from worker_lib import contract as c
 
-__all__ = ["heartbeat", "mark_loaded", "pause_heartbeat", "stop_beating", "STACK_DUMP_SIGNAL"]
+__all__ = ["heartbeat", "mark_loaded", "pause_heartbeat", "should_stop", "stop_beating", "STACK_DUMP_SIGNAL"]
 
 # A real-time signal: no default meaning to any library we know of, unlike SIGUSR1/2, which
 # SLURM's --signal and many training scripts use. Its default action would kill the process,
@@ -60,6 +60,18 @@ def pause_heartbeat() -> Iterator[None]:
         slot[c.SLOT_TIME_NS] = time.monotonic_ns()
         slot[c.SLOT_PAUSES] += 1
         slot[c.SLOT_PAUSED] -= 1
+
+
+def should_stop(step: int) -> bool:
+    """True when ftlaunch has been asked to stop (Ctrl+C, or SIGTERM: a preemption) and ``step``
+    has reached the step it chose: the same step on every rank, so that all of them can save it
+    together and leave. Call it after ``ft.heartbeat(step)``; until the first call, a stop request
+    goes to this worker as the signal itself."""
+    slot = _slot if _slot is not None else _attach()
+    if not slot[c.SLOT_STOP_AWARE]:
+        slot[c.SLOT_STOP_AWARE] = 1
+    stop_at = slot[c.SLOT_STOP_AT_STEP]
+    return stop_at != 0 and step >= stop_at
 
 
 def mark_loaded() -> None:

@@ -32,6 +32,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--save-at", type=int, default=5)
     p.add_argument("--no-beat", action="store_true", help="never call ft.heartbeat()")
     p.add_argument("--save-every", type=int, default=0, help="async checkpoint of the step every N steps")
+    p.add_argument("--stop-aware", action="store_true", help="save and leave when ft.should_stop(step)")
     return p.parse_args()
 
 
@@ -82,6 +83,10 @@ def main() -> None:
             ft.heartbeat(step)
         if args.save_every and step % args.save_every == 0:
             ft.save_checkpoint(step, {"step": step})
+        if args.stop_aware and ft.should_stop(step):
+            ft.save_checkpoint(step, {"step": step}, blocking=True)
+            print(f"rank {RANK} stopped at step {step} on request", flush=True)
+            break
     print(f"rank {RANK} done after {args.steps} steps", flush=True)
     sys.stdout.flush()
     ft.shutdown()
