@@ -97,7 +97,7 @@ def train(args, device) -> None:
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     if step and rank == 0:
         print(f"resumed from checkpoint at step {step}", flush=True)
-    steps_per_epoch, started = len(loader), time.monotonic()
+    steps_per_epoch, started, loss = len(loader), time.monotonic(), None
     for epoch in range(step // steps_per_epoch, args.epochs):
         sampler.set_epoch(epoch)  # the data order depends on the epoch only: resumes replay it
         for index, (x, y) in enumerate(loader):
@@ -110,6 +110,11 @@ def train(args, device) -> None:
             optimizer.step()
             step += 1
             ft.heartbeat(step)  # progress: a rank that stops beating is a hang, and is restarted
+            if ft.should_stop(step):  # Ctrl+C or a preemption: every rank saves this same step
+                save(step, model, optimizer, loss)
+                if rank == 0:
+                    print(f"stopping at step {step} on request; run the same command to resume", flush=True)
+                return
             if step % args.checkpoint_every == 0:
                 save(step, model, optimizer, loss)
         if rank == 0:
@@ -119,7 +124,7 @@ def train(args, device) -> None:
                 f"test loss {test_loss:.4f} accuracy {acc:.3f}",
                 flush=True,
             )
-    if step % args.checkpoint_every:
+    if loss is not None and step % args.checkpoint_every:
         save(step, model, optimizer, loss)  # the finished model, too
     if rank == 0:
         test_loss, acc = evaluate(model, test_set, device)
