@@ -7,6 +7,8 @@ import tempfile
 from pathlib import Path
 from typing import Dict
 
+import psutil
+
 from worker_lib import contract as c
 
 __all__ = ["BeatReading", "HeartbeatBoard"]
@@ -28,15 +30,27 @@ class BeatReading:
     stop_aware: bool = False  # it calls ft.should_stop(): it can be asked to stop cleanly
 
 
+_PREFIX = "ftlaunch-heartbeat-"  # then the supervisor's pid, the attempt, a random suffix
+
+
+def _remove_orphaned_boards(folder: str) -> None:
+    """Files left by supervisors that were killed (SIGKILL gives no chance to clean up)."""
+    for path in Path(folder).glob(f"{_PREFIX}*"):
+        pid = path.name[len(_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            path.unlink(missing_ok=True)
+
+
 class HeartbeatBoard:
     """Creates the slot file for ``nproc`` local ranks; read by the supervisor, written by workers.
 
     In /dev/shm where there is one (memory, never written back to a disk), else in the temp dir.
     """
 
-    def __init__(self, nproc: int, tag: str) -> None:
+    def __init__(self, nproc: int, attempt: int) -> None:
         folder = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-        fd, name = tempfile.mkstemp(prefix=f"ftlaunch-heartbeat-{tag}-", dir=folder)
+        _remove_orphaned_boards(folder)
+        fd, name = tempfile.mkstemp(prefix=f"{_PREFIX}{os.getpid()}-{attempt}-", dir=folder)
         self.path = Path(name)
         self._nproc = nproc
         try:

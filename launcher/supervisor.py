@@ -174,7 +174,7 @@ class Supervisor:
     def _run_attempt(self, attempt: int) -> AttemptResult:
         machine = GroupStateMachine(attempt, self._on_transition)
         store = self._open_store(attempt)
-        board = HeartbeatBoard(self.config.nproc, f"{os.getpid()}-{attempt}") if self._hangs else None
+        board = HeartbeatBoard(self.config.nproc, attempt) if self._hangs else None
         pump = LogPump(*self._console)
         specs = plan_workers(self.config, attempt, store.port, heartbeat_file=board and board.path)
         group = WorkerGroup(specs, self._spawner, pump, self._guard, self.config.shows_on_console)

@@ -1,5 +1,11 @@
 """Hang deadlines, stack-dump parsing and durations: pure logic with scripted clocks and slots."""
 
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from launcher.cli import parse_duration
@@ -111,7 +117,13 @@ def test_stack_dump_is_read_back_per_thread(tmp_path):
 def test_board_reads_what_a_worker_writes_into_its_slot(monkeypatch):
     import worker_lib.progress as hb
 
-    board = HeartbeatBoard(3, "unit")
+    orphan = Path("/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir())
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = orphan / f"ftlaunch-heartbeat-{dead.pid}-0-left"  # as a killed supervisor leaves it
+    orphan.write_bytes(b"")
+    board = HeartbeatBoard(3, attempt=0)
+    assert not orphan.exists()
     try:
         monkeypatch.setenv(c.FT_HEARTBEAT_FILE, str(board.path))
         monkeypatch.setenv(c.LOCAL_RANK, "2")
