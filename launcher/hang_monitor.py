@@ -24,7 +24,8 @@ _LAGGARD_REPORT_EVERY_S = 10.0  # at most one "rank N is behind" report per this
 
 
 class HangMonitor:
-    """One per run: what it learns (that the script beats) carries over to the next attempt."""
+    """One per run: what it learns (that the script beats) carries over to the next attempt.
+    With ``--heartbeat-timeout off`` it only notes milestones (loaded, first step)."""
 
     def __init__(
         self,
@@ -34,6 +35,7 @@ class HangMonitor:
         on_first_step: Callable[[], None] = lambda: None,
     ) -> None:
         self._on_first_step = on_first_step
+        self._judges = config.detects_hangs
         self._limits = HangLimits(config.init_timeout, config.heartbeat_timeout, config.heartbeat_floor)
         self._events = events
         self._say = say
@@ -57,6 +59,8 @@ class HangMonitor:
         watch.observe(readings)
         self._known_to_beat = watch.known_to_beat
         self._note_milestones(watch, attempt, readings)
+        if not self._judges:  # --heartbeat-timeout off: beats still time recoveries, never kill
+            return []
         self._report_deadline(attempt, watch.step_deadline)
         now = time.monotonic()
         overdue = watch.overdue(now, readings)

@@ -89,7 +89,7 @@ class Supervisor:
         self._console = (console_out or sys.stdout.buffer, console_err or sys.stderr.buffer)
         self._events: Optional[EventLog] = None
         self._guard: Optional[OrphanGuard] = None
-        self._hangs: Optional[HangMonitor] = None
+        self._hangs: Optional[HangMonitor] = None  # built in _open(), with the event log
         self._next_progress = 0.0
 
     def run(self) -> RunResult:
@@ -174,9 +174,9 @@ class Supervisor:
     def _run_attempt(self, attempt: int) -> AttemptResult:
         machine = GroupStateMachine(attempt, self._on_transition)
         store = self._open_store(attempt)
-        board = HeartbeatBoard(self.config.nproc, attempt) if self._hangs else None
+        board = HeartbeatBoard(self.config.nproc, attempt)
         pump = LogPump(*self._console)
-        specs = plan_workers(self.config, attempt, store.port, heartbeat_file=board and board.path)
+        specs = plan_workers(self.config, attempt, store.port, heartbeat_file=board.path)
         group = WorkerGroup(specs, self._spawner, pump, self._guard, self.config.shows_on_console)
         try:
             result = self._start_and_watch(machine, group, board)
@@ -187,12 +187,11 @@ class Supervisor:
         finally:
             pump.close()
             store.close()
-            if board is not None:
-                board.close()
+            board.close()
         return self._with_log_tails(result)
 
     def _start_and_watch(
-        self, machine: GroupStateMachine, group: WorkerGroup, board: Optional[HeartbeatBoard]
+        self, machine: GroupStateMachine, group: WorkerGroup, board: HeartbeatBoard
     ) -> AttemptResult:
         if self._signals.first is not None:  # interrupted between two attempts
             return AttemptResult(machine.attempt, Outcome.INTERRUPTED, signum=self._signals.first)
@@ -212,14 +211,13 @@ class Supervisor:
         self,
         machine: GroupStateMachine,
         group: WorkerGroup,
-        board: Optional[HeartbeatBoard],
+        board: HeartbeatBoard,
     ) -> AttemptResult:
         failures: List[Failure] = []
-        watch = self._hangs.watch_attempt() if board is not None else None
+        watch = self._hangs.watch_attempt()
         while True:
             if self._signals.first is not None:
-                if board is not None:
-                    self._ask_to_stop(machine.attempt, group, board)
+                self._ask_to_stop(machine.attempt, group, board)
                 return AttemptResult(machine.attempt, Outcome.INTERRUPTED, signum=self._signals.first)
             for exited in group.poll():
                 self._record_exit(machine.attempt, exited, failures)
@@ -233,16 +231,13 @@ class Supervisor:
                 machine.transition(GroupState.SUCCEEDED)
                 return AttemptResult(machine.attempt, Outcome.SUCCEEDED)
             self._run.keep_alive(time.time())
-            if watch is not None:
-                slots = board.read()
-                self._publish_progress(machine.attempt, group, slots)
-                hung = self._hangs.check(watch, machine.attempt, group, slots)
-                if hung:
-                    cause = root_cause(hung)
-                    machine.transition(
-                        GroupState.HUNG, ranks=[f.rank for f in hung], failed_at=cause.observed_at
-                    )
-                    return AttemptResult(machine.attempt, Outcome.FAILED, hung)
+            slots = board.read()
+            self._publish_progress(machine.attempt, group, slots)
+            hung = self._hangs.check(watch, machine.attempt, group, slots)
+            if hung:
+                cause = root_cause(hung)
+                machine.transition(GroupState.HUNG, ranks=[f.rank for f in hung], failed_at=cause.observed_at)
+                return AttemptResult(machine.attempt, Outcome.FAILED, hung)
             self._signals.wait(_MONITOR_TIMEOUT_S)
 
     def _ask_to_stop(self, attempt: int, group: WorkerGroup, board: HeartbeatBoard) -> None:
@@ -347,8 +342,7 @@ class Supervisor:
         )
         self._signals.open()
         self._guard = OrphanGuard()
-        if self.config.detects_hangs:
-            self._hangs = HangMonitor(self.config, self._events, self._say, self._run.mark_first_step)
+        self._hangs = HangMonitor(self.config, self._events, self._say, self._run.mark_first_step)
 
     def _open_store(self, attempt: int) -> AttemptStore:
         try:

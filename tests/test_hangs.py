@@ -144,3 +144,15 @@ def test_auto_deadline_follows_steps_that_slow_down_3x(launcher):
     assert 0.5 <= learned[0] < 1.0 and 1.5 <= hang["deadline"] < 2.5, learned
     assert hang["silent_for"] < hang["deadline"] + 1.0
     assert launch.survivors() == []
+
+
+def test_with_heartbeat_timeout_off_silence_is_never_a_hang(launcher):
+    launch = launcher.run(
+        "--nproc", "2", "--heartbeat-timeout", "off", "--heartbeat-floor", "0.5", BEATER, "--hang", "stall"
+    )  # without "off", the 3 s stall is a hang (auto learns 0.5 s here)
+
+    assert launch.proc.returncode == 0, launch.stderr
+    assert "[1] rank 1 hangs at step 10 (stall)" in launch.stdout  # 3 s without a beat
+    assert launch.events("hang") == [] and "attempt 1" not in launch.stderr
+    assert [e["attempt"] for e in launch.events("first_step")] == [0]  # beats still time the run
+    assert launch.survivors() == []

@@ -22,7 +22,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--step-time", type=float, default=0.05)
     p.add_argument("--slow-from", type=int, default=None, help="steps from here take 3x as long")
-    p.add_argument("--hang", choices=["sleep", "stop"], help="what the hanging rank does")
+    p.add_argument("--hang", choices=["sleep", "stop", "stall"], help="what the hanging rank does")
     p.add_argument("--hang-rank", type=int, default=1)
     p.add_argument("--hang-at", type=int, default=10, help="the step it hangs in (first attempt only)")
     p.add_argument("--collective", action="store_true", help="gloo all_reduce every step")
@@ -45,6 +45,9 @@ def hang(how: str, step: int) -> None:
     print(f"rank {RANK} hangs at step {step} ({how})", flush=True)
     if how == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
+    if how == "stall":  # silent for a while, then goes on
+        time.sleep(3.0)
+        return
     sleep_forever()
 
 
