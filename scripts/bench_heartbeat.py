@@ -68,7 +68,7 @@ def supervisor_cpu(workers: int, seconds: float, work: Path) -> List[List[str]]:
     args = [str(WORKER), "--rate", "1000", "--seconds", str(seconds)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     ours = _cpu_of(
-        [sys.executable, "-m", "launcher", "--nproc", str(workers), "--log-dir", str(work / "cpu"), *args],
+        [sys.executable, "-m", "launcher", "--nproc", str(workers), "--run-dir", str(work / "cpu"), *args],
         seconds,
         env,
     )
@@ -88,7 +88,9 @@ def detection(hangs: int, timeout: float, work: Path, torchrun_wait: float) -> L
     args += ["--hang-attempts", str(hangs), "--out", str(out)]
     subprocess.run(
         [sys.executable, "-m", "launcher", "--nproc", "2", "--heartbeat-timeout", str(timeout)]
-        + ["--max-failures", str(hangs), "--log-dir", str(logs), *args],
+        + ["--max-failures", str(hangs), "--log-dir", str(logs), "--run-dir", str(work / "runs")]
+        # every attempt hangs on purpose: neither a crash loop nor a reason to back off
+        + ["--crash-loop", "0", "--backoff", "0", *args],
         cwd=ROOT,
         check=True,
         capture_output=True,

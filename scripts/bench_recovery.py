@@ -52,6 +52,8 @@ def run_ftlaunch(nproc: int, work: Path) -> Dict[str, float]:
         "1",
         "--log-dir",
         str(logs),
+        "--run-dir",
+        str(work / "runs"),  # a fresh run each time, never the repository's ftlaunch_runs/
         str(WORKER),
         "--out",
         str(out),
