@@ -121,6 +121,25 @@ def test_async_save_returns_before_the_write_and_copies_the_state(storage):
     assert torch.equal(_manager(storage.url).load().state["w"], torch.zeros(1000))
 
 
+def test_async_saves_reuse_their_copy_once_it_is_written(tmp_path):
+    manager = _manager(str(tmp_path / "ckpt"), retention=RetentionPolicy(keep_last=3))
+    state = {"w": torch.zeros(1000), "steps": [torch.ones(3)]}
+    manager.save(1, state)
+    manager.wait()
+    first_copy = manager._staging["w"].data_ptr()
+    state["w"] += 7
+    manager.save(2, state)  # copies into the first save's buffers: no new allocation
+    assert manager._staging["w"].data_ptr() == first_copy
+    state["w"] += 1  # and the copy is still independent of the training state
+    manager.wait()
+
+    def saved(step):
+        return torch.load(tmp_path / "ckpt" / f"step_{step}" / "rank_0.pt", weights_only=False)["state"]["w"]
+
+    assert torch.equal(saved(2), torch.full((1000,), 7.0))
+    assert torch.equal(saved(1), torch.zeros(1000))  # step 1 was written before its copy was reused
+
+
 def test_a_background_failure_is_raised_at_the_next_call(storage):
     manager = _manager(storage.url)
 

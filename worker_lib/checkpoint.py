@@ -126,6 +126,9 @@ class CheckpointManager:
         self._save_rng = save_rng
         self._commit_timeout = commit_timeout
         self._thread: Optional[threading.Thread] = None
+        # The previous async save's CPU copy: written and done with once wait() returns, so the
+        # next save copies into it instead of allocating (and page-faulting) as much memory again.
+        self._staging: Any = None
         self._error: Optional[BaseException] = None
         self._loads = 0
         atexit.register(self._wait_at_exit)
@@ -145,7 +148,10 @@ class CheckpointManager:
         writes_state = not replicated or self.rank == 0
         # A blocking save serializes before returning: the training loop cannot change the
         # state under it, so the copy would only cost time and memory.
-        snapshot = (state if blocking else _to_cpu(state)) if writes_state else None
+        snapshot = None
+        if writes_state:
+            snapshot = state if blocking else _to_cpu(state, self._staging)
+            self._staging = None if blocking else snapshot
         rng = capture_rng() if self._save_rng else None
         own = {"rng": rng, "state": None if replicated else snapshot}
         parts = [(part_name(self.rank), _writer(own))]
@@ -357,19 +363,29 @@ def committed_steps(storage: Storage) -> Iterator[Tuple[int, Dict[str, Any]]]:
             log.warning("checkpoint step %d: unreadable commit marker (%s); skipped", step, err)
 
 
-def _to_cpu(state: Any) -> Any:
+def _to_cpu(state: Any, staging: Any = None) -> Any:
     """A copy the training loop cannot change under the background writer: tensors are copied
-    to CPU memory, containers rebuilt, anything else deep-copied."""
+    to CPU memory, containers rebuilt, anything else deep-copied. ``staging``, an earlier result
+    no longer in use, lends its tensors where shape and dtype match."""
     import copy
 
     import torch
 
     if isinstance(state, torch.Tensor):
+        if (
+            isinstance(staging, torch.Tensor)
+            and staging.shape == state.shape
+            and staging.dtype == state.dtype
+            and staging.is_contiguous()
+        ):
+            return staging.copy_(state.detach())
         return state.detach().to("cpu", copy=True)
     if type(state) in (dict, collections.OrderedDict):  # a state_dict is an OrderedDict
-        return type(state)((k, _to_cpu(v)) for k, v in state.items())
+        lend = staging if isinstance(staging, dict) else {}
+        return type(state)((k, _to_cpu(v, lend.get(k))) for k, v in state.items())
     if type(state) in (list, tuple):
-        return type(state)(_to_cpu(v) for v in state)
+        lend = staging if type(staging) is type(state) and len(staging) == len(state) else [None] * len(state)
+        return type(state)(_to_cpu(v, s) for v, s in zip(state, lend))
     return copy.deepcopy(state)
 
 
