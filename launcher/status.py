@@ -12,7 +12,7 @@ import click
 
 from launcher.errors import UsageError
 from launcher.failures import seconds
-from launcher.run_dir import LOCK_FILE, PROGRESS_FILE, RunDir
+from launcher.run_dir import PROGRESS_FILE, RunDir
 
 __all__ = ["status_cli", "run_status"]
 
@@ -73,11 +73,17 @@ def _newest_committed(state: Dict[str, Any], url: Optional[str]) -> tuple:
 
 def _list_runs(run_dir: str, as_json: bool) -> int:
     from launcher.cli import join_run_url
+    from worker_lib.storage import Storage, StorageError
 
-    base = RunDir(join_run_url(run_dir, "."))
+    base = Storage(join_run_url(run_dir, ""))
     rows = []
-    for name in sorted(base.storage.list_names()):
-        state = RunDir(join_run_url(run_dir, name)).read_state() if name != LOCK_FILE else None
+    for name in sorted(base.list_names()):
+        if not base.fs.isdir(base.path(name)):
+            continue  # a stray file
+        try:
+            state = RunDir(join_run_url(run_dir, name)).read_state()
+        except (StorageError, UsageError):  # unreadable, or not a run of ours
+            continue
         if state is not None:
             rows.append(
                 {

@@ -293,6 +293,8 @@ def test_status_of_a_live_and_of_a_finished_run(launcher, tmp_path):
     assert "checkpoint   step 390" in table
     report = json.loads(_status(str(runs / "beater"), "--json")[1])  # a run's path works too
     assert not report["live"] and report["run"]["attempts"][0]["outcome"] == "SUCCEEDED"
+    (runs / "notes.txt").write_text("a stray file")
+    (runs / "not_a_run").mkdir()
     code, listing = _status("--run-dir", str(runs))
     assert re.search(r"^beater\s+SUCCEEDED\s+1\s+390$", listing, re.M), listing
     assert _status("--run-dir", str(runs), "nosuchrun")[0] == 2

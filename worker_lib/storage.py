@@ -120,7 +120,7 @@ class Storage:
         for attempt, delay in enumerate((*delays, None)):
             try:
                 return action()
-            except (FileNotFoundError, PermissionError):
+            except (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError):
                 raise  # not transient: retrying cannot help
             except Exception as err:
                 if delay is None:
