@@ -14,6 +14,7 @@ import click
 
 from launcher.config import EntryKind, LaunchConfig, preflight, resolve_backend, visible_gpu_count
 from launcher.errors import ExitCode, FtlaunchError, UsageError
+from launcher.run_dir import join_run_url
 from worker_lib.backend import BACKENDS
 
 __all__ = ["cli", "main", "run"]
@@ -231,13 +232,6 @@ def _check_run_name(name: str) -> str:
     if not name or name in (".", "..") or "/" in name or any(ch.isspace() for ch in name):
         raise UsageError(f"--run-name must be a plain name (no '/', no spaces), got {name!r}")
     return name
-
-
-def join_run_url(run_dir: str, name: str) -> str:
-    """<run-dir>/<name>; a local run dir becomes absolute, so a relaunch from elsewhere finds it."""
-    if "://" in run_dir:
-        return f"{run_dir.rstrip('/')}/{name}"
-    return str(Path(run_dir).expanduser().resolve() / name)
 
 
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}

@@ -14,6 +14,7 @@ import os
 import socket
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import psutil
@@ -21,7 +22,7 @@ import psutil
 from launcher.errors import RunBusy, UsageError
 from worker_lib.storage import Storage, StorageError
 
-__all__ = ["Holder", "RunDir", "STATE_FILE", "EVENTS_FILE", "LOCK_FILE", "PROGRESS_FILE"]
+__all__ = ["Holder", "RunDir", "join_run_url", "STATE_FILE", "EVENTS_FILE", "LOCK_FILE", "PROGRESS_FILE"]
 
 STATE_FILE = "run.json"
 PROGRESS_FILE = "progress.json"  # the live ranks' steps and beat ages, for `ftlaunch status`
@@ -62,6 +63,13 @@ class Holder:
     def describe(self, now: float) -> str:
         age = now - self.renewed_at
         return f"{self.host} pid {self.pid} (lease renewed {age:.0f} s ago, lasts {self.lease:g} s)"
+
+
+def join_run_url(run_dir: str, name: str) -> str:
+    """<run-dir>/<name>; a local run dir becomes absolute, so a relaunch from elsewhere finds it."""
+    if "://" in run_dir:
+        return f"{run_dir.rstrip('/')}/{name}"
+    return str(Path(run_dir).expanduser().resolve() / name)
 
 
 class RunDir:
@@ -116,13 +124,13 @@ class RunDir:
         """Hold the run, or raise RunBusy naming its holder. Returns the dead or expired holder
         taken over from, if any."""
         now = time.time()
-        previous = self._read_lock()
+        previous = self.read_lock()
         if previous is not None and not previous.provably_dead() and not previous.expired(now):
             raise RunBusy(f"run {self.url} is held by another ftlaunch: {previous.describe(now)}")
         me = Holder.me(lease)
         self._write_lock(me)
         time.sleep(_SETTLE_S)
-        if (self._read_lock() or me).token != me.token:
+        if (self.read_lock() or me).token != me.token:
             raise RunBusy(f"run {self.url} was taken by another ftlaunch starting at the same moment")
         self._holder = me
         return previous
@@ -139,15 +147,12 @@ class RunDir:
         """Remove the lock if it is still ours."""
         if self._holder is None:
             return
-        current = self._read_lock()
+        current = self.read_lock()
         if current is not None and current.token == self._holder.token:
             self.storage.fs.rm_file(self.storage.path(LOCK_FILE))
         self._holder = None
 
     def read_lock(self) -> Optional[Holder]:
-        return self._read_lock()
-
-    def _read_lock(self) -> Optional[Holder]:
         try:
             return Holder(**json.loads(self.storage.read_bytes(LOCK_FILE)))
         except FileNotFoundError:

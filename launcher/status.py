@@ -12,7 +12,7 @@ import click
 
 from launcher.errors import UsageError
 from launcher.failures import seconds
-from launcher.run_dir import PROGRESS_FILE, RunDir
+from launcher.run_dir import PROGRESS_FILE, RunDir, join_run_url
 
 __all__ = ["status_cli", "run_status"]
 
@@ -25,8 +25,6 @@ __all__ = ["status_cli", "run_status"]
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
 def status_cli(run: Optional[str], run_dir: str, as_json: bool) -> int:
     """Show RUN (a name under --run-dir, or a run's path or URL); without RUN, list the runs."""
-    from launcher.cli import join_run_url
-
     if run is None:
         return _list_runs(run_dir, as_json)
     url = run if ("/" in run or "://" in run) else join_run_url(run_dir, run)
@@ -72,7 +70,6 @@ def _newest_committed(state: Dict[str, Any], url: Optional[str]) -> tuple:
 
 
 def _list_runs(run_dir: str, as_json: bool) -> int:
-    from launcher.cli import join_run_url
     from worker_lib.storage import Storage, StorageError
 
     base = Storage(join_run_url(run_dir, ""))
