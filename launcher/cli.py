@@ -14,7 +14,7 @@ import click
 
 from launcher.config import EntryKind, LaunchConfig, preflight, resolve_backend, visible_gpu_count
 from launcher.errors import ExitCode, FtlaunchError, UsageError
-from launcher.run_dir import join_run_url
+from launcher.runs.directory import join_run_url
 from worker_lib.backend import BACKENDS
 
 __all__ = ["cli", "main", "run"]
@@ -56,7 +56,8 @@ def _say(line: str) -> None:
     "--log-dir",
     type=click.Path(path_type=Path),
     default=None,
-    help="Where per-attempt, per-rank logs go  [default: ftlaunch_logs/RUN_ID]",
+    help="Where per-attempt, per-rank logs go  [default: <run-dir>/<run-name>/logs for a local "
+    "run dir, else ftlaunch_logs/<run-name>]",
 )
 @click.option(
     "--grace-period",
@@ -64,7 +65,9 @@ def _say(line: str) -> None:
     default=5.0,
     help="Seconds between SIGTERM and SIGKILL when stopping workers.",
 )
-@click.option("--run-id", default=None, help="TORCHELASTIC_RUN_ID  [default: date-time-pid]")
+@click.option(
+    "--run-id", default=None, help="TORCHELASTIC_RUN_ID  [default: <run-name>-<hash of the run's URL>]"
+)
 @click.option("--master-addr", default="127.0.0.1", help="Address the workers' store listens on.")
 @click.option("--master-port", type=int, default=0, help="Port of the workers' store; 0: a free one.")
 @click.option(
@@ -150,9 +153,9 @@ def cli(verbose: bool, **options) -> int:
     config = config_from_options(**options)
     preflight(config)
     from launcher.summary import summary_lines
-    from launcher.supervisor import Supervisor
+    from launcher.supervisor import supervise
 
-    result = Supervisor(config, say=_say).run()
+    result = supervise(config, say=_say)
     for line in summary_lines(result):
         _say(line)
     return int(result.exit_code)
@@ -281,7 +284,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         if args[:1] == ["status"] and not Path("status").exists():  # `ftlaunch status`, not a script
-            from launcher.status import status_cli
+            from launcher.status_cli import status_cli
 
             return status_cli.main(args=args[1:], prog_name="ftlaunch status", standalone_mode=False)
         return cli.main(args=args, prog_name="ftlaunch", standalone_mode=False, auto_envvar_prefix=ENV_PREFIX)

@@ -159,13 +159,13 @@ def _check_log_dir_writable(log_dir: Path) -> None:
 
 
 def _check_run_dir(url: str) -> None:
-    from launcher.run_dir import RunDir
+    from launcher.runs.directory import RunDir
     from worker_lib.storage import StorageError
 
     try:
         RunDir(url).check_writable()
     except StorageError as err:  # a malformed URL fails before the probe
-        raise UsageError(str(err).replace("checkpoint storage", "run dir")) from None
+        raise UsageError(str(err)) from None
 
 
 def _check_checkpoint_storage(url: str) -> None:

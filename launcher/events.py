@@ -1,19 +1,239 @@
-"""The run's event log: one JSON line per event, with a monotonic and a wall-clock time.
+"""The run's event log, and every event in it as a typed definition.
 
-Monotonic times are what phases are measured with (they never jump); wall-clock time is
-only for people reading the log.
+Emitters (the supervisor, the hang monitor, the run) build these records; readers (recovery
+phases, goodput, tests, benchmarks) get the same records back, so a field is named in one place.
+On disk each event is one JSON line: ``{"event": KIND, "t_mono": …, "t_wall": …, field: value …}``.
+Monotonic times are what phases are measured with (they never jump); wall-clock time is only for
+people reading the log.
 """
 
+import dataclasses
 import json
 import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, ClassVar, Dict, List, Optional, Type, Union
 
-__all__ = ["EventLog"]
+from launcher.group_state import GroupState
+from launcher.hangs.board import Phase
+
+__all__ = [
+    "CheckpointLoaded",
+    "Decision",
+    "Event",
+    "EventLog",
+    "FirstStep",
+    "Hang",
+    "HeartbeatDeadline",
+    "Laggard",
+    "Logged",
+    "Resume",
+    "RunEnd",
+    "RunStart",
+    "StopRequested",
+    "Takeover",
+    "Transition",
+    "WorkerExit",
+    "parse_logged",
+]
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunStart:
+    KIND: ClassVar[str] = "run_start"
+    run_id: str
+    config: Dict[str, Any]
+    pid: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Transition:
+    """One step of an attempt's GroupStateMachine; the optional fields belong to some states."""
+
+    KIND: ClassVar[str] = "transition"
+    attempt: int
+    old: Optional[GroupState]
+    new: GroupState
+    failed_at: Optional[float] = None  # FAILED, HUNG: monotonic time of the failure itself
+    root_cause: Optional[str] = None  # FAILED: the root cause, in one line
+    error: Optional[str] = None  # FAILED: the workers could not be started
+    pids: Optional[List[int]] = None  # RUNNING
+    ranks: Optional[List[int]] = None  # HUNG: the ranks past their deadline
+    killed: Optional[bool] = None  # STOPPED: SIGKILL was needed
+    seconds: Optional[float] = None  # STOPPED: how long the stop took
+    survivors: Optional[List[int]] = None  # STOPPED: pids that could not be stopped
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerExit:
+    KIND: ClassVar[str] = "worker_exit"
+    attempt: int
+    rank: int
+    pid: int
+    exitcode: int
+    t_observed: float  # monotonic: when the supervisor saw it
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """The restart policy's verdict after a failed attempt."""
+
+    KIND: ClassVar[str] = "decision"
+    attempt: int
+    verdict: str  # a policy.Verdict value
+    reason: str
+    delay: float
+
+
+@dataclasses.dataclass(frozen=True)
+class StopRequested:
+    KIND: ClassVar[str] = "stop_requested"
+    attempt: int
+    at_step: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Hang:
+    """A rank past its heartbeat deadline."""
+
+    KIND: ClassVar[str] = "hang"
+    attempt: int
+    rank: int
+    phase: Phase
+    silent_for: float
+    deadline: float
+    last_step: int  # -1: it never said
+    silent_since: float  # monotonic time of its last sign of life
+
+
+@dataclasses.dataclass(frozen=True)
+class Laggard(Hang):
+    """A rank silent for over half its deadline (not yet hung)."""
+
+    KIND: ClassVar[str] = "laggard"
+
+
+@dataclasses.dataclass(frozen=True)
+class HeartbeatDeadline:
+    """The auto deadline was learned, or moved."""
+
+    KIND: ClassVar[str] = "heartbeat_deadline"
+    attempt: int
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointLoaded:
+    """Every rank's checkpoint load has returned."""
+
+    KIND: ClassVar[str] = "checkpoint_loaded"
+    attempt: int
+    t_done: float  # monotonic, the workers' own reading: when the last rank's load returned
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstStep:
+    """Every rank of the attempt has beaten: a recovery ends here."""
+
+    KIND: ClassVar[str] = "first_step"
+    attempt: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Takeover:
+    KIND: ClassVar[str] = "takeover"
+    previous: str  # the holder taken over from, described
+    why: str  # "dead" or "lease expired"
+
+
+@dataclasses.dataclass(frozen=True)
+class Resume:
+    KIND: ClassVar[str] = "resume"
+    previous_status: str  # a RunStatus value
+    attempts: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RunEnd:
+    KIND: ClassVar[str] = "run_end"
+    exit_code: int
+    reason: str
+
+
+Event = Union[
+    RunStart,
+    Transition,
+    WorkerExit,
+    Decision,
+    StopRequested,
+    Hang,
+    Laggard,
+    HeartbeatDeadline,
+    CheckpointLoaded,
+    FirstStep,
+    Takeover,
+    Resume,
+    RunEnd,
+]
+
+_KINDS: Dict[str, Type] = {
+    cls.KIND: cls
+    for cls in (
+        RunStart,
+        Transition,
+        WorkerExit,
+        Decision,
+        StopRequested,
+        Hang,
+        Laggard,
+        HeartbeatDeadline,
+        CheckpointLoaded,
+        FirstStep,
+        Takeover,
+        Resume,
+        RunEnd,
+    )
+}
+# Fields read back as enums rather than as the strings JSON holds.
+_ENUM_FIELDS: Dict[str, Type] = {"old": GroupState, "new": GroupState, "phase": Phase}
+
+
+@dataclasses.dataclass(frozen=True)
+class Logged:
+    """An event as the log holds it: when it happened, on both clocks."""
+
+    event: Event
+    t_mono: float
+    t_wall: float
+
+    @property
+    def attempt(self) -> Optional[int]:
+        return getattr(self.event, "attempt", None)
+
+    def to_json(self) -> Dict[str, Any]:
+        fields = {f.name: getattr(self.event, f.name) for f in dataclasses.fields(self.event)}
+        return {"event": self.event.KIND, "t_mono": self.t_mono, "t_wall": self.t_wall, **fields}
+
+
+def parse_logged(line: Dict[str, Any]) -> Optional[Logged]:
+    """A line of events.jsonl back as a typed event; None for a kind or shape this version does
+    not know (a line from another version of ftlaunch is skipped, not fatal)."""
+    cls = _KINDS.get(line.get("event")) if isinstance(line, dict) else None
+    if cls is None:
+        return None
+    try:
+        fields = {f.name: _typed(f.name, line[f.name]) for f in dataclasses.fields(cls) if f.name in line}
+        return Logged(cls(**fields), float(line["t_mono"]), float(line["t_wall"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _typed(name: str, value: Any) -> Any:
+    enum_type = _ENUM_FIELDS.get(name)
+    return enum_type(value) if enum_type is not None and value is not None else value
 
 
 class EventLog:
@@ -21,18 +241,25 @@ class EventLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.events: List[Dict[str, Any]] = []
+        self.logged: List[Logged] = []
         self._lock = threading.Lock()
         self._file = open(path, "a", encoding="utf-8")
 
-    def emit(self, kind: str, **fields: Any) -> Dict[str, Any]:
-        event = {"event": kind, "t_mono": time.monotonic(), "t_wall": time.time(), **fields}
+    def __enter__(self) -> "EventLog":
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def emit(self, event: Event) -> Logged:
+        logged = Logged(event, time.monotonic(), time.time())
+        line = json.dumps(logged.to_json(), default=str)
         with self._lock:
-            self.events.append(event)
-            self._file.write(json.dumps(event, default=str) + "\n")
+            self.logged.append(logged)
+            self._file.write(line + "\n")
             self._file.flush()
-        log.debug("event %s", event)
-        return event
+        log.debug("event %s", line)
+        return logged
 
     def close(self) -> None:
         with self._lock:

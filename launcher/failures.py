@@ -6,7 +6,8 @@ import signal
 from pathlib import Path
 from typing import Optional, Sequence, Tuple, Union
 
-from launcher.stacks import short_frame
+from launcher.hangs.board import Phase
+from launcher.hangs.stacks import short_frame
 
 __all__ = [
     "ErrorRecord",
@@ -60,7 +61,7 @@ class HangFailure:
     rank: int
     local_rank: int
     pid: int
-    phase: str  # "starting", "stepping" or "paused" (see launcher.hang)
+    phase: Phase
     silent_for: float  # seconds without a sign of life when the hang was declared
     deadline: float
     last_step: int  # -1: it never said
@@ -74,9 +75,9 @@ class HangFailure:
     def describe(self) -> str:
         """One line: "rank 1 (pid 42): hung: no heartbeat for 5.1 s (deadline 5 s) after step 17, at ..."."""
         silence = {
-            "starting": "no first heartbeat",
-            "stepping": "no heartbeat",
-            "paused": "stuck in a save/load/pause",
+            Phase.STARTING: "no first heartbeat",
+            Phase.STEPPING: "no heartbeat",
+            Phase.PAUSED: "stuck in a save/load/pause",
         }[self.phase]
         step = f" after step {self.last_step}" if self.last_step >= 0 else ""
         where = f", in {short_frame(self.stack[0])}" if self.stack else ""

@@ -12,15 +12,9 @@ import dataclasses
 import enum
 from typing import Callable, Optional, Sequence
 
-__all__ = ["AttemptOutcome", "AttemptRecord", "RestartPolicy", "RestartDecision", "Verdict"]
+from launcher.outcomes import AttemptOutcome
 
-
-class AttemptOutcome(str, enum.Enum):
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"  # a rank crashed or hung
-    INTERRUPTED = "INTERRUPTED"  # SIGINT/SIGHUP to ftlaunch
-    PREEMPTED = "PREEMPTED"  # SIGTERM to ftlaunch: the scheduler wants the node back
-    SUPERVISOR_LOST = "SUPERVISOR_LOST"  # its supervisor died; found by the next one
+__all__ = ["AttemptRecord", "RestartPolicy", "RestartDecision", "Verdict"]
 
 
 @dataclasses.dataclass(frozen=True)

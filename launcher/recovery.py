@@ -2,13 +2,16 @@
 that were kept. Pure: computed from the event log (monotonic times) and the run's attempts."""
 
 import dataclasses
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
-from launcher.run_state import AttemptEntry
+from launcher.events import CheckpointLoaded, FirstStep, Logged, Transition
+from launcher.group_state import GroupState
+from launcher.outcomes import AttemptOutcome
+from launcher.runs.records import AttemptEntry
 
 __all__ = ["Recovery", "goodput", "recoveries"]
 
-_FAILED = ("FAILED", "HUNG")
+_FAILED = (GroupState.FAILED, GroupState.HUNG)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,26 +33,27 @@ class Recovery:
         )
 
 
-def recoveries(events: Sequence[dict]) -> List[Recovery]:
+def recoveries(log: Sequence[Logged]) -> List[Recovery]:
     found = []
-    for attempt in sorted({e["attempt"] for e in events if e.get("new") in _FAILED}):
-        verdict = _first(events, attempt, lambda e: e.get("new") in _FAILED)
-        stopped = _first(events, attempt, lambda e: e.get("new") == "STOPPED")
-        running = _first(events, attempt + 1, lambda e: e.get("new") == "RUNNING")
+    failed_attempts = {e.attempt for e in log if _entered(e, *_FAILED)}
+    for attempt in sorted(failed_attempts):
+        verdict = _first(log, attempt, lambda e: _entered(e, *_FAILED))
+        stopped = _first(log, attempt, lambda e: _entered(e, GroupState.STOPPED))
+        running = _first(log, attempt + 1, lambda e: _entered(e, GroupState.RUNNING))
         if verdict is None or stopped is None or running is None:
             continue  # the run ended there
-        failed_at = verdict.get("failed_at")
-        loaded = _first(events, attempt + 1, lambda e: e["event"] == "checkpoint_loaded")
-        loaded_at = loaded["t_done"] if loaded else None  # the workers' own clock reading
-        stepped = _first(events, attempt + 1, lambda e: e["event"] == "first_step")
+        failed_at = verdict.event.failed_at
+        loaded = _first(log, attempt + 1, lambda e: isinstance(e.event, CheckpointLoaded))
+        loaded_at = loaded.event.t_done if loaded else None  # the workers' own clock reading
+        stepped = _first(log, attempt + 1, lambda e: isinstance(e.event, FirstStep))
         found.append(
             Recovery(
                 failed=attempt,
-                detect=verdict["t_mono"] - failed_at if failed_at is not None else None,
-                stop=stopped["t_mono"] - verdict["t_mono"],
-                restart=running["t_mono"] - stopped["t_mono"],
-                load=loaded_at - running["t_mono"] if loaded_at is not None else None,
-                first_step=stepped["t_mono"] - (loaded_at or running["t_mono"]) if stepped else None,
+                detect=verdict.t_mono - failed_at if failed_at is not None else None,
+                stop=stopped.t_mono - verdict.t_mono,
+                restart=running.t_mono - stopped.t_mono,
+                load=loaded_at - running.t_mono if loaded_at is not None else None,
+                first_step=stepped.t_mono - (loaded_at or running.t_mono) if stepped else None,
             )
         )
     return found
@@ -65,7 +69,7 @@ def goodput(attempts: Sequence[AttemptEntry], now: float) -> Optional[float]:
     for a in attempts:
         end = a.ended_at if a.ended_at is not None else now
         stepping_from = a.first_step_at or a.started_at  # start-up is not stepping
-        if a.outcome == "SUCCEEDED" or a.outcome is None:
+        if a.outcome is AttemptOutcome.SUCCEEDED or a.outcome is None:
             kept += max(0.0, end - stepping_from)
         elif a.progressed and a.newest_step_committed_at is not None:
             kept += max(0.0, min(end, a.newest_step_committed_at) - stepping_from)
@@ -73,5 +77,9 @@ def goodput(attempts: Sequence[AttemptEntry], now: float) -> Optional[float]:
     return max(0.0, min(1.0, kept / total)) if total > 0 else None
 
 
-def _first(events: Sequence[dict], attempt: int, match) -> Optional[Dict]:
-    return next((e for e in events if e.get("attempt") == attempt and match(e)), None)
+def _entered(logged: Logged, *states: GroupState) -> bool:
+    return isinstance(logged.event, Transition) and logged.event.new in states
+
+
+def _first(log: Sequence[Logged], attempt: int, match: Callable[[Logged], bool]) -> Optional[Logged]:
+    return next((e for e in log if e.attempt == attempt and match(e)), None)

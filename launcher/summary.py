@@ -2,10 +2,10 @@
 
 from typing import List
 
-from launcher.errors import ExitCode
 from launcher.failures import Failure, HangFailure
+from launcher.outcomes import AttemptOutcome
 from launcher.recovery import Recovery
-from launcher.supervisor import Outcome, RunResult
+from launcher.supervisor import RunResult
 
 __all__ = ["summary_lines"]
 
@@ -13,9 +13,9 @@ __all__ = ["summary_lines"]
 def summary_lines(result: RunResult) -> List[str]:
     if not result.attempts:  # nothing ran: the run had already succeeded, or may not go on
         return [result.reason]
-    failed = [a for a in result.attempts if a.outcome is Outcome.FAILED]
+    failed = [a for a in result.attempts if a.outcome is AttemptOutcome.FAILED]
     lines = [
-        f"{_verdict(result)} after {len(result.attempts)} attempt(s), "
+        f"{result.status.value} after {len(result.attempts)} attempt(s), "
         f"{len(failed)} failed group(s): {result.reason} (exit {int(result.exit_code)})"
     ]
     for attempt in failed:
@@ -44,14 +44,6 @@ def _phases(r: Recovery) -> str:
     ]
     shown = ", ".join(f"{name} {value:.2f} s" for name, value in parts if value is not None)
     return f"{shown} (down {r.downtime:.2f} s)"
-
-
-def _verdict(result: RunResult) -> str:
-    if result.exit_code == ExitCode.SUCCESS:
-        return "SUCCEEDED"
-    if result.exit_code == ExitCode.PREEMPTED:
-        return "PREEMPTED"
-    return "STOPPED" if result.attempts[-1].outcome is Outcome.INTERRUPTED else "FAILED"
 
 
 def _root_cause_detail(failure: Failure) -> List[str]:

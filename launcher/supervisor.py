@@ -1,7 +1,6 @@
 """The supervisor: monitor → decide → act, one attempt's worker group at a time."""
 
 import dataclasses
-import enum
 import logging
 import os
 import signal
@@ -11,25 +10,26 @@ from typing import BinaryIO, Callable, List, Optional
 
 from launcher.config import LaunchConfig
 from launcher.errors import ExitCode, FtlaunchError, UsageError, exit_code_for_signal
-from launcher.events import EventLog
+from launcher.events import Decision, EventLog, RunEnd, RunStart, StopRequested, Transition, WorkerExit
 from launcher.failures import Failure, HangFailure, ProcessFailure, read_error_file, root_cause
-from launcher.hang_monitor import HangMonitor, progress_rows
-from launcher.heartbeat import HeartbeatBoard
-from launcher.linux import become_subreaper
-from launcher.logs import LogPump, tail_lines
-from launcher.orphan_guard import OrphanGuard
-from launcher.plan import plan_workers
-from launcher.policy import AttemptOutcome, RestartPolicy, Verdict
+from launcher.group_state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine
+from launcher.hangs.board import HeartbeatBoard
+from launcher.hangs.monitor import HangMonitor, progress_rows
+from launcher.hangs.stacks import main_thread_stack
+from launcher.outcomes import AttemptOutcome, RunStatus
+from launcher.policy import RestartPolicy, Verdict
+from launcher.process.linux import become_subreaper
+from launcher.process.logs import LogPump, tail_lines
+from launcher.process.orphan_guard import OrphanGuard
+from launcher.process.plan import plan_workers
+from launcher.process.signals import SignalInbox
+from launcher.process.store import AttemptStore
+from launcher.process.workers import Exit, PopenSpawner, Spawner, WorkerGroup
 from launcher.recovery import Recovery, goodput, recoveries
-from launcher.run import Run
-from launcher.run_state import RunStatus
-from launcher.signals import SignalInbox
-from launcher.stacks import main_thread_stack
-from launcher.state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine
-from launcher.store import AttemptStore
-from launcher.workers import Exit, PopenSpawner, Spawner, WorkerGroup
+from launcher.runs.directory import RunDir
+from launcher.runs.run import Run
 
-__all__ = ["AttemptResult", "Outcome", "RunResult", "Supervisor"]
+__all__ = ["AttemptResult", "RunResult", "Supervisor", "supervise"]
 
 log = logging.getLogger(__name__)
 
@@ -40,18 +40,16 @@ _LOG_TAIL_LINES = 20
 _PROGRESS_EVERY_S = 5.0  # how often the live ranks' steps go to the run dir for `ftlaunch status`
 
 
-class Outcome(str, enum.Enum):
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    INTERRUPTED = "INTERRUPTED"
+def _to_stderr(line: str) -> None:
+    print(f"[ftlaunch] {line}", file=sys.stderr)
 
 
 @dataclasses.dataclass(frozen=True)
 class AttemptResult:
     attempt: int
-    outcome: Outcome
+    outcome: AttemptOutcome  # never SUPERVISOR_LOST: that is found by the next supervisor
     failures: List[Failure] = dataclasses.field(default_factory=list)
-    signum: Optional[int] = None  # for INTERRUPTED
+    signum: Optional[int] = None  # when stopped by a signal
 
     @property
     def root_cause(self) -> Optional[Failure]:
@@ -61,64 +59,82 @@ class AttemptResult:
 @dataclasses.dataclass(frozen=True)
 class RunResult:
     exit_code: int
+    status: RunStatus
     attempts: List[AttemptResult]
     reason: str
     recoveries: List[Recovery] = dataclasses.field(default_factory=list)
     goodput: Optional[float] = None  # over the whole run, earlier supervisors included
 
 
+def supervise(
+    config: LaunchConfig,
+    say: Callable[[str], None] = _to_stderr,
+    spawner: Optional[Spawner] = None,
+    console_out: Optional[BinaryIO] = None,
+    console_err: Optional[BinaryIO] = None,
+) -> RunResult:
+    """Hold the run, set up what a run needs, run it to its end, and tear it all down.
+    The caller owns this process: the supervisor reaps its children."""
+    directory = RunDir(config.run_url)
+    taken_from = directory.acquire(config.lease)  # before anything is written, logs included
+    try:
+        become_subreaper()
+        with EventLog(config.log_dir / "events.jsonl") as events, SignalInbox() as signals:
+            events.emit(RunStart(run_id=config.run_id, config=config.to_json(), pid=os.getpid()))
+            with OrphanGuard() as guard:
+                run = Run(config, directory, events, say, taken_from)
+                console = (console_out or sys.stdout.buffer, console_err or sys.stderr.buffer)
+                supervisor = Supervisor(config, run, events, signals, guard, say, spawner, console)
+                return supervisor.run()
+    finally:
+        directory.release()
+
+
 class Supervisor:
-    """Runs ``config`` to completion; the caller owns this process (we reap its children)."""
+    """Runs a held run's attempts until one succeeds, a signal stops it, or the policy gives up."""
 
     def __init__(
         self,
         config: LaunchConfig,
-        spawner: Optional[Spawner] = None,
-        say: Callable[[str], None] = lambda line: print(f"[ftlaunch] {line}", file=sys.stderr),
-        console_out: Optional[BinaryIO] = None,
-        console_err: Optional[BinaryIO] = None,
+        run: Run,
+        events: EventLog,
+        signals: SignalInbox,
+        guard: OrphanGuard,
+        say: Callable[[str], None],
+        spawner: Optional[Spawner],
+        console: "tuple[BinaryIO, BinaryIO]",
     ) -> None:
         self.config = config
-        self._spawner = spawner or PopenSpawner()
+        self._run = run
+        self._events = events
+        self._signals = signals
+        self._guard = guard
         self._say = say
+        self._spawner = spawner or PopenSpawner()
+        self._console = console
         self._policy = RestartPolicy(
             config.max_failures, config.failure_window, config.crash_loop, config.backoff, config.backoff_cap
         )
-        self._run = Run(config, say)
-        self._signals = SignalInbox()
-        self._console = (console_out or sys.stdout.buffer, console_err or sys.stderr.buffer)
-        self._events: Optional[EventLog] = None
-        self._guard: Optional[OrphanGuard] = None
-        self._hangs: Optional[HangMonitor] = None  # built in _open(), with the event log
+        self._hangs = HangMonitor(config, events, say, run.mark_first_step)
         self._next_progress = 0.0
 
     def run(self) -> RunResult:
-        self._run.hold()  # before anything is written: a second ftlaunch on a live run stops here
-        try:
-            self._open()
-            self._run.load(self._events)
-            if self._run.already_succeeded:
-                return self._already_succeeded()
-            limit = self.config.max_preemptions
-            if 0 <= limit < self._run.preemptions:
-                result = RunResult(
-                    ExitCode.FAILED,
-                    [],
-                    f"preempted {self._run.preemptions} time(s), --max-preemptions {limit}",
-                )
-            else:
-                result = self._run_attempts()
-            result = dataclasses.replace(
-                result,
-                recoveries=recoveries(self._events.events),
-                goodput=goodput(self._run.state.attempts, time.time()),
-            )
-            self._run.finish(_run_status(result), result.reason, int(result.exit_code))
-            self._events.emit("run_end", exit_code=int(result.exit_code), reason=result.reason)
-            return result
-        finally:
-            self._shutdown()
-            self._run.close()
+        if self._run.already_succeeded:
+            return self._already_succeeded()
+        limit = self.config.max_preemptions
+        if 0 <= limit < self._run.preemptions:
+            reason = f"preempted {self._run.preemptions} time(s), --max-preemptions {limit}"
+            result = RunResult(ExitCode.FAILED, RunStatus.FAILED, [], reason)
+        else:
+            result = self._run_attempts()
+        result = dataclasses.replace(
+            result,
+            recoveries=recoveries(self._events.logged),
+            goodput=goodput(self._run.state.attempts, time.time()),
+        )
+        self._run.finish(result.status, result.reason, int(result.exit_code))
+        self._events.emit(RunEnd(exit_code=int(result.exit_code), reason=result.reason))
+        return result
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -127,33 +143,28 @@ class Supervisor:
         newest = self._run.newest_checkpoint()
         while True:
             number = self._run.state.next_attempt
-            entry = self._run.attempt_started(number, newest[0] if newest else None)
+            entry = self._run.attempt_started(number, newest.step)
             result = self._run_attempt(number)
             attempts.append(result)
             newest = self._run.newest_checkpoint()  # what this attempt left is where the next one starts
-            self._run.attempt_ended(entry, _attempt_outcome(result), result.failures, newest)
-            if result.outcome is Outcome.SUCCEEDED:
-                return RunResult(ExitCode.SUCCESS, attempts, "every rank exited 0")
-            if result.outcome is Outcome.INTERRUPTED:
+            self._run.attempt_ended(entry, result.outcome, result.failures, newest)
+            ended = RunStatus.ended_by(result.outcome)
+            if result.outcome is AttemptOutcome.SUCCEEDED:
+                return RunResult(ExitCode.SUCCESS, ended, attempts, "every rank exited 0")
+            if result.outcome.stopped_by_signal:
                 name = signal.Signals(result.signum).name
-                return RunResult(exit_code_for_signal(result.signum), attempts, f"interrupted by {name}")
+                code = exit_code_for_signal(result.signum)
+                return RunResult(code, ended, attempts, f"interrupted by {name}")
             decision = self._policy.after_failure(self._run.state.history(), time.time())
-            self._events.emit(
-                "decision",
-                attempt=number,
-                verdict=decision.verdict.value,
-                reason=decision.reason,
-                delay=decision.delay,
-            )
+            self._events.emit(Decision(number, decision.verdict.value, decision.reason, decision.delay))
             self._say(f"attempt {number} failed: {result.root_cause.describe()}")
             if decision.verdict is Verdict.CRASH_LOOP:
                 since = self._run.state.latest_step
                 where = f"step {since}" if since is not None else "the start"
-                return RunResult(
-                    ExitCode.CRASH_LOOP, attempts, f"{decision.reason}: no progress since {where}"
-                )
+                reason = f"{decision.reason}: no progress since {where}"
+                return RunResult(ExitCode.CRASH_LOOP, ended, attempts, reason)
             if not decision.restart:
-                return RunResult(ExitCode.FAILED, attempts, decision.reason)
+                return RunResult(ExitCode.FAILED, ended, attempts, decision.reason)
             wait = f"; waiting {decision.delay:g} s first (backoff)" if decision.delay else ""
             self._say(f"restarting the group ({decision.reason}){wait}")
             self._pause(decision.delay)
@@ -169,7 +180,7 @@ class Supervisor:
         state = self._run.state
         ended = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.updated_at))
         reason = f"run {state.url} had already succeeded ({ended}); --fresh starts it again"
-        return RunResult(ExitCode.SUCCESS, [], reason)
+        return RunResult(ExitCode.SUCCESS, RunStatus.SUCCEEDED, [], reason)
 
     def _run_attempt(self, attempt: int) -> AttemptResult:
         machine = GroupStateMachine(attempt, self._on_transition)
@@ -194,7 +205,7 @@ class Supervisor:
         self, machine: GroupStateMachine, group: WorkerGroup, board: HeartbeatBoard
     ) -> AttemptResult:
         if self._signals.first is not None:  # interrupted between two attempts
-            return AttemptResult(machine.attempt, Outcome.INTERRUPTED, signum=self._signals.first)
+            return self._stopped_by_signal(machine.attempt)
         self._say(
             f"attempt {machine.attempt}: starting {self.config.nproc} worker(s), "
             f"backend {self.config.backend}, logs in {group.specs[0].log_file.parent}"
@@ -218,7 +229,7 @@ class Supervisor:
         while True:
             if self._signals.first is not None:
                 self._ask_to_stop(machine.attempt, group, board)
-                return AttemptResult(machine.attempt, Outcome.INTERRUPTED, signum=self._signals.first)
+                return self._stopped_by_signal(machine.attempt)
             for exited in group.poll():
                 self._record_exit(machine.attempt, exited, failures)
             if failures:
@@ -226,10 +237,10 @@ class Supervisor:
                 machine.transition(
                     GroupState.FAILED, root_cause=cause.describe(), failed_at=cause.observed_at
                 )
-                return AttemptResult(machine.attempt, Outcome.FAILED, failures)
+                return AttemptResult(machine.attempt, AttemptOutcome.FAILED, failures)
             if group.all_exited():
                 machine.transition(GroupState.SUCCEEDED)
-                return AttemptResult(machine.attempt, Outcome.SUCCEEDED)
+                return AttemptResult(machine.attempt, AttemptOutcome.SUCCEEDED)
             self._run.keep_alive(time.time())
             slots = board.read()
             self._publish_progress(machine.attempt, group, slots)
@@ -237,7 +248,7 @@ class Supervisor:
             if hung:
                 cause = root_cause(hung)
                 machine.transition(GroupState.HUNG, ranks=[f.rank for f in hung], failed_at=cause.observed_at)
-                return AttemptResult(machine.attempt, Outcome.FAILED, hung)
+                return AttemptResult(machine.attempt, AttemptOutcome.FAILED, hung)
             self._signals.wait(_MONITOR_TIMEOUT_S)
 
     def _ask_to_stop(self, attempt: int, group: WorkerGroup, board: HeartbeatBoard) -> None:
@@ -251,7 +262,7 @@ class Supervisor:
         at_step = max(slots[rank].step for rank in running) + 2
         board.request_stop(at_step)
         grace = self.config.grace_period
-        self._events.emit("stop_requested", attempt=attempt, at_step=at_step)
+        self._events.emit(StopRequested(attempt, at_step))
         self._say(
             f"asking the workers to save and stop at step {at_step} (up to {grace:g} s; Ctrl+C again: now)"
         )
@@ -271,12 +282,7 @@ class Supervisor:
 
     def _record_exit(self, attempt: int, exited: Exit, failures: List[Failure]) -> None:
         self._events.emit(
-            "worker_exit",
-            attempt=attempt,
-            rank=exited.spec.rank,
-            pid=exited.pid,
-            exitcode=exited.exitcode,
-            t_observed=exited.observed_at,
+            WorkerExit(attempt, exited.spec.rank, exited.pid, exited.exitcode, exited.observed_at)
         )
         if exited.exitcode != 0:
             failures.append(
@@ -293,13 +299,14 @@ class Supervisor:
 
     def _stop(self, machine: GroupStateMachine, group: WorkerGroup, result: AttemptResult) -> None:
         """Stop the whole group. After a success this only sweeps up leftover grandchildren."""
-        if result.outcome is not Outcome.SUCCEEDED:
+        succeeded = result.outcome is AttemptOutcome.SUCCEEDED
+        if not succeeded:
             machine.transition(GroupState.STOPPING)
-        first_signal = result.signum if result.outcome is Outcome.INTERRUPTED else signal.SIGTERM
+        first_signal = result.signum if result.outcome.stopped_by_signal else signal.SIGTERM
         report = group.stop(first_signal, self.config.grace_period, abort=self._stop_cut_short)
         if report.survivors:
             self._say(f"could not stop pids {report.survivors} (uninterruptible?); left behind")
-        if result.outcome is not Outcome.SUCCEEDED:
+        if not succeeded:
             machine.transition(
                 GroupState.STOPPED,
                 killed=report.killed,
@@ -314,6 +321,10 @@ class Supervisor:
         group.stop(signal.SIGKILL, 0.0, abort=lambda: True)
         if machine.state is GroupState.STOPPING:
             machine.transition(GroupState.STOPPED, killed=True)
+
+    def _stopped_by_signal(self, attempt: int) -> AttemptResult:
+        signum = self._signals.first
+        return AttemptResult(attempt, AttemptOutcome.stopped_by(signum), signum=signum)
 
     def _stop_cut_short(self) -> bool:
         """A second Ctrl+C (or any second signal) skips the rest of the grace period."""
@@ -332,17 +343,7 @@ class Supervisor:
             failures.append(f)
         return dataclasses.replace(result, failures=failures)
 
-    # -- setup and teardown -----------------------------------------------------------------
-
-    def _open(self) -> None:
-        become_subreaper()
-        self._events = EventLog(self.config.log_dir / "events.jsonl")
-        self._events.emit(
-            "run_start", run_id=self.config.run_id, config=self.config.to_json(), pid=os.getpid()
-        )
-        self._signals.open()
-        self._guard = OrphanGuard()
-        self._hangs = HangMonitor(self.config, self._events, self._say, self._run.mark_first_step)
+    # -- helpers ---------------------------------------------------------------------------
 
     def _open_store(self, attempt: int) -> AttemptStore:
         try:
@@ -355,30 +356,7 @@ class Supervisor:
             ) from None
 
     def _on_transition(self, attempt: int, old: Optional[GroupState], new: GroupState, **details) -> None:
-        self._events.emit("transition", attempt=attempt, old=old and old.value, new=new.value, **details)
+        self._events.emit(Transition(attempt, old, new, **details))
         log.info("attempt %s: %s -> %s", attempt, old and old.value, new.value)
         if new is GroupState.RUNNING:  # off the recovery's critical path: the workers are starting
             self._run.save()
-
-    def _shutdown(self) -> None:
-        if self._guard is not None:
-            self._guard.close()
-        self._signals.close()
-        if self._events is not None:
-            self._events.close()
-
-
-def _attempt_outcome(result: AttemptResult) -> AttemptOutcome:
-    if result.outcome is Outcome.INTERRUPTED:
-        return AttemptOutcome.PREEMPTED if result.signum == signal.SIGTERM else AttemptOutcome.INTERRUPTED
-    return AttemptOutcome(result.outcome.value)
-
-
-def _run_status(result: RunResult) -> RunStatus:
-    if result.exit_code == ExitCode.SUCCESS:
-        return RunStatus.SUCCEEDED
-    if result.exit_code == ExitCode.PREEMPTED:
-        return RunStatus.PREEMPTED
-    if result.attempts and result.attempts[-1].outcome is Outcome.INTERRUPTED:
-        return RunStatus.STOPPED
-    return RunStatus.FAILED

@@ -11,9 +11,9 @@ import pytest
 from launcher.cli import parse_duration
 from launcher.errors import UsageError
 from launcher.failures import HangFailure, root_cause
-from launcher.hang import MIN_SAMPLES, HangLimits, HangWatch
-from launcher.heartbeat import BeatReading, HeartbeatBoard
-from launcher.stacks import last_stacks, short_frame
+from launcher.hangs.board import BeatReading, HeartbeatBoard, Phase
+from launcher.hangs.deadlines import MIN_SAMPLES, HangLimits, HangWatch
+from launcher.hangs.stacks import last_stacks, short_frame
 from worker_lib import contract as c
 
 
@@ -39,7 +39,7 @@ def test_fixed_deadline_between_beats():
     watch.observe(readings)
     assert watch.overdue(104.9, readings) == []
     (late,) = watch.overdue(105.5, readings)
-    assert (late.rank, late.phase, late.last_step, late.deadline) == (0, "stepping", 7, 5.0)
+    assert (late.rank, late.phase, late.last_step, late.deadline) == (0, Phase.STEPPING, 7, 5.0)
     assert late.silent_for == pytest.approx(5.5) and late.silent_since == 100.0
 
 
@@ -48,14 +48,14 @@ def test_a_paused_rank_gets_the_init_timeout_from_the_pause_start():
     readings = {0: slot(beats=1, at=10.0), 1: slot(beats=1, at=20.0, paused=True)}
     watch.observe(readings)
     assert [o.rank for o in watch.overdue(30.0, readings)] == [0]  # rank 1 saves for 10 s: fine
-    assert {o.rank: o.phase for o in watch.overdue(81.0, readings)} == {0: "stepping", 1: "paused"}
+    assert {o.rank: o.phase for o in watch.overdue(81.0, readings)} == {0: Phase.STEPPING, 1: Phase.PAUSED}
 
 
 def test_a_rank_without_its_first_beat_gets_the_init_timeout_once_the_script_beats():
     watch = HangWatch(FIXED, started_at=0.0, known_to_beat=True)  # an earlier attempt beat
     readings = {0: slot(at=0.0), 1: slot(at=30.0)}  # rank 1 ended its init pause at 30 s
     watch.observe(readings)
-    assert [(o.rank, o.phase) for o in watch.overdue(61.0, readings)] == [(0, "starting")]
+    assert [(o.rank, o.phase) for o in watch.overdue(61.0, readings)] == [(0, Phase.STARTING)]
     assert [o.rank for o in watch.overdue(91.0, readings)] == [0, 1]
 
 
@@ -84,7 +84,7 @@ def test_auto_ignores_intervals_that_contain_a_pause():
 
 def test_a_hung_rank_is_blamed_before_peers_waiting_in_a_collective():
     def hang(rank, step, frame):
-        return HangFailure(rank, rank, 100 + rank, "stepping", 6.0, 5.0, step, 1.0, stack=(frame,))
+        return HangFailure(rank, rank, 100 + rank, Phase.STEPPING, 6.0, 5.0, step, 1.0, stack=(frame,))
 
     waiting = 'File "/v/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce'
     sleeping = 'File "/w/train.py", line 9 in load_batch'

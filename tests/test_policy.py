@@ -2,7 +2,8 @@
 
 import pytest
 
-from launcher.policy import AttemptOutcome, AttemptRecord, RestartPolicy, Verdict
+from launcher.outcomes import AttemptOutcome
+from launcher.policy import AttemptRecord, RestartPolicy, Verdict
 
 F, P, L = AttemptOutcome.FAILED, AttemptOutcome.PREEMPTED, AttemptOutcome.SUPERVISOR_LOST
 

@@ -2,26 +2,29 @@
 
 import pytest
 
+from launcher.events import CheckpointLoaded, FirstStep, Logged, Transition
+from launcher.group_state import GroupState as S
+from launcher.outcomes import AttemptOutcome
 from launcher.recovery import goodput, recoveries
-from launcher.run_state import AttemptEntry
+from launcher.runs.records import AttemptEntry
 
 
 def _t(attempt, new, t, **extra):
-    return {"event": "transition", "attempt": attempt, "new": new, "t_mono": t, **extra}
+    return Logged(Transition(attempt, None, new, **extra), t_mono=t, t_wall=0.0)
 
 
 def test_each_recovery_is_split_into_phases():
     events = [
-        _t(0, "RUNNING", 1.0),
-        _t(0, "HUNG", 12.0, failed_at=10.0),
-        _t(0, "STOPPING", 12.0),
-        _t(0, "STOPPED", 12.5),
-        _t(1, "STARTING", 12.6),
-        _t(1, "RUNNING", 13.0),
-        {"event": "checkpoint_loaded", "attempt": 1, "t_mono": 14.1, "t_done": 14.0},
-        {"event": "first_step", "attempt": 1, "t_mono": 15.0},
-        _t(1, "FAILED", 20.0, failed_at=20.0),
-        _t(1, "STOPPED", 20.1),  # the run ended there: no recovery to report
+        _t(0, S.RUNNING, 1.0),
+        _t(0, S.HUNG, 12.0, failed_at=10.0),
+        _t(0, S.STOPPING, 12.0),
+        _t(0, S.STOPPED, 12.5),
+        _t(1, S.STARTING, 12.6),
+        _t(1, S.RUNNING, 13.0),
+        Logged(CheckpointLoaded(1, t_done=14.0), t_mono=14.1, t_wall=0.0),
+        Logged(FirstStep(1), t_mono=15.0, t_wall=0.0),
+        _t(1, S.FAILED, 20.0, failed_at=20.0),
+        _t(1, S.STOPPED, 20.1),  # the run ended there: no recovery to report
     ]
     (r,) = recoveries(events)
     assert (r.failed, r.detect, r.stop, r.restart, r.load, r.first_step) == (0, 2.0, 0.5, 0.5, 1.0, 1.0)
@@ -36,9 +39,9 @@ def _attempt(n, start, end, outcome, resumed=None, newest=None, committed_at=Non
 
 def test_goodput_counts_what_was_kept():
     attempts = [
-        _attempt(0, 0.0, 40.0, "FAILED", None, 30, 30.0),  # 30 s kept, 10 s lost after the commit
-        _attempt(1, 50.0, 60.0, "FAILED", 30, 30, 30.0),  # no progress: all 10 s lost
-        _attempt(2, 60.0, 100.0, "SUCCEEDED", 30, 50, 99.0),  # all kept
+        _attempt(0, 0.0, 40.0, AttemptOutcome.FAILED, None, 30, 30.0),  # 30 s kept, 10 s lost after it
+        _attempt(1, 50.0, 60.0, AttemptOutcome.FAILED, 30, 30, 30.0),  # no progress: all 10 s lost
+        _attempt(2, 60.0, 100.0, AttemptOutcome.SUCCEEDED, 30, 50, 99.0),  # all kept
     ]
     assert goodput(attempts, now=100.0) == pytest.approx(0.7)
     attempts[2].first_step_at = 70.0  # its first 10 s were start-up

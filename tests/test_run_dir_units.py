@@ -7,7 +7,7 @@ import os
 import pytest
 
 from launcher.errors import RunBusy
-from launcher.run_dir import LOCK_FILE, Holder, RunDir
+from launcher.runs.directory import LOCK_FILE, Holder, RunDir
 
 
 def test_the_lock_is_held_renewed_and_released(tmp_path):

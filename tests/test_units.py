@@ -9,8 +9,8 @@ import pytest
 from launcher.config import EntryKind, LaunchConfig, resolve_backend
 from launcher.errors import UsageError
 from launcher.failures import ErrorRecord, ProcessFailure, describe_exit, read_error_file, root_cause
-from launcher.plan import plan_workers
-from launcher.state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine, IllegalTransition
+from launcher.group_state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine, IllegalTransition
+from launcher.process.plan import plan_workers
 from worker_lib import contract
 from worker_lib.backend import choose_backend
 

@@ -28,7 +28,6 @@ __all__ = [
     "FT_BACKEND",
     "FT_CHECKPOINT_URL",
     "FT_HEARTBEAT_FILE",
-    "TORCHRUN_VARIABLES",
     "SLOT_WORDS",
     "SLOT_BEATS",
     "SLOT_STEP",
@@ -64,25 +63,6 @@ USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 # Where torch.distributed.elastic's @record writes an uncaught exception as JSON.
 ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
-
-TORCHRUN_VARIABLES = (
-    RANK,
-    LOCAL_RANK,
-    WORLD_SIZE,
-    LOCAL_WORLD_SIZE,
-    GROUP_RANK,
-    GROUP_WORLD_SIZE,
-    ROLE_RANK,
-    ROLE_NAME,
-    ROLE_WORLD_SIZE,
-    MASTER_ADDR,
-    MASTER_PORT,
-    RESTART_COUNT,
-    MAX_RESTARTS,
-    RUN_ID,
-    USE_AGENT_STORE,
-    ERROR_FILE,
-)
 
 # ftlaunch's own.
 FT_ATTEMPT = "FTLAUNCH_ATTEMPT"  # 0 for the first group of a run, +1 per restart

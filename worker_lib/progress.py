@@ -95,7 +95,7 @@ def _attach() -> memoryview:
     if path:
         index = int(os.environ.get(c.LOCAL_RANK, "0"))
         with open(path, "r+b") as handle:  # the mapping outlives the file object
-            mapped = mmap.mmap(handle.fileno(), 0)  # the whole file: 64 bytes per local rank
+            mapped = mmap.mmap(handle.fileno(), 0)  # the whole file: one slot per local rank
         words = memoryview(mapped).cast("q")[index * c.SLOT_WORDS :][: c.SLOT_WORDS]
         words[c.SLOT_DUMP_SIGNAL] = _register_stack_dump()
     else:

@@ -31,14 +31,16 @@ class StorageError(RuntimeError):
 
 
 class Storage:
-    """The filesystem behind ``url``; create it inside the worker (fsspec caches per pid)."""
+    """The filesystem behind ``url``; create it inside the worker (fsspec caches per pid).
+    ``label`` names what it holds in error messages ("checkpoint storage", "run dir")."""
 
-    def __init__(self, url: str, **storage_options) -> None:
+    def __init__(self, url: str, label: str = "checkpoint storage", **storage_options) -> None:
         self.url = url
+        self.label = label
         try:
             self.fs, self.root = fsspec.core.url_to_fs(url, **storage_options)
         except (ValueError, ImportError) as err:
-            raise StorageError(f"checkpoint storage {url!r}: {err}") from None
+            raise StorageError(f"{label} {url!r}: {err}") from None
         self.is_local = isinstance(self.fs, LocalFileSystem)
 
     def path(self, *parts: str) -> str:
@@ -52,7 +54,7 @@ class Storage:
             self.fs.rm_file(self.path(probe))
         except Exception as err:  # fsspec backends raise anything: report it, whatever it is
             cause = str(err) if isinstance(err, StorageError) else _describe(err)
-            raise StorageError(f"checkpoint storage {self.url!r} is not usable: {cause}") from None
+            raise StorageError(f"{self.label} {self.url!r} is not usable: {cause}") from None
 
     def write_bytes(self, rel: str, data: bytes, retries: bool = True) -> None:
         self.write_stream(rel, lambda handle: handle.write(data), retries)

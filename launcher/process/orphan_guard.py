@@ -5,7 +5,7 @@ Workers get PR_SET_PDEATHSIG and die with the supervisor by themselves, but thei
 this guard's stdin as groups start and end; when the supervisor dies, by any signal, the kernel
 closes that pipe, the guard reads EOF and kills every group still listed.
 
-Run as ``python -m launcher.orphan_guard``; it imports nothing heavy, so it starts in ~20 ms.
+Run as ``python -m launcher.process.orphan_guard``; it imports nothing heavy, so it starts in ~20 ms.
 """
 
 import os
@@ -22,11 +22,17 @@ class OrphanGuard:
 
     def __init__(self) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "launcher.orphan_guard"],
+            [sys.executable, "-m", "launcher.process.orphan_guard"],
             stdin=subprocess.PIPE,
             start_new_session=True,  # a Ctrl+C in the terminal must not reach it
         )
         self._pipe: Optional[IO[bytes]] = self._proc.stdin
+
+    def __enter__(self) -> "OrphanGuard":
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
     @property
     def pid(self) -> int:

@@ -1,6 +1,6 @@
-"""The run directory as the supervisor uses it: hold the run, resume its state, record each
-attempt and the end, and keep the lease fresh. Storage mechanics live in ``run_dir``; the
-records in ``run_state``; this module decides what goes into them and when."""
+"""The run directory as the supervisor uses it: resume or create the run's state, record each
+attempt and the end, and keep the lease fresh. Storage and the lock live in ``runs.directory``;
+the records in ``runs.records``; this module decides what goes into them and when."""
 
 import os
 import socket
@@ -8,39 +8,44 @@ import time
 from typing import Callable, List, Optional
 
 from launcher.config import LaunchConfig
-from launcher.events import EventLog
+from launcher.events import EventLog, Logged, Resume, Takeover
 from launcher.failures import Failure
-from launcher.policy import AttemptOutcome
-from launcher.run_dir import PROGRESS_FILE, Holder, RunDir
-from launcher.run_state import AttemptEntry, FailureEntry, RunState, RunStatus
+from launcher.outcomes import AttemptOutcome, RunStatus
+from launcher.runs.checkpoints import CheckpointDir, NewestCheckpoint
+from launcher.runs.directory import PROGRESS_FILE, Holder, RunDir
+from launcher.runs.records import AttemptEntry, FailureEntry, RunState
 
 __all__ = ["Run"]
 
 
 class Run:
-    def __init__(self, config: LaunchConfig, say: Callable[[str], None]) -> None:
+    """A held run: ``directory`` has been acquired (and is released by whoever acquired it);
+    ``taken_from`` is the dead or expired holder it was taken over from, if any."""
+
+    def __init__(
+        self,
+        config: LaunchConfig,
+        directory: RunDir,
+        events: EventLog,
+        say: Callable[[str], None],
+        taken_from: Optional[Holder] = None,
+    ) -> None:
         self.config = config
-        self.dir = RunDir(config.run_url)
-        self._say = say
-        self._events: Optional[EventLog] = None
-        self._earlier_events: List[dict] = []
-        self.state: Optional[RunState] = None
-        self._checkpoints = None  # worker_lib Storage of the checkpoint dir, opened on first use
-        self._taken_from: Optional[Holder] = None
-
-    def hold(self) -> None:
-        """Hold the run or raise RunBusy: before anything is written, logs included."""
-        self._taken_from = self.dir.acquire(self.config.lease)
-
-    def load(self, events: EventLog) -> None:
-        """Load the run's state (resuming it) or create it."""
+        self.dir = directory
+        self.checkpoints = CheckpointDir(config.checkpoint_url)
         self._events = events
+        self._say = say
+        self._earlier_events: List[Logged] = []  # what earlier supervisors of the run logged
+        self.state = self._load(taken_from)
+
+    def _load(self, taken_from: Optional[Holder]) -> RunState:
+        """The run's state, resumed, or created when there is none (or --fresh)."""
         prior = self.dir.read_state()
         if prior is not None and self.config.fresh:
             self._archive()
             prior = None
         if prior is None:
-            self.state = RunState(
+            state = RunState(
                 name=self.config.run_name,
                 url=self.config.run_url,
                 status=RunStatus.RUNNING,
@@ -49,11 +54,12 @@ class Run:
             )
         else:
             self._earlier_events = self.dir.read_events()
-            self.state = RunState.from_json(prior)
-        if self._taken_from is not None:
-            self._report_takeover(self._taken_from)
+            state = RunState.from_json(prior)
+        if taken_from is not None:
+            self._report_takeover(state, taken_from)
         if prior is not None:
-            self._resume()
+            self._resume(state)
+        return state
 
     @property
     def already_succeeded(self) -> bool:
@@ -61,21 +67,21 @@ class Run:
 
     @property
     def preemptions(self) -> int:
-        return sum(a.outcome == AttemptOutcome.PREEMPTED.value for a in self.state.attempts)
+        return self.state.count(AttemptOutcome.PREEMPTED)
 
-    def _report_takeover(self, previous: Holder) -> None:
+    def _report_takeover(self, state: RunState, previous: Holder) -> None:
         now = time.time()
         how = "dead" if previous.provably_dead() else "lease expired"
-        self.state.takeovers.append({"at": now, "from": previous.describe(now), "why": how})
-        self._events.emit("takeover", previous=previous.describe(now), why=how)
+        state.takeovers.append({"at": now, "from": previous.describe(now), "why": how})
+        self._events.emit(Takeover(previous=previous.describe(now), why=how))
         self._say(f"took the run over from {previous.describe(now)}: {how}")
 
-    def _resume(self) -> None:
-        state, now = self.state, time.time()
+    def _resume(self, state: RunState) -> None:
+        now = time.time()
         was = state.status
         for entry in state.attempts:
             if entry.outcome is None:  # its supervisor died with it running
-                entry.outcome, entry.ended_at = AttemptOutcome.SUPERVISOR_LOST.value, now
+                entry.outcome, entry.ended_at = AttemptOutcome.SUPERVISOR_LOST, now
         if was is RunStatus.SUCCEEDED:
             return
         if was is RunStatus.FAILED:  # a person relaunched a run that gave up: a fresh budget
@@ -86,8 +92,8 @@ class Run:
             self._say(f"the run was started with {before}; it goes on with {self.config.entrypoint}")
         state.config = self.config.to_json()
         newest = self.newest_checkpoint()  # the lost supervisor may have seen later commits
-        if newest is not None and newest[0] is not None:
-            state.latest_step, state.latest_step_at = newest
+        if newest.step is not None:
+            state.latest_step, state.latest_step_at = newest.step, newest.committed_at
         step = (
             f"newest committed step {state.latest_step}"
             if state.latest_step is not None
@@ -96,8 +102,8 @@ class Run:
         self._say(
             f"run {self.config.run_url}: resuming ({was.value}, {len(state.attempts)} attempt(s), {step})"
         )
-        self._events.emit("resume", previous_status=was.value, attempts=len(state.attempts))
-        self.save()
+        self._events.emit(Resume(previous_status=was.value, attempts=len(state.attempts)))
+        self._save(state)
 
     def _archive(self) -> None:
         """--fresh: the old run's state, history and (default) checkpoints move aside, kept."""
@@ -126,15 +132,15 @@ class Run:
         self.state.attempts[-1].first_step_at = time.time()
 
     def attempt_ended(
-        self, entry: AttemptEntry, outcome: AttemptOutcome, failures: List[Failure], newest: Optional[tuple]
+        self, entry: AttemptEntry, outcome: AttemptOutcome, failures: List[Failure], newest: NewestCheckpoint
     ) -> None:
         now = time.time()
-        entry.ended_at, entry.outcome = now, outcome.value
+        entry.ended_at, entry.outcome = now, outcome
         entry.failures = [FailureEntry.of(f, now) for f in failures]
-        if newest is not None:
+        if newest.known:
             entry.checkpoints_seen = True
-            entry.newest_step_at_end, entry.newest_step_committed_at = newest
-            self.state.latest_step, self.state.latest_step_at = newest
+            entry.newest_step_at_end, entry.newest_step_committed_at = newest.step, newest.committed_at
+            self.state.latest_step, self.state.latest_step_at = newest.step, newest.committed_at
         self.save()
 
     def finish(self, status: RunStatus, reason: str, exit_code: int) -> None:
@@ -142,28 +148,19 @@ class Run:
         self.save()
 
     def save(self) -> None:
+        self._save(self.state)
+
+    def _save(self, state: RunState) -> None:
         """run.json and the event log, both written whole (atomically on local disks)."""
-        self.state.updated_at = time.time()
-        self.dir.write_state(self.state.to_json())
-        self.dir.write_events(self._earlier_events + self._events.events)
+        state.updated_at = time.time()
+        self.dir.write_state(state.to_json())
+        self.dir.write_events(self._earlier_events + self._events.logged)
 
-    def newest_checkpoint(self) -> Optional[tuple]:
-        """(step, commit wall time) of the newest committed checkpoint, (None, None) when there
-        is none yet; None when it cannot be known (no checkpoint dir, or it cannot be read)."""
-        if not self.config.checkpoint_url:
-            return None
-        from worker_lib.checkpoint import committed_steps
-        from worker_lib.storage import Storage, StorageError
-
-        try:
-            if self._checkpoints is None:
-                self._checkpoints = Storage(self.config.checkpoint_url)
-            for step, marker in committed_steps(self._checkpoints):
-                return step, float(marker.get("time", 0.0))
-            return None, None
-        except (StorageError, OSError) as err:
-            self._say(f"cannot list the checkpoints ({err}); progress unknown")
-        return None
+    def newest_checkpoint(self) -> NewestCheckpoint:
+        newest = self.checkpoints.newest()
+        if newest.error:
+            self._say(f"cannot list the checkpoints ({newest.error}); progress unknown")
+        return newest
 
     def publish_progress(self, attempt: int, ranks: List[dict]) -> None:
         """The live ranks' steps and beat ages, for ``ftlaunch status`` on any machine."""
@@ -172,6 +169,3 @@ class Run:
     def keep_alive(self, now: float) -> None:
         if self.dir.renew_due(now):
             self.dir.renew()
-
-    def close(self) -> None:
-        self.dir.release()

@@ -12,7 +12,10 @@ import click
 
 from launcher.errors import UsageError
 from launcher.failures import seconds
-from launcher.run_dir import PROGRESS_FILE, RunDir, join_run_url
+from launcher.outcomes import AttemptOutcome
+from launcher.runs.checkpoints import CheckpointDir
+from launcher.runs.directory import PROGRESS_FILE, RunDir, join_run_url
+from launcher.runs.records import RunState
 
 __all__ = ["status_cli", "run_status"]
 
@@ -29,24 +32,28 @@ def status_cli(run: Optional[str], run_dir: str, as_json: bool) -> int:
         return _list_runs(run_dir, as_json)
     url = run if ("/" in run or "://" in run) else join_run_url(run_dir, run)
     report = run_status(url)
-    click.echo(json.dumps(report, indent=1, default=str) if as_json else "\n".join(_table(report)))
+    if as_json:
+        click.echo(json.dumps({**report, "run": report["run"].to_json()}, indent=1, default=str))
+    else:
+        click.echo("\n".join(_table(report)))
     return 0
 
 
 def run_status(url: str) -> Dict[str, Any]:
     """The run's state, whether a supervisor holds it now, and its ranks' progress if so."""
     run = RunDir(url)
-    state = run.read_state()
-    if state is None:
+    data = run.read_state()
+    if data is None:
         raise UsageError(f"no run at {url} (no run.json)")
+    state = RunState.from_json(data)
     now = time.time()
     holder = run.read_lock()
     live = holder is not None and not holder.provably_dead() and not holder.expired(now)
     progress = run.read_json(PROGRESS_FILE) if live else None
     if live:  # the workers commit while the run is live: the storage is newer than run.json
-        state["latest_step"], state["latest_step_at"] = _newest_committed(
-            state, state["config"].get("checkpoint_url")
-        )
+        newest = CheckpointDir(state.config.get("checkpoint_url")).newest()
+        if newest.known:
+            state.latest_step, state.latest_step_at = newest.step, newest.committed_at
     return {
         "url": url,
         "live": live,
@@ -57,22 +64,10 @@ def run_status(url: str) -> Dict[str, Any]:
     }
 
 
-def _newest_committed(state: Dict[str, Any], url: Optional[str]) -> tuple:
-    from worker_lib.checkpoint import committed_steps
-    from worker_lib.storage import Storage, StorageError
-
-    try:
-        for step, marker in committed_steps(Storage(url)) if url else ():
-            return step, marker.get("time")
-    except (StorageError, OSError):
-        pass
-    return state.get("latest_step"), state.get("latest_step_at")
-
-
 def _list_runs(run_dir: str, as_json: bool) -> int:
     from worker_lib.storage import Storage, StorageError
 
-    base = Storage(join_run_url(run_dir, ""))
+    base = Storage(join_run_url(run_dir, ""), label="run dir")
     rows = []
     for name in sorted(base.list_names()):
         if not base.fs.isdir(base.path(name)):
@@ -82,12 +77,13 @@ def _list_runs(run_dir: str, as_json: bool) -> int:
         except (StorageError, UsageError):  # unreadable, or not a run of ours
             continue
         if state is not None:
+            run = RunState.from_json(state)
             rows.append(
                 {
                     "name": name,
-                    "status": state["status"],
-                    "attempts": len(state["attempts"]),
-                    "latest_step": state.get("latest_step"),
+                    "status": run.status.value,
+                    "attempts": len(run.attempts),
+                    "latest_step": run.latest_step,
                 }
             )
     if as_json:
@@ -103,20 +99,21 @@ def _list_runs(run_dir: str, as_json: bool) -> int:
 
 
 def _table(report: Dict[str, Any]) -> List[str]:
-    state, now = report["run"], report["now"]
-    attempts = state["attempts"]
-    failed = [a for a in attempts if a["outcome"] == "FAILED"]
-    others = {
-        o: sum(a["outcome"] == o for a in attempts) for o in ("PREEMPTED", "INTERRUPTED", "SUPERVISOR_LOST")
-    }
-    apart = "".join(f", {n} {o.lower().replace('_', ' ')}" for o, n in others.items() if n)
+    state: RunState = report["run"]
+    now = report["now"]
+    attempts = state.attempts
+    failed = [a for a in attempts if a.outcome is AttemptOutcome.FAILED]
+    others = (AttemptOutcome.PREEMPTED, AttemptOutcome.INTERRUPTED, AttemptOutcome.SUPERVISOR_LOST)
+    apart = "".join(
+        f", {state.count(o)} {o.value.lower().replace('_', ' ')}" for o in others if state.count(o)
+    )
     causes: Dict[str, int] = {}
     for a in failed:
-        for f in a["failures"][:1]:
-            causes[f["cause"]] = causes.get(f["cause"], 0) + 1
-    status = state["status"] + (f", held by {report['holder']}" if report["live"] else "")
-    if state.get("reason"):
-        status += f" ({state['reason']})"
+        for f in a.failures[:1]:
+            causes[f.cause.value] = causes.get(f.cause.value, 0) + 1
+    status = state.status.value + (f", held by {report['holder']}" if report["live"] else "")
+    if state.reason:
+        status += f" ({state.reason})"
     lines = [
         f"run          {report['url']}",
         f"status       {status}",
@@ -128,12 +125,12 @@ def _table(report: Dict[str, Any]) -> List[str]:
         f"{'attempt':>7}  {'started':<19}  {'ran':>8}  {'outcome':<16}  {'from step':>9}  first failure",
     ]
     for a in attempts:
-        ran = seconds((a["ended_at"] or now) - a["started_at"]) + " s"
-        first = a["failures"][0]["detail"] if a["failures"] else ""
-        step = "-" if a.get("resumed_from_step") is None else a["resumed_from_step"]
+        ran = seconds((a.ended_at or now) - a.started_at) + " s"
+        first = a.failures[0].detail if a.failures else ""
+        step = "-" if a.resumed_from_step is None else a.resumed_from_step
+        outcome = a.outcome.value if a.outcome is not None else "running"
         lines.append(
-            f"{a['attempt']:>7}  {_when(a['started_at']):<19}  {ran:>8}  {a['outcome'] or 'running':<16}  "
-            f"{step:>9}  {first}"
+            f"{a.attempt:>7}  {_when(a.started_at):<19}  {ran:>8}  {outcome:<16}  {step:>9}  {first}"
         )
     progress = report.get("progress")
     if progress:
@@ -147,12 +144,12 @@ def _table(report: Dict[str, Any]) -> List[str]:
     return lines
 
 
-def _checkpoint(state: Dict[str, Any], now: float) -> str:
-    if state.get("latest_step") is None:
+def _checkpoint(state: RunState, now: float) -> str:
+    if state.latest_step is None:
         return "none committed"
-    at = state.get("latest_step_at")
+    at = state.latest_step_at
     age = f", committed {seconds(now - at)} s ago" if at else ""
-    return f"step {state['latest_step']}{age}"
+    return f"step {state.latest_step}{age}"
 
 
 def _when(wall: float) -> str:

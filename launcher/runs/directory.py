@@ -10,6 +10,7 @@ supervisors taking over at the same moment, the one whose lock is not there any 
 
 import dataclasses
 import json
+import logging
 import os
 import socket
 import time
@@ -20,6 +21,7 @@ from typing import Any, Dict, List, Optional
 import psutil
 
 from launcher.errors import RunBusy, UsageError
+from launcher.events import Logged, parse_logged
 from worker_lib.storage import Storage, StorageError
 
 __all__ = ["Holder", "RunDir", "join_run_url", "STATE_FILE", "EVENTS_FILE", "LOCK_FILE", "PROGRESS_FILE"]
@@ -29,6 +31,8 @@ PROGRESS_FILE = "progress.json"  # the live ranks' steps and beat ages, for `ftl
 EVENTS_FILE = "events.jsonl"
 LOCK_FILE = "lock.json"
 _SETTLE_S = 0.3  # between writing a lock and reading it back
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,14 +79,14 @@ def join_run_url(run_dir: str, name: str) -> str:
 class RunDir:
     def __init__(self, url: str) -> None:
         self.url = url
-        self.storage = Storage(url)
+        self.storage = Storage(url, label="run dir")
         self._holder: Optional[Holder] = None
 
     def check_writable(self) -> None:
         try:
             self.storage.check_writable("supervisor")
         except StorageError as err:
-            raise UsageError(str(err).replace("checkpoint storage", "run dir")) from None
+            raise UsageError(str(err)) from None
 
     # -- state and history -----------------------------------------------------------------
 
@@ -107,15 +111,28 @@ class RunDir:
     def write_json(self, name: str, data: Any) -> None:
         self.storage.write_bytes(name, json.dumps(data, default=str).encode())
 
-    def read_events(self) -> List[Dict[str, Any]]:
+    def read_events(self) -> List[Logged]:
+        """The run's event log; lines this version cannot read are skipped, with a warning."""
         try:
-            text = self.storage.read_bytes(EVENTS_FILE).decode()
+            text = self.storage.read_bytes(EVENTS_FILE).decode(errors="replace")
         except FileNotFoundError:
             return []
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+        events, skipped = [], 0
+        for line in filter(str.strip, text.splitlines()):
+            try:
+                logged = parse_logged(json.loads(line))
+            except ValueError:
+                logged = None
+            if logged is None:
+                skipped += 1
+            else:
+                events.append(logged)
+        if skipped:
+            log.warning("%s/%s: skipped %d line(s) that are not events", self.url, EVENTS_FILE, skipped)
+        return events
 
-    def write_events(self, events: List[Dict[str, Any]]) -> None:
-        data = "".join(json.dumps(e, default=str) + "\n" for e in events)
+    def write_events(self, events: List[Logged]) -> None:
+        data = "".join(json.dumps(e.to_json(), default=str) + "\n" for e in events)
         self.storage.write_bytes(EVENTS_FILE, data.encode())
 
     # -- the lock --------------------------------------------------------------------------

@@ -6,11 +6,11 @@ import subprocess
 import time
 from typing import Callable, Dict, List, Optional, Protocol
 
-from launcher.linux import die_with_parent
-from launcher.logs import LogPump
-from launcher.orphan_guard import OrphanGuard
-from launcher.plan import WorkerSpec
-from launcher.process_tree import StopReport, stop_tree
+from launcher.process.linux import die_with_parent
+from launcher.process.logs import LogPump
+from launcher.process.orphan_guard import OrphanGuard
+from launcher.process.plan import WorkerSpec
+from launcher.process.tree import StopReport, stop_tree
 
 __all__ = ["Exit", "PopenSpawner", "Spawned", "Spawner", "WorkerGroup", "WorkerProcess"]
 

@@ -1,4 +1,4 @@
-"""Watching heartbeats during an attempt: apply the deadlines (launcher.hang), say who is behind,
+"""Watching heartbeats during an attempt: apply the deadlines (launcher.hangs.deadlines), say who is behind,
 and when a rank is hung, have every rank write its stacks before the group is stopped."""
 
 import dataclasses
@@ -9,11 +9,11 @@ from typing import Callable, Dict, List, Optional
 import psutil
 
 from launcher.config import LaunchConfig
-from launcher.events import EventLog
+from launcher.events import CheckpointLoaded, EventLog, FirstStep, Hang, HeartbeatDeadline, Laggard
 from launcher.failures import Failure, HangFailure, seconds
-from launcher.hang import HangLimits, HangWatch, Overdue
-from launcher.heartbeat import BeatReading
-from launcher.workers import WorkerGroup
+from launcher.hangs.board import BeatReading, Phase
+from launcher.hangs.deadlines import HangLimits, HangWatch, Overdue
+from launcher.process.workers import WorkerGroup
 
 __all__ = ["HangMonitor", "progress_rows"]
 
@@ -82,12 +82,10 @@ class HangMonitor:
             return
         if not watch.all_loaded and all(r.loaded_at > 0 for r in readings.values()):
             watch.all_loaded = True
-            self._events.emit(
-                "checkpoint_loaded", attempt=attempt, t_done=max(r.loaded_at for r in readings.values())
-            )
+            self._events.emit(CheckpointLoaded(attempt, t_done=max(r.loaded_at for r in readings.values())))
         if not watch.all_stepping and all(r.beats > 0 for r in readings.values()):
             watch.all_stepping = True
-            self._events.emit("first_step", attempt=attempt)
+            self._events.emit(FirstStep(attempt))
             self._on_first_step()
 
     def _declare_hang(
@@ -95,7 +93,7 @@ class HangMonitor:
     ) -> List[Failure]:
         running = group.running()
         for o in overdue:
-            self._events.emit("hang", attempt=attempt, **dataclasses.asdict(o))
+            self._events.emit(Hang(attempt, **dataclasses.asdict(o)))
         ranks = ", ".join(str(o.rank) for o in overdue)
         self._say(
             f"attempt {attempt}: rank(s) {ranks} missed the heartbeat deadline; their stacks go to the logs"
@@ -126,7 +124,7 @@ class HangMonitor:
         last = self._reported_deadline
         if last is None or not 0.67 < now_in_force / last < 1.5:
             self._reported_deadline = now_in_force
-            self._events.emit("heartbeat_deadline", attempt=attempt, seconds=now_in_force)
+            self._events.emit(HeartbeatDeadline(attempt, now_in_force))
             self._say(f"heartbeat deadline now {seconds(now_in_force)} s (learned from the step interval)")
 
     def _report_laggards(
@@ -138,10 +136,10 @@ class HangMonitor:
             return
         self._next_laggard_report = now + _LAGGARD_REPORT_EVERY_S
         for s in behind:
-            self._events.emit("laggard", attempt=attempt, **dataclasses.asdict(s))
+            self._events.emit(Laggard(attempt, **dataclasses.asdict(s)))
         named = ", ".join(
             f"rank {s.rank} silent {s.silent_for:.1f} s of {seconds(s.deadline)} s "
-            f"({s.phase}, step {s.last_step})"
+            f"({s.phase.value}, step {s.last_step})"
             for s in behind
         )
         steps = [r.step for r in readings.values() if r.beats]
@@ -154,14 +152,14 @@ def progress_rows(slots: Dict[int, BeatReading], running: Dict[int, int], now: f
     rows = []
     for rank, pid in sorted(running.items()):
         r = slots.get(rank)
-        beaten = r is not None and r.beats > 0
+        phase = r.phase if r is not None else Phase.STARTING
         rows.append(
             {
                 "rank": rank,
                 "pid": pid,
-                "step": r.step if beaten else None,
+                "step": r.step if r is not None and r.beats > 0 else None,
                 "silent_for": round(now - r.active_at, 3) if r is not None and r.active_at else None,
-                "phase": "paused" if r is not None and r.paused else "stepping" if beaten else "starting",
+                "phase": phase.value,
             }
         )
     return rows

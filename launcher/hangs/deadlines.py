@@ -17,7 +17,7 @@ import collections
 import dataclasses
 from typing import Deque, Dict, List, Optional
 
-from launcher.heartbeat import BeatReading
+from launcher.hangs.board import BeatReading, Phase
 
 __all__ = ["HangLimits", "HangWatch", "Overdue", "MIN_SAMPLES"]
 
@@ -38,7 +38,7 @@ class Overdue:
     """A rank whose silence has lasted ``silent_for`` seconds against a ``deadline``."""
 
     rank: int
-    phase: str  # "starting", "stepping" or "paused"
+    phase: Phase
     silent_for: float
     deadline: float
     last_step: int  # -1: it never said
@@ -83,19 +83,13 @@ class HangWatch:
             return []
         found = []
         for rank, r in readings.items():
-            if r.paused:
-                phase, since, deadline = "paused", r.active_at, self.limits.init_timeout
-            elif r.beats > 0:
-                phase, since = "stepping", r.active_at
-                deadline = self.step_deadline or self.limits.init_timeout
-            elif self.known_to_beat:
-                phase, since, deadline = (
-                    "starting",
-                    max(self.started_at, r.active_at),
-                    self.limits.init_timeout,
-                )
+            phase = r.phase
+            if phase is Phase.STARTING:  # since the group started, or its last pause ended
+                since, deadline = max(self.started_at, r.active_at), self.limits.init_timeout
+            elif phase is Phase.STEPPING:
+                since, deadline = r.active_at, self.step_deadline or self.limits.init_timeout
             else:
-                continue
+                since, deadline = r.active_at, self.limits.init_timeout
             found.append(Overdue(rank, phase, now - since, deadline, r.step, since))
         return found
 

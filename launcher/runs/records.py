@@ -1,40 +1,45 @@
 """What run.json holds: the run's state, its attempts and their failures. Plain records that
-serialize to JSON and back; the transitions of the run's status are checked here."""
+serialize to JSON (enums by value) and load back typed; ``runs.run`` decides what goes in."""
 
 import dataclasses
 import enum
+import json
 from typing import Any, Dict, List, Optional
 
 from launcher.failures import Failure, HangFailure
-from launcher.policy import AttemptOutcome, AttemptRecord
+from launcher.outcomes import AttemptOutcome, RunStatus
+from launcher.policy import AttemptRecord
 
-__all__ = ["AttemptEntry", "FailureEntry", "RunState", "RunStatus"]
+__all__ = ["AttemptEntry", "FailureCause", "FailureEntry", "RunState"]
 
 
-class RunStatus(str, enum.Enum):
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"  # budget spent, or a crash loop
-    STOPPED = "STOPPED"  # interrupted (SIGINT, SIGHUP)
-    PREEMPTED = "PREEMPTED"  # SIGTERM: relaunch to resume
+class FailureCause(str, enum.Enum):
+    EXIT = "exit"  # a non-zero exit code
+    SIGNAL = "signal"  # killed by a signal
+    EXCEPTION = "exception"  # an uncaught exception that @record wrote down
+    HANG = "hang"  # a missed heartbeat deadline
 
 
 @dataclasses.dataclass
 class FailureEntry:
     rank: int
-    cause: str  # "exit", "signal", "exception" or "hang"
+    cause: FailureCause
     detail: str  # the failure's one-line description
     at: float  # wall clock
 
     @classmethod
     def of(cls, failure: Failure, at: float) -> "FailureEntry":
         if isinstance(failure, HangFailure):
-            cause = "hang"
+            cause = FailureCause.HANG
         elif failure.error is not None:
-            cause = "exception"
+            cause = FailureCause.EXCEPTION
         else:
-            cause = "signal" if failure.exitcode < 0 else "exit"
+            cause = FailureCause.SIGNAL if failure.exitcode < 0 else FailureCause.EXIT
         return cls(failure.rank, cause, failure.describe(), at)
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> "FailureEntry":
+        return cls(**{**data, "cause": FailureCause(data["cause"])})
 
 
 @dataclasses.dataclass
@@ -45,7 +50,7 @@ class AttemptEntry:
     supervisor_pid: int
     resumed_from_step: Optional[int] = None  # newest committed step when it started
     ended_at: Optional[float] = None
-    outcome: Optional[str] = None  # an AttemptOutcome value
+    outcome: Optional[AttemptOutcome] = None  # None: running, or its supervisor has not come back
     newest_step_at_end: Optional[int] = None
     newest_step_committed_at: Optional[float] = None  # wall clock
     checkpoints_seen: bool = False  # the checkpoint dir could be listed at its end
@@ -60,8 +65,17 @@ class AttemptEntry:
         return self.newest_step_at_end != self.resumed_from_step
 
     def record(self) -> AttemptRecord:
-        return AttemptRecord(
-            self.attempt, AttemptOutcome(self.outcome), self.ended_at or 0.0, self.progressed
+        return AttemptRecord(self.attempt, self.outcome, self.ended_at or 0.0, self.progressed)
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> "AttemptEntry":
+        outcome = data.get("outcome")
+        return cls(
+            **{
+                **data,
+                "outcome": AttemptOutcome(outcome) if outcome is not None else None,
+                "failures": [FailureEntry.from_json(f) for f in data.get("failures", [])],
+            }
         )
 
 
@@ -89,13 +103,14 @@ class RunState:
     def next_attempt(self) -> int:
         return len(self.attempts)
 
+    def count(self, outcome: AttemptOutcome) -> int:
+        return sum(a.outcome is outcome for a in self.attempts)
+
     def to_json(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain JSON types: enums become their values."""
+        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> "RunState":
-        attempts = []
-        for a in data.get("attempts", []):
-            failures = [FailureEntry(**f) for f in a.get("failures", [])]
-            attempts.append(AttemptEntry(**{**a, "failures": failures}))
+        attempts = [AttemptEntry.from_json(a) for a in data.get("attempts", [])]
         return cls(**{**data, "status": RunStatus(data["status"]), "attempts": attempts})

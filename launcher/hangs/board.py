@@ -1,6 +1,7 @@
 """The supervisor's side of the heartbeat slots: one shared-memory file per attempt."""
 
 import dataclasses
+import enum
 import mmap
 import os
 import tempfile
@@ -11,7 +12,15 @@ import psutil
 
 from worker_lib import contract as c
 
-__all__ = ["BeatReading", "HeartbeatBoard"]
+__all__ = ["BeatReading", "HeartbeatBoard", "Phase"]
+
+
+class Phase(str, enum.Enum):
+    """Where a rank is, as its slot shows it."""
+
+    STARTING = "starting"  # no beat yet in this process
+    STEPPING = "stepping"  # it has beaten
+    PAUSED = "paused"  # inside a save, a load, init(), shutdown() or pause_heartbeat()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +37,12 @@ class BeatReading:
     pid: int
     loaded_at: float = 0.0  # when its checkpoint load returned; 0.0: not (yet)
     stop_aware: bool = False  # it calls ft.should_stop(): it can be asked to stop cleanly
+
+    @property
+    def phase(self) -> Phase:
+        if self.paused:
+            return Phase.PAUSED
+        return Phase.STEPPING if self.beats > 0 else Phase.STARTING
 
 
 _PREFIX = "ftlaunch-heartbeat-"  # then the supervisor's pid, the attempt, a random suffix

@@ -17,7 +17,7 @@ _HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class SignalInbox:
-    """Install with ``open()`` (main thread only), undo with ``close()``."""
+    """Install with ``open()`` (main thread only), undo with ``close()``; or ``with SignalInbox()``."""
 
     def __init__(self) -> None:
         self.received: List[int] = []
@@ -38,6 +38,13 @@ class SignalInbox:
         for sig in _HANDLED:
             self._previous[sig] = signal.signal(sig, self._record)
         self._previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    def __enter__(self) -> "SignalInbox":
+        self.open()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         for sig, handler in self._previous.items():
