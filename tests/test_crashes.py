@@ -16,7 +16,7 @@ ROOT_CAUSES = {
 
 @pytest.mark.parametrize("how", sorted(ROOT_CAUSES))
 def test_crash_restarts_whole_group_then_succeeds(launcher, how):
-    launch = launcher.run("--nproc", "3", str(ACTOR), "--fail", how, "--others", "exit0", "--run-for", "3")
+    launch = launcher.run("--nproc", "3", str(ACTOR), "--fail", how, "--others", "wait", "--run-for", "0.5")
 
     assert launch.proc.returncode == 0, launch.stderr
     assert "attempt 0: rank 1 (pid" in launch.stderr

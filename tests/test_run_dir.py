@@ -53,10 +53,9 @@ def test_relaunch_after_kill_9_of_the_supervisor_resumes_the_run(launcher, tmp_p
 def test_a_preempted_run_saves_one_step_on_every_rank_and_resumes_from_it(launcher, tmp_path):
     runs = tmp_path / "runs"
     command = ["--nproc", "2", "--run-dir", str(runs), "--grace-period", "30", BEATER, "--steps", "200"]
-    command += ["--save-every", "1000", "--stop-aware"]  # no periodic save after step 0
-    first = launcher.start(*command)
-    wait_for_files(runs / "beater", "progress.json", 1, timeout=60)
-    time.sleep(1.0)  # well into the steps
+    command += ["--save-every", "1000", "--stop-aware", "--ready-dir", str(tmp_path / "stepping")]
+    first = launcher.start(*command)  # no periodic save after step 0
+    wait_for_files(tmp_path / "stepping", "rank_*.attempt_0", 2, timeout=60)  # both ranks are stepping
     first.proc.send_signal(signal.SIGTERM)  # a preemption
 
     assert first.wait(timeout=60) == 143, first.stderr

@@ -24,7 +24,12 @@ def parse() -> argparse.Namespace:
     p.add_argument("--fail-rank", type=int, default=1)
     p.add_argument("--fail-attempts", default="0", help="comma list of attempts that fail, or 'all'")
     p.add_argument("--fail-after", type=float, default=0.3, help="seconds before failing")
-    p.add_argument("--others", choices=["sleep", "exit0"], default="exit0", help="what other ranks do")
+    p.add_argument(
+        "--others",
+        choices=["sleep", "exit0", "wait"],
+        default="exit0",
+        help="what other ranks do; wait: sleep (until stopped) in an attempt where a rank fails, else exit0",
+    )
     p.add_argument("--run-for", type=float, default=1.0, help="seconds the others run before exit0")
     p.add_argument("--ready-dir", type=Path, help="write <dir>/rank_<r>.attempt_<a>.pid once started")
     p.add_argument("--env-dir", type=Path, help="dump the environment to <dir>/rank_<r>.attempt_<a>.json")
@@ -35,10 +40,15 @@ def parse() -> argparse.Namespace:
     return p.parse_args()
 
 
-def fails_now(args: argparse.Namespace) -> bool:
-    if args.fail is None or RANK != args.fail_rank:
+def attempt_fails(args: argparse.Namespace) -> bool:
+    """A rank fails in this attempt."""
+    if args.fail is None:
         return False
     return args.fail_attempts == "all" or str(ATTEMPT) in args.fail_attempts.split(",")
+
+
+def fails_now(args: argparse.Namespace) -> bool:
+    return RANK == args.fail_rank and attempt_fails(args)
 
 
 def die(how: str) -> None:
@@ -94,7 +104,7 @@ def main() -> None:
     if fails_now(args):
         time.sleep(args.fail_after)
         die(args.fail)
-    if args.others == "sleep":
+    if args.others == "sleep" or (args.others == "wait" and attempt_fails(args)):
         time.sleep(1000)
     time.sleep(args.run_for)
     if args.no_newline:

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import worker_lib as ft
 
@@ -33,6 +34,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--no-beat", action="store_true", help="never call ft.heartbeat()")
     p.add_argument("--save-every", type=int, default=0, help="async checkpoint of the step every N steps")
     p.add_argument("--stop-aware", action="store_true", help="save and leave when ft.should_stop(step)")
+    p.add_argument("--ready-dir", type=Path, help="write <dir>/rank_<r>.attempt_<a> after the first step")
     return p.parse_args()
 
 
@@ -90,6 +92,9 @@ def main() -> None:
             ft.save_checkpoint(step, {"step": step}, blocking=True)
             print(f"rank {RANK} stopped at step {step} on request", flush=True)
             break
+        if args.ready_dir and step == first:  # it has beaten (and asked should_stop): evidence for tests
+            args.ready_dir.mkdir(parents=True, exist_ok=True)
+            (args.ready_dir / f"rank_{RANK}.attempt_{ATTEMPT}").touch()
     print(f"rank {RANK} done after {args.steps} steps", flush=True)
     sys.stdout.flush()
     ft.shutdown()
