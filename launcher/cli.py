@@ -12,7 +12,14 @@ from typing import Optional, Sequence
 
 import click
 
-from launcher.config import EntryKind, LaunchConfig, preflight, resolve_backend, visible_gpu_count
+from launcher.config import (
+    EntryKind,
+    LaunchConfig,
+    default_run_name,
+    preflight,
+    resolve_backend,
+    visible_gpu_count,
+)
 from launcher.errors import ExitCode, FtlaunchError, UsageError
 from launcher.runs.directory import join_run_url
 from worker_lib.backend import BACKENDS
@@ -111,7 +118,8 @@ def _say(line: str) -> None:
 @click.option(
     "--run-name",
     default=None,
-    help="Names the run: the same name resumes it  [default: the script's name]",
+    help="Names the run: the same name resumes it  [default: the script's name and a hash of the "
+    "command: the same command resumes, other arguments make another run]",
 )
 @click.option(
     "--fresh", is_flag=True, help="Start the run anew; its previous state and checkpoints are archived."
@@ -192,7 +200,8 @@ def config_from_options(
         raise UsageError("--module and --no-python exclude each other")
     gpus = visible_gpu_count()
     procs = _parse_nproc(nproc, gpus)
-    name = _check_run_name(run_name or _default_run_name(script, module))
+    kind = EntryKind.MODULE if module else EntryKind.EXECUTABLE if no_python else EntryKind.SCRIPT
+    name = _check_run_name(run_name or default_run_name(kind, script, script_args))
     run_url = join_run_url(run_dir, name)
     local = "://" not in run_url or run_url.startswith("file://")
     run_id = run_id or f"{name}-{hashlib.sha1(run_url.encode()).hexdigest()[:8]}"
@@ -201,7 +210,7 @@ def config_from_options(
     return LaunchConfig(
         entrypoint=script,
         script_args=tuple(script_args),
-        entry_kind=EntryKind.MODULE if module else EntryKind.EXECUTABLE if no_python else EntryKind.SCRIPT,
+        entry_kind=kind,
         nproc=procs,
         max_failures=max_failures,
         backend=resolve_backend(backend, procs, gpus),
@@ -224,11 +233,6 @@ def config_from_options(
         heartbeat_timeout=_parse_heartbeat_timeout(heartbeat_timeout),
         heartbeat_floor=parse_duration(heartbeat_floor, "--heartbeat-floor"),
     )
-
-
-def _default_run_name(script: str, module: bool) -> str:
-    """The script's name: relaunching the same command finds the same run."""
-    return script.rsplit(".", 1)[-1] if module else Path(script).stem or "run"
 
 
 def _check_run_name(name: str) -> str:

@@ -2,16 +2,18 @@
 
 import dataclasses
 import enum
+import hashlib
+import json
 import os
 import shutil
 import sys
 from pathlib import Path
-from typing import FrozenSet, Optional, Tuple
+from typing import FrozenSet, Optional, Sequence, Tuple
 
 from launcher.errors import UsageError
 from worker_lib.backend import choose_backend
 
-__all__ = ["EntryKind", "LaunchConfig", "preflight", "visible_gpu_count"]
+__all__ = ["EntryKind", "LaunchConfig", "default_run_name", "preflight", "visible_gpu_count"]
 
 
 class EntryKind(str, enum.Enum):
@@ -100,6 +102,15 @@ class LaunchConfig:
         data["console_ranks"] = sorted(self.console_ranks) if self.console_ranks is not None else None
         return data
 
+    @property
+    def command(self) -> Tuple[str, ...]:
+        """What makes a run this run: how and what it runs, with which arguments."""
+        return (self.entry_kind.value, self.entrypoint, *self.script_args)
+
+    @property
+    def has_default_name(self) -> bool:
+        return self.run_name == default_run_name(self.entry_kind, self.entrypoint, self.script_args)
+
     def shows_on_console(self, rank: int) -> bool:
         return self.console_ranks is None or rank in self.console_ranks
 
@@ -110,6 +121,19 @@ class LaunchConfig:
         if self.entry_kind is EntryKind.EXECUTABLE:
             return (self.entrypoint, *self.script_args)
         return (self.python, "-u", self.entrypoint, *self.script_args)
+
+
+def default_run_name(kind: EntryKind, entrypoint: str, script_args: Sequence[str]) -> str:
+    """The script's name and a hash of the command: the same command (run from the same place)
+    finds the same run; other arguments (a sweep) make another run. Scripts are named by their
+    absolute path, so a relative path names the same script only from the same directory."""
+    if kind is EntryKind.MODULE:
+        stem, target = entrypoint.rsplit(".", 1)[-1], entrypoint
+    else:
+        stem = Path(entrypoint).stem or "run"
+        target = os.path.abspath(entrypoint) if kind is EntryKind.SCRIPT else entrypoint
+    digest = hashlib.sha1(json.dumps([kind.value, target, *script_args]).encode()).hexdigest()
+    return f"{stem}-{digest[:8]}"
 
 
 def visible_gpu_count() -> int:

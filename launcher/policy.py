@@ -2,15 +2,17 @@
 
 - budget: at most ``max_failures`` failed attempts (-1: no limit) are restarted, counting only
   failures inside ``failure_window`` seconds when one is set (systemd's StartLimitIntervalSec);
-- crash loop: ``crash_loop`` failed attempts in a row known to have committed no newer checkpoint
-  stop the run early (0: off; progress is known only where the supervisor sees the checkpoints);
-- backoff: the first failure after progress restarts at once; each further one in a row without
-  known progress waits twice as long, from ``backoff`` seconds up to ``backoff_cap``.
+- crash loop: ``crash_loop`` failed attempts in a row known to have made no progress stop the run
+  early (0: off); progress is judged from evidence (``launcher.evidence``), and an attempt whose
+  progress is unknown ends the row, as one that progressed does;
+- backoff: the first failure after progress restarts at once; each further one in a row known to
+  have made no progress waits twice as long, from ``backoff`` seconds up to ``backoff_cap``.
+  Unknown progress gets no backoff, as under torchrun.
 """
 
 import dataclasses
 import enum
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 from launcher.outcomes import AttemptOutcome
 
@@ -24,7 +26,7 @@ class AttemptRecord:
     attempt: int
     outcome: AttemptOutcome
     ended_at: float  # seconds, on the clock ``now`` is read from
-    progressed: Optional[bool] = None  # committed a newer checkpoint; None: cannot tell
+    progressed: Optional[bool] = None  # None: unknown (no evidence either way)
 
 
 class Verdict(str, enum.Enum):
@@ -54,10 +56,10 @@ class RestartPolicy:
 
     def after_failure(self, history: Sequence[AttemptRecord], now: float) -> RestartDecision:
         """``history``: the attempts that count, oldest first, the one that just failed last."""
-        stuck = _failures_in_a_row(history, lambda r: r.progressed is False)
+        stuck = _stalled_in_a_row(history)
         if self.crash_loop > 0 and stuck >= self.crash_loop:
             return RestartDecision(
-                Verdict.CRASH_LOOP, f"crash loop: {stuck} attempts in a row failed without a newer checkpoint"
+                Verdict.CRASH_LOOP, f"crash loop: {stuck} attempts in a row failed without progress"
             )
         counted = self.counted_failures(history, now)
         window = f" in the last {self.failure_window:g} s" if self.failure_window is not None else ""
@@ -69,8 +71,7 @@ class RestartPolicy:
                 f"failure budget spent ({counted} failures{window}, {self.max_failures} allowed)",
             )
         limit = " (no limit)" if self.max_failures < 0 else f" of {self.max_failures} allowed"
-        in_a_row = _failures_in_a_row(history, lambda r: r.progressed is not True)
-        return RestartDecision(Verdict.RESTART, f"failure {counted}{window}{limit}", self.delay(in_a_row))
+        return RestartDecision(Verdict.RESTART, f"failure {counted}{window}{limit}", self.delay(stuck))
 
     def counted_failures(self, history: Sequence[AttemptRecord], now: float) -> int:
         return sum(
@@ -86,14 +87,14 @@ class RestartPolicy:
         return min(self.backoff_cap, self.backoff * 2 ** (failures_in_a_row - 2))
 
 
-def _failures_in_a_row(history: Sequence[AttemptRecord], stalled: Callable[[AttemptRecord], bool]) -> int:
-    """Failed attempts at the end of ``history`` for which ``stalled`` holds; any other attempt
+def _stalled_in_a_row(history: Sequence[AttemptRecord]) -> int:
+    """Failed attempts known to have made no progress at the end of ``history``; any other attempt
     ends the row, except a lost supervisor (not the workers' doing: it neither ends nor extends it)."""
     count = 0
     for record in reversed(history):
         if record.outcome is AttemptOutcome.SUPERVISOR_LOST:
             continue
-        if record.outcome is not AttemptOutcome.FAILED or not stalled(record):
+        if record.outcome is not AttemptOutcome.FAILED or record.progressed is not False:
             break
         count += 1
     return count

@@ -122,15 +122,18 @@ def _table(report: Dict[str, Any]) -> List[str]:
         + apart,
         f"checkpoint   {_checkpoint(state, now)}",
         "",
-        f"{'attempt':>7}  {'started':<19}  {'ran':>8}  {'outcome':<16}  {'from step':>9}  first failure",
+        f"{'attempt':>7}  {'started':<19}  {'ran':>8}  {'outcome':<16}  {'from step':>9}  {'progress':<8}  "
+        "first failure",
     ]
     for a in attempts:
         ran = seconds((a.ended_at or now) - a.started_at) + " s"
         first = a.failures[0].detail if a.failures else ""
         step = "-" if a.resumed_from_step is None else a.resumed_from_step
         outcome = a.outcome.value if a.outcome is not None else "running"
+        progress = a.progress.value if a.outcome is not None else ""
         lines.append(
-            f"{a.attempt:>7}  {_when(a.started_at):<19}  {ran:>8}  {outcome:<16}  {step:>9}  {first}"
+            f"{a.attempt:>7}  {_when(a.started_at):<19}  {ran:>8}  {outcome:<16}  {step:>9}  "
+            f"{progress:<8}  {first}"
         )
     progress = report.get("progress")
     if progress:

@@ -29,6 +29,8 @@ def summary_lines(result: RunResult) -> List[str]:
         lines.append(f"  downtime {down:.2f} s in {len(result.recoveries)} recovery(ies)")
     if result.goodput is not None:
         lines.append(f"  goodput {100 * result.goodput:.0f}% (wall time spent on steps that were kept)")
+    else:
+        lines.append("  goodput unknown: ftlaunch sees no checkpoint of this script (it sees worker_lib's)")
     if failed and result.exit_code != 0:
         lines += _root_cause_detail(failed[-1].root_cause)
     return lines

@@ -13,7 +13,7 @@ from launcher.errors import ExitCode, FtlaunchError, UsageError, exit_code_for_s
 from launcher.events import Decision, EventLog, RunEnd, RunStart, StopRequested, Transition, WorkerExit
 from launcher.failures import Failure, HangFailure, ProcessFailure, read_error_file, root_cause
 from launcher.group_state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine
-from launcher.hangs.board import HeartbeatBoard
+from launcher.hangs.board import BeatSummary, HeartbeatBoard
 from launcher.hangs.monitor import HangMonitor, progress_rows
 from launcher.hangs.stacks import main_thread_stack
 from launcher.outcomes import AttemptOutcome, RunStatus
@@ -50,6 +50,8 @@ class AttemptResult:
     outcome: AttemptOutcome  # never SUPERVISOR_LOST: that is found by the next supervisor
     failures: List[Failure] = dataclasses.field(default_factory=list)
     signum: Optional[int] = None  # when stopped by a signal
+    lived: float = 0.0  # seconds from its start until the supervisor saw it end
+    beats: BeatSummary = BeatSummary(beat=False, furthest_step=None)
 
     @property
     def root_cause(self) -> Optional[Failure]:
@@ -147,7 +149,9 @@ class Supervisor:
             result = self._run_attempt(number)
             attempts.append(result)
             newest = self._run.newest_checkpoint()  # what this attempt left is where the next one starts
-            self._run.attempt_ended(entry, result.outcome, result.failures, newest)
+            self._run.attempt_ended(
+                entry, result.outcome, result.failures, newest, result.beats, result.lived
+            )
             ended = RunStatus.ended_by(result.outcome)
             if result.outcome is AttemptOutcome.SUCCEEDED:
                 return RunResult(ExitCode.SUCCESS, ended, attempts, "every rank exited 0")
@@ -159,9 +163,7 @@ class Supervisor:
             self._events.emit(Decision(number, decision.verdict.value, decision.reason, decision.delay))
             self._say(f"attempt {number} failed: {result.root_cause.describe()}")
             if decision.verdict is Verdict.CRASH_LOOP:
-                since = self._run.state.latest_step
-                where = f"step {since}" if since is not None else "the start"
-                reason = f"{decision.reason}: no progress since {where}"
+                reason = f"{decision.reason} (the last: {entry.progress_evidence})"
                 return RunResult(ExitCode.CRASH_LOOP, ended, attempts, reason)
             if not decision.restart:
                 return RunResult(ExitCode.FAILED, ended, attempts, decision.reason)
@@ -189,9 +191,12 @@ class Supervisor:
         pump = LogPump(*self._console)
         specs = plan_workers(self.config, attempt, store.port, heartbeat_file=board.path)
         group = WorkerGroup(specs, self._spawner, pump, self._guard, self.config.shows_on_console)
+        started = time.monotonic()
         try:
             result = self._start_and_watch(machine, group, board)
+            lived = time.monotonic() - started
             self._stop(machine, group, result)
+            result = dataclasses.replace(result, lived=lived, beats=BeatSummary.of(board.read().values()))
         except BaseException:
             self._kill_after_error(machine, group)
             raise

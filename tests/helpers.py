@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -52,6 +53,12 @@ class Launch:
         lines = (self.log_dir / "events.jsonl").read_text().splitlines()
         events = [json.loads(line) for line in lines]
         return [e for e in events if kind is None or e["event"] == kind]
+
+    def run_url(self) -> str:
+        """The run this launch started or resumed, as ftlaunch said on the console."""
+        found = re.search(r"\[ftlaunch\] run (\S+): (?:new|resuming)", self.stderr)
+        assert found, f"no run named on the console:\n{self.stderr}"
+        return found.group(1)
 
     def survivors(self) -> List[psutil.Process]:
         return processes_with_marker(self.marker)

@@ -2,6 +2,7 @@
 
 import pytest
 
+from launcher.evidence import Progress, ProgressEvidence, judge_progress
 from launcher.outcomes import AttemptOutcome
 from launcher.policy import AttemptRecord, RestartPolicy, Verdict
 
@@ -36,8 +37,10 @@ def test_only_failures_inside_the_window_count():
 
 def test_backoff_doubles_per_failure_without_progress_and_is_capped():
     policy = RestartPolicy(max_failures=-1, crash_loop=0, backoff=1.0, backoff_cap=10.0)
-    delays = [policy.after_failure(history(*range(n)), now=n).delay for n in range(1, 8)]
-    assert delays == [0.0, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    stuck = [policy.after_failure(history(*range(n), progressed=False), now=n).delay for n in range(1, 8)]
+    assert stuck == [0.0, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    unknown = [policy.after_failure(history(*range(n)), now=n).delay for n in range(1, 8)]
+    assert unknown == [0.0] * 7  # no evidence of being stuck: restart at once, as torchrun does
 
 
 def test_progress_resets_the_backoff():
@@ -56,10 +59,46 @@ def test_crash_loop_needs_known_lack_of_progress_in_a_row():
     decision = policy.after_failure(stuck, now=2.0)
     assert decision.verdict is Verdict.CRASH_LOOP and "3 attempts in a row" in decision.reason
     assert policy.after_failure(stuck[:2], now=1.0).restart
-    unknown = history(0.0, 1.0, 2.0, progressed=None)  # no checkpoints seen: never a crash loop
+    unknown = history(0.0, 1.0, 2.0, progressed=None)  # no evidence either way: never a crash loop
     assert policy.after_failure(unknown, now=2.0).restart
+    broken = [*stuck[:2], AttemptRecord(2, F, 2.0, None), AttemptRecord(3, F, 3.0, False)]
+    assert policy.after_failure(broken, now=3.0).restart  # an unknown attempt ends the row
     broken = stuck[:1] + [AttemptRecord(1, F, 1.0, True)] + stuck[2:]
     assert policy.after_failure(broken, now=2.0).restart
+
+
+def _evidence(**seen):
+    base = dict(
+        commits_seen=True,
+        committed_before=None,
+        committed_after=None,
+        beat=False,
+        furthest_step=None,
+        beat_before=False,
+        furthest_before=None,
+        lived=30.0,
+    )
+    return ProgressEvidence(**{**base, **seen})
+
+
+@pytest.mark.parametrize(
+    "seen, verdict",
+    [
+        (dict(committed_before=10, committed_after=20), Progress.MADE),  # a newer commit
+        (dict(beat=True, furthest_step=17, furthest_before=12), Progress.MADE),  # further than ever
+        (dict(beat=True, furthest_step=12, furthest_before=17), Progress.NONE),  # not as far as before
+        (dict(beat=True, furthest_step=5), Progress.MADE),  # the first attempt that beats
+        (dict(beat_before=True), Progress.NONE),  # the script beats, this attempt never did
+        (dict(committed_before=10, committed_after=10), Progress.NONE),  # the script commits; not now
+        (dict(lived=0.2), Progress.NONE),  # failed at once
+        (dict(), Progress.UNKNOWN),  # its own checkpoints, no beats: nothing to judge by
+        (dict(commits_seen=False, committed_before=10), Progress.UNKNOWN),  # storage unreadable
+        (dict(beat=True), Progress.UNKNOWN),  # beats without steps tell liveness, not progress
+    ],
+)
+def test_progress_is_judged_from_evidence_only(seen, verdict):
+    judged, words = judge_progress(_evidence(**seen))
+    assert judged is verdict and words
 
 
 def test_preemptions_and_lost_supervisors_do_not_count_as_failures():

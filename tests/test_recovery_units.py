@@ -47,3 +47,12 @@ def test_goodput_counts_what_was_kept():
     attempts[2].first_step_at = 70.0  # its first 10 s were start-up
     assert goodput(attempts, now=100.0) == pytest.approx(0.6)
     assert goodput([], now=1.0) is None
+
+
+def test_goodput_is_unknown_when_the_script_commits_nothing_ftlaunch_sees():
+    attempts = [
+        _attempt(0, 0.0, 40.0, AttemptOutcome.FAILED),  # its own checkpoints: kept, or not?
+        _attempt(1, 40.0, 100.0, AttemptOutcome.SUCCEEDED),
+    ]
+    assert goodput(attempts, now=100.0) is None
+    assert goodput(attempts[1:], now=100.0) == pytest.approx(1.0)  # nothing failed: all was kept

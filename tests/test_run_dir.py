@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from helpers import ACTOR, SCRIPTS, wait_for_files
@@ -22,7 +23,8 @@ def _state(run_dir, name):
 
 def test_relaunch_after_kill_9_of_the_supervisor_resumes_the_run(launcher, tmp_path):
     runs = tmp_path / "runs"
-    command = ["--nproc", "2", "--run-dir", str(runs), BEATER, "--steps", "200", "--save-every", "10"]
+    command = ["--nproc", "2", "--run-dir", str(runs), "--run-name", "beater", BEATER, "--steps", "200"]
+    command += ["--save-every", "10"]
     first = launcher.start(*command, log_dir=tmp_path / "logs")
     wait_for_files(runs / "beater" / "checkpoints", "step_40/COMMITTED", 1, timeout=60)
     os.kill(first.proc.pid, signal.SIGKILL)
@@ -52,7 +54,8 @@ def test_relaunch_after_kill_9_of_the_supervisor_resumes_the_run(launcher, tmp_p
 
 def test_a_preempted_run_saves_one_step_on_every_rank_and_resumes_from_it(launcher, tmp_path):
     runs = tmp_path / "runs"
-    command = ["--nproc", "2", "--run-dir", str(runs), "--grace-period", "30", BEATER, "--steps", "200"]
+    command = ["--nproc", "2", "--run-dir", str(runs), "--run-name", "beater", "--grace-period", "30"]
+    command += [BEATER, "--steps", "200"]
     command += ["--save-every", "1000", "--stop-aware", "--ready-dir", str(tmp_path / "stepping")]
     first = launcher.start(*command)  # no periodic save after step 0
     wait_for_files(tmp_path / "stepping", "rank_*.attempt_0", 2, timeout=60)  # both ranks are stepping
@@ -81,12 +84,13 @@ def _starts(stdout, attempt):
 def test_a_second_supervisor_on_a_live_run_is_refused(launcher, tmp_path):
     ready = tmp_path / "ready"
     runs = tmp_path / "runs"
+    named = ["--run-dir", str(runs), "--run-name", "actor"]
     live = launcher.start(
-        "--run-dir", str(runs), str(ACTOR), "--others", "sleep", "--run-for", "60", "--ready-dir", str(ready)
+        *named, str(ACTOR), "--others", "sleep", "--run-for", "60", "--ready-dir", str(ready)
     )
     wait_for_files(ready, "*.pid", 1)
 
-    refused = launcher.run("--run-dir", str(runs), str(ACTOR))
+    refused = launcher.run(*named, str(ACTOR))
 
     assert refused.proc.returncode == 2
     line = refused.stderr.strip()
@@ -98,9 +102,9 @@ def test_a_second_supervisor_on_a_live_run_is_refused(launcher, tmp_path):
     assert live.survivors() == [] and refused.survivors() == []
 
     # Preemptions are not failures (--max-failures 0 would have stopped at one), and are limited apart.
-    limited = launcher.run("--run-dir", str(runs), "--max-preemptions", "0", str(ACTOR))
+    limited = launcher.run(*named, "--max-preemptions", "0", str(ACTOR))
     assert limited.proc.returncode == 1 and "preempted 1 time(s), --max-preemptions 0" in limited.stderr
-    resumed = launcher.run("--run-dir", str(runs), "--max-failures", "0", str(ACTOR))
+    resumed = launcher.run(*named, "--max-failures", "0", str(ACTOR))
     assert resumed.proc.returncode == 0, resumed.stderr
     assert [a["outcome"] for a in _state(runs, "actor")["attempts"]] == ["PREEMPTED", "SUCCEEDED"]
 
@@ -123,7 +127,7 @@ def test_a_lock_left_by_a_dead_supervisor_is_taken_over(launcher, tmp_path):
     gone.wait()  # a pid that no longer runs
     _write_lock(tmp_path / "runs" / "actor", pid=gone.pid)
 
-    launch = launcher.run(str(ACTOR))
+    launch = launcher.run("--run-name", "actor", str(ACTOR))
 
     assert launch.proc.returncode == 0, launch.stderr
     assert f"took the run over from {socket.gethostname()} pid {gone.pid}" in launch.stderr
@@ -133,20 +137,22 @@ def test_a_lock_left_by_a_dead_supervisor_is_taken_over(launcher, tmp_path):
 def test_another_hosts_lock_is_respected_until_its_lease_expires(launcher, tmp_path):
     run = tmp_path / "runs" / "actor"
     _write_lock(run, host="elsewhere", renewed_at=time.time() - 10)
-    refused = launcher.run(str(ACTOR))
+    refused = launcher.run("--run-name", "actor", str(ACTOR))
     assert refused.proc.returncode == 2 and "elsewhere pid 1" in refused.stderr
 
     _write_lock(run, host="elsewhere", renewed_at=time.time() - 600)
-    launch = launcher.run(str(ACTOR))
+    launch = launcher.run("--run-name", "actor", str(ACTOR))
     assert launch.proc.returncode == 0, launch.stderr
     assert "took the run over from elsewhere pid 1" in launch.stderr and "lease expired" in launch.stderr
     assert launch.survivors() == []
 
 
 def test_a_succeeded_run_is_not_run_again_unless_fresh(launcher, tmp_path):
-    assert launcher.run(str(ACTOR)).proc.returncode == 0
+    first = launcher.run(str(ACTOR))
+    assert first.proc.returncode == 0, first.stderr
+    run = Path(first.run_url())
 
-    again = launcher.run(str(ACTOR))
+    again = launcher.run(str(ACTOR))  # the same command: the same run
     assert again.proc.returncode == 0
     assert "had already succeeded" in again.stderr and "--fresh starts it again" in again.stderr
     assert not (again.log_dir / "attempt_0").exists()  # no worker started
@@ -154,10 +160,42 @@ def test_a_succeeded_run_is_not_run_again_unless_fresh(launcher, tmp_path):
     fresh = launcher.run("--fresh", str(ACTOR))
     assert fresh.proc.returncode == 0, fresh.stderr
     assert "moved to" in fresh.stderr
-    archived = list((tmp_path / "runs" / "actor" / "archive").glob("*/run.json"))
+    archived = list((run / "archive").glob("*/run.json"))
     assert len(archived) == 1 and json.loads(archived[0].read_text())["status"] == "SUCCEEDED"
-    assert _state(tmp_path / "runs", "actor")["attempts"][0]["outcome"] == "SUCCEEDED"
+    assert _state(run.parent, run.name)["attempts"][0]["outcome"] == "SUCCEEDED"
     assert fresh.survivors() == []
+
+
+def test_a_sweep_trains_every_setting_and_only_the_same_command_resumes(launcher, tmp_path):
+    """for lr in 1e-3 1e-4; do ftlaunch train.py --lr $lr; done: two runs, both trained."""
+    sweep = [launcher.run("--nproc", "1", str(ACTOR), "--run-for", run_for) for run_for in ("0.1", "0.2")]
+    assert [s.proc.returncode for s in sweep] == [0, 0], [s.stderr for s in sweep]
+    assert all(": new (named after the script and its arguments)" in s.stderr for s in sweep)
+    assert sweep[0].run_url() != sweep[1].run_url()
+    assert all((s.log_dir / "attempt_0" / "rank_0.log").exists() for s in sweep)  # both trained
+
+    failing = ["--nproc", "1", "--max-failures", "0", *_rank_0_exits_1(attempts="0")]
+    failed = launcher.run(*failing)
+    assert failed.proc.returncode == 1, failed.stderr
+    other = launcher.run(*failing, "--run-for", "0.1")  # other arguments: a new run, nothing resumed
+    assert other.proc.returncode == 1 and ": new (" in other.stderr and other.run_url() != failed.run_url()
+    same = launcher.run(*failing)  # the same command resumes the failed run, and says why
+    assert same.proc.returncode == 0, same.stderr
+    assert same.run_url() == failed.run_url() and "found by the same command" in same.stderr
+
+    named = launcher.run("--run-name", "mine", *failing)
+    assert named.proc.returncode == 1, named.stderr
+    renamed = launcher.run("--run-name", "mine", *failing, "--run-for", "0.1")  # loudly resumed into
+    assert renamed.proc.returncode == 0, renamed.stderr
+    assert f"WARNING: run {named.run_url()} was started by another command:" in renamed.stderr
+    assert re.search(r"WARNING:   then: python \S+actor.py --fail exit .*--fail-after 0\n", renamed.stderr)
+    assert re.search(r"WARNING:   now:  python \S+actor.py .*--fail-after 0 --run-for 0.1\n", renamed.stderr)
+    assert "--fresh starts the run anew" in renamed.stderr and "found by --run-name mine" in renamed.stderr
+    done = launcher.run("--run-name", "mine", *failing, "--run-for", "0.3")  # succeeded: not rerun, loudly
+    assert "WARNING: run" in done.stderr and "had already succeeded" in done.stderr
+    assert not (done.log_dir / "attempt_0").exists()
+    launches = (*sweep, failed, other, same, named, renamed, done)
+    assert all(launch.survivors() == [] for launch in launches)
 
 
 def _rank_0_exits_1(attempts: str):
@@ -185,11 +223,30 @@ def test_a_crash_loop_stops_early_with_its_own_exit_code(launcher, tmp_path):
     )
 
     assert launch.proc.returncode == 3, launch.stderr
-    assert (
-        "crash loop: 3 attempts in a row failed without a newer checkpoint: no progress since the start"
-        in launch.stderr
-    )
-    assert _state(tmp_path / "runs", "actor")["status"] == "FAILED"
+    assert "crash loop: 3 attempts in a row failed without progress (the last: ended 0." in launch.stderr
+    assert _state(tmp_path / "runs", Path(launch.run_url()).name)["status"] == "FAILED"
+    assert launch.survivors() == []
+
+
+def test_a_script_with_its_own_checkpoints_is_restarted_like_torchrun_would(launcher, tmp_path):
+    """No worker_lib, no heartbeats: ftlaunch cannot see its progress, so it must not conclude
+    there is none (no crash-loop stop, no backoff), and must say that it does not know."""
+    own = tmp_path / "own"
+    own.mkdir()
+    script = [str(SCRIPTS / "own_checkpoints.py"), "--dir", str(own), "--total", "20"]
+    launch = launcher.run("--nproc", "2", "--max-failures", "10", *script, timeout=180)
+
+    assert launch.proc.returncode == 0, launch.stderr  # attempts 0-2 fail, attempt 3 finishes
+    assert "crash loop" not in launch.stderr and "backoff" not in launch.stderr
+    assert "goodput unknown" in launch.stderr
+    assert [(own / f"rank_{r}.step").read_text() for r in (0, 1)] == ["20", "20"]
+    name = Path(launch.run_url()).name
+    attempts = _state(tmp_path / "runs", name)["attempts"]
+    assert [(a["outcome"], a["progress"]) for a in attempts] == [("FAILED", "unknown")] * 3 + [
+        ("SUCCEEDED", "unknown")
+    ]
+    code, table = _status("--run-dir", str(tmp_path / "runs"), name)
+    assert re.search(r"FAILED\s+-\s+unknown\s+rank 1 \(pid \d+\): exit code 1", table), table
     assert launch.survivors() == []
 
 
@@ -222,6 +279,8 @@ def test_the_whole_run_dir_on_a_gcs_emulator(launcher, storage, tmp_path):
         "2",
         "--run-dir",
         storage.url,
+        "--run-name",
+        "beater",
         BEATER,
         "--steps",
         "30",
@@ -265,7 +324,17 @@ def _status(*args):
 def test_status_of_a_live_and_of_a_finished_run(launcher, tmp_path):
     runs = tmp_path / "runs"
     live = launcher.start(
-        "--nproc", "2", "--run-dir", str(runs), BEATER, "--steps", "400", "--save-every", "10"
+        "--nproc",
+        "2",
+        "--run-dir",
+        str(runs),
+        "--run-name",
+        "beater",
+        BEATER,
+        "--steps",
+        "400",
+        "--save-every",
+        "10",
     )
     wait_for_files(runs / "beater" / "checkpoints", "step_20/COMMITTED", 1, timeout=60)
     deadline = time.monotonic() + 20  # progress is published every 5 s: wait for one with steps

@@ -6,13 +6,13 @@ import mmap
 import os
 import tempfile
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Iterable, Optional
 
 import psutil
 
 from worker_lib import contract as c
 
-__all__ = ["BeatReading", "HeartbeatBoard", "Phase"]
+__all__ = ["BeatReading", "BeatSummary", "HeartbeatBoard", "Phase"]
 
 
 class Phase(str, enum.Enum):
@@ -43,6 +43,20 @@ class BeatReading:
         if self.paused:
             return Phase.PAUSED
         return Phase.STEPPING if self.beats > 0 else Phase.STARTING
+
+
+@dataclasses.dataclass(frozen=True)
+class BeatSummary:
+    """What an attempt's ranks reported, all of them together."""
+
+    beat: bool  # some rank called ft.heartbeat()
+    furthest_step: Optional[int]  # the highest step passed to it; None: none given
+
+    @classmethod
+    def of(cls, readings: Iterable[BeatReading]) -> "BeatSummary":
+        beaten = [r for r in readings if r.beats > 0]
+        steps = [r.step for r in beaten if r.step >= 0]
+        return cls(bool(beaten), max(steps) if steps else None)
 
 
 _PREFIX = "ftlaunch-heartbeat-"  # then the supervisor's pid, the attempt, a random suffix

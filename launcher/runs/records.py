@@ -6,6 +6,7 @@ import enum
 import json
 from typing import Any, Dict, List, Optional
 
+from launcher.evidence import Progress
 from launcher.failures import Failure, HangFailure
 from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.policy import AttemptRecord
@@ -55,17 +56,20 @@ class AttemptEntry:
     newest_step_committed_at: Optional[float] = None  # wall clock
     checkpoints_seen: bool = False  # the checkpoint dir could be listed at its end
     first_step_at: Optional[float] = None  # wall clock: every rank had beaten (needs heartbeats)
+    beat: bool = False  # some rank called ft.heartbeat()
+    furthest_step: Optional[int] = None  # the highest step a rank beat with
+    progress: Progress = Progress.UNKNOWN  # judged from the evidence when it ended
+    progress_evidence: str = ""  # that evidence, in words
     failures: List[FailureEntry] = dataclasses.field(default_factory=list)
 
     @property
-    def progressed(self) -> Optional[bool]:
-        """Committed a newer checkpoint than it started from; None where checkpoints are unseen."""
-        if not self.checkpoints_seen:
-            return None
-        return self.newest_step_at_end != self.resumed_from_step
+    def committed_new(self) -> bool:
+        """It committed a newer checkpoint than the one it started from."""
+        return self.checkpoints_seen and self.newest_step_at_end not in (None, self.resumed_from_step)
 
     def record(self) -> AttemptRecord:
-        return AttemptRecord(self.attempt, self.outcome, self.ended_at or 0.0, self.progressed)
+        progressed = {Progress.MADE: True, Progress.NONE: False}.get(self.progress)
+        return AttemptRecord(self.attempt, self.outcome, self.ended_at or 0.0, progressed)
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> "AttemptEntry":
@@ -74,6 +78,7 @@ class AttemptEntry:
             **{
                 **data,
                 "outcome": AttemptOutcome(outcome) if outcome is not None else None,
+                "progress": Progress(data.get("progress", Progress.UNKNOWN)),
                 "failures": [FailureEntry.from_json(f) for f in data.get("failures", [])],
             }
         )

@@ -3,13 +3,16 @@ attempt and the end, and keep the lease fresh. Storage and the lock live in ``ru
 the records in ``runs.records``; this module decides what goes into them and when."""
 
 import os
+import shlex
 import socket
 import time
 from typing import Callable, List, Optional
 
 from launcher.config import LaunchConfig
 from launcher.events import EventLog, Logged, Resume, Takeover
+from launcher.evidence import ProgressEvidence, judge_progress
 from launcher.failures import Failure
+from launcher.hangs.board import BeatSummary
 from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.runs.checkpoints import CheckpointDir, NewestCheckpoint
 from launcher.runs.directory import PROGRESS_FILE, Holder, RunDir
@@ -52,9 +55,12 @@ class Run:
                 created_at=time.time(),
                 config=self.config.to_json(),
             )
+            named = " (named after the script and its arguments)" if self.config.has_default_name else ""
+            self._say(f"run {self.config.run_url}: new{named}")
         else:
             self._earlier_events = self.dir.read_events()
             state = RunState.from_json(prior)
+            self._compare_commands(state)
         if taken_from is not None:
             self._report_takeover(state, taken_from)
         if prior is not None:
@@ -87,9 +93,6 @@ class Run:
         if was is RunStatus.FAILED:  # a person relaunched a run that gave up: a fresh budget
             state.budget_from = state.next_attempt
         state.status, state.reason, state.exit_code = RunStatus.RUNNING, "", None
-        before = state.config.get("entrypoint")
-        if before != self.config.entrypoint:
-            self._say(f"the run was started with {before}; it goes on with {self.config.entrypoint}")
         state.config = self.config.to_json()
         newest = self.newest_checkpoint()  # the lost supervisor may have seen later commits
         if newest.step is not None:
@@ -99,11 +102,28 @@ class Run:
             if state.latest_step is not None
             else "no checkpoint yet"
         )
+        why = "the same command" if self.config.has_default_name else f"--run-name {self.config.run_name}"
         self._say(
-            f"run {self.config.run_url}: resuming ({was.value}, {len(state.attempts)} attempt(s), {step})"
+            f"run {self.config.run_url}: resuming ({was.value}, {len(state.attempts)} attempt(s), {step}; "
+            f"found by {why})"
         )
         self._events.emit(Resume(previous_status=was.value, attempts=len(state.attempts)))
         self._save(state)
+
+    def _compare_commands(self, state: RunState) -> None:
+        """A run resumed by another command takes on the first one's checkpoints: say so loudly."""
+        recorded = state.config
+        before = (recorded.get("entry_kind"), recorded.get("entrypoint"), *recorded.get("script_args", ()))
+        if tuple(before) == self.config.command:
+            return
+        for line in (
+            f"run {self.config.run_url} was started by another command:",
+            f"  then: {_shell(before)}",
+            f"  now:  {_shell(self.config.command)}",
+            "it goes on with the new command and the run's checkpoints and history; --fresh starts the "
+            "run anew (the old one is archived), another --run-name makes a new run",
+        ):
+            self._say(f"WARNING: {line}")
 
     def _archive(self) -> None:
         """--fresh: the old run's state, history and (default) checkpoints move aside, kept."""
@@ -132,7 +152,13 @@ class Run:
         self.state.attempts[-1].first_step_at = time.time()
 
     def attempt_ended(
-        self, entry: AttemptEntry, outcome: AttemptOutcome, failures: List[Failure], newest: NewestCheckpoint
+        self,
+        entry: AttemptEntry,
+        outcome: AttemptOutcome,
+        failures: List[Failure],
+        newest: NewestCheckpoint,
+        beats: BeatSummary,
+        lived: float,
     ) -> None:
         now = time.time()
         entry.ended_at, entry.outcome = now, outcome
@@ -141,7 +167,23 @@ class Run:
             entry.checkpoints_seen = True
             entry.newest_step_at_end, entry.newest_step_committed_at = newest.step, newest.committed_at
             self.state.latest_step, self.state.latest_step_at = newest.step, newest.committed_at
+        entry.beat, entry.furthest_step = beats.beat, beats.furthest_step
+        entry.progress, entry.progress_evidence = judge_progress(self._evidence(entry, lived))
         self.save()
+
+    def _evidence(self, entry: AttemptEntry, lived: float) -> ProgressEvidence:
+        earlier = [a for a in self.state.attempts if a is not entry]
+        steps = [a.furthest_step for a in earlier if a.furthest_step is not None]
+        return ProgressEvidence(
+            commits_seen=entry.checkpoints_seen,
+            committed_before=entry.resumed_from_step,
+            committed_after=entry.newest_step_at_end,
+            beat=entry.beat,
+            furthest_step=entry.furthest_step,
+            beat_before=any(a.beat for a in earlier),
+            furthest_before=max(steps) if steps else None,
+            lived=lived,
+        )
 
     def finish(self, status: RunStatus, reason: str, exit_code: int) -> None:
         self.state.status, self.state.reason, self.state.exit_code = status, reason, exit_code
@@ -169,3 +211,10 @@ class Run:
     def keep_alive(self, now: float) -> None:
         if self.dir.renew_due(now):
             self.dir.renew()
+
+
+def _shell(command: tuple) -> str:
+    """('module', 'pkg.train', '--lr', '1') → 'python -m pkg.train --lr 1'."""
+    kind, entrypoint, *args = command
+    runner = {"module": "python -m ", "script": "python "}.get(kind, "")
+    return runner + " ".join(shlex.quote(str(part)) for part in (entrypoint, *args))
