@@ -6,6 +6,7 @@ Every option can also be set as ``FTLAUNCH_<OPTION>`` (``FTLAUNCH_NPROC=8``), as
 
 import hashlib
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -21,10 +22,11 @@ from launcher.config import (
     visible_gpu_count,
 )
 from launcher.errors import ExitCode, FtlaunchError, UsageError
+from launcher.process.signals import SignalInbox
 from launcher.runs.directory import join_run_url
 from worker_lib.backend import BACKENDS
 
-__all__ = ["cli", "main", "run"]
+__all__ = ["cli", "main"]
 
 ENV_PREFIX = "FTLAUNCH"
 
@@ -146,27 +148,44 @@ def _say(line: str) -> None:
     "--backoff", default="1s", metavar="DURATION", help="Wait before the 2nd restart in a row; doubles."
 )
 @click.option("--max-backoff", default="1m", metavar="DURATION", help="The longest wait between restarts.")
+@click.option(
+    "--storage-timeout",
+    default="20s",
+    metavar="DURATION",
+    help="How long the check that the run dir and checkpoint storage can be written may take.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log the supervisor's own decisions.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.version_option(package_name="ftlaunch")
-def cli(verbose: bool, **options) -> int:
+@click.pass_obj
+def cli(signals: SignalInbox, verbose: bool, **options) -> int:
     """Start SCRIPT on N workers, watch them, and restart the whole group when one fails.
 
     Everything after SCRIPT is passed to SCRIPT.
     """
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.WARNING, format="[ftlaunch] %(name)s: %(message)s"
-    )
+    _configure_logging(verbose)
     config = config_from_options(**options)
-    preflight(config)
+    preflight(config, signals.raise_if_received)
+    signals.raise_if_received()
     from launcher.summary import summary_lines
     from launcher.supervisor import supervise
 
-    result = supervise(config, say=_say)
+    result = supervise(config, signals, say=_say)
     for line in summary_lines(result):
         _say(line)
     return int(result.exit_code)
+
+
+def _configure_logging(verbose: bool) -> None:
+    """Our own warnings reach the console; other libraries' (gcsfs's retries, with tracebacks)
+    only with -v: what went wrong is said once, in one line, by the error it ends in."""
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.DEBUG if verbose else logging.WARNING)
+    handler.setFormatter(logging.Formatter("[ftlaunch] %(name)s: %(message)s"))
+    if not verbose:
+        handler.addFilter(lambda record: record.name.split(".")[0] in ("launcher", "worker_lib"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, handlers=[handler])
 
 
 def config_from_options(
@@ -193,6 +212,7 @@ def config_from_options(
     max_preemptions: int,
     backoff: str,
     max_backoff: str,
+    storage_timeout: str,
     script: str,
     script_args: Sequence[str],
 ) -> LaunchConfig:
@@ -232,6 +252,7 @@ def config_from_options(
         init_timeout=parse_duration(init_timeout, "--init-timeout"),
         heartbeat_timeout=_parse_heartbeat_timeout(heartbeat_timeout),
         heartbeat_floor=parse_duration(heartbeat_floor, "--heartbeat-floor"),
+        storage_timeout=parse_duration(storage_timeout, "--storage-timeout"),
     )
 
 
@@ -251,7 +272,9 @@ def parse_duration(value: str, option: str) -> float:
     try:
         seconds = float(number) * _UNITS[unit]
     except (ValueError, KeyError):
-        raise UsageError(f"{option} takes a duration like 90, 90s, 15m or 2h, got {value!r}") from None
+        seconds = math.nan
+    if not math.isfinite(seconds):  # "nan" and "inf" parse as floats: a deadline of nan never fires
+        raise UsageError(f"{option} takes a duration like 90, 90s, 15m or 2h, got {value!r}")
     if seconds < 0:
         raise UsageError(f"{option} must not be negative, got {value!r}")
     return seconds
@@ -291,7 +314,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from launcher.status_cli import status_cli
 
             return status_cli.main(args=args[1:], prog_name="ftlaunch status", standalone_mode=False)
-        return cli.main(args=args, prog_name="ftlaunch", standalone_mode=False, auto_envvar_prefix=ENV_PREFIX)
+        # From here on SIGINT/SIGTERM/SIGHUP are recorded, never raised mid-import or mid-probe; every
+        # stage of the launch acts on them (before start: exit at once; later: stop the workers).
+        with SignalInbox() as signals:
+            return cli.main(
+                args=args,
+                prog_name="ftlaunch",
+                standalone_mode=False,
+                auto_envvar_prefix=ENV_PREFIX,
+                obj=signals,
+            )
     except click.exceptions.Exit as done:  # --help, --version
         return done.exit_code
     except click.ClickException as err:
@@ -300,14 +332,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except FtlaunchError as err:
         _error(str(err))
         return err.exit_code
-    except KeyboardInterrupt:  # Ctrl+C before the supervisor took over the signal (no worker yet)
+    except (KeyboardInterrupt, click.exceptions.Abort):  # Ctrl+C before the handlers were in place
         return ExitCode.INTERRUPTED_SIGINT
 
 
 def _error(message: str) -> None:
     click.echo(f"ftlaunch: error: {message}", err=True)
-
-
-def run() -> None:
-    """Console-script entry point."""
-    sys.exit(main())

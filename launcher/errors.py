@@ -3,7 +3,7 @@
 import enum
 import signal
 
-__all__ = ["ExitCode", "FtlaunchError", "RunBusy", "UsageError", "exit_code_for_signal"]
+__all__ = ["ExitCode", "FtlaunchError", "Interrupted", "RunBusy", "UsageError", "exit_code_for_signal"]
 
 
 class ExitCode(enum.IntEnum):
@@ -37,3 +37,11 @@ class UsageError(FtlaunchError):
 
 class RunBusy(UsageError):
     """Another live ftlaunch holds the run."""
+
+
+class Interrupted(FtlaunchError):
+    """A signal (Ctrl+C, SIGTERM, SIGHUP) came before any worker started: ftlaunch stops there."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by {signal.Signals(signum).name} before any worker started")
+        self.exit_code = exit_code_for_signal(signum)

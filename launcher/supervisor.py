@@ -70,18 +70,19 @@ class RunResult:
 
 def supervise(
     config: LaunchConfig,
+    signals: SignalInbox,
     say: Callable[[str], None] = _to_stderr,
     spawner: Optional[Spawner] = None,
     console_out: Optional[BinaryIO] = None,
     console_err: Optional[BinaryIO] = None,
 ) -> RunResult:
     """Hold the run, set up what a run needs, run it to its end, and tear it all down.
-    The caller owns this process: the supervisor reaps its children."""
+    The caller owns this process (the supervisor reaps its children) and has opened ``signals``."""
     directory = RunDir(config.run_url)
     taken_from = directory.acquire(config.lease)  # before anything is written, logs included
     try:
         become_subreaper()
-        with EventLog(config.log_dir / "events.jsonl") as events, SignalInbox() as signals:
+        with EventLog(config.log_dir / "events.jsonl") as events:
             events.emit(RunStart(run_id=config.run_id, config=config.to_json(), pid=os.getpid()))
             with OrphanGuard() as guard:
                 run = Run(config, directory, events, say, taken_from)

@@ -9,7 +9,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import psutil
 
@@ -63,6 +63,24 @@ class Launch:
     def survivors(self) -> List[psutil.Process]:
         return processes_with_marker(self.marker)
 
+    def survivors_after(self, timeout: float = 10.0) -> List[psutil.Process]:
+        """Survivors once the kernel has had up to ``timeout`` s to finish kills already on their way
+        (after a kill -9 of the supervisor, the orphan guard and PDEATHSIG act asynchronously)."""
+        return _wait_for_none(self.marker, timeout)
+
+    def wait_for_event(self, match: Callable[[dict], bool], timeout: float = 30.0) -> dict:
+        """Bounded wait until this node's event log holds an event that ``match`` accepts."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            path = self.log_dir / "events.jsonl"
+            text = path.read_text() if path.exists() else ""
+            complete = text[: text.rfind("\n") + 1]  # a line being written is not read half
+            found = [e for e in map(json.loads, complete.splitlines()) if match(e)]
+            if found:
+                return found[0]
+            time.sleep(0.05)
+        raise AssertionError(f"no matching event in {self.log_dir / 'events.jsonl'} after {timeout}s")
+
 
 class Launcher:
     """Starts ``python -m launcher ...`` in its own session and cleans up after the test."""
@@ -71,11 +89,22 @@ class Launcher:
         self.tmp_path = tmp_path
         self.launches: List[Launch] = []
 
-    def start(self, *args: str, env: Optional[dict] = None, log_dir: Optional[Path] = None) -> Launch:
+    def start(
+        self,
+        *args: str,
+        env: Optional[dict] = None,
+        log_dir: Optional[Path] = None,
+        up_file: Optional[Path] = None,
+    ) -> Launch:
+        """``up_file``: created once the interpreter has started (``site`` imported) and is about to
+        run ftlaunch's entry point, for tests that time a signal from there."""
         marker = uuid.uuid4().hex
         log_dir = log_dir or self.tmp_path / f"logs_{len(self.launches)}"
         full_env = {**os.environ, MARKER: marker, **(env or {})}
         argv = [sys.executable, "-m", "launcher", "--log-dir", str(log_dir)]
+        if up_file is not None:
+            entry = f"open({str(up_file)!r}, 'w').close(); from launcher.__main__ import entry; entry()"
+            argv[1:3] = ["-c", entry]
         if "--run-dir" not in args:  # runs live in the test's own directory, never the repo's
             argv += ["--run-dir", str(self.tmp_path / "runs")]
         argv += args

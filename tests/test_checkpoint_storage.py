@@ -3,6 +3,7 @@ commit marker, verification and fallback, retention, RNG, async save, bad storag
 
 import hashlib
 import json
+import logging
 import os
 import random
 import subprocess
@@ -205,7 +206,7 @@ def test_a_full_disk_fails_the_save_and_keeps_the_previous_step(tiny_disk, caplo
     assert loaded.step == 1 and torch.equal(loaded.state["w"], torch.zeros(25_000))
 
 
-def test_a_storage_outage_during_a_save_is_retried(tmp_path, monkeypatch):
+def test_a_storage_outage_during_a_save_is_retried(tmp_path, monkeypatch, caplog):
     """The GCS emulator goes down after step 1 and comes back while step 2 is being saved."""
     import fsspec
     from storage_servers import start_gcs
@@ -220,8 +221,12 @@ def test_a_storage_outage_during_a_save_is_retried(tmp_path, monkeypatch):
         manager = _manager("gcs://outage/run")
         manager.save(1, _state(1.0), blocking=True)
         server.stop()
+        caplog.set_level(logging.DEBUG, logger="gcsfs")
         manager.save(2, _state(2.0))  # in the background, against a storage that is down
-        time.sleep(1.0)
+        deadline = time.monotonic() + 60  # evidence: a write failed on the dead storage and is retried
+        while not any("retrying after exception" in r.getMessage() for r in list(caplog.records)):
+            assert time.monotonic() < deadline, "the save never met the outage"
+            time.sleep(0.05)
         server, _ = start_gcs(tmp_path, port=port, keep_data=True)
         manager.wait()  # no error: the write was retried once the storage was back
         loaded = _manager("gcs://outage/run").load()

@@ -1,6 +1,10 @@
 """The command line: --help, FTLAUNCH_* variables, and every kind of bad input → one clear
 line, exit code 2, no worker started."""
 
+import shutil
+import socket
+from pathlib import Path
+
 import pytest
 from helpers import ACTOR
 from storage_servers import start_s3_read_only
@@ -51,6 +55,14 @@ def test_help_lists_the_options(launcher):
         (["--heartbeat-timeout", "soon", str(ACTOR)], "--heartbeat-timeout takes a duration like 90, 90s"),
         (["--init-timeout", "0", str(ACTOR)], "--init-timeout and --heartbeat-floor must be more than 0"),
         (["--heartbeat-floor", "-5s", str(ACTOR)], "--heartbeat-floor must not be negative"),
+        (["--heartbeat-timeout", "nan", str(ACTOR)], "--heartbeat-timeout takes a duration like"),
+        (["--init-timeout", "inf", str(ACTOR)], "--init-timeout takes a duration like"),
+        (["--grace-period", "nan", str(ACTOR)], "--grace-period must be a finite number of seconds, got nan"),
+        (["--grace-period", "inf", str(ACTOR)], "--grace-period must be a finite number of seconds, got inf"),
+        (["--max-backoff", "inf", str(ACTOR)], "--max-backoff takes a duration like"),
+        (["--storage-timeout", "0", str(ACTOR)], "--storage-timeout must be more than 0 seconds"),
+        (["-m", "no_such_module_here"], "no module named 'no_such_module_here'"),
+        (["-m", "no_such_package_here.train"], "module no_such_package_here.train: ModuleNotFoundError"),
         ([], "Missing argument 'SCRIPT'"),
     ],
 )
@@ -110,6 +122,15 @@ def test_no_python_mode(launcher, tmp_path):
     assert "[0] rank=0 of 2" in launch.stdout and "[1] rank=1 of 2" in launch.stdout
 
 
+def test_a_script_that_cannot_start_is_a_usage_error(launcher, tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("import os\n\ndef main(:\n    pass\n")
+    _assert_usage_error(launcher.run(str(broken)), "broken.py, line 3: SyntaxError: ")
+    program = tmp_path / "program"
+    program.write_bytes(Path(shutil.which("true")).read_bytes())  # an ELF binary, run as a script
+    _assert_usage_error(launcher.run(str(program)), "is not a Python script (a program? --no-python runs")
+
+
 def test_unusable_checkpoint_dir_is_a_usage_error(launcher, tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
@@ -139,3 +160,24 @@ def test_storage_without_write_permission_is_a_usage_error(launcher, tmp_path):
 def test_missing_bucket_is_a_usage_error(launcher, gcs_env):
     launch = launcher.run("--checkpoint-dir", "gcs://no-such-bucket-here/run", str(ACTOR), env=gcs_env)
     _assert_usage_error(launch, "checkpoint storage 'gcs://no-such-bucket-here/run' is not usable")
+
+
+@pytest.mark.parametrize("answer", ["never", "refused"])
+def test_storage_that_does_not_answer_is_one_line_within_the_storage_timeout(launcher, answer):
+    """A GCS endpoint that accepts and never answers, or refuses: gcsfs alone would retry for a minute
+    and log tracebacks; ftlaunch gives up after --storage-timeout with one line."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        if answer == "never":
+            silent.listen(16)  # connections complete in the backlog; no byte ever comes back
+        port = silent.getsockname()[1]
+        env = {"FSSPEC_GCS_TOKEN": "anon", "FSSPEC_GCS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+        launch = launcher.start(
+            "--storage-timeout", "3", "--checkpoint-dir", "gs://bucket/x", str(ACTOR), env=env
+        )
+        launch.wait(timeout=40)  # the bound itself: gcsfs's own retries take a minute or more
+    _assert_usage_error(
+        launch, "checkpoint storage 'gs://bucket/x' did not answer within 3 s (--storage-timeout)"
+    )
+    if answer == "refused":
+        assert "last error:" in launch.stderr and f"127.0.0.1:{port}" in launch.stderr

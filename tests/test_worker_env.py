@@ -75,3 +75,13 @@ def test_env_init_and_gloo_all_reduce_work_across_a_restart(launcher):
     for attempt in (0, 1):
         for rank in range(3):
             assert f"[{rank}] rank {rank} attempt {attempt} all_reduce ok: 3.0" in launch.stdout
+
+
+def test_one_rank_is_a_group_too(launcher):
+    """As init_process_group under torchrun --nproc-per-node 1: DDP and dist.get_rank() work."""
+    launch = launcher.run("--nproc", "1", str(SCRIPTS / "one_rank.py"))
+    assert launch.proc.returncode == 0, launch.stderr
+    assert "[0] rank 0 of 1: DDP step done (1 rank(s))" in launch.stdout
+    alone = subprocess.run([sys.executable, str(SCRIPTS / "one_rank.py")], capture_output=True, text=True)
+    assert alone.returncode == 0 and "rank 0 of 1: DDP step done" in alone.stdout, alone.stderr  # no launcher
+    assert launch.survivors() == []

@@ -73,7 +73,7 @@ def start_session(
     storage_options: Optional[Dict[str, Any]],
 ) -> Session:
     info = WorkerInfo.from_environ()
-    if init_process_group and info.world_size > 1:
+    if init_process_group:  # one rank is a group too, as under torchrun --nproc-per-node 1
         _init_process_group(info)
     url = checkpoint_dir or os.environ.get(c.FT_CHECKPOINT_URL)
     manager = _checkpoint_manager(info, url, retention, save_rng, storage_options or {}) if url else None
@@ -128,12 +128,16 @@ def _init_process_group(info: WorkerInfo) -> None:
 
     if dist.is_initialized():
         return
+    # Under a launcher the group comes from the environment (env://); a script started with plain
+    # `python` is a group of one, on a store of its own.
+    launched = c.MASTER_ADDR in os.environ or info.world_size > 1
+    alone = {} if launched else {"store": dist.HashStore(), "rank": 0, "world_size": 1}
     if info.backend == "nccl":
         device = torch.device("cuda", info.local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
+        dist.init_process_group("nccl", device_id=device, **alone)
     else:
-        dist.init_process_group(info.backend)
+        dist.init_process_group(info.backend, **alone)
 
 
 def _checkpoint_manager(

@@ -11,6 +11,8 @@ import select
 import signal
 from typing import List, Optional
 
+from launcher.errors import Interrupted
+
 __all__ = ["SignalInbox"]
 
 _HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -52,6 +54,11 @@ class SignalInbox:
         signal.set_wakeup_fd(self._previous_wakeup)
         for fd in (self._read_fd, self._write_fd):
             os.close(fd)
+
+    def raise_if_received(self) -> None:
+        """Before any worker started, a signal simply ends the launch."""
+        if self.received:
+            raise Interrupted(self.received[0])
 
     def wait(self, timeout: float) -> None:
         """Sleep until a signal arrives (a child's exit included) or ``timeout`` passes."""

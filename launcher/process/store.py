@@ -9,14 +9,14 @@ under torchrun, and nothing of a failed attempt's rendezvous can leak into the n
 import socket
 from datetime import timedelta
 
-__all__ = ["AttemptStore"]
+__all__ = ["AttemptStore", "listen"]
 
 
 class AttemptStore:
     def __init__(self, addr: str, port: int = 0) -> None:
         from torch.distributed import TCPStore  # the supervisor's only use of torch
 
-        listener = _listen(addr, port)
+        listener = listen(addr, port)
         self.port = listener.getsockname()[1]
         # The store takes ownership of the listening socket we bound, so it serves on exactly
         # ``addr`` (loopback by default), not on every interface.
@@ -34,7 +34,7 @@ class AttemptStore:
         self._store = None  # dropping the last reference stops the server and frees the port
 
 
-def _listen(addr: str, port: int) -> socket.socket:
+def listen(addr: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a fixed port, reused at once

@@ -22,7 +22,7 @@ import psutil
 
 from launcher.errors import RunBusy, UsageError
 from launcher.events import Logged, parse_logged
-from worker_lib.storage import Storage, StorageError
+from worker_lib.storage import Storage
 
 __all__ = ["Holder", "RunDir", "join_run_url", "STATE_FILE", "EVENTS_FILE", "LOCK_FILE", "PROGRESS_FILE"]
 
@@ -81,12 +81,6 @@ class RunDir:
         self.url = url
         self.storage = Storage(url, label="run dir")
         self._holder: Optional[Holder] = None
-
-    def check_writable(self) -> None:
-        try:
-            self.storage.check_writable("supervisor")
-        except StorageError as err:
-            raise UsageError(str(err)) from None
 
     # -- state and history -----------------------------------------------------------------
 
