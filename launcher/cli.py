@@ -149,6 +149,13 @@ def _say(line: str) -> None:
 )
 @click.option("--max-backoff", default="1m", metavar="DURATION", help="The longest wait between restarts.")
 @click.option(
+    "--lease",
+    default="60s",
+    metavar="DURATION",
+    help="How long the run's lock lasts unrenewed (renewed every third of it); after that a supervisor on "
+    "another host may take the run over, and this one, finding it lost, stops (exit 4).",
+)
+@click.option(
     "--storage-timeout",
     default="20s",
     metavar="DURATION",
@@ -212,6 +219,7 @@ def config_from_options(
     max_preemptions: int,
     backoff: str,
     max_backoff: str,
+    lease: str,
     storage_timeout: str,
     script: str,
     script_args: Sequence[str],
@@ -253,6 +261,7 @@ def config_from_options(
         heartbeat_timeout=_parse_heartbeat_timeout(heartbeat_timeout),
         heartbeat_floor=parse_duration(heartbeat_floor, "--heartbeat-floor"),
         storage_timeout=parse_duration(storage_timeout, "--storage-timeout"),
+        lease=parse_duration(lease, "--lease"),
     )
 
 

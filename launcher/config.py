@@ -39,7 +39,7 @@ _DURATION_OPTIONS = {
     "backoff": "--backoff",
     "backoff_cap": "--max-backoff",
     "storage_timeout": "--storage-timeout",
-    "lease": "the run lock's lease",
+    "lease": "--lease",
 }
 
 
@@ -80,6 +80,8 @@ class LaunchConfig:
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):  # nan compares false with everything
                 raise UsageError(f"{option} must be a finite number of seconds, got {value}")
+        if self.lease <= 0:
+            raise UsageError(f"--lease must be more than 0 seconds, got {self.lease}")
         if self.storage_timeout <= 0:
             raise UsageError(f"--storage-timeout must be more than 0 seconds, got {self.storage_timeout}")
         if self.nproc < 1:

@@ -3,7 +3,15 @@
 import enum
 import signal
 
-__all__ = ["ExitCode", "FtlaunchError", "Interrupted", "RunBusy", "UsageError", "exit_code_for_signal"]
+__all__ = [
+    "ExitCode",
+    "FtlaunchError",
+    "Interrupted",
+    "RunBusy",
+    "RunLost",
+    "UsageError",
+    "exit_code_for_signal",
+]
 
 
 class ExitCode(enum.IntEnum):
@@ -12,7 +20,8 @@ class ExitCode(enum.IntEnum):
     SUCCESS = 0  # every rank exited 0 (or the run had already succeeded)
     FAILED = 1  # the failure budget is spent
     USAGE = 2  # bad input, or the run is held by another ftlaunch; no worker was started
-    CRASH_LOOP = 3  # attempts kept failing without a newer checkpoint: stopped early
+    CRASH_LOOP = 3  # attempts kept failing without progress: stopped early
+    RUN_LOST = 4  # another ftlaunch took the run over (this one's lease expired): its workers were stopped
     INTERRUPTED_SIGHUP = 128 + signal.SIGHUP  # 129
     INTERRUPTED_SIGINT = 128 + signal.SIGINT  # 130
     PREEMPTED = 128 + signal.SIGTERM  # 143: SIGTERM (scheduler preemption, time limit): requeue me
@@ -37,6 +46,12 @@ class UsageError(FtlaunchError):
 
 class RunBusy(UsageError):
     """Another live ftlaunch holds the run."""
+
+
+class RunLost(FtlaunchError):
+    """This supervisor no longer holds its run: another one took it over."""
+
+    exit_code = ExitCode.RUN_LOST
 
 
 class Interrupted(FtlaunchError):

@@ -12,9 +12,9 @@ import click
 
 from launcher.errors import UsageError
 from launcher.failures import seconds
-from launcher.outcomes import AttemptOutcome
+from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.runs.checkpoints import CheckpointDir
-from launcher.runs.directory import PROGRESS_FILE, RunDir, join_run_url
+from launcher.runs.directory import PROGRESS_FILE, HolderState, RunDir, join_run_url
 from launcher.runs.records import RunState
 
 __all__ = ["status_cli", "run_status"]
@@ -42,25 +42,25 @@ def status_cli(run: Optional[str], run_dir: str, as_json: bool) -> int:
 def run_status(url: str) -> Dict[str, Any]:
     """The run's state, whether a supervisor holds it now, and its ranks' progress if so."""
     run = RunDir(url)
-    data = run.read_state()
-    if data is None:
+    state = run.read_state()
+    if state is None:
         raise UsageError(f"no run at {url} (no run.json)")
-    state = RunState.from_json(data)
     now = time.time()
     holder = run.read_lock()
-    live = holder is not None and not holder.provably_dead() and not holder.expired(now)
-    progress = run.read_json(PROGRESS_FILE) if live else None
-    if live:  # the workers commit while the run is live: the storage is newer than run.json
+    judged = holder.judge(now) if holder is not None else None
+    live = judged is HolderState.ALIVE
+    if state.status is RunStatus.RUNNING:  # workers commit while it runs: storage is newer than run.json
         newest = CheckpointDir(state.config.get("checkpoint_url")).newest()
         if newest.known:
             state.latest_step, state.latest_step_at = newest.step, newest.committed_at
     return {
         "url": url,
         "live": live,
-        "holder": holder.describe(now) if live else None,
+        "holder": holder.describe(now) if holder is not None else None,
+        "holder_state": judged.value if judged is not None else None,
         "now": now,
         "run": state,
-        "progress": progress,
+        "progress": run.read_json(PROGRESS_FILE) if live else None,
     }
 
 
@@ -73,11 +73,13 @@ def _list_runs(run_dir: str, as_json: bool) -> int:
         if not base.fs.isdir(base.path(name)):
             continue  # a stray file
         try:
-            state = RunDir(join_run_url(run_dir, name)).read_state()
-        except (StorageError, UsageError):  # unreadable, or not a run of ours
+            run = RunDir(join_run_url(run_dir, name)).read_state()
+        except UsageError:  # a run.json that cannot be read as a run's state: shown, not hidden
+            rows.append({"name": name, "status": "DAMAGED", "attempts": None, "latest_step": None})
             continue
-        if state is not None:
-            run = RunState.from_json(state)
+        except StorageError:  # unreadable: not a run of ours
+            continue
+        if run is not None:
             rows.append(
                 {
                     "name": name,
@@ -94,7 +96,8 @@ def _list_runs(run_dir: str, as_json: bool) -> int:
         click.echo(f"{'run':<24} {'status':<10} {'attempts':>8} {'latest step':>12}")
         for r in rows:
             step = "-" if r["latest_step"] is None else r["latest_step"]
-            click.echo(f"{r['name']:<24} {r['status']:<10} {r['attempts']:>8} {step:>12}")
+            attempts = "-" if r["attempts"] is None else r["attempts"]
+            click.echo(f"{r['name']:<24} {r['status']:<10} {attempts:>8} {step:>12}")
     return 0
 
 
@@ -111,7 +114,16 @@ def _table(report: Dict[str, Any]) -> List[str]:
     for a in failed:
         for f in a.failures[:1]:
             causes[f.cause.value] = causes.get(f.cause.value, 0) + 1
-    status = state.status.value + (f", held by {report['holder']}" if report["live"] else "")
+    status = state.status.value
+    if report["live"]:
+        status += f", held by {report['holder']}"
+    elif state.status is RunStatus.RUNNING:  # its supervisor was killed: nothing runs it now
+        gone = (
+            f"its supervisor {report['holder']} is {report['holder_state']}"
+            if report["holder"]
+            else "no supervisor holds it"
+        )
+        status += f", but {gone}: run the same command to resume it"
     if state.reason:
         status += f" ({state.reason})"
     lines = [

@@ -51,6 +51,16 @@ def test_a_step_without_its_marker_does_not_exist(storage):
     assert _manager(storage.url).load().step == 10
 
 
+@pytest.mark.parametrize("marker", [b"[]", b"{}", b'{"step": 20, "parts": []}', b"\x00garbage", b"null"])
+def test_a_damaged_marker_is_a_missing_one(tmp_path, marker, caplog):
+    manager = _manager(str(tmp_path / "ckpt"))
+    manager.save(10, _state(1.0), blocking=True)
+    manager.save(20, _state(2.0), blocking=True)
+    (tmp_path / "ckpt" / step_dir(20) / MARKER).write_bytes(marker)
+    assert _manager(str(tmp_path / "ckpt")).load().step == 10  # step 20 does not exist for readers
+    assert "checkpoint step 20:" in caplog.text
+
+
 @pytest.mark.parametrize("damage", ["corrupt", "truncate", "delete"])
 def test_a_damaged_part_falls_back_to_the_previous_step(storage, damage, caplog):
     manager = _manager(storage.url)

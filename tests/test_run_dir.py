@@ -30,6 +30,10 @@ def test_relaunch_after_kill_9_of_the_supervisor_resumes_the_run(launcher, tmp_p
     os.kill(first.proc.pid, signal.SIGKILL)
     first.wait()
     assert first.survivors_after(timeout=10) == []  # the orphan guard took the first supervisor's workers
+    code, table = _status("--run-dir", str(runs), "beater")  # what a person sees before relaunching
+    assert f"RUNNING, but its supervisor {socket.gethostname()} pid {first.proc.pid}" in table, table
+    assert "is dead: run the same command to resume it" in table
+    assert int(re.search(r"checkpoint   step (\d+)", table).group(1)) >= 40, table
 
     second = launcher.run(*command, log_dir=tmp_path / "logs", timeout=120)
 
@@ -106,6 +110,92 @@ def test_a_second_supervisor_on_a_live_run_is_refused(launcher, tmp_path):
     resumed = launcher.run(*named, "--max-failures", "0", str(ACTOR))
     assert resumed.proc.returncode == 0, resumed.stderr
     assert [a["outcome"] for a in _state(runs, "actor")["attempts"]] == ["PREEMPTED", "SUCCEEDED"]
+
+
+def test_a_stopped_supervisor_on_this_host_is_never_taken_over(launcher, tmp_path):
+    """Ctrl+Z (SIGSTOP) for longer than the lease: the pid is alive, so the run is still its."""
+    ready, runs = tmp_path / "ready", tmp_path / "runs"
+    named = ["--run-dir", str(runs), "--run-name", "actor"]
+    live = launcher.start(*named, str(ACTOR), "--others", "sleep", "--ready-dir", str(ready))
+    wait_for_files(ready, "*.pid", 1)
+    os.kill(live.proc.pid, signal.SIGSTOP)
+    lock = json.loads((runs / "actor" / "lock.json").read_text())
+    _write_lock(runs / "actor", **{**lock, "renewed_at": time.time() - 600})  # as if it slept 10 min
+    attempts_before = _state(runs, "actor")["attempts"]
+
+    second = launcher.run(*named, str(ACTOR))
+    assert second.proc.returncode == 2, second.stderr
+    assert f"is held by another ftlaunch: {socket.gethostname()} pid {live.proc.pid}" in second.stderr
+    assert _state(runs, "actor")["attempts"] == attempts_before  # nothing written by the refused one
+
+    os.kill(live.proc.pid, signal.SIGCONT)
+    live.proc.send_signal(signal.SIGTERM)
+    assert live.wait() == 143, live.stderr
+    assert [a["outcome"] for a in _state(runs, "actor")["attempts"]] == ["PREEMPTED"]
+    assert live.survivors() == [] and second.survivors() == []
+
+
+def test_a_supervisor_that_lost_its_run_to_another_host_stops_and_writes_nothing_more(launcher, tmp_path):
+    ready, runs = tmp_path / "ready", tmp_path / "runs"
+    live = launcher.start(
+        "--run-dir",
+        str(runs),
+        "--run-name",
+        "actor",
+        "--lease",
+        "3",
+        str(ACTOR),
+        "--others",
+        "sleep",
+        "--ready-dir",
+        str(ready),
+    )
+    wait_for_files(ready, "*.pid", 1)
+    live.wait_for_event(lambda e: e.get("new") == "RUNNING")  # its run.json is written by now
+    taken = runs / "actor" / "run.json"
+    taken.write_text('{"taken over": "by the other host"}')  # what the new holder writes is kept
+    _write_lock(runs / "actor", host="elsewhere", token="theirs")
+
+    assert live.wait(timeout=60) == 4, live.stderr  # noticed at its next renewal (every lease/3)
+    assert "is now held by elsewhere pid 1" in live.stderr and "stops its workers" in live.stderr
+    assert taken.read_text() == '{"taken over": "by the other host"}'
+    assert json.loads((runs / "actor" / "lock.json").read_text())["token"] == "theirs"  # left to them
+    assert live.survivors() == []
+
+
+def test_a_damaged_lock_is_one_line_naming_the_file(launcher, tmp_path):
+    _write_lock(tmp_path / "runs" / "actor", pid="abc")
+    launch = launcher.run("--run-name", "actor", str(ACTOR))
+    assert launch.proc.returncode == 2
+    (line,) = launch.stderr.strip().splitlines()
+    assert "actor/lock.json is damaged (pid is 'abc'); if no ftlaunch runs this run, remove that file" in line
+    code, _ = _status("--run-dir", str(tmp_path / "runs"), "actor")
+    assert code == 2
+    assert launch.survivors() == []
+
+
+def test_damaged_state_files_are_errors_not_tracebacks(launcher, tmp_path):
+    runs = tmp_path / "runs"
+    failing = ["--run-name", "actor", "--max-failures", "0", *_rank_0_exits_1(attempts="0")]
+    assert launcher.run(*failing).proc.returncode == 1
+    events = runs / "actor" / "events.jsonl"
+    events.write_text(events.read_text() + "garbage\n" + '{"event": "transit')  # a torn last line
+    resumed = launcher.run(*failing)  # the history is kept, the damaged lines are skipped
+    assert resumed.proc.returncode == 0, resumed.stderr
+    assert "skipped 2 line(s) that are not events" in resumed.stderr and "Traceback" not in resumed.stderr
+
+    for damage in ("{}", "[]", '{"status": "RUNNING", "attempts": [{"attempt": "zero"}]}'):
+        (runs / "actor" / "run.json").write_text(damage)
+        refused = launcher.run(*failing)
+        assert refused.proc.returncode == 2, refused.stderr
+        (line,) = refused.stderr.strip().splitlines()
+        assert "actor/run.json is damaged (" in line and "--fresh starts the run anew" in line
+        code, listing = _status("--run-dir", str(runs))
+        assert code == 0 and re.search(r"^actor\s+DAMAGED\s+-\s+-$", listing, re.M), listing
+        assert _status("--run-dir", str(runs), "actor")[0] == 2
+    fresh = launcher.run("--fresh", *failing)
+    assert fresh.proc.returncode == 1 and "moved to" in fresh.stderr  # started anew (attempt 0 fails)
+    assert all(launch.survivors() == [] for launch in (resumed, refused, fresh))
 
 
 def _write_lock(run, **fields):

@@ -6,8 +6,11 @@ import os
 
 import pytest
 
-from launcher.errors import RunBusy
+from launcher.errors import RunBusy, UsageError
+from launcher.events import FirstStep
+from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.runs.directory import LOCK_FILE, Holder, RunDir
+from launcher.runs.records import AttemptEntry, RunState
 
 
 def test_the_lock_is_held_renewed_and_released(tmp_path):
@@ -49,9 +52,28 @@ def test_expired_and_dead_holders_are_taken_over(tmp_path):
         run.release()
 
 
-def test_state_is_written_whole(tmp_path):
+def test_state_is_written_whole_and_read_back_typed(tmp_path):
     run = RunDir(str(tmp_path / "run"))
     assert run.read_state() is None
-    run.write_state({"status": "RUNNING", "attempts": []})
-    assert run.read_state() == {"status": "RUNNING", "attempts": []}
+    state = RunState("run", str(tmp_path / "run"), RunStatus.RUNNING, 1.0, {"nproc": 2})
+    state.attempts.append(AttemptEntry(0, 2.0, "host", 42, outcome=AttemptOutcome.FAILED))
+    run.write_state(state)
+    assert run.read_state() == state and run.read_state().attempts[0].outcome is AttemptOutcome.FAILED
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["run.json"]  # no temporary left
+
+
+@pytest.mark.parametrize("text", ["{}", "[]", "", '{"status": "WHO KNOWS"}', "null", '{"status": "RUNNING"}'])
+def test_a_damaged_state_file_is_a_usage_error_naming_it(tmp_path, text):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text(text)
+    with pytest.raises(UsageError, match=r"run/run.json is damaged \(.*\); --fresh starts the run anew"):
+        RunDir(str(tmp_path / "run")).read_state()
+
+
+def test_damaged_event_lines_are_skipped(tmp_path, caplog):
+    (tmp_path / "run").mkdir()
+    good = '{"event": "first_step", "t_mono": 1.0, "t_wall": 2.0, "attempt": 0}'
+    (tmp_path / "run" / "events.jsonl").write_text(f'{good}\ngarbage\n{{"event": "first_st\n{good}')
+    events = RunDir(str(tmp_path / "run")).read_events()
+    assert [(e.event, e.t_mono) for e in events] == [(FirstStep(0), 1.0), (FirstStep(0), 1.0)]
+    assert "skipped 2 line(s) that are not events" in caplog.text

@@ -356,11 +356,29 @@ def committed_steps(storage: Storage) -> Iterator[Tuple[int, Dict[str, Any]]]:
     """Committed steps, newest first, with their markers (the supervisor reads these too)."""
     for step in reversed(step_numbers(storage)):
         try:
-            yield step, json.loads(storage.read_bytes(f"{step_dir(step)}/{MARKER}"))
+            marker = json.loads(storage.read_bytes(f"{step_dir(step)}/{MARKER}"))
         except FileNotFoundError:
             continue  # not committed: does not exist for readers
         except (ValueError, StorageError) as err:
             log.warning("checkpoint step %d: unreadable commit marker (%s); skipped", step, err)
+            continue
+        if _is_marker(marker, step):
+            yield step, marker
+        else:  # damaged or foreign: as if the step had never been committed
+            log.warning("checkpoint step %d: its commit marker is not one ftlaunch wrote; skipped", step)
+
+
+def _is_marker(marker: Any, step: int) -> bool:
+    """The shape ``_commit`` writes: the step, the world size, every part's size and checksum."""
+    if not isinstance(marker, dict) or marker.get("step") != step:
+        return False
+    parts = marker.get("parts")
+    return (
+        isinstance(marker.get("world_size"), int)
+        and isinstance(parts, dict)
+        and all(isinstance(p, dict) and {"size", "sha256"} <= set(p) for p in parts.values())
+        and isinstance(marker.get("time", 0.0), (int, float))
+    )
 
 
 def _to_cpu(state: Any, staging: Any = None) -> Any:

@@ -9,6 +9,7 @@ supervisors taking over at the same moment, the one whose lock is not there any 
 """
 
 import dataclasses
+import enum
 import json
 import logging
 import os
@@ -16,15 +17,25 @@ import socket
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 import psutil
 
-from launcher.errors import RunBusy, UsageError
+from launcher.errors import RunBusy, RunLost, UsageError
 from launcher.events import Logged, parse_logged
+from launcher.runs.records import RunState
 from worker_lib.storage import Storage
 
-__all__ = ["Holder", "RunDir", "join_run_url", "STATE_FILE", "EVENTS_FILE", "LOCK_FILE", "PROGRESS_FILE"]
+__all__ = [
+    "Holder",
+    "HolderState",
+    "RunDir",
+    "join_run_url",
+    "STATE_FILE",
+    "EVENTS_FILE",
+    "LOCK_FILE",
+    "PROGRESS_FILE",
+]
 
 STATE_FILE = "run.json"
 PROGRESS_FILE = "progress.json"  # the live ranks' steps and beat ages, for `ftlaunch status`
@@ -33,6 +44,12 @@ LOCK_FILE = "lock.json"
 _SETTLE_S = 0.3  # between writing a lock and reading it back
 
 log = logging.getLogger(__name__)
+
+
+class HolderState(str, enum.Enum):
+    ALIVE = "alive"
+    DEAD = "dead"  # same host, its pid gone or reused
+    EXPIRED = "lease expired"  # another host, not renewed in time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,10 +64,36 @@ class Holder:
     lease: float  # seconds after renewed_at until others may take over
 
     @classmethod
+    def from_json(cls, data: Any) -> "Holder":
+        """Raises ValueError for anything but a lock ftlaunch wrote."""
+        types = {
+            "host": str,
+            "pid": int,
+            "pid_started": float,
+            "token": str,
+            "renewed_at": float,
+            "lease": float,
+        }
+        if not isinstance(data, dict) or set(data) != set(types):
+            raise ValueError(f"expected the fields {sorted(types)}")
+        for name, kind in types.items():
+            value = data[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
+                raise ValueError(f"{name} is {value!r}")
+        return cls(**data)
+
+    @classmethod
     def me(cls, lease: float) -> "Holder":
         pid = os.getpid()
         started = psutil.Process(pid).create_time()
         return cls(socket.gethostname(), pid, started, uuid.uuid4().hex, time.time(), lease)
+
+    def judge(self, now: float) -> "HolderState":
+        """On this host the pid tells, whatever the lease says (a supervisor stopped by Ctrl+Z
+        is alive and will carry on); on another host only the lease can."""
+        if self.host == socket.gethostname():
+            return HolderState.DEAD if self.provably_dead() else HolderState.ALIVE
+        return HolderState.EXPIRED if self.expired(now) else HolderState.ALIVE
 
     def provably_dead(self) -> bool:
         """On this host, with its pid gone or taken by another process."""
@@ -84,17 +127,26 @@ class RunDir:
 
     # -- state and history -----------------------------------------------------------------
 
-    def read_state(self) -> Optional[Dict[str, Any]]:
+    def read_state(self) -> Optional[RunState]:
+        """The run's state; None when there is none yet; UsageError when run.json is damaged."""
         try:
-            return json.loads(self.storage.read_bytes(STATE_FILE))
+            data = json.loads(self.storage.read_bytes(STATE_FILE))
+            return RunState.from_json(data)
         except FileNotFoundError:
             return None
-        except ValueError as err:
-            raise UsageError(f"{self.url}/{STATE_FILE} is not valid JSON ({err}); fix or move it") from None
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            what = f"{type(err).__name__}: {err}" if isinstance(err, KeyError) else str(err)
+            raise UsageError(
+                f"{self.url}/{STATE_FILE} is damaged ({what}); --fresh starts the run anew (the damaged "
+                "file is archived), or move the file away"
+            ) from None
 
-    def write_state(self, state: Dict[str, Any]) -> None:
+    def has_state(self) -> bool:
+        return self.storage.exists(STATE_FILE)
+
+    def write_state(self, state: RunState) -> None:
         """Atomic: a reader sees the previous state or this one, never half."""
-        self.storage.write_bytes(STATE_FILE, json.dumps(state, indent=1, default=str).encode())
+        self.storage.write_bytes(STATE_FILE, json.dumps(state.to_json(), indent=1).encode())
 
     def read_json(self, name: str) -> Optional[Any]:
         try:
@@ -136,7 +188,7 @@ class RunDir:
         taken over from, if any."""
         now = time.time()
         previous = self.read_lock()
-        if previous is not None and not previous.provably_dead() and not previous.expired(now):
+        if previous is not None and previous.judge(now) is HolderState.ALIVE:
             raise RunBusy(f"run {self.url} is held by another ftlaunch: {previous.describe(now)}")
         me = Holder.me(lease)
         self._write_lock(me)
@@ -148,8 +200,28 @@ class RunDir:
 
     def renew(self) -> None:
         if self._holder is not None:
+            self.check_held()
             self._holder = dataclasses.replace(self._holder, renewed_at=time.time())
             self._write_lock(self._holder)
+
+    def check_held(self) -> None:
+        """Raise RunLost when the lock is no longer ours (another host took the run over after
+        our lease expired): from then on this supervisor must not write to the run."""
+        if self._holder is None:
+            return
+        try:
+            current = self.read_lock()
+        except UsageError as damaged:
+            raise RunLost(
+                f"run {self.url}: {damaged}; this supervisor stops its workers and leaves"
+            ) from None
+        if current is None or current.token != self._holder.token:
+            now = time.time()
+            who = current.describe(now) if current is not None else "nobody (the lock was removed)"
+            raise RunLost(
+                f"run {self.url} is now held by {who}: this supervisor lost it (its lease expired) "
+                "and stops its workers; it writes nothing more to the run"
+            )
 
     def renew_due(self, now: float) -> bool:
         return self._holder is not None and now - self._holder.renewed_at > self._holder.lease / 3
@@ -164,12 +236,16 @@ class RunDir:
         self._holder = None
 
     def read_lock(self) -> Optional[Holder]:
+        """The holder, None when there is none; UsageError when lock.json is damaged (writes are
+        atomic, so damage is someone else's doing: guessing who holds the run would be worse)."""
         try:
-            return Holder(**json.loads(self.storage.read_bytes(LOCK_FILE)))
+            return Holder.from_json(json.loads(self.storage.read_bytes(LOCK_FILE)))
         except FileNotFoundError:
             return None
-        except (ValueError, TypeError):  # torn or foreign: treat as expired
-            return None
+        except (ValueError, TypeError) as err:
+            raise UsageError(
+                f"{self.url}/{LOCK_FILE} is damaged ({err}); if no ftlaunch runs this run, remove that file"
+            ) from None
 
     def _write_lock(self, holder: Holder) -> None:
         self.storage.write_bytes(LOCK_FILE, json.dumps(dataclasses.asdict(holder)).encode())

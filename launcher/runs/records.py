@@ -117,5 +117,8 @@ class RunState:
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> "RunState":
+        """Raises ValueError, TypeError or KeyError for anything that is not a run's state."""
+        if not isinstance(data, dict):
+            raise TypeError(f"a JSON object was expected, not {type(data).__name__}")
         attempts = [AttemptEntry.from_json(a) for a in data.get("attempts", [])]
         return cls(**{**data, "status": RunStatus(data["status"]), "attempts": attempts})

@@ -43,10 +43,9 @@ class Run:
 
     def _load(self, taken_from: Optional[Holder]) -> RunState:
         """The run's state, resumed, or created when there is none (or --fresh)."""
+        if self.config.fresh and self.dir.has_state():
+            self._archive()  # before reading it: --fresh is also the way out of a damaged run.json
         prior = self.dir.read_state()
-        if prior is not None and self.config.fresh:
-            self._archive()
-            prior = None
         if prior is None:
             state = RunState(
                 name=self.config.run_name,
@@ -59,7 +58,7 @@ class Run:
             self._say(f"run {self.config.run_url}: new{named}")
         else:
             self._earlier_events = self.dir.read_events()
-            state = RunState.from_json(prior)
+            state = prior
             self._compare_commands(state)
         if taken_from is not None:
             self._report_takeover(state, taken_from)
@@ -77,7 +76,7 @@ class Run:
 
     def _report_takeover(self, state: RunState, previous: Holder) -> None:
         now = time.time()
-        how = "dead" if previous.provably_dead() else "lease expired"
+        how = previous.judge(now).value
         state.takeovers.append({"at": now, "from": previous.describe(now), "why": how})
         self._events.emit(Takeover(previous=previous.describe(now), why=how))
         self._say(f"took the run over from {previous.describe(now)}: {how}")
@@ -193,9 +192,11 @@ class Run:
         self._save(self.state)
 
     def _save(self, state: RunState) -> None:
-        """run.json and the event log, both written whole (atomically on local disks)."""
+        """run.json and the event log, both written whole (atomically on local disks), only while
+        the run is still ours: a supervisor that lost it never overwrites what the new holder wrote."""
+        self.dir.check_held()
         state.updated_at = time.time()
-        self.dir.write_state(state.to_json())
+        self.dir.write_state(state)
         self.dir.write_events(self._earlier_events + self._events.logged)
 
     def newest_checkpoint(self) -> NewestCheckpoint:
@@ -206,6 +207,7 @@ class Run:
 
     def publish_progress(self, attempt: int, ranks: List[dict]) -> None:
         """The live ranks' steps and beat ages, for ``ftlaunch status`` on any machine."""
+        self.dir.check_held()
         self.dir.write_json(PROGRESS_FILE, {"attempt": attempt, "written_at": time.time(), "ranks": ranks})
 
     def keep_alive(self, now: float) -> None:
