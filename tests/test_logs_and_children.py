@@ -20,6 +20,41 @@ def test_console_lines_are_whole_and_prefixed(launcher):
         assert log.count(f"rank {rank} line ") == 3000 and log.endswith(f"rank {rank} last words")
 
 
+def progress_bar(rank: int, megabytes: int) -> bytes:
+    """What the actor writes for --progress-mb."""
+    update = f"\rrank {rank} progress ".encode()
+    return b"".join(update + b"%09d|" % i for i in range(megabytes * 2**20 // (len(update) + 10)))
+
+
+def test_progress_bars_reach_the_console_at_once_and_the_log_byte_for_byte(launcher, tmp_path):
+    """tqdm-style output: "\\r…" updates and no newline. The console used to show nothing of it until
+    a newline came (the workers here wait, mid-bar, until the console has shown both ranks' bars)."""
+    go = tmp_path / "go"
+    launch = launcher.start(
+        "--nproc", "2", str(ACTOR), "--progress-mb", "4", "--go-file", str(go), "--run-for", "0"
+    )
+    seen = set()
+
+    def both_ranks_shown(line: str) -> bool:
+        found = re.match(r"\[(\d)\] rank \1 progress \d{9}\|", line)
+        seen.update([found.group(1)] if found else [])
+        return seen == {"0", "1"}
+
+    launch.read_console_until(both_ranks_shown)
+    go.touch()
+    assert launch.wait() == 0, launch.stderr[-2000:]
+
+    for rank in range(2):
+        log = (launch.log_dir / "attempt_0" / f"rank_{rank}.log").read_bytes()
+        assert log == progress_bar(rank, 4) + f"rank {rank} attempt 0 started\n".encode()  # byte for byte
+    shown = [p for p in re.split(r"[\r\n]+", launch.stdout) if p]
+    # The last update and the next print share a line: the worker wrote no line end between them.
+    bar = re.compile(r"\[(\d)\] rank \1 progress \d{9}\|(rank \1 attempt 0 started)?")
+    assert [p for p in shown if not bar.fullmatch(p)] == []
+    assert sum(p.startswith("[1] rank 1 progress") for p in shown) == progress_bar(1, 4).count(b"\r")
+    assert launch.survivors() == []
+
+
 def test_console_ranks_filter_keeps_every_rank_in_its_file(launcher):
     launch = launcher.run("--nproc", "3", "--console-ranks", "1", str(ACTOR))
     assert launch.proc.returncode == 0, launch.stderr

@@ -1,6 +1,8 @@
 """Pure logic with scripted inputs: policy, state table, plan, failure records, config."""
 
+import io
 import json
+import re
 import signal
 from pathlib import Path
 
@@ -10,6 +12,7 @@ from launcher.config import EntryKind, LaunchConfig, resolve_backend
 from launcher.errors import UsageError
 from launcher.failures import ErrorRecord, ProcessFailure, describe_exit, read_error_file, root_cause
 from launcher.group_state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine, IllegalTransition
+from launcher.process.logs import _Stream
 from launcher.process.plan import plan_workers
 from worker_lib import contract
 from worker_lib.backend import choose_backend
@@ -109,3 +112,19 @@ def test_error_file_formats(tmp_path: Path):
     path.write_text("{not json")
     assert read_error_file(path) is None
     assert read_error_file(tmp_path / "missing.json") is None
+
+
+def test_console_buffer_stays_small_for_output_without_newlines():
+    """A worker's 8 MB of progress bar, as the pipe delivers it: the unfinished console line is
+    bounded (no quadratic re-splitting, no memory growth); the log gets every byte."""
+    console, log = io.BytesIO(), io.BytesIO()
+    stream = _Stream(0, log, console, b"[3] ")
+    data = b"".join(b"\r step %07d" % i for i in range(8 * 2**20 // 14)) + b"x" * 10_000 + b"\nend"
+    for start in range(0, len(data), 65536):
+        stream.take(data[start : start + 65536])
+        assert len(stream.partial) <= 4096
+    stream.finish()
+    assert log.getvalue() == data
+    pieces = re.split(rb"[\r\n]+", console.getvalue())
+    assert all(p.startswith(b"[3] ") for p in pieces if p)
+    assert console.getvalue().count(b"[3]  step ") == data.count(b"\r step ")

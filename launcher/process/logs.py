@@ -6,6 +6,7 @@ single writer and two ranks never mix within a line.
 
 import logging
 import os
+import re
 import selectors
 import threading
 from collections import deque
@@ -17,32 +18,46 @@ __all__ = ["LogPump", "tail_lines"]
 log = logging.getLogger(__name__)
 
 _READ_SIZE = 65536
+_CONSOLE_PIECE = 4096  # bytes of an unfinished console line kept before it goes out anyway
+_PIECE = re.compile(rb"[^\r\n]*(?:\r\n|\n|\r)")  # text up to and with its line end or carriage return
 
 
 class _Stream:
-    """One worker pipe: where its bytes go, and the console line not yet finished."""
+    """One worker pipe: where its bytes go, and the console line not yet finished.
+
+    The console gets whole lines, each under its rank's prefix, so two ranks never mix within a
+    line. A progress bar's carriage returns end a piece too (tqdm writes ``\r`` and no newline
+    for minutes), and an unfinished piece longer than ``_CONSOLE_PIECE`` goes out as a line of its
+    own: the buffer stays small and the work per byte constant. The log file gets every byte as is.
+    """
 
     def __init__(self, fd: int, log_file: BinaryIO, console: Optional[BinaryIO], prefix: bytes):
         self.fd = fd
         self.log_file = log_file
         self.console = console
         self.prefix = prefix
-        self.partial = b""
+        self.partial = bytearray()
 
     def take(self, chunk: bytes) -> None:
         self._to_file(chunk)
         if self.console is None:
             return
-        lines = (self.partial + chunk).split(b"\n")
-        self.partial = lines.pop()
-        if lines:
-            self._to_console(b"".join(self.prefix + line + b"\n" for line in lines))
+        self.partial += chunk
+        end = max(self.partial.rfind(b"\n"), self.partial.rfind(b"\r")) + 1
+        pieces = _PIECE.findall(bytes(self.partial[:end]))
+        del self.partial[:end]
+        if len(self.partial) > _CONSOLE_PIECE:
+            pieces.append(bytes(self.partial) + b"\n")
+            self.partial.clear()
+        out = b"".join(self.prefix + piece for piece in pieces if piece != b"\r")
+        if out:
+            self._to_console(out)
 
     def finish(self) -> None:
         """A last line without its newline still reaches the console, whole."""
         if self.console is not None and self.partial:
-            self._to_console(self.prefix + self.partial + b"\n")
-        self.partial = b""
+            self._to_console(self.prefix + bytes(self.partial) + b"\n")
+        self.partial.clear()
 
     # A write error must not stop the pump: the worker would block on a full pipe and hang.
     def _to_file(self, data: bytes) -> None:

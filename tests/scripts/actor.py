@@ -37,6 +37,12 @@ def parse() -> argparse.Namespace:
     p.add_argument("--grandchild", choices=["group", "session"], help="start a `sleep` child")
     p.add_argument("--spam", type=int, default=0, help="print this many long lines fast")
     p.add_argument("--no-newline", action="store_true", help="end with a line without newline")
+    p.add_argument(
+        "--progress-mb", type=int, default=0, help="write this many MB of \\r progress, no newline"
+    )
+    p.add_argument(
+        "--go-file", type=Path, help="after the progress, wait (up to 120 s) until this file exists"
+    )
     return p.parse_args()
 
 
@@ -69,6 +75,13 @@ def die(how: str) -> None:
         train()
 
 
+def progress_bar(rank: int, megabytes: int) -> bytes:
+    """What tqdm writes: a carriage return before each update, never a newline."""
+    update = f"\rrank {rank} progress ".encode()
+    count = megabytes * 2**20 // (len(update) + 10)
+    return b"".join(update + b"%09d|" % i for i in range(count))
+
+
 def trap(mode: str) -> None:
     def report(signum, _frame):
         print(f"rank {RANK} got {signal.Signals(signum).name}", flush=True)
@@ -95,6 +108,12 @@ def main() -> None:
         start_grandchild(args.grandchild)
     for i in range(args.spam):
         print(f"rank {RANK} line {i} " + "x" * 200)
+    if args.progress_mb:
+        sys.stdout.buffer.write(progress_bar(RANK, args.progress_mb))
+        sys.stdout.flush()
+    deadline = time.monotonic() + 120
+    while args.go_file and not args.go_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
     if args.ready_dir:
         args.ready_dir.mkdir(parents=True, exist_ok=True)
         ready = args.ready_dir / f"rank_{RANK}.attempt_{ATTEMPT}.pid"
