@@ -24,6 +24,7 @@ __all__ = [
     "Event",
     "EventLog",
     "FirstStep",
+    "GuardRestarted",
     "Hang",
     "HeartbeatDeadline",
     "Laggard",
@@ -157,6 +158,15 @@ class Resume:
 
 
 @dataclasses.dataclass(frozen=True)
+class GuardRestarted:
+    """The orphan guard died and a new one watches the workers' groups."""
+
+    KIND: ClassVar[str] = "orphan_guard_restarted"
+    dead_pid: int
+    new_pid: int
+
+
+@dataclasses.dataclass(frozen=True)
 class RunEnd:
     KIND: ClassVar[str] = "run_end"
     exit_code: int
@@ -176,6 +186,7 @@ Event = Union[
     FirstStep,
     Takeover,
     Resume,
+    GuardRestarted,
     RunEnd,
 ]
 
@@ -194,6 +205,7 @@ _KINDS: Dict[str, Type] = {
         FirstStep,
         Takeover,
         Resume,
+        GuardRestarted,
         RunEnd,
     )
 }

@@ -10,7 +10,16 @@ from typing import BinaryIO, Callable, List, Optional
 
 from launcher.config import LaunchConfig
 from launcher.errors import ExitCode, FtlaunchError, UsageError, exit_code_for_signal
-from launcher.events import Decision, EventLog, RunEnd, RunStart, StopRequested, Transition, WorkerExit
+from launcher.events import (
+    Decision,
+    EventLog,
+    GuardRestarted,
+    RunEnd,
+    RunStart,
+    StopRequested,
+    Transition,
+    WorkerExit,
+)
 from launcher.failures import Failure, HangFailure, ProcessFailure, read_error_file, root_cause
 from launcher.group_state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine
 from launcher.hangs.board import BeatSummary, HeartbeatBoard
@@ -248,6 +257,7 @@ class Supervisor:
                 machine.transition(GroupState.SUCCEEDED)
                 return AttemptResult(machine.attempt, AttemptOutcome.SUCCEEDED)
             self._run.keep_alive(time.time())
+            self._keep_guard()
             slots = board.read()
             self._publish_progress(machine.attempt, group, slots)
             hung = self._hangs.check(watch, machine.attempt, group, slots)
@@ -327,6 +337,14 @@ class Supervisor:
         group.stop(signal.SIGKILL, 0.0, abort=lambda: True)
         if machine.state is GroupState.STOPPING:
             machine.transition(GroupState.STOPPED, killed=True)
+
+    def _keep_guard(self) -> None:
+        dead = self._guard.restart_if_dead()
+        if dead is not None:
+            self._events.emit(GuardRestarted(dead_pid=dead, new_pid=self._guard.pid))
+            self._say(
+                f"the orphan guard (pid {dead}) died; a new one (pid {self._guard.pid}) watches the workers"
+            )
 
     def _stopped_by_signal(self, attempt: int) -> AttemptResult:
         signum = self._signals.first

@@ -42,11 +42,11 @@ def test_supervisor_sigkill_leaves_no_worker_nor_grandchild(launcher, tmp_path):
 
 
 def test_workers_die_with_the_supervisor_even_without_the_orphan_guard(launcher, tmp_path):
-    # PR_SET_PDEATHSIG alone: the guard is killed first, so only the kernel can stop the workers.
+    # PR_SET_PDEATHSIG alone: the supervisor is stopped (it cannot replace its guard), the guard is
+    # killed, then the supervisor: only the kernel can stop the workers now.
     launch, pids = _start_sleepers(launcher, tmp_path, nproc=2)
-    guard = next(
-        p for p in psutil.Process(launch.proc.pid).children() if "orphan_guard" in " ".join(p.cmdline())
-    )
+    guard = _guard_of(launch)
+    os.kill(launch.proc.pid, signal.SIGSTOP)
     guard.kill()
     _wait_dead(guard)
 
@@ -54,6 +54,27 @@ def test_workers_die_with_the_supervisor_even_without_the_orphan_guard(launcher,
     launch.wait()
 
     assert launch.survivors_after(timeout=10) == []
+
+
+def test_a_dead_orphan_guard_is_replaced_at_once(launcher, tmp_path):
+    """kill -9 of the guard, then of ftlaunch: the workers' own children (in their process groups)
+    must not be left under PID 1."""
+    launch, pids = _start_sleepers(launcher, tmp_path, ["--grace-period", "30"], ["--grandchild", "group"], 2)
+    guard = _guard_of(launch)
+    guard.kill()
+    restarted = launch.wait_for_event(lambda e: e["event"] == "orphan_guard_restarted")
+    assert restarted["dead_pid"] == guard.pid and _guard_of(launch).pid == restarted["new_pid"]
+
+    os.kill(launch.proc.pid, signal.SIGKILL)
+    launch.wait()
+
+    assert launch.survivors_after(timeout=10) == []  # the new guard took the grandchildren down
+    assert "the orphan guard (pid" in launch.stderr
+
+
+def _guard_of(launch) -> psutil.Process:
+    children = psutil.Process(launch.proc.pid).children()
+    return next(p for p in children if "launcher.process.orphan_guard" in p.cmdline())
 
 
 def _wait_dead(proc: psutil.Process, timeout: float = 5.0) -> None:

@@ -21,12 +21,34 @@ class OrphanGuard:
     """The supervisor's handle on the guard process."""
 
     def __init__(self) -> None:
-        self._proc = subprocess.Popen(
+        self._watched: Set[int] = set()
+        self._proc, self._pipe = self._start()
+
+    @staticmethod
+    def _start() -> "tuple[subprocess.Popen, Optional[IO[bytes]]]":
+        proc = subprocess.Popen(
             [sys.executable, "-m", "launcher.process.orphan_guard"],
             stdin=subprocess.PIPE,
             start_new_session=True,  # a Ctrl+C in the terminal must not reach it
         )
-        self._pipe: Optional[IO[bytes]] = self._proc.stdin
+        return proc, proc.stdin
+
+    def restart_if_dead(self) -> Optional[int]:
+        """A guard that died (kill -9, the OOM killer) is replaced at once and told every group it
+        watched: without it a dead supervisor would leave the workers' children running.
+        Returns the dead guard's pid when it had to be replaced."""
+        if self._proc.poll() is None:
+            return None
+        dead = self._proc.pid
+        if self._pipe is not None:
+            try:
+                self._pipe.close()
+            except BrokenPipeError:
+                pass
+        self._proc, self._pipe = self._start()
+        for pgid in sorted(self._watched):
+            self._send(f"+{pgid}\n")
+        return dead
 
     def __enter__(self) -> "OrphanGuard":
         return self
@@ -39,9 +61,11 @@ class OrphanGuard:
         return self._proc.pid
 
     def watch(self, pgid: int) -> None:
+        self._watched.add(pgid)
         self._send(f"+{pgid}\n")
 
     def forget(self, pgid: int) -> None:
+        self._watched.discard(pgid)
         self._send(f"-{pgid}\n")
 
     def close(self) -> None:
@@ -64,7 +88,7 @@ class OrphanGuard:
         try:
             self._pipe.write(line.encode())
             self._pipe.flush()
-        except BrokenPipeError:  # the guard died; workers still have PDEATHSIG
+        except BrokenPipeError:  # the guard died: restart_if_dead() replaces it
             self._pipe = None
 
 
