@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -188,6 +189,7 @@ def preflight(config: LaunchConfig, interrupted: Callable[[], None] = lambda: No
     """Checks against the world (files, directories) that must pass before any worker starts.
     ``interrupted()`` raises when a signal came meanwhile: a slow check does not delay a Ctrl+C."""
     _check_entrypoint(config)
+    _check_node_can_hold(config.nproc)
     _check_store_address(config.master_addr, config.master_port)
     _check_log_dir_writable(config.log_dir)
     _probe_storage("run dir", config.run_url, config.storage_timeout, interrupted)
@@ -236,6 +238,34 @@ def _check_module(python: str, name: str) -> None:
     if found.returncode != 0:
         last = (found.stderr.strip().splitlines() or ["?"])[-1]
         raise UsageError(f"module {name}: {last}")
+
+
+# Each worker is at least a Python interpreter: some tens of MB and a few threads, before any torch.
+_WORKER_MEMORY = 16 * 2**20
+_WORKER_THREADS = 4
+
+
+def _check_node_can_hold(nproc: int) -> None:
+    """A sane ceiling, from what this node has: its process limit, threads-max and memory."""
+    import psutil
+
+    ceilings = [(psutil.virtual_memory().available // _WORKER_MEMORY, "the memory available")]
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    if soft != resource.RLIM_INFINITY:
+        ceilings.append((soft // _WORKER_THREADS, f"the process limit (ulimit -u {soft})"))
+    files, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if files != resource.RLIM_INFINITY:  # the supervisor holds 3 per rank: two pipes and a log file
+        ceilings.append(((files - 64) // 3, f"the open-file limit (ulimit -n {files})"))
+    try:
+        threads = int(Path("/proc/sys/kernel/threads-max").read_text())
+        ceilings.append((threads // _WORKER_THREADS, f"kernel.threads-max {threads}"))
+    except (OSError, ValueError):
+        pass
+    most, why = min(ceilings)
+    if nproc > most:
+        raise UsageError(
+            f"--nproc {nproc} is more workers than this node can hold: at most about {most} ({why})"
+        )
 
 
 def _check_store_address(addr: str, port: int) -> None:

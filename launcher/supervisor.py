@@ -226,7 +226,7 @@ class Supervisor:
             f"backend {self.config.backend}, logs in {group.specs[0].log_file.parent}"
         )
         try:
-            group.spawn()
+            group.spawn(go_on=self._spawning_may_go_on)
         except OSError as err:
             machine.transition(GroupState.FAILED, error=str(err))
             raise FtlaunchError(f"cannot start the workers: {err}") from None
@@ -337,6 +337,12 @@ class Supervisor:
         group.stop(signal.SIGKILL, 0.0, abort=lambda: True)
         if machine.state is GroupState.STOPPING:
             machine.transition(GroupState.STOPPED, killed=True)
+
+    def _spawning_may_go_on(self) -> bool:
+        """Asked between two spawns: the lease stays fresh however many ranks start, and a signal
+        stops the rest from starting (the monitor then stops those already running)."""
+        self._run.keep_alive(time.time())
+        return self._signals.first is None
 
     def _keep_guard(self) -> None:
         dead = self._guard.restart_if_dead()

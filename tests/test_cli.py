@@ -43,6 +43,10 @@ def test_help_lists_the_options(launcher):
         (["missing_script.py"], "script not found: missing_script.py"),
         (["--nproc", "0", str(ACTOR)], "--nproc must be at least 1, got 0"),
         (["--nproc", "two", str(ACTOR)], "--nproc must be a whole number or 'auto'"),
+        (
+            ["--nproc", "100000", str(ACTOR)],
+            "--nproc 100000 is more workers than this node can hold: at most",
+        ),
         (["--backend", "mpi", str(ACTOR)], "'mpi' is not one of 'auto', 'nccl', 'gloo'"),
         (["--backend", "nccl", "--nproc", "1", str(ACTOR)], "with nccl needs 1 GPUs, this node sees 0"),
         (["--max-failures", "-2", str(ACTOR)], "--max-failures must be -1 (unlimited) or more"),

@@ -1,6 +1,7 @@
 """Stopping the whole tree: signals forwarded, grandchildren included, nothing left after
 the supervisor itself is SIGKILLed."""
 
+import io
 import os
 import re
 import signal
@@ -9,6 +10,12 @@ import time
 import psutil
 import pytest
 from helpers import ACTOR, wait_for_files
+
+from launcher.config import EntryKind, LaunchConfig
+from launcher.process.logs import LogPump
+from launcher.process.orphan_guard import OrphanGuard
+from launcher.process.plan import plan_workers
+from launcher.process.workers import PopenSpawner, WorkerGroup
 
 
 def _start_sleepers(launcher, tmp_path, options=(), actor_args=(), nproc=2):
@@ -176,3 +183,29 @@ def test_ctrl_c_at_any_moment_of_a_launch_exits_130_without_a_traceback(launcher
         own = [line for line in launch.stderr.splitlines() if not re.match(r"\[\d+\] ", line)]  # not workers'
         assert not any("Traceback" in line or "Abort" in line for line in own), (moment, launch.stderr)
         assert launch.survivors() == []
+
+
+def test_a_signal_while_many_ranks_start_stops_the_rest_from_starting(launcher, tmp_path):
+    launch = launcher.start("--nproc", "1000", "--grace-period", "2", "--no-python", "sleep", "1000")
+    wait_for_files(launch.log_dir / "attempt_0", "rank_0.log", 1)  # starting has begun
+    launch.proc.send_signal(signal.SIGTERM)
+    assert launch.wait(timeout=120) == 143, launch.stderr[-2000:]
+    started = len(list((launch.log_dir / "attempt_0").glob("rank_*.log")))
+    assert started < 1000  # a thousand starts take seconds: it stopped starting them at the signal
+    assert launch.survivors_after(timeout=10) == []
+
+
+def test_the_start_loop_asks_before_each_rank(tmp_path):
+    """The mechanism, deterministically: the group starts ranks only while it is told to go on."""
+    config = LaunchConfig("sleep", ("1000",), EntryKind.EXECUTABLE, nproc=5, log_dir=tmp_path)
+    specs = plan_workers(config, attempt=0, master_port=1)
+    asked = []
+    with OrphanGuard() as guard:
+        pump = LogPump(io.BytesIO(), io.BytesIO())
+        group = WorkerGroup(specs, PopenSpawner(), pump, guard, lambda rank: False)
+        group.spawn(go_on=lambda: asked.append(1) or len(asked) <= 2)
+        started = list(group.pids)
+        group.stop(signal.SIGKILL, 0.0, abort=lambda: True)
+        pump.close()
+    assert len(asked) == 3 and len(started) == 2
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in started)

@@ -93,8 +93,12 @@ class WorkerGroup:
     def pids(self) -> List[int]:
         return [p.pid for p in self._procs.values()]
 
-    def spawn(self) -> None:
+    def spawn(self, go_on: Callable[[], bool] = lambda: True) -> None:
+        """Start every rank, in order, while ``go_on()`` (asked before each) says so: a signal
+        during the start of many ranks stops the rest from starting."""
         for spec in self.specs:
+            if not go_on():
+                return
             spec.log_file.parent.mkdir(parents=True, exist_ok=True)
             log_file = self._pump.open_log(spec.log_file)
             spawned = self._spawner.spawn(spec)
