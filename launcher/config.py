@@ -191,10 +191,10 @@ def preflight(config: LaunchConfig, interrupted: Callable[[], None] = lambda: No
     _check_entrypoint(config)
     _check_node_can_hold(config.nproc)
     _check_store_address(config.master_addr, config.master_port)
-    _check_log_dir_writable(config.log_dir)
     _probe_storage("run dir", config.run_url, config.storage_timeout, interrupted)
     if config.checkpoint_url:
         _probe_storage("checkpoint storage", config.checkpoint_url, config.storage_timeout, interrupted)
+    _check_log_dir_writable(config.log_dir)  # last: it creates the folder, which a failure would leave
 
 
 def _check_entrypoint(config: LaunchConfig) -> None:

@@ -9,6 +9,7 @@ __all__ = [
     "Interrupted",
     "RunBusy",
     "RunLost",
+    "StartFailed",
     "UsageError",
     "exit_code_for_signal",
 ]
@@ -42,6 +43,10 @@ class UsageError(FtlaunchError):
     """Bad input found before any worker started."""
 
     exit_code = ExitCode.USAGE
+
+
+class StartFailed(FtlaunchError):
+    """An attempt's workers could not be started (its store could not listen, a spawn failed)."""
 
 
 class RunBusy(UsageError):

@@ -9,7 +9,7 @@ import time
 from typing import BinaryIO, Callable, List, Optional
 
 from launcher.config import LaunchConfig
-from launcher.errors import ExitCode, FtlaunchError, UsageError, exit_code_for_signal
+from launcher.errors import ExitCode, StartFailed, UsageError, exit_code_for_signal
 from launcher.events import (
     Decision,
     EventLog,
@@ -156,7 +156,13 @@ class Supervisor:
         while True:
             number = self._run.state.next_attempt
             entry = self._run.attempt_started(number, newest.step)
-            result = self._run_attempt(number)
+            try:
+                result = self._run_attempt(number)
+            except StartFailed as err:
+                self._run.attempt_not_started(entry)
+                if not attempts:  # nothing of this launch ran, nothing was written: bad input
+                    raise UsageError(str(err)) from None
+                raise
             attempts.append(result)
             newest = self._run.newest_checkpoint()  # what this attempt left is where the next one starts
             self._run.attempt_ended(
@@ -196,7 +202,7 @@ class Supervisor:
 
     def _run_attempt(self, attempt: int) -> AttemptResult:
         machine = GroupStateMachine(attempt, self._on_transition)
-        store = self._open_store(attempt)
+        store = self._open_store()
         board = HeartbeatBoard(self.config.nproc, attempt)
         pump = LogPump(*self._console)
         specs = plan_workers(self.config, attempt, store.port, heartbeat_file=board.path)
@@ -229,7 +235,7 @@ class Supervisor:
             group.spawn(go_on=self._spawning_may_go_on)
         except OSError as err:
             machine.transition(GroupState.FAILED, error=str(err))
-            raise FtlaunchError(f"cannot start the workers: {err}") from None
+            raise StartFailed(f"cannot start the workers: {err}") from None
         machine.transition(GroupState.RUNNING, pids=group.pids)
         return self._monitor(machine, group, board)
 
@@ -375,15 +381,13 @@ class Supervisor:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _open_store(self, attempt: int) -> AttemptStore:
+    def _open_store(self) -> AttemptStore:
         try:
             return AttemptStore(self.config.master_addr, self.config.master_port)
         except OSError as err:
             where = f"{self.config.master_addr}:{self.config.master_port}"
-            error_type = UsageError if attempt == 0 else FtlaunchError
-            raise error_type(
-                f"cannot listen on {where} for the workers' store: {err.strerror or err}"
-            ) from None
+            message = f"cannot listen on {where} for the workers' store: {err.strerror or err}"
+            raise StartFailed(message) from None
 
     def _on_transition(self, attempt: int, old: Optional[GroupState], new: GroupState, **details) -> None:
         self._events.emit(Transition(attempt, old, new, **details))

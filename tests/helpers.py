@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Union
 
 import psutil
 
@@ -132,15 +132,17 @@ class Launcher:
         self,
         *args: str,
         env: Optional[dict] = None,
-        log_dir: Optional[Path] = None,
+        log_dir: Union[Path, bool, None] = None,
         up_file: Optional[Path] = None,
     ) -> Launch:
         """``up_file``: created once the interpreter has started (``site`` imported) and is about to
-        run ftlaunch's entry point, for tests that time a signal from there."""
+        run ftlaunch's entry point, for tests that time a signal from there. ``log_dir=False``:
+        ftlaunch's own default."""
         marker = uuid.uuid4().hex
-        log_dir = log_dir or self.tmp_path / f"logs_{len(self.launches)}"
+        if log_dir is None:
+            log_dir = self.tmp_path / f"logs_{len(self.launches)}"
         full_env = {**os.environ, MARKER: marker, **(env or {})}
-        argv = [sys.executable, "-m", "launcher", "--log-dir", str(log_dir)]
+        argv = [sys.executable, "-m", "launcher"] + (["--log-dir", str(log_dir)] if log_dir else [])
         if up_file is not None:
             entry = f"open({str(up_file)!r}, 'w').close(); from launcher.__main__ import entry; entry()"
             argv[1:3] = ["-c", entry]

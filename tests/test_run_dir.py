@@ -198,6 +198,37 @@ def test_damaged_state_files_are_errors_not_tracebacks(launcher, tmp_path):
     assert all(launch.survivors() == [] for launch in (resumed, refused, fresh))
 
 
+def test_a_launch_that_cannot_start_its_workers_leaves_the_run_as_it_was(launcher, tmp_path):
+    runs = tmp_path / "runs"
+    program = tmp_path / "program"
+    program.write_text("echo no shebang\n")  # executable, but exec() refuses it: ENOEXEC
+    program.chmod(0o755)
+    command = ["--run-name", "prog", "--no-python", str(program)]
+    launch = launcher.run(*command)
+    assert launch.proc.returncode == 2
+    assert launch.stderr.strip().splitlines()[-1].startswith("ftlaunch: error: cannot start the workers:")
+    assert not (runs / "prog" / "run.json").exists()  # nothing recorded, no RUNNING attempt 0 forever
+
+    program.write_text("#!/bin/sh\nexit 1\n")
+    assert launcher.run("--max-failures", "0", *command).proc.returncode == 1  # a real FAILED run
+    before = (runs / "prog" / "run.json").read_text()
+    program.write_text("echo no shebang again\n")
+    again = launcher.run(*command)
+    assert again.proc.returncode == 2 and (runs / "prog" / "run.json").read_text() == before
+    assert all(x.survivors() == [] for x in launcher.launches)
+
+
+def test_unusable_checkpoint_storage_leaves_no_logs_folder(launcher, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    runs = tmp_path / "runs"
+    launch = launcher.start(
+        "--run-name", "r", "--checkpoint-dir", str(blocker / "ckpt"), str(ACTOR), log_dir=None
+    )
+    launch.wait()
+    assert launch.proc.returncode == 2 and not (runs / "r" / "logs").exists()
+
+
 def _write_lock(run, **fields):
     run.mkdir(parents=True, exist_ok=True)
     lock = {

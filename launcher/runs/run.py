@@ -107,7 +107,6 @@ class Run:
             f"found by {why})"
         )
         self._events.emit(Resume(previous_status=was.value, attempts=len(state.attempts)))
-        self._save(state)
 
     def _compare_commands(self, state: RunState) -> None:
         """A run resumed by another command takes on the first one's checkpoints: say so loudly."""
@@ -142,9 +141,12 @@ class Run:
         entry = AttemptEntry(
             attempt, time.time(), socket.gethostname(), os.getpid(), resumed_from_step=newest_step
         )
-        self.state.attempts.append(entry)
-        self.save()
+        self.state.attempts.append(entry)  # written once its group runs (a failed start writes nothing)
         return entry
+
+    def attempt_not_started(self, entry: AttemptEntry) -> None:
+        """Its workers could not be started: it leaves no record (the error says what happened)."""
+        self.state.attempts.remove(entry)
 
     def mark_first_step(self) -> None:
         """Every rank of the current attempt has stepped: its useful work starts here."""
@@ -189,14 +191,13 @@ class Run:
         self.save()
 
     def save(self) -> None:
-        self._save(self.state)
-
-    def _save(self, state: RunState) -> None:
         """run.json and the event log, both written whole (atomically on local disks), only while
-        the run is still ours: a supervisor that lost it never overwrites what the new holder wrote."""
+        the run is still ours: a supervisor that lost it never overwrites what the new holder wrote.
+        Nothing is written before the first group runs: a launch that fails to start leaves the run
+        as it was."""
         self.dir.check_held()
-        state.updated_at = time.time()
-        self.dir.write_state(state)
+        self.state.updated_at = time.time()
+        self.dir.write_state(self.state)
         self.dir.write_events(self._earlier_events + self._events.logged)
 
     def newest_checkpoint(self) -> NewestCheckpoint:
