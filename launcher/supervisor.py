@@ -139,6 +139,7 @@ class Supervisor:
             result = RunResult(ExitCode.FAILED, RunStatus.FAILED, [], reason)
         else:
             result = self._run_attempts()
+        self._remove_uncommitted_parts()
         result = dataclasses.replace(
             result,
             recoveries=recoveries(self._events.logged),
@@ -343,6 +344,13 @@ class Supervisor:
         group.stop(signal.SIGKILL, 0.0, abort=lambda: True)
         if machine.state is GroupState.STOPPING:
             machine.transition(GroupState.STOPPED, killed=True)
+
+    def _remove_uncommitted_parts(self) -> None:
+        """The run is over and no worker runs: parts that never got their commit marker go."""
+        removed = self._run.checkpoints.remove_uncommitted()
+        if removed:
+            steps = ", ".join(map(str, removed))
+            self._say(f"removed the parts of step(s) {steps}, which were never committed")
 
     def _spawning_may_go_on(self) -> bool:
         """Asked between two spawns: the lease stays fresh however many ranks start, and a signal

@@ -3,7 +3,7 @@
 import re
 
 import torch
-from helpers import SCRIPTS
+from helpers import ACTOR, SCRIPTS
 
 TRAIN = str(SCRIPTS / "ckpt_train.py")
 
@@ -88,3 +88,28 @@ def test_a_rank_killed_mid_write_resumes_from_the_previous_step(launcher, storag
     assert "rank 1: dying half-way through step_15/rank_1.pt" in launch.stdout
     assert "[1] rank 1 attempt 1 starts at step 10" in launch.stdout
     _assert_bit_identical(clean, crashed)
+
+
+def test_parts_that_never_committed_are_removed_when_the_run_ends(launcher, tmp_path):
+    """A full disk or a rank that failed mid-save leaves parts without their marker: they can never
+    be loaded, and they fill the storage. The run's end removes them; committed steps stay."""
+    import torch
+
+    from worker_lib.checkpoint import CheckpointManager, LocalChannel
+    from worker_lib.storage import Storage
+
+    ckpt = tmp_path / "ckpt"
+    CheckpointManager(Storage(str(ckpt)), 0, 1, LocalChannel()).save(5, {"w": torch.ones(3)}, blocking=True)
+    for step in (6, 7):  # parts of two saves that never got their marker
+        (ckpt / f"step_{step}").mkdir()
+        (ckpt / f"step_{step}" / "rank_1.pt").write_bytes(b"x" * 1000)
+
+    launch = launcher.run(
+        "--checkpoint-dir", str(ckpt), "--max-failures", "0", str(ACTOR), "--fail", "exit", "--fail-rank", "0"
+    )
+
+    assert launch.proc.returncode == 1, launch.stderr
+    assert "removed the parts of step(s) 6, 7, which were never committed" in launch.stderr
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step_")) == ["step_5"]
+    assert (ckpt / "step_5" / "COMMITTED").exists()
+    assert launch.survivors() == []

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from worker_lib.checkpoint import MARKER, CheckpointManager, LocalChannel, step_dir
+from worker_lib.checkpoint import MARKER, CheckpointError, CheckpointManager, LocalChannel, step_dir
 from worker_lib.retention import RetentionPolicy
 from worker_lib.storage import Storage, StorageError
 
@@ -212,6 +212,9 @@ def test_a_full_disk_fails_the_save_and_keeps_the_previous_step(tiny_disk, caplo
         manager.wait()
     assert "retry" in caplog.text
     assert not [p for p in (tiny_disk / "ckpt").rglob("*.tmp-*")]  # the torn file was removed
+    with pytest.raises(CheckpointError, match="rank 0 saves no more checkpoints: an earlier save failed"):
+        manager.save(3, {"w": torch.zeros(10)})  # would fit, but could never commit with its peers'
+    assert not (tiny_disk / "ckpt" / step_dir(3)).exists()
     loaded = _manager(str(tiny_disk / "ckpt")).load()
     assert loaded.step == 1 and torch.equal(loaded.state["w"], torch.zeros(25_000))
 

@@ -130,6 +130,7 @@ class CheckpointManager:
         # next save copies into it instead of allocating (and page-faulting) as much memory again.
         self._staging: Any = None
         self._error: Optional[BaseException] = None
+        self._failed = ""  # why an earlier save failed: this rank writes no further parts
         self._loads = 0
         atexit.register(self._wait_at_exit)
 
@@ -143,7 +144,12 @@ class CheckpointManager:
         replicated: bool = False,
         blocking: bool = False,
     ) -> None:
-        """Copy ``state`` to CPU memory now; write and commit it in the background (or now)."""
+        """Copy ``state`` to CPU memory now; write and commit it in the background (or now).
+
+        Once a save of this rank has failed (a full disk, storage gone for good), every later save
+        raises at once: parts of steps that can never be committed would only fill the storage."""
+        if self._failed:
+            raise CheckpointError(f"rank {self.rank} saves no more checkpoints: {self._failed}")
         self.wait()
         writes_state = not replicated or self.rank == 0
         # A blocking save serializes before returning: the training loop cannot change the
@@ -180,7 +186,11 @@ class CheckpointManager:
             self._share_and_commit(step, written, metrics, kind)
 
         if blocking:
-            job()
+            try:
+                job()
+            except BaseException as err:
+                self._failed = f"an earlier save failed ({err})"
+                raise
             return
         self._thread = threading.Thread(
             target=self._run_in_background, args=(job,), name=f"ftlaunch-save-{step}"
@@ -199,6 +209,7 @@ class CheckpointManager:
             self._thread = None
         if self._error is not None:
             error, self._error = self._error, None
+            self._failed = f"an earlier save failed ({error})"
             raise CheckpointError(f"the previous checkpoint save failed: {error}") from error
 
     def barrier(self, name: str) -> None:

@@ -5,7 +5,7 @@ and after each attempt), the run (on resume) and ``ftlaunch status`` all ask her
 """
 
 import dataclasses
-from typing import Optional
+from typing import List, Optional
 
 __all__ = ["CheckpointDir", "NewestCheckpoint"]
 
@@ -41,3 +41,23 @@ class CheckpointDir:
             return NewestCheckpoint(known=True)
         except (StorageError, OSError) as err:
             return NewestCheckpoint(known=False, error=str(err))
+
+    def remove_uncommitted(self) -> List[int]:
+        """Delete the step folders that hold parts but no commit marker, and return their steps.
+        Only when no worker runs (the run's end): then no save is in flight, and such parts
+        (a save cut off, or one whose peers failed, a full disk) can never be committed."""
+        if not self.url:
+            return []
+        from worker_lib.checkpoint import committed_steps, step_dir, step_numbers
+        from worker_lib.storage import Storage, StorageError
+
+        try:
+            if self._storage is None:
+                self._storage = Storage(self.url)
+            committed = {step for step, _ in committed_steps(self._storage)}
+            doomed = [step for step in step_numbers(self._storage) if step not in committed]
+            for step in doomed:
+                self._storage.remove_tree(step_dir(step))
+        except (StorageError, OSError):
+            return []  # best effort: the next run's retention removes them too
+        return doomed
