@@ -1,7 +1,8 @@
 """``python -m launcher`` and the ``ftlaunch`` command.
 
-The entry point imports the CLI inside its own ``try``: a Ctrl+C while modules are still loading
-ends in exit 130 like one at any later moment, never in a traceback.
+The first thing the entry point does is to record signals instead of raising them: a Ctrl+C
+while modules still load (torch, fsspec, libraries whose imports swallow exceptions) is acted on
+like one at any later moment, never lost and never a traceback.
 """
 
 import sys
@@ -9,11 +10,14 @@ import sys
 
 def entry() -> None:
     try:
-        from launcher.cli import main
+        from launcher.process.signals import SignalInbox  # light: os, select, signal
 
-        code = main()
-    except KeyboardInterrupt:
-        code = 130  # ExitCode.INTERRUPTED_SIGINT; nothing else is imported before the try
+        with SignalInbox() as signals:
+            from launcher.cli import main
+
+            code = main(signals=signals)
+    except KeyboardInterrupt:  # before the inbox was open
+        code = 130  # ExitCode.INTERRUPTED_SIGINT: nothing heavy is imported before the inbox
     sys.exit(int(code))
 
 

@@ -315,24 +315,25 @@ def _parse_ranks(value: Optional[str]) -> Optional[frozenset]:
         raise UsageError(f"--console-ranks takes ranks like 0 or 0,3, got {value!r}") from None
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """The one place where errors become exit codes."""
+def main(argv: Optional[Sequence[str]] = None, signals: Optional[SignalInbox] = None) -> int:
+    """The one place where errors become exit codes. ``signals``: an inbox the caller opened (the
+    entry point opens one before it imports anything): SIGINT/SIGTERM/SIGHUP are recorded, never
+    raised mid-import or mid-probe, and every stage of a launch acts on them (before start: exit at
+    once; later: stop the workers)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    inbox = signals or SignalInbox()
     try:
         if args[:1] == ["status"] and not Path("status").exists():  # `ftlaunch status`, not a script
             from launcher.status_cli import status_cli
 
+            inbox.close()  # a command that only reads: Ctrl+C simply ends it
+            inbox.raise_if_received()
             return status_cli.main(args=args[1:], prog_name="ftlaunch status", standalone_mode=False)
-        # From here on SIGINT/SIGTERM/SIGHUP are recorded, never raised mid-import or mid-probe; every
-        # stage of the launch acts on them (before start: exit at once; later: stop the workers).
-        with SignalInbox() as signals:
-            return cli.main(
-                args=args,
-                prog_name="ftlaunch",
-                standalone_mode=False,
-                auto_envvar_prefix=ENV_PREFIX,
-                obj=signals,
-            )
+        if not inbox.is_open:
+            inbox.open()
+        return cli.main(
+            args=args, prog_name="ftlaunch", standalone_mode=False, auto_envvar_prefix=ENV_PREFIX, obj=inbox
+        )
     except click.exceptions.Exit as done:  # --help, --version
         return done.exit_code
     except click.ClickException as err:
@@ -343,6 +344,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return err.exit_code
     except (KeyboardInterrupt, click.exceptions.Abort):  # Ctrl+C before the handlers were in place
         return ExitCode.INTERRUPTED_SIGINT
+    finally:
+        if signals is None:
+            inbox.close()
 
 
 def _error(message: str) -> None:

@@ -246,3 +246,88 @@ def test_a_storage_outage_during_a_save_is_retried(tmp_path, monkeypatch, caplog
         assert loaded.step == 2 and torch.equal(loaded.state["model"]["w"], torch.full((4, 4), 2.0))
     finally:
         server.stop()
+
+
+class _Planted:
+    """A pickle that runs a command when loaded: what someone who can write the storage could plant."""
+
+    def __init__(self, witness: str) -> None:
+        self.witness = witness
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.witness}",))
+
+
+def _plant(manager, step: int, payload) -> None:
+    """Replace the step's part with ``payload`` and re-sign the marker, as an attacker with write
+    access to the storage would: checksums cannot help against that."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save({"rng": None, "state": payload}, buffer)
+    data = buffer.getvalue()
+    manager.storage.write_bytes(f"{step_dir(step)}/rank_0.pt", data)
+    marker = json.loads(manager.storage.read_bytes(f"{step_dir(step)}/{MARKER}"))
+    marker["parts"]["rank_0.pt"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manager.storage.write_bytes(f"{step_dir(step)}/{MARKER}", json.dumps(marker).encode())
+
+
+def test_a_planted_pickle_is_refused_not_run(tmp_path):
+    manager = _manager(str(tmp_path / "ckpt"))
+    manager.save(1, _state(1.0), blocking=True)
+    witness = tmp_path / "code_ran"
+    _plant(manager, 1, _Planted(str(witness)))
+
+    with pytest.raises(
+        CheckpointError, match="rank_0.pt holds objects the weights-only loader refuses .*posix.system"
+    ):
+        _manager(str(tmp_path / "ckpt")).load()
+    assert not witness.exists()  # nothing of it ran
+    _manager(str(tmp_path / "ckpt"), trusted=True).load()  # the documented way out runs it: trust is explicit
+    assert witness.exists()
+
+
+def test_training_state_loads_with_the_weights_only_loader(tmp_path):
+    """Model and optimizer state dicts, numbers, strings, and every RNG (numpy's included) need no trust."""
+    import numpy
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 3, "note": "x"}
+    numpy.random.seed(7)
+    manager = _manager(str(tmp_path / "ckpt"))
+    manager.save(1, state, blocking=True)
+    expected = numpy.random.rand(3)
+    numpy.random.seed(99)
+
+    loaded = _manager(str(tmp_path / "ckpt")).load()
+    assert loaded.state["optimizer"]["param_groups"][0]["lr"] == 0.1 and loaded.state["epoch"] == 3
+    assert torch.equal(loaded.state["model"]["weight"], model.state_dict()["weight"])
+    assert numpy.array_equal(numpy.random.rand(3), expected)  # numpy's stream continues
+
+
+@pytest.mark.parametrize("make", ["another_users", "writable_by_all", "a_link", "old_0755"])
+def test_the_node_cache_is_private_and_this_users_own(tmp_path, monkeypatch, make):
+    import tempfile
+
+    from worker_lib.directory import node_cache_root
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    base = tmp_path / f"ftlaunch-cache-{os.getuid()}"
+    if make == "a_link":
+        (tmp_path / "elsewhere").mkdir()
+        base.symlink_to(tmp_path / "elsewhere")
+    else:
+        base.mkdir(mode=0o700)
+        os.chmod(base, {"another_users": 0o700, "writable_by_all": 0o777, "old_0755": 0o755}[make])
+        if make == "another_users":
+            if os.geteuid() != 0:
+                pytest.skip("giving a folder to another user needs root (CI and dev machines run as root)")
+            os.chown(base, 12345, 12345)
+    if make == "old_0755":  # left by an earlier version: ours and not writable by others
+        assert node_cache_root("run") == base / "run" and base.stat().st_mode & 0o777 == 0o700
+    else:
+        with pytest.raises(CheckpointError, match=f"refusing the node cache {base}"):
+            node_cache_root("run")

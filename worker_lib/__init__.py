@@ -48,18 +48,28 @@ def init(
     save_rng: bool = True,
     init_process_group: bool = True,
     storage_options: Optional[Dict[str, Any]] = None,
+    trusted_checkpoints: bool = False,
 ):
     """Join the process group and open checkpoint storage; call once, early, on every rank.
 
     ``checkpoint_dir`` (any fsspec URL) defaults to ftlaunch's ``--checkpoint-dir``. Storage that
     cannot be written fails here, before training starts, with a ``StorageError``.
+
+    Checkpoints are read with torch's weights-only loader: tensors, containers, numbers, strings
+    and what ``torch.serialization.add_safe_globals`` allows. ``trusted_checkpoints=True`` unpickles
+    anything, which runs whatever code a part holds: only for storage that no one else can write.
     """
-    from worker_lib.session import start_session
+    from worker_lib.session import CheckpointOptions, start_session
 
     global _session
-    retention = RetentionPolicy(keep_last, keep_best, best_metric, best_mode)
+    options = CheckpointOptions(
+        RetentionPolicy(keep_last, keep_best, best_metric, best_mode),
+        save_rng,
+        storage_options or {},
+        trusted_checkpoints,
+    )
     with pause_heartbeat():  # joining the group waits for the slowest rank to start
-        _session = start_session(checkpoint_dir, init_process_group, retention, save_rng, storage_options)
+        _session = start_session(checkpoint_dir, init_process_group, options)
     return _session.info
 
 

@@ -39,6 +39,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MARKER = "COMMITTED"
+_REFUSED = "holds objects the weights-only loader refuses"
 REPLICATED = "replicated.pt"
 _STEP_PREFIX = "step_"
 
@@ -117,6 +118,7 @@ class CheckpointManager:
         retention: Optional[RetentionPolicy] = None,
         save_rng: bool = True,
         commit_timeout: float = 1800.0,
+        trusted: bool = False,
     ) -> None:
         self.storage = storage
         self.rank = rank
@@ -125,6 +127,7 @@ class CheckpointManager:
         self._retention = retention or RetentionPolicy()
         self._save_rng = save_rng
         self._commit_timeout = commit_timeout
+        self._trusted = trusted  # unpickle anything; else torch's weights-only loader and its allow-list
         self._thread: Optional[threading.Thread] = None
         # The previous async save's CPU copy: written and done with once wait() returns, so the
         # next save copies into it instead of allocating (and page-faulting) as much memory again.
@@ -296,6 +299,9 @@ class CheckpointManager:
             if all(v == f"{step}:ok" for v in votes):
                 return step, marker, payload
             reasons = sorted({v.split(":", 1)[1] for v in votes if v != f"{step}:ok"})
+            refused = [r for r in reasons if _REFUSED in r]
+            if refused:  # every rank stops here: an older step would only hide the cause
+                raise CheckpointError(f"checkpoint step {step}: {refused[0]}")
             log.warning(
                 "checkpoint step %d is not usable (%s): falling back to the previous committed step",
                 step,
@@ -314,18 +320,40 @@ class CheckpointManager:
                 return {"rng": None, "state": None}, None
             return {}, f"saved by {marker.get('world_size')} ranks, now {self.world_size}"
         data, problem = self.read_verified(step, name, marker["parts"].get(name))
-        return ({}, f"rank {self.rank}: {problem}") if problem else (_deserialize(data), None)
+        if problem:
+            return {}, f"rank {self.rank}: {problem}"
+        return self._deserialize(name, data)
 
     def _read_state_parts(self, step: int, marker: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[str]]:
         own, problem = self.read_own_part(step, marker)
         if problem or marker.get("kind") != "replicated":
             return {"own": own}, problem
         data, problem = self.read_verified(step, REPLICATED, marker["parts"].get(REPLICATED))
-        return (
-            ({}, f"rank {self.rank}: {problem}")
-            if problem
-            else ({"own": own, "replicated": _deserialize(data)}, None)
-        )
+        if problem:
+            return {}, f"rank {self.rank}: {problem}"
+        state, problem = self._deserialize(REPLICATED, data)
+        return ({}, problem) if problem else ({"own": own, "replicated": state}, None)
+
+    def _deserialize(self, name: str, data: bytes) -> Tuple[Any, Optional[str]]:
+        """The part's objects; a part that torch's weights-only loader refuses (an object outside
+        its allow-list: a class of the script's, a numpy array, or a planted pickle) is a problem
+        every rank stops at, with the way out."""
+        import pickle
+
+        import torch
+
+        if self._trusted:
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False), None
+        try:
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True), None
+        except pickle.UnpicklingError as err:
+            lister = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)  # torch 2.5+
+            unsafe = lister(io.BytesIO(data)) if lister is not None else []
+            return {}, (
+                f"rank {self.rank}: {name} {_REFUSED} ({', '.join(unsafe) or str(err).splitlines()[0]}): "
+                "allow them with torch.serialization.add_safe_globals([...]) before ft.init(), or, if "
+                "only you can write this storage, ft.init(trusted_checkpoints=True)"
+            )
 
     def read_verified(
         self, step: int, name: str, expected: Optional[Dict[str, Any]]
@@ -423,11 +451,3 @@ def _writer(payload: Any) -> Callable[[BinaryIO], object]:
     import torch
 
     return lambda handle: torch.save(payload, handle)
-
-
-def _deserialize(data: bytes) -> Any:
-    import torch
-
-    # weights_only=False: a part holds RNG states and arbitrary training state, written by this
-    # job to its own storage; checkpoints from untrusted storage must not be loaded.
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)

@@ -18,11 +18,12 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Tuple
 
-from worker_lib.checkpoint import CheckpointManager, step_dir
+from worker_lib.checkpoint import CheckpointError, CheckpointManager, step_dir
 
 __all__ = ["save_directory", "latest_directory", "node_cache_root"]
 
@@ -69,7 +70,30 @@ def latest_directory(manager: CheckpointManager, run_id: str, attempt: int) -> O
 
 
 def node_cache_root(run_id: str) -> Path:
-    return Path(tempfile.gettempdir()) / f"ftlaunch-cache-{os.getuid()}" / run_id
+    """This user's cache of fetched checkpoint files on this node, for one run.
+
+    The path is predictable (the temp dir is everyone's), so the base folder is made private
+    (0700) and used only if it is this user's own folder: another user could otherwise plant
+    files, or a verdict, that a rank would trust."""
+    base = Path(tempfile.gettempdir()) / f"ftlaunch-cache-{os.getuid()}"
+    try:
+        base.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    found = os.lstat(base)
+    if not stat.S_ISDIR(found.st_mode):
+        problem = "it is not a folder (a link?)"
+    elif found.st_uid != os.getuid():
+        problem = f"it belongs to uid {found.st_uid}"
+    elif found.st_mode & 0o022:
+        problem = f"other users may write into it (mode {oct(found.st_mode & 0o777)})"
+    else:
+        if found.st_mode & 0o077:  # ours, and no one else could write: made private now
+            os.chmod(base, 0o700)
+        return base / run_id
+    raise CheckpointError(
+        f"refusing the node cache {base}: {problem}; remove it and ftlaunch makes a private one"
+    )
 
 
 def _read_files(

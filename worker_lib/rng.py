@@ -13,7 +13,15 @@ def capture_rng() -> Dict[str, Any]:
 
     state: Dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if "numpy" in sys.modules:  # only if the script uses numpy: never import it for nothing
-        state["numpy"] = sys.modules["numpy"].random.get_state()
+        name, keys, pos, has_gauss, cached = sys.modules["numpy"].random.get_state()
+        # As a tensor, not a numpy array: torch's weights-only loader reads it back without help.
+        state["numpy"] = (
+            name,
+            torch.from_numpy(keys.astype("int64")),
+            int(pos),
+            int(has_gauss),
+            float(cached),
+        )
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -27,6 +35,7 @@ def restore_rng(state: Dict[str, Any]) -> None:
     if "numpy" in state:
         import numpy
 
-        numpy.random.set_state(state["numpy"])
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        numpy.random.set_state((name, keys.numpy().astype(numpy.uint32), pos, has_gauss, cached))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

@@ -8,7 +8,7 @@ from worker_lib import contract as c
 from worker_lib.backend import choose_backend
 from worker_lib.retention import RetentionPolicy
 
-__all__ = ["WorkerInfo", "Session", "start_session"]
+__all__ = ["CheckpointOptions", "WorkerInfo", "Session", "start_session"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,18 +65,24 @@ class Session:
             dist.destroy_process_group()
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckpointOptions:
+    """How this process saves and loads checkpoints (``worker_lib.init``'s keyword arguments)."""
+
+    retention: RetentionPolicy
+    save_rng: bool = True
+    storage_options: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    trusted: bool = False  # unpickle anything (else torch's weights-only loader)
+
+
 def start_session(
-    checkpoint_dir: Optional[str],
-    init_process_group: bool,
-    retention: RetentionPolicy,
-    save_rng: bool,
-    storage_options: Optional[Dict[str, Any]],
+    checkpoint_dir: Optional[str], init_process_group: bool, options: CheckpointOptions
 ) -> Session:
     info = WorkerInfo.from_environ()
     if init_process_group:  # one rank is a group too, as under torchrun --nproc-per-node 1
         _init_process_group(info)
     url = checkpoint_dir or os.environ.get(c.FT_CHECKPOINT_URL)
-    manager = _checkpoint_manager(info, url, retention, save_rng, storage_options or {}) if url else None
+    manager = _checkpoint_manager(info, url, options) if url else None
     if manager is not None and info.local_rank == 0:
         _remove_node_cache(info, keep_attempt=info.attempt)
     return Session(info, manager)
@@ -140,19 +146,25 @@ def _init_process_group(info: WorkerInfo) -> None:
         dist.init_process_group(info.backend, **alone)
 
 
-def _checkpoint_manager(
-    info: WorkerInfo, url: str, retention: RetentionPolicy, save_rng: bool, storage_options: Dict[str, Any]
-):
+def _checkpoint_manager(info: WorkerInfo, url: str, options: CheckpointOptions):
     from worker_lib.checkpoint import CheckpointManager, LocalChannel, StoreChannel
     from worker_lib.storage import Storage
 
-    storage = Storage(url, **storage_options)
+    storage = Storage(url, **options.storage_options)
     storage.check_writable(f"rank{info.rank}")
     if info.world_size == 1:
         channel = LocalChannel()
     else:
         channel = StoreChannel(_job_store(), prefix=f"ftlaunch/{info.run_id}/{info.attempt}/")
-    return CheckpointManager(storage, info.rank, info.world_size, channel, retention, save_rng)
+    return CheckpointManager(
+        storage,
+        info.rank,
+        info.world_size,
+        channel,
+        options.retention,
+        options.save_rng,
+        trusted=options.trusted,
+    )
 
 
 def _job_store():

@@ -23,13 +23,17 @@ class SignalInbox:
 
     def __init__(self) -> None:
         self.received: List[int] = []
-        self._read_fd = -1
+        self._read_fd = self._write_fd = -1
         self._previous: dict = {}
         self._previous_wakeup = -1
 
     @property
     def first(self) -> Optional[int]:
         return self.received[0] if self.received else None
+
+    @property
+    def is_open(self) -> bool:
+        return self._read_fd >= 0
 
     def open(self) -> None:
         self._read_fd, write_fd = os.pipe()
@@ -49,11 +53,16 @@ class SignalInbox:
         self.close()
 
     def close(self) -> None:
+        """Put the previous handlers back; closing twice, or unopened, does nothing."""
+        if not self.is_open:
+            return
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        self._previous.clear()
         signal.set_wakeup_fd(self._previous_wakeup)
         for fd in (self._read_fd, self._write_fd):
             os.close(fd)
+        self._read_fd = self._write_fd = -1
 
     def raise_if_received(self) -> None:
         """Before any worker started, a signal simply ends the launch."""
