@@ -28,10 +28,16 @@ __all__ = ["status_cli", "run_status"]
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
 def status_cli(run: Optional[str], run_dir: str, as_json: bool) -> int:
     """Show RUN (a name under --run-dir, or a run's path or URL); without RUN, list the runs."""
-    if run is None:
-        return _list_runs(run_dir, as_json)
-    url = run if ("/" in run or "://" in run) else join_run_url(run_dir, run)
-    report = run_status(url)
+    from worker_lib.storage import StorageError
+
+    where = run_dir if run is None else run
+    try:
+        if run is None:
+            return _list_runs(run_dir, as_json)
+        url = run if ("/" in run or "://" in run) else join_run_url(run_dir, run)
+        report = run_status(url)
+    except (StorageError, OSError) as err:  # a malformed URL, a file where a folder should be, ...
+        raise UsageError(f"cannot read {where}: {err}") from None
     if as_json:
         click.echo(json.dumps({**report, "run": report["run"].to_json()}, indent=1, default=str))
     else:
@@ -68,6 +74,8 @@ def _list_runs(run_dir: str, as_json: bool) -> int:
     from worker_lib.storage import Storage, StorageError
 
     base = Storage(join_run_url(run_dir, ""), label="run dir")
+    if base.fs.exists(base.root) and not base.fs.isdir(base.root):
+        raise UsageError(f"--run-dir {run_dir} is a file, not a folder of runs")
     rows = []
     for name in sorted(base.list_names()):
         if not base.fs.isdir(base.path(name)):

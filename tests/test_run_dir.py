@@ -486,4 +486,6 @@ def test_status_of_a_live_and_of_a_finished_run(launcher, tmp_path):
     code, listing = _status("--run-dir", str(runs))
     assert re.search(r"^beater\s+SUCCEEDED\s+1\s+390$", listing, re.M), listing
     assert _status("--run-dir", str(runs), "nosuchrun")[0] == 2
+    for bad in ([str(runs / "notes.txt")], ["--run-dir", str(runs / "notes.txt")], ["nosuchproto://x/y"]):
+        assert _status(*bad) == (2, ""), bad  # one line on stderr, no traceback
     assert live.survivors() == []
