@@ -136,7 +136,8 @@ def _say(line: str) -> None:
     "--crash-loop",
     type=int,
     default=3,
-    help="Stop early (exit 3) after this many failed attempts in a row without a newer checkpoint; 0: off.",
+    help="Stop early (exit 3) after this many failed attempts in a row known to have made no progress "
+    "(no newer commit, no further heartbeat step, or a failure at once); 0: off.",
 )
 @click.option(
     "--max-preemptions",

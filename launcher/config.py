@@ -69,7 +69,7 @@ class LaunchConfig:
     fresh: bool = False  # archive a finished run and start it again
     lease: float = 60.0  # seconds the run lock lasts without renewal
     failure_window: Optional[float] = None  # seconds; None: every failure counts
-    crash_loop: int = 3  # failed attempts in a row without a newer checkpoint; 0: off
+    crash_loop: int = 3  # failed attempts in a row known to have made no progress; 0: off
     max_preemptions: int = -1  # preempted attempts a run may resume from; -1: unlimited
     backoff: float = 1.0  # seconds before the second restart in a row; doubles after
     backoff_cap: float = 60.0

@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 import time
-from typing import BinaryIO, Callable, List, Optional
+from typing import BinaryIO, Callable, List, Optional, Tuple
 
 from launcher.config import LaunchConfig
 from launcher.errors import ExitCode, StartFailed, UsageError, exit_code_for_signal
@@ -114,7 +114,7 @@ class Supervisor:
         guard: OrphanGuard,
         say: Callable[[str], None],
         spawner: Optional[Spawner],
-        console: "tuple[BinaryIO, BinaryIO]",
+        console: Tuple[BinaryIO, BinaryIO],
     ) -> None:
         self.config = config
         self._run = run
