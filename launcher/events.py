@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any, ClassVar, Dict, List, Optional, Type, Union
+from typing import Any, ClassVar, Dict, List, Optional, Type, Union, get_args
 
 from launcher.group_state import GroupState
 from launcher.hangs.board import Phase
@@ -190,25 +190,7 @@ Event = Union[
     RunEnd,
 ]
 
-_KINDS: Dict[str, Type] = {
-    cls.KIND: cls
-    for cls in (
-        RunStart,
-        Transition,
-        WorkerExit,
-        Decision,
-        StopRequested,
-        Hang,
-        Laggard,
-        HeartbeatDeadline,
-        CheckpointLoaded,
-        FirstStep,
-        Takeover,
-        Resume,
-        GuardRestarted,
-        RunEnd,
-    )
-}
+_KINDS: Dict[str, Type] = {cls.KIND: cls for cls in get_args(Event)}
 # Fields read back as enums rather than as the strings JSON holds.
 _ENUM_FIELDS: Dict[str, Type] = {"old": GroupState, "new": GroupState, "phase": Phase}
 

@@ -462,7 +462,7 @@ def test_status_of_a_live_and_of_a_finished_run(launcher, tmp_path):
         progress = json.loads(_status("--run-dir", str(runs), "beater", "--json")[1])["progress"]
         if progress and all(r["step"] is not None for r in progress["ranks"]):
             break
-        time.sleep(0.5)
+        time.sleep(0.2)
 
     code, table = _status("--run-dir", str(runs), "beater")
     assert code == 0
