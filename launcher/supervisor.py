@@ -127,7 +127,8 @@ class Supervisor:
         self._policy = RestartPolicy(
             config.max_failures, config.failure_window, config.crash_loop, config.backoff, config.backoff_cap
         )
-        self._hangs = HangMonitor(config, events, say, run.mark_first_step)
+        beat_before = any(a.beat for a in run.state.attempts)  # e.g. before a kill -9 of ftlaunch
+        self._hangs = HangMonitor(config, events, say, run.mark_first_step, beat_before)
         self._next_progress = 0.0
 
     def run(self) -> RunResult:

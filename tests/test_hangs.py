@@ -4,7 +4,7 @@ waiting), detected by deadline, their stacks dumped into their logs, the group r
 import re
 
 import pytest
-from helpers import SCRIPTS
+from helpers import SCRIPTS, wait_for_files
 
 BEATER = str(SCRIPTS / "beater.py")
 
@@ -156,3 +156,36 @@ def test_with_heartbeat_timeout_off_silence_is_never_a_hang(launcher):
     assert launch.events("hang") == [] and "attempt 1" not in launch.stderr
     assert [e["attempt"] for e in launch.events("first_step")] == [0]  # beats still time the run
     assert launch.survivors() == []
+
+
+def test_a_relaunch_knows_the_script_beats_from_the_runs_history(launcher, tmp_path):
+    """After a kill -9 of ftlaunch, the relaunched supervisor has seen no beat itself; the run's
+    history says the script beats, so a rank stuck before its first beat is still a hang."""
+    runs = tmp_path / "runs"
+    script = [
+        BEATER,
+        "--steps",
+        "100",
+        "--save-every",
+        "5",
+        "--hang",
+        "sleep",
+        "--hang-rank",
+        "0",
+        "--hang-attempt",
+        "1",
+        "--hang-at",
+        "0",
+    ]
+    options = ["--run-dir", str(runs), "--run-name", "beater", "--init-timeout", "8", "--nproc", "1"]
+    first = launcher.start(*options, *script)
+    wait_for_files(runs / "beater" / "checkpoints", "step_10/COMMITTED", 1, timeout=60)
+    first.proc.kill()
+    first.wait()
+    assert first.survivors_after(timeout=10) == []
+
+    second = launcher.run(*options, *script, timeout=120)  # attempt 1 hangs before it beats
+    assert second.proc.returncode == 0, second.stderr
+    (hang,) = second.events("hang")
+    assert hang["attempt"] == 1 and hang["phase"] == "starting"
+    assert second.survivors() == []

@@ -33,13 +33,15 @@ class HangMonitor:
         events: EventLog,
         say: Callable[[str], None],
         on_first_step: Callable[[], None] = lambda: None,
+        known_to_beat: bool = False,
     ) -> None:
+        """``known_to_beat``: an attempt of an earlier supervisor of this run saw a beat."""
         self._on_first_step = on_first_step
         self._judges = config.detects_hangs
         self._limits = HangLimits(config.init_timeout, config.heartbeat_timeout, config.heartbeat_floor)
         self._events = events
         self._say = say
-        self._known_to_beat = False  # some rank of this run has called ft.heartbeat()
+        self._known_to_beat = known_to_beat  # some rank of this run has called ft.heartbeat()
         self._said_never_beats = False
         self._next_laggard_report = 0.0
         self._reported_deadline: Optional[float] = None

@@ -149,8 +149,12 @@ class Run:
         self.state.attempts.remove(entry)
 
     def mark_first_step(self) -> None:
-        """Every rank of the current attempt has stepped: its useful work starts here."""
-        self.state.attempts[-1].first_step_at = time.time()
+        """Every rank of the current attempt has stepped: its useful work starts here. Written at
+        once (one write per attempt): if this supervisor is killed, the next one still knows that
+        the script beats and when the attempt began to step."""
+        entry = self.state.attempts[-1]
+        entry.first_step_at, entry.beat = time.time(), True
+        self.save()
 
     def attempt_ended(
         self,

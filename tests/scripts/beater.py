@@ -25,7 +25,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--slow-from", type=int, default=None, help="steps from here take 3x as long")
     p.add_argument("--hang", choices=["sleep", "stop", "stall"], help="what the hanging rank does")
     p.add_argument("--hang-rank", type=int, default=1)
-    p.add_argument("--hang-at", type=int, default=10, help="the step it hangs in (first attempt only)")
+    p.add_argument("--hang-at", type=int, default=10, help="the step it hangs in (or the first one after)")
+    p.add_argument("--hang-attempt", type=int, default=0, help="the attempt in which it hangs")
     p.add_argument("--collective", action="store_true", help="gloo all_reduce every step")
     p.add_argument(
         "--save-mb", type=int, default=0, help="blocking checkpoint save of this size at --save-at"
@@ -76,7 +77,7 @@ def main() -> None:
         first = ckpt.step + 1 if ckpt else 0
         print(f"rank {RANK} attempt {ATTEMPT} starts at step {first}", flush=True)
     for step in range(first, args.steps):
-        if args.hang and ATTEMPT == 0 and RANK == args.hang_rank and step == args.hang_at:
+        if args.hang and ATTEMPT == args.hang_attempt and RANK == args.hang_rank and step >= args.hang_at:
             hang(args.hang, step)
         slow = args.slow_from is not None and step >= args.slow_from
         time.sleep(args.step_time * (3 if slow else 1))
