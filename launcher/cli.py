@@ -13,15 +13,9 @@ from typing import Optional, Sequence
 
 import click
 
-from launcher.config import (
-    EntryKind,
-    LaunchConfig,
-    default_run_name,
-    preflight,
-    resolve_backend,
-    visible_gpu_count,
-)
+from launcher.config import EntryKind, LaunchConfig, default_run_name, resolve_backend, visible_gpu_count
 from launcher.errors import ExitCode, FtlaunchError, UsageError
+from launcher.preflight import preflight
 from launcher.process.signals import SignalInbox
 from launcher.runs.directory import join_run_url
 from worker_lib.backend import BACKENDS

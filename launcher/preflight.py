@@ -1,0 +1,182 @@
+"""Checks against the world that must pass before any worker starts: the entry point can run,
+the node can hold the ranks, the store can listen, the storage can be written (within
+``--storage-timeout``) and the log folder too. Each failure is one line and exit 2."""
+
+import logging
+import os
+import resource
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Callable, List
+
+from launcher.config import EntryKind, LaunchConfig
+from launcher.errors import UsageError
+
+__all__ = ["preflight"]
+
+
+def preflight(config: LaunchConfig, interrupted: Callable[[], None] = lambda: None) -> None:
+    """Checks against the world (files, directories) that must pass before any worker starts.
+    ``interrupted()`` raises when a signal came meanwhile: a slow check does not delay a Ctrl+C."""
+    _check_entrypoint(config)
+    _check_node_can_hold(config.nproc)
+    _check_store_address(config.master_addr, config.master_port)
+    _probe_storage("run dir", config.run_url, config.storage_timeout, interrupted)
+    if config.checkpoint_url:
+        _probe_storage("checkpoint storage", config.checkpoint_url, config.storage_timeout, interrupted)
+    _check_log_dir_writable(config.log_dir)  # last: it creates the folder, which a failure would leave
+
+
+def _check_entrypoint(config: LaunchConfig) -> None:
+    """What would fail in every rank of every attempt fails here, once, before any worker starts."""
+    if config.entry_kind is EntryKind.SCRIPT:
+        _check_script(Path(config.entrypoint))
+    elif config.entry_kind is EntryKind.MODULE:
+        _check_module(config.python, config.entrypoint)
+    elif shutil.which(config.entrypoint) is None:
+        raise UsageError(f"executable not found or not executable: {config.entrypoint}")
+
+
+def _check_script(path: Path) -> None:
+    if not path.is_file():
+        raise UsageError(f"script not found: {path}")
+    try:
+        source = path.read_bytes()
+    except OSError as err:
+        raise UsageError(f"cannot read {path}: {err.strerror or err}") from None
+    if b"\0" in source:  # Python source never holds a NUL byte; a program does
+        raise UsageError(f"{path} is not a Python script (a program? --no-python runs it as an executable)")
+    try:
+        compile(source, str(path), "exec", dont_inherit=True)
+    except SyntaxError as err:  # decoding errors included
+        where = f", line {err.lineno}" if err.lineno else ""
+        raise UsageError(f"{path}{where}: {type(err).__name__}: {err.msg}") from None
+
+
+def _check_module(python: str, name: str) -> None:
+    """``python -m NAME`` would find it. Asked of the workers' interpreter in the workers' working
+    directory, without importing NAME itself (only its parent packages, as ``-m`` does too)."""
+    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 3)"
+    try:
+        found = subprocess.run(
+            [python, "-c", probe, name], capture_output=True, text=True, timeout=120, cwd=os.getcwd()
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise UsageError(f"cannot check module {name}: {err}") from None
+    if found.returncode == 3:
+        raise UsageError(f"no module named {name!r} (python -m {name} would fail)")
+    if found.returncode != 0:
+        last = (found.stderr.strip().splitlines() or ["?"])[-1]
+        raise UsageError(f"module {name}: {last}")
+
+
+# Each worker is at least a Python interpreter: some tens of MB and a few threads, before any torch.
+_WORKER_MEMORY = 16 * 2**20
+_WORKER_THREADS = 4
+
+
+def _check_node_can_hold(nproc: int) -> None:
+    """A sane ceiling, from what this node has: its process limit, threads-max and memory."""
+    import psutil
+
+    ceilings = [(psutil.virtual_memory().available // _WORKER_MEMORY, "the memory available")]
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    if soft != resource.RLIM_INFINITY:
+        ceilings.append((soft // _WORKER_THREADS, f"the process limit (ulimit -u {soft})"))
+    files, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if files != resource.RLIM_INFINITY:  # the supervisor holds 3 per rank: two pipes and a log file
+        ceilings.append(((files - 64) // 3, f"the open-file limit (ulimit -n {files})"))
+    try:
+        threads = int(Path("/proc/sys/kernel/threads-max").read_text())
+        ceilings.append((threads // _WORKER_THREADS, f"kernel.threads-max {threads}"))
+    except (OSError, ValueError):
+        pass
+    most, why = min(ceilings)
+    if nproc > most:
+        raise UsageError(
+            f"--nproc {nproc} is more workers than this node can hold: at most about {most} ({why})"
+        )
+
+
+def _check_store_address(addr: str, port: int) -> None:
+    """The workers' store can listen there: an address of this machine, a port that is free."""
+    from launcher.process.store import listen
+
+    try:
+        listen(addr, port).close()
+    except OSError as err:
+        where = f"{addr}:{port}"
+        raise UsageError(f"cannot listen on {where} for the workers' store: {err.strerror or err}") from None
+
+
+def _check_log_dir_writable(log_dir: Path) -> None:
+    probe = log_dir / f".ftlaunch-write-test-{os.getpid()}"
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise UsageError(f"log dir {log_dir} is not writable: {err.strerror or err}") from None
+
+
+def _probe_storage(label: str, url: str, timeout: float, interrupted: Callable[[], None]) -> None:
+    """Write and delete a probe object within ``timeout`` seconds: a malformed URL, a missing bucket,
+    no permission or no answer at all is one line now, not a stack of retries once per restart.
+    Storage libraries retry for a minute on their own; the probe runs in a daemon thread, and the
+    last error they logged while it ran is the cause given when it does not finish."""
+    from worker_lib.storage import Storage, StorageError
+
+    failure: List[BaseException] = []
+
+    def probe() -> None:
+        try:
+            Storage(url, label=label).check_writable("supervisor")
+        except BaseException as err:  # reported by the caller's thread
+            failure.append(err)
+
+    deadline = time.monotonic() + timeout
+    with _LastError() as last:
+        thread = threading.Thread(target=probe, name="ftlaunch-storage-probe", daemon=True)
+        thread.start()
+        while thread.is_alive() and time.monotonic() < deadline:
+            interrupted()
+            thread.join(min(0.1, max(0.0, deadline - time.monotonic())))
+    if thread.is_alive():
+        cause = f"; last error: {last.message}" if last.message else ""
+        raise UsageError(f"{label} {url!r} did not answer within {timeout:g} s (--storage-timeout){cause}")
+    if failure and isinstance(failure[0], StorageError):
+        raise UsageError(str(failure[0])) from None
+    if failure:
+        raise failure[0]
+
+
+class _LastError(logging.Handler):
+    """Remembers the first line of the last error a library reported while installed: a warning,
+    or a debug line about an exception (gcsfs says "retrying after exception: …" at debug level,
+    so the root logger listens at debug meanwhile; the console's handler keeps its own level)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.message = ""
+        self._root_level = logging.WARNING
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage().strip()
+        about_an_error = any(word in text.lower() for word in ("exception", "error"))
+        if text and (record.levelno >= logging.WARNING or about_an_error):
+            self.message = text.splitlines()[0][:300]
+
+    def __enter__(self) -> "_LastError":
+        root = logging.getLogger()
+        self._root_level = root.level
+        root.setLevel(logging.DEBUG)
+        root.addHandler(self)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        root = logging.getLogger()
+        root.removeHandler(self)
+        root.setLevel(self._root_level)
