@@ -7,12 +7,14 @@ Every option can also be set as ``FTLAUNCH_<OPTION>`` (``FTLAUNCH_NPROC=8``), as
 import hashlib
 import logging
 import math
+import os
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence, Tuple
 
 import click
 
+from launcher.cluster.slurm import slurm_step
 from launcher.config import EntryKind, LaunchConfig, default_run_name, resolve_backend, visible_gpu_count
 from launcher.errors import ExitCode, FtlaunchError, UsageError
 from launcher.preflight import preflight
@@ -71,7 +73,12 @@ def _say(line: str) -> None:
 @click.option(
     "--run-id", default=None, help="TORCHELASTIC_RUN_ID  [default: <run-name>-<hash of the run's URL>]"
 )
-@click.option("--master-addr", default="127.0.0.1", help="Address the workers' store listens on.")
+@click.option(
+    "--master-addr",
+    default=None,
+    help="Address the workers' store listens on (node 0's)  [default: 127.0.0.1; with many nodes the "
+    "--rdzv-endpoint host]",
+)
 @click.option("--master-port", type=int, default=0, help="Port of the workers' store; 0: a free one.")
 @click.option(
     "--console-ranks",
@@ -156,6 +163,49 @@ def _say(line: str) -> None:
     metavar="DURATION",
     help="How long the check that the run dir and checkpoint storage can be written may take.",
 )
+@click.option(
+    "--nnodes",
+    default=None,
+    metavar="N",
+    help="Nodes in the job, one ftlaunch on each  [default: 1; under srun: the step's node count]",
+)
+@click.option(
+    "--node-rank",
+    type=int,
+    default=None,
+    help="This node's rank; node 0 leads (hosts the stores, holds the run)  [default: 0; under srun: "
+    "SLURM_PROCID]",
+)
+@click.option(
+    "--rdzv-endpoint",
+    default=None,
+    metavar="HOST:PORT",
+    help="Node 0's address and a free port, where the nodes meet  [under srun: the step's first host]",
+)
+@click.option("--rdzv-id", default=None, help="The rendezvous id  [default: --run-id]")
+@click.option(
+    "--rdzv-backend", type=click.Choice(["c10d"]), default="c10d", help="torch.distributed.elastic's backend."
+)
+@click.option(
+    "--rdzv-conf",
+    default=None,
+    metavar="K=V[,K=V...]",
+    help="Rendezvous settings, as torchrun's (join_timeout, last_call_timeout, close_timeout, "
+    "keep_alive_interval, keep_alive_max_attempt).",
+)
+@click.option(
+    "--join-timeout",
+    default="10m",
+    metavar="DURATION",
+    help="How long the nodes may take to (re)join an attempt before the job stops (exit 5).",
+)
+@click.option(
+    "--node-timeout",
+    default="15s",
+    metavar="DURATION",
+    help="Silence after which a node's supervisor counts as lost: the others stop their workers and "
+    "wait for it to come back.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log the supervisor's own decisions.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
@@ -199,7 +249,7 @@ def config_from_options(
     log_dir: Optional[Path],
     grace_period: float,
     run_id: Optional[str],
-    master_addr: str,
+    master_addr: Optional[str],
     master_port: int,
     console_ranks: Optional[str],
     checkpoint_dir: Optional[str],
@@ -216,20 +266,41 @@ def config_from_options(
     max_backoff: str,
     lease: str,
     storage_timeout: str,
+    nnodes: Optional[str],
+    node_rank: Optional[int],
+    rdzv_endpoint: Optional[str],
+    rdzv_id: Optional[str],
+    rdzv_backend: str,
+    rdzv_conf: Optional[str],
+    join_timeout: str,
+    node_timeout: str,
     script: str,
     script_args: Sequence[str],
+    environ: Optional[Mapping[str, str]] = None,
 ) -> LaunchConfig:
     if module and no_python:
         raise UsageError("--module and --no-python exclude each other")
     gpus = visible_gpu_count()
     procs = _parse_nproc(nproc, gpus)
     kind = EntryKind.MODULE if module else EntryKind.EXECUTABLE if no_python else EntryKind.SCRIPT
+    slurm = slurm_step(os.environ if environ is None else environ)
+    nodes = _parse_nnodes(nnodes) if nnodes is not None else slurm.nnodes if slurm else 1
+    if node_rank is None:
+        node_rank = slurm.node_rank if slurm and nodes > 1 else 0
+    if rdzv_endpoint is None:
+        rdzv_endpoint = slurm.rdzv_endpoint if slurm and nodes > 1 else ""
+    if run_name is None and slurm is not None:  # the job id survives requeues; the command may not
+        run_name = f"{default_run_name(kind, script, script_args).rsplit('-', 1)[0]}-job{slurm.job_id}"
     name = _check_run_name(run_name or default_run_name(kind, script, script_args))
     run_url = join_run_url(run_dir, name)
     local = "://" not in run_url or run_url.startswith("file://")
     run_id = run_id or f"{name}-{hashlib.sha1(run_url.encode()).hexdigest()[:8]}"
     if log_dir is None:  # logs are written by this node: on the run dir only when it is local
         log_dir = Path(run_url.replace("file://", "")) / "logs" if local else Path("ftlaunch_logs") / name
+    if nodes > 1:  # each node's logs and events under its own name
+        log_dir = log_dir / f"node{node_rank}"
+    if master_addr is None:
+        master_addr = rdzv_endpoint.rpartition(":")[0].strip("[]") if nodes > 1 else "127.0.0.1"
     return LaunchConfig(
         entrypoint=script,
         script_args=tuple(script_args),
@@ -257,6 +328,13 @@ def config_from_options(
         heartbeat_floor=parse_duration(heartbeat_floor, "--heartbeat-floor"),
         storage_timeout=parse_duration(storage_timeout, "--storage-timeout"),
         lease=parse_duration(lease, "--lease"),
+        nnodes=nodes,
+        node_rank=node_rank,
+        rdzv_endpoint=rdzv_endpoint if nodes > 1 else "",
+        rdzv_id=rdzv_id or "",
+        rdzv_conf=_parse_rdzv_conf(rdzv_conf),
+        join_timeout=parse_duration(join_timeout, "--join-timeout"),
+        node_timeout=parse_duration(node_timeout, "--node-timeout"),
     )
 
 
@@ -299,6 +377,44 @@ def _parse_nproc(value: str, gpus: int) -> int:
         return int(value)
     except ValueError:
         raise UsageError(f"--nproc must be a whole number or 'auto', got {value!r}") from None
+
+
+def _parse_nnodes(value: str) -> int:
+    if ":" in value:
+        raise UsageError(
+            f"--nnodes {value}: a range (elastic membership) is not supported; give the job's node count"
+        )
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(f"--nnodes must be a whole number, got {value!r}") from None
+
+
+# The settings torch's c10d rendezvous handler reads (whole seconds or counts).
+_RDZV_KEYS = (
+    "join_timeout",
+    "last_call_timeout",
+    "close_timeout",
+    "heartbeat",
+    "keep_alive_interval",
+    "keep_alive_max_attempt",
+)
+
+
+def _parse_rdzv_conf(value: Optional[str]) -> Tuple[Tuple[str, str], ...]:
+    pairs = []
+    for item in (value or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, setting = item.partition("=")
+        key = key.strip()
+        if not sep or key not in _RDZV_KEYS or not setting.strip().isdigit():
+            raise UsageError(
+                f"--rdzv-conf takes {', '.join(_RDZV_KEYS)} as KEY=whole number, comma-separated, "
+                f"got {item!r}"
+            )
+        pairs.append((key, setting.strip()))
+    return tuple(pairs)
 
 
 def _parse_ranks(value: Optional[str]) -> Optional[frozenset]:

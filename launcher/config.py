@@ -36,6 +36,8 @@ _DURATION_OPTIONS = {
     "backoff_cap": "--max-backoff",
     "storage_timeout": "--storage-timeout",
     "lease": "--lease",
+    "join_timeout": "--join-timeout",
+    "node_timeout": "--node-timeout",
 }
 
 
@@ -70,6 +72,15 @@ class LaunchConfig:
     backoff_cap: float = 60.0
     storage_timeout: float = 20.0  # seconds the storage probes before start may take
     python: str = sys.executable
+    # Many nodes (one ftlaunch each). Node 0 leads: it hosts the job's store at rdzv_endpoint and
+    # the workers' store at master_addr, holds the run, and decides for the job.
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str = ""  # HOST:PORT of node 0's job store; "" for one node
+    rdzv_id: str = ""  # the rendezvous' run id (torchrun's --rdzv-id); "" → run_id
+    rdzv_conf: Tuple[Tuple[str, str], ...] = ()  # extra RendezvousParameters, as torchrun's --rdzv-conf
+    join_timeout: float = 600.0  # seconds every node has to (re)join before the job gives up
+    node_timeout: float = 15.0  # seconds of silence after which a node's supervisor counts as lost
 
     def __post_init__(self) -> None:
         for name, option in _DURATION_OPTIONS.items():
@@ -103,13 +114,49 @@ class LaunchConfig:
         if self.failure_window is not None and self.failure_window <= 0:
             raise UsageError("--failure-window must be more than 0 seconds")
         if self.console_ranks is not None:
-            outside = sorted(r for r in self.console_ranks if not 0 <= r < self.nproc)
+            outside = sorted(r for r in self.console_ranks if not 0 <= r < self.world_size)
             if outside:
-                raise UsageError(f"--console-ranks names ranks {outside} outside 0..{self.nproc - 1}")
+                raise UsageError(f"--console-ranks names ranks {outside} outside 0..{self.world_size - 1}")
+        self._check_nodes()
+
+    def _check_nodes(self) -> None:
+        if self.nnodes < 1:
+            raise UsageError(f"--nnodes must be at least 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise UsageError(f"--node-rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
+        if self.join_timeout <= 0 or self.node_timeout <= 0:
+            raise UsageError("--join-timeout and --node-timeout must be more than 0 seconds")
+        if self.nnodes > 1:
+            host, _, port = self.rdzv_endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise UsageError(
+                    f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address and a free "
+                    f"port), got {self.rdzv_endpoint!r}"
+                )
 
     @property
     def world_size(self) -> int:
-        return self.nproc
+        return self.nproc * self.nnodes
+
+    @property
+    def many_nodes(self) -> bool:
+        return self.nnodes > 1
+
+    @property
+    def leads(self) -> bool:
+        """This node decides for the job: it holds the run and hosts the stores."""
+        return self.node_rank == 0
+
+    @property
+    def rdzv_host(self) -> str:
+        return self.rdzv_endpoint.rpartition(":")[0].strip("[]")
+
+    @property
+    def rdzv_port(self) -> int:
+        return int(self.rdzv_endpoint.rpartition(":")[2])
+
+    def global_rank(self, local_rank: int) -> int:
+        return self.node_rank * self.nproc + local_rank
 
     @property
     def detects_hangs(self) -> bool:
@@ -124,6 +171,7 @@ class LaunchConfig:
         data = dataclasses.asdict(self)
         data["log_dir"] = str(self.log_dir)
         data["console_ranks"] = sorted(self.console_ranks) if self.console_ranks is not None else None
+        data["rdzv_conf"] = dict(self.rdzv_conf)
         return data
 
     @property

@@ -7,6 +7,8 @@ __all__ = [
     "ExitCode",
     "FtlaunchError",
     "Interrupted",
+    "JobOver",
+    "JoinTimeout",
     "RunBusy",
     "RunLost",
     "StartFailed",
@@ -23,6 +25,8 @@ class ExitCode(enum.IntEnum):
     USAGE = 2  # bad input, or the run is held by another ftlaunch; no worker was started
     CRASH_LOOP = 3  # attempts kept failing without progress: stopped early
     RUN_LOST = 4  # another ftlaunch took the run over (this one's lease expired): its workers were stopped
+    JOIN_TIMEOUT = 5  # many nodes: not every node joined within --join-timeout; relaunch to resume
+    JOB_OVER = 6  # many nodes: this node came to a job that had already ended (rendezvous closed)
     INTERRUPTED_SIGHUP = 128 + signal.SIGHUP  # 129
     INTERRUPTED_SIGINT = 128 + signal.SIGINT  # 130
     PREEMPTED = 128 + signal.SIGTERM  # 143: SIGTERM (scheduler preemption, time limit): requeue me
@@ -57,6 +61,18 @@ class RunLost(FtlaunchError):
     """This supervisor no longer holds its run: another one took it over."""
 
     exit_code = ExitCode.RUN_LOST
+
+
+class JoinTimeout(FtlaunchError):
+    """Many nodes: the others did not all come within --join-timeout."""
+
+    exit_code = ExitCode.JOIN_TIMEOUT
+
+
+class JobOver(FtlaunchError):
+    """Many nodes: the job this node came to has ended (its leader closed the rendezvous)."""
+
+    exit_code = ExitCode.JOB_OVER
 
 
 class Interrupted(FtlaunchError):

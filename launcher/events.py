@@ -29,6 +29,8 @@ __all__ = [
     "HeartbeatDeadline",
     "Laggard",
     "Logged",
+    "NodesMet",
+    "PeerInterrupt",
     "Resume",
     "RunEnd",
     "RunStart",
@@ -167,6 +169,27 @@ class GuardRestarted:
 
 
 @dataclasses.dataclass(frozen=True)
+class NodesMet:
+    """Many nodes: every node joined the attempt's rendezvous round."""
+
+    KIND: ClassVar[str] = "nodes_met"
+    attempt: int  # -1 on a node that learns the number from node 0 afterwards
+    nnodes: int
+    waited: float  # seconds in the rendezvous
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerInterrupt:
+    """Many nodes: another node stopped the attempt (a failure, a hang, a lost node, a signal)."""
+
+    KIND: ClassVar[str] = "peer_interrupt"
+    attempt: int
+    node: int
+    kind: str  # "failure", "stop" or "lost"
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True)
 class RunEnd:
     KIND: ClassVar[str] = "run_end"
     exit_code: int
@@ -187,6 +210,8 @@ Event = Union[
     Takeover,
     Resume,
     GuardRestarted,
+    NodesMet,
+    PeerInterrupt,
     RunEnd,
 ]
 

@@ -13,8 +13,11 @@ __all__ = [
     "ErrorRecord",
     "Failure",
     "HangFailure",
+    "NodeLostFailure",
     "ProcessFailure",
     "describe_exit",
+    "failure_from_json",
+    "failure_to_json",
     "read_error_file",
     "root_cause",
 ]
@@ -41,12 +44,13 @@ class ProcessFailure:
     error: Optional[ErrorRecord] = None
     log_file: Optional[Path] = None
     log_tail: Tuple[str, ...] = ()  # filled in once the log pump has drained the rank's pipes
+    node: Optional[int] = None  # the node rank in a job of many nodes
 
     def describe(self) -> str:
         """One line: "rank 1 (pid 42): Signal 11 (SIGSEGV)" or "...: ValueError: boom (exit code 1)"."""
         how = describe_exit(self.exitcode)
         what = f"{self.error.message} ({how})" if self.error else how
-        return f"rank {self.rank} (pid {self.pid}): {what}"
+        return f"rank {self.rank} ({_where(self.node, self.pid)}): {what}"
 
     @property
     def blame_order(self) -> tuple:
@@ -71,6 +75,7 @@ class HangFailure:
     process_status: str = ""  # psutil's word when it was declared hung: "stopped", "disk-sleep", ...
     log_tail: Tuple[str, ...] = ()
     stack: Tuple[str, ...] = ()  # its main thread's frames, innermost first (from the stack dump)
+    node: Optional[int] = None
 
     def describe(self) -> str:
         """One line: "rank 1 (pid 42): hung: no heartbeat for 5.1 s (deadline 5 s) after step 17, at ..."."""
@@ -83,7 +88,7 @@ class HangFailure:
         where = f", in {short_frame(self.stack[0])}" if self.stack else ""
         status = f", process {self.process_status}" if self.process_status in _NOTABLE_STATUS else ""
         return (
-            f"rank {self.rank} (pid {self.pid}): hung: {silence} for {self.silent_for:.1f} s "
+            f"rank {self.rank} ({_where(self.node, self.pid)}): hung: {silence} for {self.silent_for:.1f} s "
             f"(deadline {seconds(self.deadline)} s){step}{where}{status}"
         )
 
@@ -98,7 +103,33 @@ class HangFailure:
         return (self.waits_on_peers, self.last_step, self.observed_at, self.rank)
 
 
-Failure = Union[ProcessFailure, HangFailure]
+@dataclasses.dataclass(frozen=True)
+class NodeLostFailure:
+    """A node whose supervisor stopped answering (killed, its machine rebooted or cut off)."""
+
+    node: int
+    host: str
+    pid: int  # its supervisor
+    silent_for: float
+    observed_at: float  # time.monotonic() when it was declared lost
+    rank: int = -1  # no one rank: every rank of that node is gone with it
+
+    def describe(self) -> str:
+        return (
+            f"node {self.node} ({self.host}, supervisor pid {self.pid}): lost: no sign of life for "
+            f"{self.silent_for:.1f} s"
+        )
+
+    @property
+    def blame_order(self) -> tuple:
+        return (self.observed_at, self.node)
+
+
+Failure = Union[ProcessFailure, HangFailure, NodeLostFailure]
+
+# Across kinds: a lost node explains every other failure of its attempt (its peers' collectives
+# break); a crash explains hangs elsewhere (ranks waiting for the dead one).
+_KIND_ORDER = {NodeLostFailure: 0, ProcessFailure: 1, HangFailure: 2}
 
 # Process states that explain a silence by themselves (SIGSTOP, a debugger, uninterruptible I/O).
 _NOTABLE_STATUS = ("stopped", "tracing-stop", "disk-sleep")
@@ -119,10 +150,42 @@ def describe_exit(exitcode: int) -> str:
     return f"Signal {-exitcode} ({name})"
 
 
+def _where(node: Optional[int], pid: int) -> str:
+    return f"node {node}, pid {pid}" if node is not None else f"pid {pid}"
+
+
 def root_cause(failures: Sequence[Failure]) -> Failure:
     """The failure that most likely caused the others: for exits the earliest (later ones are
     usually peers dying of a broken collective); for hangs the rank that is behind."""
-    return min(failures, key=lambda f: f.blame_order)
+    return min(failures, key=lambda f: (_KIND_ORDER[type(f)], f.blame_order))
+
+
+_KINDS = {cls.__name__: cls for cls in _KIND_ORDER}
+
+
+def failure_to_json(failure: Failure, clock_offset: float) -> dict:
+    """A failure as another node's supervisor receives it. ``observed_at`` travels as wall-clock
+    time (``clock_offset`` = time.time() - time.monotonic() here): monotonic clocks are per machine."""
+    data = json.loads(json.dumps(dataclasses.asdict(failure), default=str))
+    data["observed_at"] = failure.observed_at + clock_offset
+    return {"kind": type(failure).__name__, **data}
+
+
+def failure_from_json(data: dict, clock_offset: float) -> Failure:
+    """The inverse of ``failure_to_json`` on the receiving machine (its own ``clock_offset``)."""
+    fields = dict(data)
+    cls = _KINDS[fields.pop("kind")]
+    fields["observed_at"] = float(fields["observed_at"]) - clock_offset
+    if fields.get("log_file") is not None:
+        fields["log_file"] = Path(fields["log_file"])
+    for name in ("log_tail", "stack"):
+        if name in fields:
+            fields[name] = tuple(fields[name])
+    if "phase" in fields:
+        fields["phase"] = Phase(fields["phase"])
+    if fields.get("error") is not None:
+        fields["error"] = ErrorRecord(**fields["error"])
+    return cls(**fields)
 
 
 def read_error_file(path: Path) -> Optional[ErrorRecord]:

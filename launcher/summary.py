@@ -2,7 +2,7 @@
 
 from typing import List
 
-from launcher.failures import Failure, HangFailure
+from launcher.failures import Failure, HangFailure, NodeLostFailure
 from launcher.outcomes import AttemptOutcome
 from launcher.recovery import Recovery
 from launcher.supervisor import RunResult
@@ -21,7 +21,7 @@ def summary_lines(result: RunResult) -> List[str]:
     for attempt in failed:
         extra = len(attempt.failures) - 1
         more = f" (+{extra} more rank(s) failed)" if extra else ""
-        lines.append(f"  attempt {attempt.attempt}: {attempt.root_cause.describe()}{more}")
+        lines.append(f"  attempt {attempt.attempt}: {attempt.describe_cause()}{more}")
     for r in result.recoveries:
         lines.append(f"  recovery after attempt {r.failed}: {_phases(r)}")
     if result.recoveries:
@@ -31,7 +31,7 @@ def summary_lines(result: RunResult) -> List[str]:
         lines.append(f"  goodput {100 * result.goodput:.0f}% (wall time spent on steps that were kept)")
     else:
         lines.append("  goodput unknown: ftlaunch sees no checkpoint of this script (it sees worker_lib's)")
-    if failed and result.exit_code != 0:
+    if failed and result.exit_code != 0 and failed[-1].root_cause is not None:
         lines += _root_cause_detail(failed[-1].root_cause)
     return lines
 
@@ -56,6 +56,10 @@ def _root_cause_detail(failure: Failure) -> List[str]:
     elif isinstance(failure, HangFailure):
         lines.append(
             f"  no stack: the rank did not answer the dump signal (stopped?); see {failure.log_file}"
+        )
+    elif isinstance(failure, NodeLostFailure):
+        lines.append(
+            f"  its workers died with it; relaunch ftlaunch on node {failure.node} to resume the job"
         )
     elif failure.error and failure.error.traceback:
         lines.append("  traceback (from TORCHELASTIC_ERROR_FILE):")

@@ -76,12 +76,13 @@ class HeartbeatBoard:
     In /dev/shm where there is one (memory, never written back to a disk), else in the temp dir.
     """
 
-    def __init__(self, nproc: int, attempt: int) -> None:
+    def __init__(self, nproc: int, attempt: int, first_rank: int = 0) -> None:
         folder = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
         _remove_orphaned_boards(folder)
         fd, name = tempfile.mkstemp(prefix=f"{_PREFIX}{os.getpid()}-{attempt}-", dir=folder)
         self.path = Path(name)
         self._nproc = nproc
+        self._first_rank = first_rank  # slot i is LOCAL_RANK i, global rank first_rank + i
         try:
             os.ftruncate(fd, nproc * c.SLOT_WORDS * 8)  # zeros: no beat, no pause, nothing registered
             self._map = mmap.mmap(fd, 0)  # read and write: the supervisor writes SLOT_STOP_AT_STEP
@@ -90,11 +91,11 @@ class HeartbeatBoard:
         self._words = memoryview(self._map).cast("q")
 
     def read(self) -> Dict[int, BeatReading]:
-        """Every local rank's slot."""
+        """Every local rank's slot, by global rank."""
         readings = {}
-        for rank in range(self._nproc):
-            w = self._words[rank * c.SLOT_WORDS :][: c.SLOT_WORDS].tolist()
-            readings[rank] = BeatReading(
+        for index in range(self._nproc):
+            w = self._words[index * c.SLOT_WORDS :][: c.SLOT_WORDS].tolist()
+            readings[self._first_rank + index] = BeatReading(
                 beats=w[c.SLOT_BEATS],
                 step=w[c.SLOT_STEP],
                 active_at=w[c.SLOT_TIME_NS] / 1e9,

@@ -31,24 +31,28 @@ def plan_workers(
     master_port: int,
     base_env: Optional[Mapping[str, str]] = None,
     heartbeat_file: Optional[Path] = None,
+    master_addr: Optional[str] = None,
 ) -> List[WorkerSpec]:
-    """One spec per local rank; ``base_env`` (default: ours) is what the workers inherit."""
+    """One spec per local rank; ``base_env`` (default: ours) is what the workers inherit;
+    ``master_addr`` (default: --master-addr) is where the workers' store listens."""
     base = dict(os.environ if base_env is None else base_env)
     folder = attempt_dir(config, attempt)
     argv = config.worker_argv()
     specs = []
     for local_rank in range(config.nproc):
-        error_file = folder / f"rank_{local_rank}.error.json"
+        error_file = folder / f"rank_{config.global_rank(local_rank)}.error.json"
         env = worker_env(config, local_rank, attempt, master_port, error_file, base)
+        if master_addr is not None:
+            env[c.MASTER_ADDR] = master_addr
         if heartbeat_file is not None:
             env[c.FT_HEARTBEAT_FILE] = str(heartbeat_file)
         specs.append(
             WorkerSpec(
-                rank=local_rank,  # single node: global rank == local rank
+                rank=config.global_rank(local_rank),
                 local_rank=local_rank,
                 argv=argv,
                 env=env,
-                log_file=folder / f"rank_{local_rank}.log",
+                log_file=folder / f"rank_{config.global_rank(local_rank)}.log",
                 error_file=error_file,
             )
         )
@@ -65,15 +69,16 @@ def worker_env(
 ) -> dict:
     """torchrun's variables with torchrun's meaning, plus ftlaunch's own."""
     env = dict(base)
+    rank = config.global_rank(local_rank)
     env.update(
         {
-            c.RANK: str(local_rank),
+            c.RANK: str(rank),
             c.LOCAL_RANK: str(local_rank),
             c.WORLD_SIZE: str(config.world_size),
             c.LOCAL_WORLD_SIZE: str(config.nproc),
-            c.GROUP_RANK: "0",
-            c.GROUP_WORLD_SIZE: "1",
-            c.ROLE_RANK: str(local_rank),
+            c.GROUP_RANK: str(config.node_rank),
+            c.GROUP_WORLD_SIZE: str(config.nnodes),
+            c.ROLE_RANK: str(rank),
             c.ROLE_NAME: "default",
             c.ROLE_WORLD_SIZE: str(config.world_size),
             c.MASTER_ADDR: config.master_addr,

@@ -7,7 +7,7 @@ import json
 from typing import Any, Dict, List, Optional
 
 from launcher.evidence import Progress
-from launcher.failures import Failure, HangFailure
+from launcher.failures import Failure, HangFailure, NodeLostFailure
 from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.policy import AttemptRecord
 
@@ -19,24 +19,28 @@ class FailureCause(str, enum.Enum):
     SIGNAL = "signal"  # killed by a signal
     EXCEPTION = "exception"  # an uncaught exception that @record wrote down
     HANG = "hang"  # a missed heartbeat deadline
+    NODE_LOST = "node_lost"  # a node's supervisor stopped answering
 
 
 @dataclasses.dataclass
 class FailureEntry:
-    rank: int
+    rank: int  # -1: a whole node
     cause: FailureCause
     detail: str  # the failure's one-line description
     at: float  # wall clock
+    node: Optional[int] = None  # in a job of many nodes
 
     @classmethod
     def of(cls, failure: Failure, at: float) -> "FailureEntry":
-        if isinstance(failure, HangFailure):
+        if isinstance(failure, NodeLostFailure):
+            cause = FailureCause.NODE_LOST
+        elif isinstance(failure, HangFailure):
             cause = FailureCause.HANG
         elif failure.error is not None:
             cause = FailureCause.EXCEPTION
         else:
             cause = FailureCause.SIGNAL if failure.exitcode < 0 else FailureCause.EXIT
-        return cls(failure.rank, cause, failure.describe(), at)
+        return cls(failure.rank, cause, failure.describe(), at, failure.node)
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> "FailureEntry":

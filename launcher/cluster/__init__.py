@@ -1,0 +1,2 @@
+"""Many nodes: where nodes meet (rendezvous), what they tell each other per attempt (channel),
+and what SLURM tells us about them (slurm)."""

@@ -1,0 +1,175 @@
+"""Where nodes meet. Node 0 hosts the job's TCPStore at --rdzv-endpoint; every node joins one
+round of torch.distributed.elastic's dynamic rendezvous (the c10d backend torchrun uses) per
+attempt, through its public API only: ``C10dRendezvousBackend``, ``create_handler``,
+``next_rendezvous``, ``set_closed``, ``shutdown``. Each round hands out a store under the round's
+own prefix: what nodes say about one attempt can never leak into the next."""
+
+import os
+import threading
+import time
+from datetime import timedelta
+from typing import Callable, Optional
+
+from launcher.config import LaunchConfig
+from launcher.errors import Interrupted, JobOver, JoinTimeout, UsageError
+from launcher.process.signals import SignalInbox
+from launcher.process.store import listen
+
+__all__ = ["LeaderUnreachable", "Rendezvous", "connect_job_store", "host_job_store"]
+
+# torch would otherwise start a second store of its own on node 0 at every rendezvous, one that
+# outlives the attempts (pytorch #135712); our workers' store is ours, fresh per attempt.
+os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+
+_CONNECT_TRY_S = 2.0  # one connection try; between tries, signals are looked at
+
+
+class LeaderUnreachable(Exception):
+    """The job's store (node 0's supervisor) cannot be reached: it died, or its machine did."""
+
+
+def host_job_store(config: LaunchConfig):
+    """Node 0: the store every node meets on, bound to exactly the endpoint's address."""
+    from torch.distributed import TCPStore
+
+    try:
+        listener = listen(config.rdzv_host, config.rdzv_port)
+    except OSError as err:
+        raise UsageError(
+            f"node 0 cannot listen on --rdzv-endpoint {config.rdzv_endpoint}: {err.strerror or err} "
+            "(the endpoint must be this node's address and a free port)"
+        ) from None
+    return TCPStore(
+        config.rdzv_host,
+        config.rdzv_port,
+        None,
+        True,
+        timedelta(seconds=config.node_timeout),
+        wait_for_workers=False,
+        master_listen_fd=listener.detach(),
+    )
+
+
+def connect_job_store(config: LaunchConfig, deadline: float, signals: SignalInbox, say: Callable):
+    """The other nodes: connect to node 0's store, trying until ``deadline`` (monotonic): node 0
+    may start later than us, or be on its way back after a restart."""
+    from torch.distributed import TCPStore
+
+    said = False
+    while True:
+        signals.raise_if_received()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise JoinTimeout(
+                f"node 0 did not answer at {config.rdzv_endpoint} within --join-timeout "
+                f"({config.join_timeout:g} s); relaunching the same command resumes the job"
+            )
+        try:
+            store = TCPStore(
+                config.rdzv_host,
+                config.rdzv_port,
+                None,
+                False,
+                timedelta(seconds=min(_CONNECT_TRY_S, left)),
+            )
+        except (RuntimeError, OSError):  # torch's DistNetworkError / DistStoreError: not up yet
+            if not said:
+                say(f"waiting for node 0 at {config.rdzv_endpoint} (up to {config.join_timeout:g} s)")
+                said = True
+            signals.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+            continue
+        store.set_timeout(timedelta(seconds=config.node_timeout))
+        return store
+
+
+def _keep_alive_interval(node_timeout: float) -> int:
+    """torch's handler beats every interval and drops a node after 3 missed beats: whole seconds."""
+    return max(1, round(node_timeout / 3))
+
+
+class Rendezvous:
+    """One node's handle on the job's rendezvous (all nodes must give the same --nnodes)."""
+
+    def __init__(self, config: LaunchConfig, store) -> None:
+        from torch.distributed.elastic.rendezvous import RendezvousParameters
+        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+        self.config = config
+        run_id = config.rdzv_id or config.run_id
+        conf = {
+            "join_timeout": config.join_timeout,
+            "keep_alive_interval": _keep_alive_interval(config.node_timeout),
+            "keep_alive_max_attempt": 3,
+            **dict(config.rdzv_conf),
+        }
+        params = RendezvousParameters(
+            backend="c10d",
+            endpoint=config.rdzv_endpoint,
+            run_id=run_id,
+            min_nodes=config.nnodes,
+            max_nodes=config.nnodes,
+            **conf,
+        )
+        try:
+            self._handler = create_handler(store, C10dRendezvousBackend(store, run_id), params)
+        except (ValueError, TypeError) as err:
+            raise UsageError(f"--rdzv-conf: {err}") from None
+
+    def next_round(self, signals: SignalInbox, say: Callable[[str], None]):
+        """Block until every node has joined the next round; returns its store. A signal ends the
+        wait (the joining thread is left to die with the process)."""
+        from torch.distributed.elastic.rendezvous.api import (
+            RendezvousClosedError,
+            RendezvousGracefulExitError,
+            RendezvousTimeoutError,
+        )
+
+        outcome: dict = {}
+
+        def join() -> None:
+            try:
+                outcome["info"] = self._handler.next_rendezvous()
+            except BaseException as err:  # handed to the waiting thread
+                outcome["error"] = err
+
+        thread = threading.Thread(target=join, name="ftlaunch-rendezvous", daemon=True)
+        thread.start()
+        started = time.monotonic()
+        next_word = started + 10.0
+        while thread.is_alive():
+            signals.wait(0.05)
+            if signals.first is not None:
+                raise Interrupted(signals.first)
+            if time.monotonic() >= next_word:
+                waited = time.monotonic() - started
+                say(
+                    f"waiting for all {self.config.nnodes} nodes to join ({waited:.0f} s of "
+                    f"--join-timeout {self.config.join_timeout:g} s)"
+                )
+                next_word += 30.0
+        error: Optional[BaseException] = outcome.get("error")
+        if isinstance(error, (RendezvousClosedError, RendezvousGracefulExitError)):
+            raise JobOver("the job has ended: its rendezvous is closed (node 0 finished or gave up)")
+        if isinstance(error, RendezvousTimeoutError):
+            raise JoinTimeout(
+                f"not every one of the {self.config.nnodes} nodes joined within --join-timeout "
+                f"({self.config.join_timeout:g} s); the same command relaunched on every node resumes the job"
+            )
+        if error is not None:
+            raise LeaderUnreachable(f"{type(error).__name__}: {error}")
+        info = outcome["info"]
+        return info.store
+
+    def close(self) -> None:
+        """The job is over: a node that comes now learns it at once instead of waiting."""
+        try:
+            self._handler.set_closed()
+        except Exception:  # noqa: BLE001 - the job's end must not fail on a farewell
+            pass
+
+    def shutdown(self) -> None:
+        try:
+            self._handler.shutdown()
+        except Exception:  # noqa: BLE001 - the store may already be gone with node 0
+            pass
