@@ -1,0 +1,382 @@
+"""Many nodes on one machine: each "node" is its own ftlaunch process (its own log dir), all on
+loopback, meeting through torch.distributed.elastic's c10d rendezvous on node 0's store."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+
+import torch
+from helpers import ACTOR, MARKER, ROOT, SCRIPTS, Launch, processes_with_marker, wait_for_files
+
+TRAIN = str(SCRIPTS / "ckpt_train.py")
+BEATER = str(SCRIPTS / "beater.py")
+LOOPBACK = {"GLOO_SOCKET_IFNAME": "lo"}
+
+
+def free_port(addr: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((addr, 0))
+        return sock.getsockname()[1]
+
+
+class Job:
+    """The same command on ``nnodes`` nodes; ``start(r)`` (re)starts node r."""
+
+    def __init__(self, launcher, tmp_path, nnodes, *args, node_timeout="3s", host="127.0.0.1", env=None):
+        self.launcher, self.tmp_path, self.nnodes = launcher, tmp_path, nnodes
+        self.endpoint = f"{host}:{free_port(host)}"
+        self.args, self.node_timeout, self.env = args, node_timeout, {**LOOPBACK, **(env or {})}
+        self.nodes = {}
+
+    def start(self, rank: int, *extra: str) -> Launch:
+        launch = self.launcher.start(
+            "--nnodes",
+            str(self.nnodes),
+            "--node-rank",
+            str(rank),
+            "--rdzv-endpoint",
+            self.endpoint,
+            "--node-timeout",
+            self.node_timeout,
+            *extra,
+            *self.args,
+            log_dir=self.tmp_path / f"logs_{rank}_{len(self.launcher.launches)}",
+            env=self.env,
+        )
+        launch.log_dir = launch.log_dir / f"node{rank}"  # each node's logs under its own name
+        self.nodes[rank] = launch
+        return launch
+
+    def start_all(self):
+        for rank in range(self.nnodes):
+            self.start(rank)
+        return self
+
+    def wait(self, timeout=120):
+        codes = {rank: launch.wait(timeout) for rank, launch in self.nodes.items()}
+        return codes
+
+    def survivors(self):
+        return [p for launch in self.nodes.values() for p in launch.survivors()]
+
+
+def _run_state(tmp_path, name):
+    return json.loads((tmp_path / "runs" / name / "run.json").read_text())
+
+
+def test_a_crash_on_one_node_restarts_every_node_and_ends_bit_identical(launcher, tmp_path):
+    """One rank per node: with two ranks a sum has one order, so DDP's gradients match bit for bit
+    (with more, DDP's bucket rebuild after a restart changes gloo's summation order)."""
+    clean_out, out = tmp_path / "clean.pt", tmp_path / "crashed.pt"
+    clean = Job(launcher, tmp_path, 2, "--nproc", "1", "--run-name", "clean", TRAIN, "--out", str(clean_out))
+    assert clean.start_all().wait(180) == {0: 0, 1: 0}, clean.nodes[0].stderr
+    job = Job(
+        launcher,
+        tmp_path,
+        2,
+        "--nproc",
+        "1",
+        "--run-name",
+        "two",
+        TRAIN,
+        "--out",
+        str(out),
+        "--crash",
+        "7:0",
+        "--crash-rank",
+        "1",
+    ).start_all()
+    codes = job.wait(180)
+    assert codes == {0: 0, 1: 0}, (job.nodes[0].stderr, job.nodes[1].stderr)
+    # One job: node 1's crash stopped node 0's rank too, and both ran attempt 1 from one checkpoint
+    # (saves are asynchronous: step 5 may or may not have been committed before the crash at 7).
+    starts = {re.search(r"attempt 1 starts at step (\d+)", job.nodes[r].stdout).group(1) for r in range(2)}
+    assert starts in ({"0"}, {"5"}), starts
+    interrupts = job.nodes[0].events("peer_interrupt")
+    assert [(e["node"], e["kind"]) for e in interrupts] == [(1, "failure")]
+    state = _run_state(tmp_path, "two")
+    assert [a["outcome"] for a in state["attempts"]] == ["FAILED", "SUCCEEDED"]  # counted once, globally
+    assert state["attempts"][0]["failures"][0]["node"] == 1
+    assert "rank 1 (node 1" in state["attempts"][0]["failures"][0]["detail"]
+    a, b = torch.load(clean_out), torch.load(out)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert job.survivors() == [] and clean.survivors() == []
+
+
+def test_workers_see_torchruns_multi_node_environment(launcher, tmp_path):
+    marker = uuid.uuid4().hex
+    port = free_port()
+    env = {**os.environ, **LOOPBACK, MARKER: marker, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    theirs_dir, ours_dir = tmp_path / "torchrun", tmp_path / "ftlaunch"
+    torchruns = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "2",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "--rdzv-id",
+                "envtest",
+                "--max-restarts",
+                "0",
+                "--local-addr",
+                "127.0.0.1",
+                str(ACTOR),
+                "--env-dir",
+                str(theirs_dir),
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    for proc in torchruns:
+        assert proc.wait(120) == 0, proc.stderr.read()
+    assert processes_with_marker(marker) == []
+    job = Job(
+        launcher,
+        tmp_path,
+        2,
+        "--nproc",
+        "2",
+        "--max-failures",
+        "0",
+        str(ACTOR),
+        "--env-dir",
+        str(ours_dir),
+        env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
+    ).start_all()
+    assert job.wait() == {0: 0, 1: 0}, job.nodes[1].stderr
+
+    base = dict(os.environ, **LOOPBACK, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    run_specific = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", MARKER}
+    # torchrun's workers host their own store when its sharing is off; ftlaunch's supervisor on
+    # node 0 hosts it (a fresh one per attempt), so ours connect as clients.
+    run_specific.add("TORCHELASTIC_USE_AGENT_STORE")
+    agent_only = {"TORCHELASTIC_SIGNALS_TO_HANDLE"}
+    ours_only = {"FTLAUNCH_ATTEMPT", "FTLAUNCH_BACKEND", "FTLAUNCH_HEARTBEAT_FILE", "FTLAUNCH_CHECKPOINT_URL"}
+    for rank in range(4):
+        theirs = {k: v for k, v in _env(theirs_dir, rank).items() if base.get(k) != v}
+        ours = {k: v for k, v in _env(ours_dir, rank).items() if base.get(k) != v}
+        assert set(theirs) - agent_only - {MARKER} == set(ours) - ours_only - {MARKER}
+        for name in set(theirs) - run_specific - agent_only:
+            assert ours[name] == theirs[name], (rank, name, ours[name], theirs[name])
+        assert ours["GROUP_RANK"] == str(rank // 2) and ours["WORLD_SIZE"] == "4"
+    assert job.survivors() == []
+
+
+def _env(folder, rank):
+    return json.loads((folder / f"rank_{rank}.attempt_0.json").read_text())
+
+
+def test_a_hang_on_the_third_node_restarts_all_three(launcher, tmp_path):
+    job = Job(
+        launcher,
+        tmp_path,
+        3,
+        "--nproc",
+        "1",
+        "--heartbeat-timeout",
+        "2s",
+        "--run-name",
+        "hang",
+        BEATER,
+        "--steps",
+        "40",
+        "--hang",
+        "sleep",
+        "--hang-rank",
+        "2",
+        "--hang-at",
+        "5",
+    ).start_all()
+    assert job.wait(180) == {0: 0, 1: 0, 2: 0}, job.nodes[2].stderr
+    hangs = job.nodes[2].events("hang")
+    assert [h["rank"] for h in hangs] == [2]
+    for rank in (0, 1):
+        assert [(e["node"], e["kind"]) for e in job.nodes[rank].events("peer_interrupt")] == [(2, "failure")]
+    state = _run_state(tmp_path, "hang")
+    assert [a["outcome"] for a in state["attempts"]] == ["FAILED", "SUCCEEDED"]
+    assert state["attempts"][0]["failures"][0]["cause"] == "hang"
+    assert job.survivors() == []
+
+
+def test_the_failure_budget_is_counted_once_per_job(launcher, tmp_path):
+    job = Job(
+        launcher,
+        tmp_path,
+        2,
+        "--nproc",
+        "1",
+        "--max-failures",
+        "1",
+        "--crash-loop",
+        "0",
+        "--backoff",
+        "0",
+        "--run-name",
+        "budget",
+        str(ACTOR),
+        "--fail",
+        "exit",
+        "--fail-rank",
+        "1",
+        "--fail-attempts",
+        "all",
+        "--others",
+        "wait",
+    ).start_all()
+    assert job.wait() == {0: 1, 1: 1}
+    state = _run_state(tmp_path, "budget")
+    assert [a["outcome"] for a in state["attempts"]] == ["FAILED", "FAILED"]  # not nnodes x budget
+    assert "FAILED after 2 attempt(s)" in job.nodes[1].stderr  # node 1 says what node 0 decided
+    assert job.survivors() == []
+
+
+def test_a_dead_node_supervisor_stops_the_others_and_its_relaunch_resumes_the_job(launcher, tmp_path):
+    ready = tmp_path / "ready"
+    job = Job(
+        launcher,
+        tmp_path,
+        3,
+        "--nproc",
+        "1",
+        "--run-name",
+        "lost",
+        BEATER,
+        "--steps",
+        "60",
+        "--step-time",
+        "0.05",
+        "--ready-dir",
+        str(ready),
+    ).start_all()
+    wait_for_files(ready, "rank_*.attempt_0", 3, timeout=60)
+    os.kill(job.nodes[1].proc.pid, signal.SIGKILL)
+    job.nodes[1].wait(10)
+    # Node 0 declares node 1 lost (--node-timeout 3 s) and every node stops its workers.
+    lost = job.nodes[0].wait_for_event(lambda e: e["event"] == "transition" and e["new"] == "STOPPED", 60)
+    assert lost["attempt"] == 0
+    job.nodes[2].wait_for_event(lambda e: e["event"] == "peer_interrupt" and e["kind"] == "lost", 30)
+    first = job.nodes[1]
+    assert first.survivors_after(10) == []
+    job.start(1)  # the same command, relaunched on node 1
+    codes = job.wait(120)
+    assert codes == {0: 0, 1: 0, 2: 0}, job.nodes[0].stderr
+    state = _run_state(tmp_path, "lost")
+    assert [a["outcome"] for a in state["attempts"]] == ["FAILED", "SUCCEEDED"]
+    assert state["attempts"][0]["failures"][0]["cause"] == "node_lost"
+    assert "node 1" in state["attempts"][0]["failures"][0]["detail"]
+    assert job.survivors() == []
+
+
+def test_a_dead_node_0_is_waited_for_and_its_relaunch_resumes_the_job(launcher, tmp_path):
+    ready = tmp_path / "ready"
+    job = Job(
+        launcher,
+        tmp_path,
+        2,
+        "--nproc",
+        "1",
+        "--run-name",
+        "leader",
+        BEATER,
+        "--steps",
+        "60",
+        "--step-time",
+        "0.05",
+        "--ready-dir",
+        str(ready),
+    ).start_all()
+    wait_for_files(ready, "rank_*.attempt_0", 2, timeout=60)
+    os.kill(job.nodes[0].proc.pid, signal.SIGKILL)
+    job.nodes[0].wait(10)
+    job.nodes[1].wait_for_event(lambda e: e["event"] == "transition" and e["new"] == "STOPPED", 30)
+    assert job.nodes[0].survivors_after(10) == []
+    job.start(0)
+    assert job.wait(120) == {0: 0, 1: 0}, (job.nodes[0].stderr, job.nodes[1].stderr)
+    state = _run_state(tmp_path, "leader")
+    assert [a["outcome"] for a in state["attempts"]] == ["SUPERVISOR_LOST", "SUCCEEDED"]
+    assert "lost node 0" in job.nodes[1].stderr
+    assert job.survivors() == []
+
+
+def test_a_preemption_stops_every_node_at_one_step_and_the_relaunch_resumes_there(launcher, tmp_path):
+    ready = tmp_path / "ready"
+
+    def args(steps):
+        return (
+            "--nproc",
+            "2",
+            "--run-name",
+            "preempt",
+            "--grace-period",
+            "20",
+            BEATER,
+            "--steps",
+            str(steps),
+            "--step-time",
+            "0.02",
+            "--stop-aware",
+            "--save-every",
+            "1000000",
+        )
+
+    job = Job(launcher, tmp_path, 2, *args(100000), "--ready-dir", str(ready)).start_all()
+    wait_for_files(ready, "rank_*.attempt_0", 4, timeout=60)
+    os.kill(job.nodes[1].proc.pid, signal.SIGTERM)  # one node is told: every node stops
+    assert job.wait(60) == {0: 143, 1: 143}, (job.nodes[0].stderr, job.nodes[1].stderr)
+    stopped = [
+        int(line.split("at step ")[1].split()[0])
+        for launch in job.nodes.values()
+        for line in launch.stdout.splitlines()
+        if "stopped at step" in line
+    ]
+    assert len(stopped) == 4 and len(set(stopped)) == 1, (stopped, job.nodes[0].stderr, job.nodes[1].stderr)
+    step = stopped[0]
+    assert (tmp_path / "runs" / "preempt" / "checkpoints" / f"step_{step}" / "COMMITTED").exists()
+    assert job.survivors() == []
+    # The same command on both nodes resumes from that step: nothing lost.
+    job2 = Job(launcher, tmp_path, 2, *args(step + 20)).start_all()
+    assert job2.wait(120) == {0: 0, 1: 0}, job2.nodes[0].stderr
+    for rank in range(4):
+        assert f"rank {rank} attempt 1 starts at step {step + 1}" in job2.nodes[rank // 2].stdout
+    assert job2.survivors() == []
+
+
+def test_a_node_that_never_arrives_ends_at_the_join_timeout(launcher, tmp_path):
+    job = Job(launcher, tmp_path, 2, "--nproc", "1", "--join-timeout", "3s", str(ACTOR))
+    job.start(0)
+    assert job.wait(60) == {0: 5}
+    assert "not every one of the 2 nodes joined within --join-timeout (3 s)" in job.nodes[0].stderr
+    follower = Job(launcher, tmp_path, 2, "--nproc", "1", "--join-timeout", "2s", str(ACTOR))
+    follower.start(1)
+    assert follower.wait(60) == {1: 5}
+    assert "node 0 did not answer" in follower.nodes[1].stderr
+    assert job.survivors() == [] and follower.survivors() == []
+
+
+def test_nodes_that_disagree_are_refused_before_any_worker_starts(launcher, tmp_path):
+    job = Job(launcher, tmp_path, 2, "--join-timeout", "30s", str(ACTOR))
+    job.start(0, "--nproc", "1")
+    job.start(1, "--nproc", "2")
+    assert job.wait(60) == {0: 2, 1: 2}
+    for launch in job.nodes.values():
+        assert "node 1 (" in launch.stderr and "runs --nproc 2, node 0 runs --nproc 1" in launch.stderr
+        assert not (launch.log_dir / "attempt_0").exists()
+    assert job.survivors() == []

@@ -1,0 +1,120 @@
+"""What ftlaunch reads from a SLURM step's environment (pure parsing; the real SLURM is elsewhere)."""
+
+import pytest
+
+from launcher.cli import config_from_options
+from launcher.cluster.slurm import expand_hostlist, slurm_step
+from launcher.errors import UsageError
+
+
+@pytest.mark.parametrize(
+    "nodelist, hosts",
+    [
+        ("node1", ["node1"]),
+        ("gpu[001-003,010],cpu7", ["gpu001", "gpu002", "gpu003", "gpu010", "cpu7"]),
+        ("a[1-2],b", ["a1", "a2", "b"]),
+        ("r[1-2]n[08-09]", ["r1n08", "r1n09", "r2n08", "r2n09"]),
+        ("x-[9-11]", ["x-9", "x-10", "x-11"]),
+    ],
+)
+def test_host_lists_expand_as_scontrol_does(nodelist, hosts):
+    assert expand_hostlist(nodelist) == hosts
+
+
+@pytest.mark.parametrize("bad", ["gpu[1-", "gpu[a-b]", "gpu[3-1]", "gpu]1["])
+def test_a_host_list_that_cannot_be_read_is_a_usage_error(bad):
+    with pytest.raises(UsageError):
+        expand_hostlist(bad)
+
+
+STEP = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_STEP_NUM_NODES": "3",
+    "SLURM_STEP_NUM_TASKS": "3",
+    "SLURM_PROCID": "2",
+    "SLURM_STEP_NODELIST": "gpu[007-009]",
+}
+
+
+def test_an_srun_step_gives_the_node_count_rank_endpoint_and_job(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")  # our own reading, not scontrol's
+    step = slurm_step(STEP)
+    assert (step.nnodes, step.node_rank, step.first_host, step.job_id) == (3, 2, "gpu007", "4242")
+    assert step.rdzv_endpoint == "gpu007:29642"
+
+
+def test_outside_a_step_slurm_is_not_read():
+    assert slurm_step({}) is None
+    batch_shell = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "3", "SLURM_JOB_NODELIST": "gpu[007-009]"}
+    assert slurm_step(batch_shell) is None  # the batch script itself runs on one node
+
+
+def test_more_than_one_task_per_node_is_refused():
+    with pytest.raises(UsageError, match="--ntasks-per-node=1"):
+        slurm_step({**STEP, "SLURM_STEP_NUM_TASKS": "24"})
+
+
+def _options(**overrides):
+    options = dict(
+        nproc="1",
+        module=False,
+        no_python=False,
+        max_failures=3,
+        backend="auto",
+        log_dir=None,
+        grace_period=5.0,
+        run_id=None,
+        master_addr=None,
+        master_port=0,
+        console_ranks=None,
+        checkpoint_dir=None,
+        heartbeat_timeout="auto",
+        init_timeout="15m",
+        heartbeat_floor="2m",
+        run_dir="runs",
+        run_name=None,
+        fresh=False,
+        failure_window=None,
+        crash_loop=3,
+        max_preemptions=-1,
+        backoff="1s",
+        max_backoff="1m",
+        lease="60s",
+        storage_timeout="20s",
+        nnodes=None,
+        node_rank=None,
+        rdzv_endpoint=None,
+        rdzv_id=None,
+        rdzv_backend="c10d",
+        rdzv_conf=None,
+        join_timeout="10m",
+        node_timeout="15s",
+        script="train.py",
+        script_args=("--lr", "1"),
+    )
+    return {**options, **overrides}
+
+
+def test_under_srun_no_flag_is_needed(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    config = config_from_options(**_options(environ=STEP))
+    assert (config.nnodes, config.node_rank, config.rdzv_endpoint) == (3, 2, "gpu007:29642")
+    assert config.run_name == "train-job4242"  # stable across requeues of the job
+    assert config.master_addr == "gpu007" and str(config.log_dir).endswith("logs/node2")
+    explicit = config_from_options(**_options(environ=STEP, nnodes="1", run_name="mine"))
+    assert explicit.nnodes == 1 and explicit.run_name == "mine"  # flags win over SLURM
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"nnodes": "2"}, "--rdzv-endpoint HOST:PORT"),
+        ({"nnodes": "1:4"}, "not supported"),
+        ({"nnodes": "2", "node_rank": 2, "rdzv_endpoint": "h:1"}, "--node-rank must be in 0..1"),
+        ({"nnodes": "2", "rdzv_endpoint": "h:1", "rdzv_conf": "color=red"}, "--rdzv-conf takes"),
+        ({"nnodes": "2", "rdzv_endpoint": "h:1", "join_timeout": "0"}, "--join-timeout"),
+    ],
+)
+def test_bad_node_options_are_usage_errors(overrides, message):
+    with pytest.raises(UsageError, match=message):
+        config_from_options(**_options(environ={}, **overrides))
