@@ -17,10 +17,6 @@ from launcher.process.store import listen
 
 __all__ = ["LeaderUnreachable", "Rendezvous", "connect_job_store", "host_job_store"]
 
-# torch would otherwise start a second store of its own on node 0 at every rendezvous, one that
-# outlives the attempts (pytorch #135712); our workers' store is ours, fresh per attempt.
-os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-
 _CONNECT_TRY_S = 2.0  # one connection try; between tries, signals are looked at
 
 
@@ -95,6 +91,10 @@ class Rendezvous:
         from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
         from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
+        # torch would otherwise start a second store of its own on node 0 at every rendezvous, one
+        # that outlives the attempts (pytorch #135712); our workers' store is ours, fresh per
+        # attempt. Set here, not at import: a single-node run's workers never see it.
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         self.config = config
         run_id = config.rdzv_id or config.run_id
         conf = {
