@@ -105,16 +105,11 @@ class NodeReport:
     signum: Optional[int] = None
 
     def to_json(self) -> str:
-        offset = _clock_offset()
-        data = dataclasses.asdict(self)
-        data["failures"] = [failure_to_json(f, offset) for f in self.failures]
-        return json.dumps(data)
+        return _dump_with_failures(self)
 
     @classmethod
     def from_json(cls, text: str) -> "NodeReport":
-        data = json.loads(text)
-        offset = _clock_offset()
-        return cls(**{**data, "failures": [failure_from_json(f, offset) for f in data["failures"]]})
+        return _load_with_failures(cls, text)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,16 +124,25 @@ class JobVerdict:
     failures: List[Failure]  # every node's
 
     def to_json(self) -> str:
-        offset = _clock_offset()
-        data = dataclasses.asdict(self)
-        data["failures"] = [failure_to_json(f, offset) for f in self.failures]
-        return json.dumps(data)
+        return _dump_with_failures(self)
 
     @classmethod
     def from_json(cls, text: str) -> "JobVerdict":
-        data = json.loads(text)
-        offset = _clock_offset()
-        return cls(**{**data, "failures": [failure_from_json(f, offset) for f in data["failures"]]})
+        return _load_with_failures(cls, text)
+
+
+def _dump_with_failures(record) -> str:
+    """A record whose ``failures`` cross machines (their times as wall-clock time)."""
+    offset = _clock_offset()
+    data = dataclasses.asdict(record)
+    data["failures"] = [failure_to_json(f, offset) for f in record.failures]
+    return json.dumps(data)
+
+
+def _load_with_failures(cls, text: str):
+    data = json.loads(text)
+    offset = _clock_offset()
+    return cls(**{**data, "failures": [failure_from_json(f, offset) for f in data["failures"]]})
 
 
 class _Beater(threading.Thread):
