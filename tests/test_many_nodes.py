@@ -248,16 +248,17 @@ def test_the_failure_budget_is_counted_once_per_job(launcher, tmp_path):
     assert job.survivors() == []
 
 
-def test_a_dead_node_supervisor_stops_the_others_and_its_relaunch_resumes_the_job(launcher, tmp_path):
+def _stepping_job(launcher, tmp_path, nnodes, name):
+    """One rank per node, stepping for 3 s an attempt; returned once every rank has stepped."""
     ready = tmp_path / "ready"
     job = Job(
         launcher,
         tmp_path,
-        3,
+        nnodes,
         "--nproc",
         "1",
         "--run-name",
-        "lost",
+        name,
         BEATER,
         "--steps",
         "60",
@@ -266,7 +267,12 @@ def test_a_dead_node_supervisor_stops_the_others_and_its_relaunch_resumes_the_jo
         "--ready-dir",
         str(ready),
     ).start_all()
-    wait_for_files(ready, "rank_*.attempt_0", 3, timeout=60)
+    wait_for_files(ready, "rank_*.attempt_0", nnodes, timeout=60)
+    return job
+
+
+def test_a_dead_node_supervisor_stops_the_others_and_its_relaunch_resumes_the_job(launcher, tmp_path):
+    job = _stepping_job(launcher, tmp_path, 3, "lost")
     os.kill(job.nodes[1].proc.pid, signal.SIGKILL)
     job.nodes[1].wait(10)
     # Node 0 declares node 1 lost (--node-timeout 3 s) and every node stops its workers.
@@ -286,24 +292,7 @@ def test_a_dead_node_supervisor_stops_the_others_and_its_relaunch_resumes_the_jo
 
 
 def test_a_dead_node_0_is_waited_for_and_its_relaunch_resumes_the_job(launcher, tmp_path):
-    ready = tmp_path / "ready"
-    job = Job(
-        launcher,
-        tmp_path,
-        2,
-        "--nproc",
-        "1",
-        "--run-name",
-        "leader",
-        BEATER,
-        "--steps",
-        "60",
-        "--step-time",
-        "0.05",
-        "--ready-dir",
-        str(ready),
-    ).start_all()
-    wait_for_files(ready, "rank_*.attempt_0", 2, timeout=60)
+    job = _stepping_job(launcher, tmp_path, 2, "leader")
     os.kill(job.nodes[0].proc.pid, signal.SIGKILL)
     job.nodes[0].wait(10)
     job.nodes[1].wait_for_event(lambda e: e["event"] == "transition" and e["new"] == "STOPPED", 30)
