@@ -8,6 +8,7 @@ import hashlib
 import logging
 import math
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Tuple
@@ -69,6 +70,15 @@ def _say(line: str) -> None:
     type=float,
     default=5.0,
     help="Seconds between SIGTERM and SIGKILL when stopping workers.",
+)
+@click.option(
+    "--preempt-signal",
+    type=click.Choice(["USR1", "USR2"], case_sensitive=False),
+    default="USR1",
+    show_default=True,
+    help='A signal that means "preempted", like SIGTERM (sbatch --signal=B:USR1@120 sends it ahead '
+    "of the time limit): the workers save at one agreed step and ftlaunch exits 143. Workers are "
+    "started with it ignored.",
 )
 @click.option(
     "--run-id", default=None, help="TORCHELASTIC_RUN_ID  [default: <run-name>-<hash of the run's URL>]"
@@ -218,6 +228,7 @@ def cli(signals: SignalInbox, verbose: bool, **options) -> int:
     """
     _configure_logging(verbose)
     config = config_from_options(**options)
+    signals.preempt_signal = config.preempt_signal
     preflight(config, signals.raise_if_received)
     signals.raise_if_received()
     from launcher.summary import summary_lines
@@ -248,6 +259,7 @@ def config_from_options(
     backend: str,
     log_dir: Optional[Path],
     grace_period: float,
+    preempt_signal: str,
     run_id: Optional[str],
     master_addr: Optional[str],
     master_port: int,
@@ -310,6 +322,7 @@ def config_from_options(
         backend=resolve_backend(backend, procs, gpus),
         log_dir=log_dir,
         grace_period=grace_period,
+        preempt_signal=int(signal.Signals[f"SIG{preempt_signal.upper()}"]),
         run_id=run_id,
         master_addr=master_addr,
         master_port=master_port,

@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import FrozenSet, Optional, Sequence, Tuple
@@ -53,6 +54,7 @@ class LaunchConfig:
     backend: str = "gloo"  # resolved: "nccl" or "gloo", never "auto"
     log_dir: Path = Path("ftlaunch_logs")
     grace_period: float = 5.0  # seconds between SIGTERM and SIGKILL
+    preempt_signal: int = int(signal.SIGUSR1)  # means what SIGTERM means; workers start with it ignored
     run_id: str = "ftlaunch"
     master_addr: str = "127.0.0.1"
     master_port: int = 0  # 0: the OS picks a free port for each attempt's store

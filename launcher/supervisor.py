@@ -56,7 +56,7 @@ def supervise(
     """Hold the run, set up what a run needs, run it to its end, and tear it all down.
     The caller owns this process (the supervisor reaps its children) and has opened ``signals``."""
     console = (console_out or sys.stdout.buffer, console_err or sys.stderr.buffer)
-    spawner = spawner or PopenSpawner()
+    spawner = spawner or PopenSpawner(ignored=(config.preempt_signal,))
     if config.many_nodes and not config.leads:
         from launcher.cluster.follower import follow
 

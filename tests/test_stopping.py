@@ -114,6 +114,31 @@ def test_signal_goes_to_workers_and_sets_the_exit_code(launcher, tmp_path, sig, 
     assert launch.survivors() == []
 
 
+@pytest.mark.parametrize("option", [[], ["--preempt-signal", "USR2"]], ids=["USR1", "USR2"])
+def test_the_preemption_notice_to_every_process_is_one_sigterm(launcher, tmp_path, option):
+    """What `scancel --signal=USR1 --full` does, and a batch script forwarding it once more: every
+    process of the step gets the notice. The workers ignore it, the orphan guard too, and the
+    supervisor takes the two copies as one preemption: SIGTERM to the workers, exit 143."""
+    notice = signal.SIGUSR2 if option else signal.SIGUSR1
+    launch, pids = _start_sleepers(launcher, tmp_path, option, ["--trap", "report"])
+    guard = _guard_of(launch)
+    for pid in pids:
+        os.kill(pid, notice)
+    os.kill(guard.pid, notice)
+    other = signal.SIGUSR1 if option else signal.SIGUSR2
+    os.kill(launch.proc.pid, other)  # not the notice: ignored, not fatal
+    os.kill(launch.proc.pid, notice)
+    os.kill(launch.proc.pid, notice)
+
+    assert launch.wait() == 143
+    assert "[0] rank 0 got SIGTERM" in launch.stdout and "[1] rank 1 got SIGTERM" in launch.stdout
+    assert "interrupted by SIGTERM" in launch.stderr
+    stopped = launch.events("transition")[-1]
+    assert stopped["new"] == "STOPPED" and stopped["killed"] is False  # not cut short
+    assert not any(e["event"] == "orphan_guard_restarted" for e in launch.events())
+    assert launch.survivors() == []
+
+
 def test_workers_that_ignore_signals_are_killed_after_the_grace_period(launcher, tmp_path):
     launch, _ = _start_sleepers(launcher, tmp_path, ["--grace-period", "1"], ["--trap", "ignore"])
 

@@ -14,6 +14,9 @@ import subprocess
 import sys
 from typing import IO, Optional, Set
 
+from launcher.process.linux import ignoring
+from launcher.process.signals import NOTICE_SIGNALS
+
 __all__ = ["OrphanGuard"]
 
 
@@ -30,6 +33,7 @@ class OrphanGuard:
             [sys.executable, "-m", "launcher.process.orphan_guard"],
             stdin=subprocess.PIPE,
             start_new_session=True,  # a Ctrl+C in the terminal must not reach it
+            preexec_fn=ignoring(NOTICE_SIGNALS),  # nor SLURM's preemption notice
         )
         return proc, proc.stdin
 

@@ -1,7 +1,9 @@
 """Signals as events for the supervisor's loop.
 
 SIGINT, SIGTERM and SIGHUP (a closed terminal or ssh session) are recorded, not acted on in
-the handler; SIGCHLD only wakes the loop. All of them write to one wakeup pipe, so the loop
+the handler; SIGCHLD only wakes the loop. The preemption notice (SIGUSR1 by default, what
+``sbatch --signal=B:USR1@120`` forwards) is recorded as SIGTERM: the same stop at an agreed step,
+the same exit 143 that asks the job to be requeued. All of them write to one wakeup pipe, so the loop
 sleeps in ``select`` and still notices a dead worker or a Ctrl+C at once instead of at its
 next poll.
 """
@@ -16,6 +18,9 @@ from launcher.errors import Interrupted
 __all__ = ["SignalInbox"]
 
 _HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# Both are caught from the start (the option that picks one is read later): left at their default
+# action, either would kill the supervisor and leave its workers to the orphan guard.
+NOTICE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 
 
 class SignalInbox:
@@ -23,6 +28,8 @@ class SignalInbox:
 
     def __init__(self) -> None:
         self.received: List[int] = []
+        self.preempt_signal = signal.SIGUSR1  # the one of NOTICE_SIGNALS that means "preempted"
+        self._noticed = False
         self._read_fd = self._write_fd = -1
         self._previous: dict = {}
         self._previous_wakeup = -1
@@ -41,7 +48,7 @@ class SignalInbox:
         os.set_blocking(write_fd, False)
         self._write_fd = write_fd
         self._previous_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-        for sig in _HANDLED:
+        for sig in _HANDLED + NOTICE_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._record)
         self._previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda *_: None)
 
@@ -80,4 +87,12 @@ class SignalInbox:
                 pass
 
     def _record(self, signum: int, _frame: object) -> None:
+        if signum in NOTICE_SIGNALS:
+            # SLURM may deliver one notice twice (to the step, and forwarded by the batch
+            # script): a repeat is the same request, not the "second signal" that cuts the
+            # grace period short. The other notice signal is ignored.
+            if signum != self.preempt_signal or self._noticed:
+                return
+            self._noticed = True
+            signum = signal.SIGTERM
         self.received.append(signum)

@@ -4,7 +4,7 @@ import dataclasses
 import os
 import subprocess
 import time
-from typing import Callable, Dict, List, Optional, Protocol
+from typing import Callable, Dict, List, Optional, Protocol, Sequence
 
 from launcher.process.linux import die_with_parent
 from launcher.process.logs import LogPump
@@ -39,7 +39,11 @@ class Spawner(Protocol):
 
 class PopenSpawner:
     """fork + exec of ``spec.argv``, in its own session (so its tree is one process group),
-    dying with the supervisor (PR_SET_PDEATHSIG), stdin from /dev/null."""
+    dying with the supervisor (PR_SET_PDEATHSIG), stdin from /dev/null, ``ignored`` signals
+    (the preemption notice) ignored."""
+
+    def __init__(self, ignored: Sequence[int] = ()) -> None:
+        self._ignored = tuple(ignored)
 
     def spawn(self, spec: WorkerSpec) -> Spawned:
         out_r, out_w = os.pipe()
@@ -52,7 +56,7 @@ class PopenSpawner:
                 stdout=out_w,
                 stderr=err_w,
                 start_new_session=True,
-                preexec_fn=die_with_parent(),
+                preexec_fn=die_with_parent(ignore=self._ignored),
             )
         except BaseException:
             os.close(out_r)
