@@ -27,6 +27,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--hang-rank", type=int, default=1)
     p.add_argument("--hang-at", type=int, default=10, help="the step it hangs in (or the first one after)")
     p.add_argument("--hang-attempt", type=int, default=0, help="the attempt in which it hangs")
+    p.add_argument("--crash-at", type=int, help="on the first attempt, rank --crash-rank SIGKILLs itself here")
+    p.add_argument("--crash-rank", type=int, default=1)
     p.add_argument("--collective", action="store_true", help="gloo all_reduce every step")
     p.add_argument(
         "--save-mb", type=int, default=0, help="blocking checkpoint save of this size at --save-at"
@@ -79,6 +81,9 @@ def main() -> None:
     for step in range(first, args.steps):
         if args.hang and ATTEMPT == args.hang_attempt and RANK == args.hang_rank and step >= args.hang_at:
             hang(args.hang, step)
+        if ATTEMPT == 0 and RANK == args.crash_rank and step == args.crash_at:
+            print(f"rank {RANK} crashes at step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
         slow = args.slow_from is not None and step >= args.slow_from
         time.sleep(args.step_time * (3 if slow else 1))
         if args.collective:

@@ -1,0 +1,123 @@
+"""scripts/ftlaunch_sbatch.sh on a real two-node SLURM cluster on this machine (munge, slurmctld and
+two slurmd on 127.0.0.1, see slurm_cluster.py): srun starts one ftlaunch per node with no
+many-node options, a crash restarts both, a preemption notice stops every rank at one step, the job
+requeues itself and the requeued job resumes from that step."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from helpers import MARKER, ROOT, SCRIPTS, processes_with_marker, wait_for_files
+from slurm_cluster import start_cluster, why_not_here
+
+WRAPPER = str(ROOT / "scripts" / "ftlaunch_sbatch.sh")
+BEATER = str(SCRIPTS / "beater.py")
+FTLAUNCH = Path(sys.executable).parent / "ftlaunch"  # the console script `make install` puts there
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL")
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    reason = why_not_here()
+    if reason:
+        pytest.skip(reason)
+    cluster = start_cluster()
+    yield cluster
+    cluster.stop()
+
+
+class BatchJob:
+    def __init__(self, slurm, tmp_path: Path, *args: str) -> None:
+        self.slurm, self.marker = slurm, uuid.uuid4().hex
+        self.out, self.runs = tmp_path / "job.out", tmp_path / "runs"
+        env = {
+            **os.environ,
+            **slurm.env,
+            MARKER: self.marker,  # sbatch passes the environment on: every process of the job has it
+            "GLOO_SOCKET_IFNAME": "lo",
+            "FTLAUNCH_BIN": str(FTLAUNCH),
+            "FTLAUNCH_RUN_DIR": str(self.runs),
+        }
+        argv = ["sbatch", "--parsable", "--nodes=2", f"--output={self.out}", WRAPPER, *args]
+        done = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        self.id = int(done.stdout.strip().split(";")[0])
+
+    def wait(self, timeout: float = 180) -> dict:
+        """Until the job has ended for good (a requeued job goes back to PENDING); bounded."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = self.slurm.job(self.id)
+            if job["JobState"] in ENDED:
+                return job
+            time.sleep(0.5)
+        raise AssertionError(f"job {self.id} still {job['JobState']} after {timeout} s:\n{self.output()}")
+
+    def output(self) -> str:
+        return self.out.read_text() if self.out.exists() else ""
+
+    def survivors(self, timeout: float = 10) -> list:
+        deadline = time.monotonic() + timeout
+        while processes_with_marker(self.marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return processes_with_marker(self.marker)
+
+
+def test_a_preempted_job_saves_one_step_requeues_itself_and_resumes_there(slurm, tmp_path):
+    ready = tmp_path / "ready"
+    job = BatchJob(
+        slurm,
+        tmp_path,
+        "--nproc",
+        "1",
+        BEATER,
+        "--steps",
+        "400",
+        "--step-time",
+        "0.05",
+        "--collective",  # one gloo group across the two nodes
+        "--stop-aware",
+        "--save-every",
+        "20",
+        "--crash-at",
+        "30",
+        "--ready-dir",
+        str(ready),
+    )
+    # The crash on node 2 restarted both nodes: each rank has made attempt 1's first step.
+    wait_for_files(ready, "rank_*.attempt_1", 2, timeout=120)
+    slurm.run("scancel", "--signal=USR1", "--batch", str(job.id))  # what --signal=B:USR1@120 does
+
+    ended = job.wait()
+    text = job.output()
+    assert ended["JobState"] == "COMPLETED" and ended["ExitCode"] == "0:0", text
+    assert ended["Restarts"] == "1", text
+    stopped = re.findall(r"rank (\d) stopped at step (\d+) on request", text)
+    assert sorted(rank for rank, _ in stopped) == ["0", "1"], text
+    assert len({step for _, step in stopped}) == 1, text  # one step on every rank of every node
+    step = int(stopped[0][1])
+    assert "exit 143): requeueing job" in text and "restart 1," in text
+    for rank in (0, 1):  # zero lost steps: the requeued job goes on from the step after the saved one
+        assert f"rank {rank} attempt 2 starts at step {step + 1}" in text, text
+    assert f"newest committed step {step};" in text  # what the requeued job found in storage
+    run = tmp_path / "runs" / f"beater-job{job.id}"
+    state = json.loads((run / "run.json").read_text())
+    assert [a["outcome"] for a in state["attempts"]] == ["FAILED", "PREEMPTED", "SUCCEEDED"]
+    assert state["attempts"][0]["failures"][0]["node"] == 1
+    assert job.survivors() == []
+
+
+def test_a_usage_error_is_not_requeued(slurm, tmp_path):
+    job = BatchJob(slurm, tmp_path, "--nproc", "0", BEATER)
+    ended = job.wait(60)
+    text = job.output()
+    assert ended["JobState"] == "FAILED" and ended["ExitCode"] == "2:0", text
+    assert ended["Restarts"] == "0" and "requeueing" not in text, text
+    assert "--nproc must be at least 1" in text
+    assert job.survivors() == []
