@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 _MONITOR_TIMEOUT_S = 0.05
 _LOG_TAIL_LINES = 20
 _PROGRESS_EVERY_S = 5.0  # how often the live ranks' steps go to the run dir for `ftlaunch status`
+_SHARE_EVERY_S = 1.0  # how often a follower gives node 0 its ranks' steps (one store write)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +190,7 @@ class AttemptRunner:
             self._keep_guard()
             slots = board.read()
             rate.observe(time.monotonic(), BeatSummary.of(slots.values()).furthest_step)
-            self._publish_progress(attempt, group, slots)
+            self._publish_progress(attempt, group, slots, channel)
             hung = self._hangs.check(watch, attempt, group, slots)
             if hung:
                 cause = root_cause(hung)
@@ -249,11 +250,21 @@ class AttemptRunner:
                 return
             self._signals.wait(_MONITOR_TIMEOUT_S)
 
-    def _publish_progress(self, attempt: int, group: WorkerGroup, slots) -> None:
+    def _publish_progress(self, attempt: int, group: WorkerGroup, slots, channel) -> None:
+        """Every few seconds: node 0 writes every node's ranks to the run dir; the others share
+        theirs with node 0 through the store."""
         now = time.monotonic()
-        if self._run is not None and now >= self._next_progress:
-            self._next_progress = now + _PROGRESS_EVERY_S
-            self._run.publish_progress(attempt, progress_rows(slots, group.running(), now))
+        if now < self._next_progress:
+            return
+        self._next_progress = now + (_PROGRESS_EVERY_S if self._run is not None else _SHARE_EVERY_S)
+        rows = progress_rows(slots, group.running(), now)
+        if self._run is None:
+            if channel is not None:
+                channel.share_progress(rows)
+        elif channel is None:
+            self._run.publish_progress(attempt, rows)
+        else:
+            self._run.publish_progress(attempt, *channel.job_progress(rows))
 
     def _record_exit(self, attempt: int, exited: Exit, failures: List[Failure]) -> None:
         self._events.emit(

@@ -156,14 +156,39 @@ def _table(report: Dict[str, Any]) -> List[str]:
             f"{progress:<8}  {first}"
         )
     progress = report.get("progress")
+    if attempts and attempts[-1].nodes and not (progress and progress.get("nodes")):
+        lines += [
+            "",
+            f"nodes of attempt {attempts[-1].attempt}: "
+            + ", ".join(
+                f"node {n['node']} on {n['host']} (supervisor pid {n['pid']})" for n in attempts[-1].nodes
+            ),
+        ]
     if progress:
-        age = now - progress["written_at"]
-        lines += ["", f"ranks of attempt {progress['attempt']} (as of {age:.0f} s ago):"]
-        lines.append(f"{'rank':>5}  {'pid':>7}  {'step':>8}  {'last beat':>10}  phase")
-        for r in progress["ranks"]:
-            beat = "-" if r["silent_for"] is None else f"{r['silent_for'] + age:.1f} s ago"
-            step = "-" if r["step"] is None else r["step"]
-            lines.append(f"{r['rank']:>5}  {r['pid']:>7}  {step:>8}  {beat:>10}  {r['phase']}")
+        lines += _progress_lines(progress, now)
+    return lines
+
+
+def _progress_lines(progress: Dict[str, Any], now: float) -> List[str]:
+    """The live attempt: each node's supervisor (with many nodes) and each rank's step."""
+    age = now - progress["written_at"]
+    lines = []
+    if progress.get("nodes"):
+        lines += ["", f"nodes of attempt {progress['attempt']} (as of {age:.0f} s ago):"]
+        lines.append(f"{'node':>5}  {'host':<20}  {'pid':>7}  last seen")
+        for n in progress["nodes"]:
+            seen = "lost" if n["lost"] else f"{n['silent_for'] + age:.1f} s ago"
+            lines.append(f"{n['node']:>5}  {n['host'] or '?':<20}  {n['pid'] or '?':>7}  {seen}")
+    many = any("node" in r for r in progress["ranks"])
+    lines += ["", f"ranks of attempt {progress['attempt']} (as of {age:.0f} s ago):"]
+    lines.append(
+        ("node  " if many else "") + f"{'rank':>5}  {'pid':>7}  {'step':>8}  {'last beat':>10}  phase"
+    )
+    for r in progress["ranks"]:
+        beat = "-" if r["silent_for"] is None else f"{r['silent_for'] + age:.1f} s ago"
+        step = "-" if r["step"] is None else r["step"]
+        node = f"{r.get('node', '-'):>4}  " if many else ""
+        lines.append(f"{node}{r['rank']:>5}  {r['pid']:>7}  {step:>8}  {beat:>10}  {r['phase']}")
     return lines
 
 

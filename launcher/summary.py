@@ -3,7 +3,7 @@
 from typing import List
 
 from launcher.failures import Failure, HangFailure, NodeLostFailure
-from launcher.outcomes import AttemptOutcome
+from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.recovery import Recovery
 from launcher.supervisor import RunResult
 
@@ -27,11 +27,13 @@ def summary_lines(result: RunResult) -> List[str]:
     if result.recoveries:
         down = sum(r.downtime for r in result.recoveries)
         lines.append(f"  downtime {down:.2f} s in {len(result.recoveries)} recovery(ies)")
-    if result.goodput is not None:
+    if not result.holds_run:
+        lines.append("  recoveries and goodput: in node 0's summary (node 0 holds the run)")
+    elif result.goodput is not None:
         lines.append(f"  goodput {100 * result.goodput:.0f}% (wall time spent on steps that were kept)")
     else:
         lines.append("  goodput unknown: ftlaunch sees no checkpoint of this script (it sees worker_lib's)")
-    if failed and result.exit_code != 0 and failed[-1].root_cause is not None:
+    if failed and result.status is RunStatus.FAILED and failed[-1].root_cause is not None:
         lines += _root_cause_detail(failed[-1].root_cause)
     return lines
 

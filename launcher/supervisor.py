@@ -43,6 +43,7 @@ class RunResult:
     reason: str
     recoveries: List[Recovery] = dataclasses.field(default_factory=list)
     goodput: Optional[float] = None  # over the whole run, earlier supervisors included
+    holds_run: bool = True  # False on a follower node: recoveries and goodput are node 0's to tell
 
 
 def supervise(
@@ -142,7 +143,7 @@ class Supervisor:
                 channel = self._meet(number)
             except (Interrupted, JoinTimeout) as err:
                 return self._ended_waiting(err, attempts)
-            entry = self._run.attempt_started(number, newest.step)
+            entry = self._run.attempt_started(number, newest.step, channel.members() if channel else None)
             try:
                 result = self._run_attempt(number, channel)
             except StartFailed as err:

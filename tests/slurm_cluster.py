@@ -179,9 +179,8 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
     def _spawn(self, *argv: str) -> None:
         log = open(self.root / "log" / f"{argv[0]}.{len(self._procs)}.out", "wb")
         with log:
-            proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}, start_new_session=True
-            )
+            env = {**os.environ, **self.env}
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self._procs.append(proc)
 
     def _nodes_idle(self) -> bool:

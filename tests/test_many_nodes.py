@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 
 import torch
@@ -67,6 +68,30 @@ class Job:
 
 def _run_state(tmp_path, name):
     return json.loads((tmp_path / "runs" / name / "run.json").read_text())
+
+
+def _status_table(tmp_path, name) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "launcher", "status", "--run-dir", str(tmp_path / "runs"), name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _status_when(tmp_path, name, ready, timeout=30) -> dict:
+    """``ftlaunch status --json`` once its live progress satisfies ``ready``; bounded."""
+    from launcher.status_cli import run_status
+
+    deadline = time.monotonic() + timeout
+    while True:
+        report = run_status(str(tmp_path / "runs" / name))
+        if report["progress"] and ready(report["progress"]):
+            return report
+        assert time.monotonic() < deadline, report["progress"]
+        time.sleep(0.2)
 
 
 def test_a_crash_on_one_node_restarts_every_node_and_ends_bit_identical(launcher, tmp_path):
@@ -328,6 +353,20 @@ def test_a_preemption_stops_every_node_at_one_step_and_the_relaunch_resumes_ther
 
     job = Job(launcher, tmp_path, 2, *args(100000), "--ready-dir", str(ready)).start_all()
     wait_for_files(ready, "rank_*.attempt_0", 4, timeout=60)
+    live = _status_when(
+        tmp_path, "preempt", lambda p: len([r for r in p["ranks"] if r["step"] is not None]) == 4
+    )
+    assert [(n["node"], n["pid"], n["lost"]) for n in live["progress"]["nodes"]] == [
+        (rank, job.nodes[rank].proc.pid, False) for rank in (0, 1)
+    ]
+    assert sorted((r["node"], r["rank"]) for r in live["progress"]["ranks"]) == [
+        (0, 0),
+        (0, 1),
+        (1, 2),
+        (1, 3),
+    ]
+    table = _status_table(tmp_path, "preempt")
+    assert "nodes of attempt 0" in table and f"{job.nodes[1].proc.pid}" in table
     os.kill(job.nodes[1].proc.pid, signal.SIGTERM)  # one node is told: every node stops
     assert job.wait(60) == {0: 143, 1: 143}, (job.nodes[0].stderr, job.nodes[1].stderr)
     stopped = [
@@ -339,6 +378,8 @@ def test_a_preemption_stops_every_node_at_one_step_and_the_relaunch_resumes_ther
     assert len(stopped) == 4 and len(set(stopped)) == 1, (stopped, job.nodes[0].stderr, job.nodes[1].stderr)
     step = stopped[0]
     assert (tmp_path / "runs" / "preempt" / "checkpoints" / f"step_{step}" / "COMMITTED").exists()
+    nodes = _run_state(tmp_path, "preempt")["attempts"][0]["nodes"]
+    assert [(n["node"], n["pid"]) for n in nodes] == [(r, job.nodes[r].proc.pid) for r in (0, 1)]
     assert job.survivors() == []
     # The same command on both nodes resumes from that step: nothing lost.
     job2 = Job(launcher, tmp_path, 2, *args(step + 20)).start_all()

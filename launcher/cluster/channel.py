@@ -7,6 +7,7 @@ store (a prefix of node 0's store, fresh per round):
     interrupt     the first node to see a failure, a hang, a lost node or a stop signal (first wins)
     stop/<n>      each node, once asked to stop: where its ranks are; every node computes the
                   same stop step from all of them
+    progress/<n>  each follower, every few seconds: its ranks' steps, for node 0's progress.json
     report/<n>    each node: how the attempt ended there, its failures
     verdict       node 0: restart, or end the job with an exit code   ack/<n>: the verdict was read
 
@@ -22,7 +23,7 @@ import os
 import socket
 import threading
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from launcher.cluster.rendezvous import LeaderUnreachable
 from launcher.config import LaunchConfig
@@ -297,6 +298,44 @@ class AttemptChannel:
             for n, silent in sorted(self._lost.items())
         ]
 
+    # -- progress, for `ftlaunch status` --------------------------------------------------------
+
+    def share_progress(self, rows: List[dict]) -> None:
+        """A follower: its ranks' steps and beat ages, for node 0 to publish."""
+        try:
+            self._call("set", f"progress/{self.node}", json.dumps({"at": time.time(), "rows": rows}))
+        except LeaderUnreachable:
+            pass  # the next tick says so and ends the attempt
+
+    def members(self) -> List[dict]:
+        """Node 0, once every node announced itself: who runs this attempt, for run.json."""
+        return [{"node": i.node, "host": i.host, "pid": i.pid} for _, i in sorted(self._infos.items())]
+
+    def job_progress(self, own: List[dict]) -> Tuple[List[dict], List[dict]]:
+        """Node 0: every rank's row, with its node (a follower's as of its last share, its beat
+        ages brought up to now), and every node's supervisor: host, pid, seconds since its
+        liveness counter last moved."""
+        now, wall = time.monotonic(), time.time()
+        ranks, nodes = [], []
+        for n in self._nodes:
+            rows, silent = own, 0.0
+            if n != self.node:
+                silent = now - self._seen[n][1]
+                shared = json.loads(self._get(f"progress/{n}")) if self._has(f"progress/{n}") else None
+                rows = [_aged(row, wall - shared["at"]) for row in shared["rows"]] if shared else []
+            ranks += [{**row, "node": n} for row in rows]
+            info = self._infos.get(n)
+            nodes.append(
+                {
+                    "node": n,
+                    "host": info.host if info else None,
+                    "pid": info.pid if info else None,
+                    "silent_for": round(silent, 1),
+                    "lost": n in self._lost,
+                }
+            )
+        return ranks, nodes
+
     # -- a stop step every rank of every node agrees on ---------------------------------------
 
     def agree_stop_step(self, reading: Optional[dict], wait: Callable[[float], None]) -> int:
@@ -381,6 +420,11 @@ class AttemptChannel:
                 return False
             wait(_POLL_S)
         return True
+
+
+def _aged(row: dict, seconds: float) -> dict:
+    silent = row.get("silent_for")
+    return {**row, "silent_for": None if silent is None else round(silent + seconds, 3)}
 
 
 def stop_step(readings: List[dict]) -> int:

@@ -81,10 +81,12 @@ class Follower:
                 continue
             except Interrupted as stopped:
                 status = RunStatus.ended_by(AttemptOutcome.stopped_by(self._signals.first))
-                return RunResult(stopped.exit_code, status, attempts, str(stopped))
+                return RunResult(stopped.exit_code, status, attempts, str(stopped), holds_run=False)
             attempts.append(result)
             if not verdict.restart:
-                return RunResult(verdict.exit_code, RunStatus(verdict.status), attempts, verdict.reason)
+                return RunResult(
+                    verdict.exit_code, RunStatus(verdict.status), attempts, verdict.reason, holds_run=False
+                )
             deadline = time.monotonic() + self.config.join_timeout
 
     def _attempt(self, rendezvous: Rendezvous) -> Tuple[AttemptResult, JobVerdict]:

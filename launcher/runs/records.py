@@ -65,6 +65,7 @@ class AttemptEntry:
     progress: Progress = Progress.UNKNOWN  # judged from the evidence when it ended
     progress_evidence: str = ""  # that evidence, in words
     failures: List[FailureEntry] = dataclasses.field(default_factory=list)
+    nodes: List[Dict[str, Any]] = dataclasses.field(default_factory=list)  # many nodes: node, host, pid
 
     @property
     def committed_new(self) -> bool:

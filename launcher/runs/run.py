@@ -137,9 +137,16 @@ class Run:
 
     # -- attempts ---------------------------------------------------------------------------
 
-    def attempt_started(self, attempt: int, newest_step: Optional[int]) -> AttemptEntry:
+    def attempt_started(
+        self, attempt: int, newest_step: Optional[int], nodes: Optional[List[dict]] = None
+    ) -> AttemptEntry:
         entry = AttemptEntry(
-            attempt, time.time(), socket.gethostname(), os.getpid(), resumed_from_step=newest_step
+            attempt,
+            time.time(),
+            socket.gethostname(),
+            os.getpid(),
+            resumed_from_step=newest_step,
+            nodes=nodes or [],
         )
         self.state.attempts.append(entry)  # written once its group runs (a failed start writes nothing)
         return entry
@@ -210,10 +217,14 @@ class Run:
             self._say(f"cannot list the checkpoints ({newest.error}); progress unknown")
         return newest
 
-    def publish_progress(self, attempt: int, ranks: List[dict]) -> None:
-        """The live ranks' steps and beat ages, for ``ftlaunch status`` on any machine."""
+    def publish_progress(self, attempt: int, ranks: List[dict], nodes: Optional[List[dict]] = None) -> None:
+        """The live ranks' steps and beat ages (and, with many nodes, each node's supervisor), for
+        ``ftlaunch status`` on any machine."""
         self.dir.check_held()
-        self.dir.write_json(PROGRESS_FILE, {"attempt": attempt, "written_at": time.time(), "ranks": ranks})
+        progress = {"attempt": attempt, "written_at": time.time(), "ranks": ranks}
+        if nodes is not None:
+            progress["nodes"] = nodes
+        self.dir.write_json(PROGRESS_FILE, progress)
 
     def keep_alive(self, now: float) -> None:
         if self.dir.renew_due(now):

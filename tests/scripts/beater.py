@@ -27,7 +27,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--hang-rank", type=int, default=1)
     p.add_argument("--hang-at", type=int, default=10, help="the step it hangs in (or the first one after)")
     p.add_argument("--hang-attempt", type=int, default=0, help="the attempt in which it hangs")
-    p.add_argument("--crash-at", type=int, help="on the first attempt, rank --crash-rank SIGKILLs itself here")
+    p.add_argument("--crash-at", type=int, help="attempt 0: --crash-rank SIGKILLs itself here")
     p.add_argument("--crash-rank", type=int, default=1)
     p.add_argument("--collective", action="store_true", help="gloo all_reduce every step")
     p.add_argument(
