@@ -180,7 +180,7 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
         log = open(self.root / "log" / f"{argv[0]}.{len(self._procs)}.out", "wb")
         with log:
             env = {**os.environ, **self.env}
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=1)
         self._procs.append(proc)
 
     def _nodes_idle(self) -> bool:
