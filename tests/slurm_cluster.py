@@ -136,7 +136,8 @@ class SlurmCluster:
         ports = [free_port() for _ in range(3)]
         # Job ids start where ftlaunch's rendezvous port (29400 + id % 1000) is free.
         first_job = next(
-            job for job in (random.randrange(1000, 100000) for _ in range(100))
+            job
+            for job in (random.randrange(1000, 100000) for _ in range(100))
             if all(port_is_free(_RDZV_BASE + (job + k) % 1000) for k in range(5))
         )
         r = self.root
@@ -180,7 +181,9 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
         log = open(self.root / "log" / f"{argv[0]}.{len(self._procs)}.out", "wb")
         with log:
             env = {**os.environ, **self.env}
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=1)
+            proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         self._procs.append(proc)
 
     def _nodes_idle(self) -> bool:
@@ -220,4 +223,3 @@ def start_cluster() -> SlurmCluster:
         cluster.stop()
         raise
     return cluster
-
