@@ -410,3 +410,25 @@ def test_nodes_that_disagree_are_refused_before_any_worker_starts(launcher, tmp_
         assert "node 1 (" in launch.stderr and "runs --nproc 2, node 0 runs --nproc 1" in launch.stderr
         assert not (launch.log_dir / "attempt_0").exists()
     assert job.survivors() == []
+
+
+def test_a_node_that_joins_a_closed_rendezvous_ends_at_once(launcher, tmp_path, monkeypatch):
+    """Node 0 (here: this test, through ftlaunch's own rendezvous code) has closed the job's
+    rendezvous, as it does when the job ends; a node started now is told so and exits 6 at once,
+    not after its --join-timeout."""
+    from launcher.cluster.rendezvous import Rendezvous, host_job_store
+    from launcher.config import LaunchConfig
+
+    job = Job(
+        launcher, tmp_path, 2, "--nproc", "1", "--rdzv-id", "closed", "--join-timeout", "10m", str(ACTOR)
+    )
+    leader = LaunchConfig(
+        entrypoint=str(ACTOR), nnodes=2, node_rank=0, rdzv_endpoint=job.endpoint, rdzv_id="closed"
+    )
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # Rendezvous sets it: undone after
+    store = host_job_store(leader)
+    Rendezvous(leader, store).close()
+    job.start(1)
+    assert job.wait(60) == {1: 6}, job.nodes[1].stderr
+    assert "the job has ended: its rendezvous is closed" in job.nodes[1].stderr
+    assert job.survivors() == []
