@@ -35,8 +35,13 @@ def _stamps(out: Path) -> Dict[str, float]:
     return {p.name: float(p.read_text()) for p in out.iterdir() if not p.name.endswith(".tmp")}
 
 
-def _first_step_done(stamps: Dict[str, float], nproc: int) -> float:
-    return max(stamps[f"first_step.attempt_1.rank_{r}"] for r in range(nproc))
+def _first_step_done(stamps: Dict[str, float], world: int) -> float:
+    """When every rank of the new group had finished its first step after the death."""
+    death = stamps["death"]
+    return max(
+        min(t for name, t in stamps.items() if name.startswith(f"first_step.rank_{r}.") and t > death)
+        for r in range(world)
+    )
 
 
 def run_ftlaunch(nproc: int, work: Path) -> Dict[str, float]:
