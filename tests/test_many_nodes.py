@@ -210,6 +210,7 @@ def _env(folder, rank):
 
 
 def test_a_hang_on_the_third_node_restarts_all_three(launcher, tmp_path):
+    """Node 0 on 127.0.0.2: the job's store is bound to exactly the endpoint's address."""
     job = Job(
         launcher,
         tmp_path,
@@ -229,6 +230,7 @@ def test_a_hang_on_the_third_node_restarts_all_three(launcher, tmp_path):
         "2",
         "--hang-at",
         "5",
+        host="127.0.0.2",
     ).start_all()
     assert job.wait(180) == {0: 0, 1: 0, 2: 0}, job.nodes[2].stderr
     hangs = job.nodes[2].events("hang")
