@@ -125,6 +125,7 @@ class AttemptRunner:
             self.config, attempt, master_port, heartbeat_file=board.path, master_addr=master_addr
         )
         group = WorkerGroup(specs, self._spawner, pump, self._guard, self.config.shows_on_console)
+        self._spawner.prepare(specs[0], self._spawning_may_go_on)
         started = time.monotonic()
         try:
             result = self._start_and_watch(machine, group, board, channel)

@@ -54,6 +54,7 @@ class LaunchConfig:
     backend: str = "gloo"  # resolved: "nccl" or "gloo", never "auto"
     log_dir: Path = Path("ftlaunch_logs")
     grace_period: float = 5.0  # seconds between SIGTERM and SIGKILL
+    fork_server: bool = True  # fork workers from a process that has imported torch (not --no-python)
     preempt_signal: int = int(signal.SIGUSR1)  # means what SIGTERM means; workers start with it ignored
     run_id: str = "ftlaunch"
     master_addr: str = "127.0.0.1"

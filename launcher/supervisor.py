@@ -19,6 +19,7 @@ from launcher.hangs.board import BeatSummary
 from launcher.hangs.monitor import HangMonitor
 from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.policy import RestartPolicy, Verdict
+from launcher.process.forkserver import ForkServer, ForkServerSpawner
 from launcher.process.linux import become_subreaper
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.signals import SignalInbox
@@ -57,11 +58,30 @@ def supervise(
     """Hold the run, set up what a run needs, run it to its end, and tear it all down.
     The caller owns this process (the supervisor reaps its children) and has opened ``signals``."""
     console = (console_out or sys.stdout.buffer, console_err or sys.stderr.buffer)
-    spawner = spawner or PopenSpawner(ignored=(config.preempt_signal,))
-    if config.many_nodes and not config.leads:
-        from launcher.cluster.follower import follow
+    own_spawner = spawner is None
+    spawner = spawner or _spawner_for(config, say)
+    try:
+        if config.many_nodes and not config.leads:
+            from launcher.cluster.follower import follow
 
-        return follow(config, signals, say, spawner, console)
+            return follow(config, signals, say, spawner, console)
+        return _lead(config, signals, say, spawner, console)
+    finally:
+        if own_spawner and isinstance(spawner, ForkServerSpawner):
+            spawner.close()
+
+
+def _spawner_for(config: LaunchConfig, say: Callable[[str], None]) -> Spawner:
+    """Plain spawning, or forks of a warm fork server that falls back to it."""
+    plain = PopenSpawner(ignored=(config.preempt_signal,))
+    if not config.fork_server:
+        return plain
+    server = ForkServer(config, config.log_dir / "forkserver.log", ignored=(config.preempt_signal,))
+    return ForkServerSpawner(server, plain, say)
+
+
+def _lead(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, console) -> RunResult:
+    """Node 0, or the only node: hold the run and supervise it."""
     job_store = host_job_store(config) if config.many_nodes else None  # the others may already wait
     directory = RunDir(config.run_url)
     taken_from = directory.acquire(config.lease)  # before anything is written, logs included

@@ -63,6 +63,7 @@ def _options(**overrides):
         backend="auto",
         log_dir=None,
         grace_period=5.0,
+        fork_server=True,
         preempt_signal="USR1",
         run_id=None,
         master_addr=None,

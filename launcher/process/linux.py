@@ -6,7 +6,7 @@ import os
 import signal
 from typing import Callable, Sequence
 
-__all__ = ["become_subreaper", "die_with_parent", "ignoring"]
+__all__ = ["become_subreaper", "die_with_parent", "ignoring", "set_parent_death_signal"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -21,6 +21,11 @@ def become_subreaper() -> None:
     to init, so the supervisor can still find, kill and reap every process it caused."""
     if _prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def set_parent_death_signal(sig: int) -> None:
+    """This process receives ``sig`` when its parent dies (see ``die_with_parent``)."""
+    _prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 
 def ignoring(signals: Sequence[int]) -> Callable[[], None]:

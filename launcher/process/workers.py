@@ -4,7 +4,7 @@ import dataclasses
 import os
 import subprocess
 import time
-from typing import Callable, Dict, List, Optional, Protocol, Sequence
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from launcher.process.linux import die_with_parent
 from launcher.process.logs import LogPump
@@ -36,6 +36,18 @@ class Spawner(Protocol):
 
     def spawn(self, spec: WorkerSpec) -> Spawned: ...
 
+    def prepare(self, spec: WorkerSpec, go_on: Callable[[], bool]) -> None:
+        """Called before an attempt's clock starts, with its first rank's spec: a fork server
+        warms up here, so its imports never count as the group's life. ``go_on()`` turning
+        false (a signal) cuts the wait short."""
+        ...
+
+    @property
+    def helper_pids(self) -> Tuple[int, ...]:
+        """Our own processes among the supervisor's children (a fork server): never stopped
+        with a group."""
+        ...
+
 
 class PopenSpawner:
     """fork + exec of ``spec.argv``, in its own session (so its tree is one process group),
@@ -44,6 +56,13 @@ class PopenSpawner:
 
     def __init__(self, ignored: Sequence[int] = ()) -> None:
         self._ignored = tuple(ignored)
+
+    def prepare(self, spec: WorkerSpec, go_on: Callable[[], bool]) -> None:
+        pass  # nothing to warm up
+
+    @property
+    def helper_pids(self) -> Tuple[int, ...]:
+        return ()
 
     def spawn(self, spec: WorkerSpec) -> Spawned:
         out_r, out_w = os.pipe()
@@ -140,7 +159,7 @@ class WorkerGroup:
             first_signal,
             grace,
             abort,
-            exclude={self._guard.pid},
+            exclude={self._guard.pid, *self._spawner.helper_pids},
             reap=self.poll,
         )
         for pid in self.pids:

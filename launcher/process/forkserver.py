@@ -1,0 +1,204 @@
+"""The supervisor's side of the fork server (see ``zygote``): start it, ask it for workers, and
+fall back to plain spawning, with one line saying why, whenever it cannot serve.
+
+A forked worker is the supervisor's own child (re-parented to it, a child subreaper), so it is
+waited for, signalled and stopped exactly like a spawned one: ``ForkedWorker.poll`` is waitpid.
+"""
+
+import json
+import logging
+import os
+import select
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Optional, Tuple
+
+from launcher.config import EntryKind, LaunchConfig
+from launcher.process.linux import die_with_parent
+from launcher.process.plan import WorkerSpec
+from launcher.process.workers import PopenSpawner, Spawned
+
+__all__ = [
+    "ForkServer",
+    "ForkServerInterrupted",
+    "ForkServerSpawner",
+    "ForkServerUnavailable",
+    "ForkedWorker",
+]
+
+log = logging.getLogger(__name__)
+
+_MAX_MESSAGE = 1 << 16
+
+
+class ForkServerUnavailable(Exception):
+    """Why the fork server cannot serve (one line); the caller spawns plainly instead."""
+
+
+class ForkServerInterrupted(Exception):
+    """Its start was cut short (a signal): no verdict on whether it can serve."""
+
+
+class ForkedWorker:
+    """A worker the zygote forked; our child once re-parented, so waitpid works on it."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: it is gone, how is unknown
+                self.returncode = 255
+                return self.returncode
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)  # -N for "killed by signal N"
+        return self.returncode
+
+
+class ForkServer:
+    """One zygote per supervisor, started on first use with the first rank's environment."""
+
+    def __init__(self, config: LaunchConfig, log_file: Path, ignored=()) -> None:
+        self._config = config
+        self._log_file = log_file
+        self._ignored = tuple(ignored)
+        self._sock: Optional[socket.socket] = None
+        self._proc: Optional[subprocess.Popen] = None
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self, env: dict, timeout: float, go_on: Callable[[], bool] = lambda: True) -> None:
+        """Start the zygote and wait until it has imported everything; ForkServerUnavailable
+        when it cannot (a module that fails to import, a thread left behind, a death)."""
+        from launcher.process.zygote import SINGLE_THREADED
+
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        module = self._config.entry_kind is EntryKind.MODULE
+        spec = {
+            "script": "" if module else self._config.entrypoint,
+            "module": self._config.entrypoint if module else "",
+            "supervisor": os.getpid(),
+        }
+        self._log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self._log_file, "ab") as out, theirs:
+            argv = [self._config.python, "-u", "-m", "launcher.process.zygote", str(theirs.fileno())]
+            self._proc = subprocess.Popen(
+                [*argv, json.dumps(spec)],
+                env={**env, **SINGLE_THREADED},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                pass_fds=[theirs.fileno()],
+                start_new_session=True,  # a Ctrl+C in the terminal is the supervisor's to act on
+                preexec_fn=die_with_parent(ignore=self._ignored),
+            )
+        self._sock = ours
+        ready = self._receive(timeout, "start", go_on)
+        if ready["failed"]:
+            name, why = next(iter(ready["failed"].items()))
+            raise ForkServerUnavailable(f"it could not import {name} ({why})")
+        if ready["threads"] != 1:
+            raise ForkServerUnavailable(f"importing left {ready['threads'] - 1} thread(s) running in it")
+
+    def fork(self, spec: WorkerSpec, stdout_w: int, stderr_w: int, timeout: float = 30.0) -> int:
+        request = {"argv": list(spec.argv), "env": dict(spec.env), "cwd": os.getcwd()}
+        try:
+            socket.send_fds(self._sock, [json.dumps(request).encode()], [stdout_w, stderr_w])
+        except OSError as err:
+            raise ForkServerUnavailable(f"it stopped answering ({err.strerror or err})") from None
+        answer = self._receive(timeout, "fork")
+        if "error" in answer:
+            raise ForkServerUnavailable(answer["error"])
+        return int(answer["pid"])
+
+    def _receive(self, timeout: float, what: str, go_on: Callable[[], bool] = lambda: True) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            if not go_on():
+                raise ForkServerInterrupted()
+            ready, _, _ = select.select([self._sock], [], [], 0.2)
+            if ready:
+                data = self._sock.recv(_MAX_MESSAGE)
+                if data:
+                    return json.loads(data)
+                raise ForkServerUnavailable(f"it died (exit {self._proc.wait()}; see {self._log_file})")
+            if self._proc.poll() is not None:
+                raise ForkServerUnavailable(f"it died (exit {self._proc.returncode}; see {self._log_file})")
+            if time.monotonic() > deadline:
+                raise ForkServerUnavailable(f"no answer to {what} within {timeout:g} s")
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
+
+class ForkServerSpawner:
+    """Forks workers from the zygote while it serves; from the first time it cannot, spawns
+    them plainly (and says so once). The run never fails because of the fork server."""
+
+    def __init__(self, server: ForkServer, fallback: PopenSpawner, say: Callable[[str], None]) -> None:
+        self._server = server
+        self._fallback = fallback
+        self._say = say
+        self._state = "new"  # new → serving | off
+
+    @property
+    def helper_pids(self) -> Tuple[int, ...]:
+        pid = self._server.pid if self._state == "serving" else None
+        return (pid,) if pid is not None else ()
+
+    def prepare(self, spec: WorkerSpec, go_on: Callable[[], bool]) -> None:
+        if self._state == "new":
+            self._start(spec, go_on)
+
+    def spawn(self, spec: WorkerSpec) -> Spawned:
+        if self._state == "new":
+            self._start(spec, lambda: True)
+        if self._state == "serving":
+            try:
+                return self._fork(spec)
+            except ForkServerUnavailable as err:
+                self._give_up(str(err))
+        return self._fallback.spawn(spec)
+
+    def _start(self, spec: WorkerSpec, go_on: Callable[[], bool]) -> None:
+        try:
+            self._server.start(dict(spec.env), timeout=300.0, go_on=go_on)
+            self._state = "serving"
+        except ForkServerInterrupted:
+            self._server.close()  # the attempt will not start; a later one may start it again
+        except (ForkServerUnavailable, OSError) as err:
+            self._give_up(str(err))
+
+    def _fork(self, spec: WorkerSpec) -> Spawned:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            pid = self._server.fork(spec, out_w, err_w)
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        return Spawned(ForkedWorker(pid), out_r, err_r)
+
+    def _give_up(self, why: str) -> None:
+        self._state = "off"
+        self._server.close()
+        self._say(f"fork server off: {why}; starting workers as new processes")
+
+    def close(self) -> None:
+        self._server.close()

@@ -1,0 +1,293 @@
+"""The fork server ("zygote"): a process that has already imported torch and the script's own
+top-level imports, and forks one worker per rank on request, so a restart does not pay for a
+new interpreter importing torch.
+
+Run as ``python -u -m launcher.process.zygote FD SPEC`` by ``forkserver.ForkServer``; FD is its
+end of a SOCK_SEQPACKET socket pair, SPEC a JSON object: the entry point (script or module),
+the supervisor's pid, the modules to import first.
+
+Each request is one JSON message (argv, env, cwd) with two file descriptors (the worker's stdout
+and stderr pipes); the answer is ``{"pid": N}`` or ``{"error": "..."}``. A worker is forked
+twice: the first child forks the worker and exits at once, so the worker is re-parented to the
+supervisor (a child subreaper) and the supervisor waits for it like for any child it spawned.
+
+Rules the zygote keeps, each because it broke something when it was not kept:
+- No thread when it forks (a lock held by another thread stays locked forever in the child):
+  no torch op, no process group, no store; OpenBLAS and OpenMP are kept single-threaded here.
+- No CUDA: a CUDA context does not survive fork.
+- ``gc.freeze()`` once the imports are done: the children's first collection need not walk (and
+  so copy) every page the zygote's objects live in.
+"""
+
+import ast
+import gc
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from typing import Dict, List, Optional, Tuple
+
+from launcher.process.linux import set_parent_death_signal
+
+# What every training script imports, directly or lazily at its first DDP step or process group.
+BASE_PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.distributed.elastic.multiprocessing.errors",
+    "torch.nn.parallel",
+    "torch._dynamo.utils",
+    "worker_lib",
+)
+# In the zygote only: libraries that start their thread pool at import would leave threads behind.
+SINGLE_THREADED = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+_MAX_MESSAGE = 1 << 20
+_REPARENT_WAIT_S = 10.0
+
+
+def top_level_imports(script: str) -> List[str]:
+    """The modules a script imports at its top level (in ``if``/``try`` blocks too), found
+    without running it; relative imports are left out (a script has no package)."""
+    try:
+        with open(script, "rb") as source:
+            tree = ast.parse(source.read(), filename=script)
+    except (OSError, SyntaxError, ValueError):
+        return []
+    names: List[str] = []
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+        elif isinstance(node, (ast.If, ast.Try)):
+            todo += node.body + node.orelse + getattr(node, "finalbody", [])
+            todo += [stmt for handler in getattr(node, "handlers", []) for stmt in handler.body]
+    return list(dict.fromkeys(names))
+
+
+def _imports_of(spec: dict) -> List[str]:
+    """The entry point's own top-level imports; for ``-m pkg.mod``, finding its file imports
+    its parent packages, as ``python -m`` does."""
+    if spec["script"]:
+        return top_level_imports(spec["script"])
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(spec["module"])
+    except (ImportError, ValueError):
+        return []  # the worker's own `python -m` says why
+    return top_level_imports(found.origin) if found is not None and found.origin else []
+
+
+def preload(modules: List[str]) -> Dict[str, str]:
+    """Import each module; returns the ones that failed, with why (one line each)."""
+    import importlib
+
+    failed = {}
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException as err:  # noqa: BLE001 - a script's import may raise anything, even SystemExit
+            failed[name] = f"{type(err).__name__}: {err}".splitlines()[0]
+    return failed
+
+
+def thread_count() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+_WORKER = -1  # what fork_worker returns in the worker itself
+
+
+def serve(sock: socket.socket, supervisor: int) -> Optional[Tuple[dict, List[int]]]:
+    """Fork a worker for each request until the supervisor closes its end. In a forked worker
+    it returns that worker's request and stdio descriptors: the worker runs from ``main``, not
+    from inside this loop, so the script's exit unwinds nothing of the zygote's."""
+    while True:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, 2)
+        except OSError:
+            return None
+        if not data:
+            return None
+        request = json.loads(data)
+        try:
+            pid = fork_worker(fds, supervisor)
+            answer = {"pid": pid}
+        except Exception as err:  # noqa: BLE001 - reported to the supervisor, which falls back
+            pid, answer = 0, {"error": f"{type(err).__name__}: {err}"}
+        if pid == _WORKER:
+            return request, fds
+        for fd in fds:
+            os.close(fd)
+        sock.send(json.dumps(answer).encode())
+
+
+def fork_worker(fds: List[int], supervisor: int) -> int:
+    """Fork twice; the grandchild becomes the worker, a child of the supervisor. Returns its pid
+    once it leads its own session (the supervisor may signal its group at once); in the worker
+    itself, ``_WORKER``."""
+    if thread_count() != 1:
+        raise RuntimeError(f"{thread_count()} threads in the fork server; forking now could deadlock")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    ready_r, ready_w = os.pipe()
+    middle = os.fork()
+    if middle == 0:  # the middle process: it forks the worker and leaves at once
+        try:
+            os.close(ready_r)
+            if os.fork() == 0:
+                _detach(supervisor, os.getppid(), ready_w)
+                return _WORKER
+        except BaseException:  # noqa: BLE001 - never back into the zygote's loop
+            os._exit(1)
+        os._exit(0)
+    os.close(ready_w)
+    try:
+        os.waitpid(middle, 0)
+        return _read_pid(ready_r)
+    finally:
+        os.close(ready_r)
+
+
+def _read_pid(ready_r: int) -> int:
+    """The worker writes its pid once it leads its session; EOF without it: it died first."""
+    data = b""
+    while True:
+        chunk = os.read(ready_r, 64)
+        if not chunk:
+            break
+        data += chunk
+    if not data:
+        raise RuntimeError("the worker died as it started")
+    return int(data)
+
+
+def _detach(supervisor: int, middle: int, ready_w: int) -> None:
+    """The worker's first moves: its own session, its pid to the zygote, the supervisor as its
+    parent, and death with the supervisor (armed only now: the middle process's exit would
+    have fired it)."""
+    os.setsid()
+    os.write(ready_w, str(os.getpid()).encode())
+    os.close(ready_w)
+    _wait_for_parent_to_be(supervisor, middle)
+    set_parent_death_signal(signal.SIGKILL)
+    if os.getppid() != supervisor:  # the supervisor died before the signal was armed
+        os._exit(1)
+
+
+def become_worker(request: dict, fds: List[int], sock: socket.socket) -> None:
+    """The rank's stdio, environment and working directory, and fresh random streams."""
+    sock.close()
+    _wire_stdio(fds)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    _reseed()
+    _apply_thread_settings()
+
+
+def _wait_for_parent_to_be(supervisor: int, middle: int) -> None:
+    deadline = time.monotonic() + _REPARENT_WAIT_S
+    while os.getppid() == middle:
+        if time.monotonic() > deadline:
+            os._exit(1)
+        time.sleep(0.0002)
+
+
+def _wire_stdio(fds: List[int]) -> None:
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(fds[0], 1)
+    os.dup2(fds[1], 2)
+    for fd in (devnull, *fds):
+        if fd > 2:
+            os.close(fd)
+
+
+def _reseed() -> None:
+    """A fresh interpreter seeds torch's and numpy's global generators from the OS; a fork would
+    share the zygote's. Python's ``random`` reseeds itself after a fork."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
+def _apply_thread_settings() -> None:
+    """The zygote ran single-threaded; the worker gets the intra-op threads a fresh process
+    would: OMP_NUM_THREADS when set, else torch's default (the cores it may use)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    wanted = os.environ.get("OMP_NUM_THREADS")
+    threads = int(wanted) if wanted and wanted.isdigit() and int(wanted) > 0 else len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+
+
+def run_main(argv: List[str]) -> None:
+    """``python -u SCRIPT ARGS`` or ``python -u -m MODULE ARGS``, in this process, called from the
+    top of ``main``: SystemExit and KeyboardInterrupt reach the interpreter as a script's would."""
+    import runpy
+
+    module, target, args = _parse_argv(argv)
+    sys.argv = [target, *args]
+    try:
+        if module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as err:  # noqa: BLE001 - as the interpreter does: print it, exit 1
+        sys.excepthook(type(err), err, _script_frames(err.__traceback__))
+        sys.exit(1)
+
+
+def _parse_argv(argv: List[str]) -> Tuple[bool, str, List[str]]:
+    """(python, -u, SCRIPT, args...) or (python, -u, -m, MODULE, args...)."""
+    rest = argv[1:]
+    while rest and rest[0] == "-u":
+        rest = rest[1:]
+    if rest[:1] == ["-m"]:
+        return True, rest[1], rest[2:]
+    return False, rest[0], rest[1:]
+
+
+def _script_frames(tb):
+    """The traceback from the first frame outside runpy and this module: what the script's own
+    traceback would show."""
+    here = (__file__, getattr(sys.modules.get("runpy"), "__file__", ""))
+    while tb is not None and tb.tb_frame.f_code.co_filename in here:
+        tb = tb.tb_next
+    return tb
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    sock = socket.socket(fileno=int(args[0]))
+    spec = json.loads(args[1])
+    if spec["script"]:  # sys.path[0] as `python SCRIPT` has it: the script's folder
+        sys.path[0] = os.path.dirname(os.path.realpath(spec["script"]))
+    failed = preload(list(BASE_PRELOAD) + _imports_of(spec))
+    gc.freeze()
+    sock.send(json.dumps({"failed": failed, "threads": thread_count()}).encode())
+    job = serve(sock, spec["supervisor"])
+    if job is None:
+        return
+    try:
+        become_worker(*job, sock)
+    except BaseException:  # noqa: BLE001 - a worker that cannot be set up says why and leaves
+        traceback.print_exc()
+        os._exit(1)
+    run_main(job[0]["argv"])
+
+
+if __name__ == "__main__":
+    main()

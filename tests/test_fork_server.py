@@ -1,0 +1,119 @@
+"""The fork server: a worker forked from the warm zygote is, to its script, the worker a new
+interpreter would have been; each attempt's workers are fresh forks; and whenever the zygote
+cannot serve, ftlaunch says so in one line and starts workers as new processes."""
+
+import json
+import os
+import re
+import signal
+
+import psutil
+import torch
+from helpers import ACTOR, SCRIPTS, wait_for_files
+from test_stopping import _wait_dead
+
+PROBE = str(SCRIPTS / "probe.py")
+TRAIN = str(SCRIPTS / "ckpt_train.py")
+
+
+def _probes(folder, attempt, nproc=2):
+    return [json.loads((folder / f"rank_{r}.attempt_{attempt}.json").read_text()) for r in range(nproc)]
+
+
+def _zygote_of(launch) -> psutil.Process:
+    children = psutil.Process(launch.proc.pid).children()
+    return next(p for p in children if "launcher.process.zygote" in " ".join(p.cmdline()))
+
+
+def test_a_forked_worker_sees_what_a_new_interpreter_sees(launcher, tmp_path):
+    forked, spawned = tmp_path / "forked", tmp_path / "spawned"
+    args = ["--leak", "--crash-rank", "1"]
+    fork_run = launcher.run("--nproc", "2", "--run-name", "f", PROBE, str(forked), *args)
+    plain_run = launcher.run("--nproc", "2", "--no-fork-server", "--run-name", "p", PROBE, str(spawned))
+    assert fork_run.proc.returncode == 0 and plain_run.proc.returncode == 0, fork_run.stderr
+    assert "fork server off" not in fork_run.stderr
+    for ours, theirs in zip(_probes(forked, 0), _probes(spawned, 0)):
+        assert ours["forked"] and not theirs["forked"]  # the fork server really served
+        assert ours["gc_frozen"]
+        same = ["name", "path0", "cwd", "own_session", "stdin", "usr1", "sigint", "stdout", "torch_threads"]
+        assert {k: ours[k] for k in same} == {k: theirs[k] for k in same}
+        assert ours["argv"][0] == theirs["argv"][0] == PROBE and ours["argv"][2:] == args
+        assert ours["ppid"] == fork_run.proc.pid  # the supervisor's child, as a spawned worker is
+    assert ours["name"] == "__main__" and ours["usr1"] == "ignored" and ours["stdin"] == "/dev/null"
+    # Random streams: never shared between two ranks or two attempts (as in new interpreters).
+    draws = _probes(forked, 0) + _probes(forked, 1)
+    for key in ("torch_seed", "numpy_draw", "random_draw"):
+        assert len({d[key] for d in draws}) == 4, key
+    # Attempt 1 is a fresh fork of the zygote, not of attempt 0's workers.
+    assert not any(d["leaked"] for d in _probes(forked, 1))
+    assert launcher.launches[0].survivors() == []
+
+
+def test_a_module_run_with_dash_m_is_forked_too(launcher, tmp_path):
+    out = tmp_path / "probes"
+    launch = launcher.run("--nproc", "2", "-m", "tests.scripts.probe", str(out))
+    assert launch.proc.returncode == 0, launch.stderr
+    probes = _probes(out, 0)
+    assert all(p["forked"] and p["name"] == "__main__" for p in probes)
+    assert probes[0]["argv"][0] == str(SCRIPTS / "probe.py")  # as `python -m` sets it
+    assert launch.survivors() == []
+
+
+def test_a_run_is_bit_identical_with_and_without_the_fork_server(launcher, tmp_path):
+    """DDP with a crash and a resume under the fork server, against a run without crash or
+    fork server: worker_lib restores model, optimizer and every RNG the same way."""
+    forked, plain = tmp_path / "forked.pt", tmp_path / "plain.pt"
+    a = launcher.run(
+        "--nproc", "2", "--run-name", "f", TRAIN, "--out", str(forked), "--crash", "7:0", timeout=180
+    )
+    b = launcher.run(
+        "--nproc", "2", "--no-fork-server", "--run-name", "p", TRAIN, "--out", str(plain), timeout=180
+    )
+    assert a.proc.returncode == 0 and b.proc.returncode == 0, a.stderr
+    assert "fork server off" not in a.stderr
+    x, y = torch.load(forked), torch.load(plain)
+    assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+def test_a_script_import_that_fails_in_the_zygote_falls_back(launcher, tmp_path):
+    script = tmp_path / "optional_import.py"
+    script.write_text(
+        "try:\n    import not_a_module_ftlaunch_test\nexcept ImportError:\n    pass\n"
+        "print('ran', flush=True)\n"
+    )
+    launch = launcher.run("--nproc", "2", str(script))
+    assert launch.proc.returncode == 0, launch.stderr
+    said = "fork server off: it could not import not_a_module_ftlaunch_test (ModuleNotFoundError"
+    assert said in launch.stderr
+    assert launch.stdout.count("ran") == 2
+    assert launch.survivors() == []
+
+
+def test_an_import_that_leaves_a_thread_falls_back(launcher, tmp_path):
+    (tmp_path / "starts_a_thread.py").write_text(
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
+    )
+    script = tmp_path / "uses_it.py"
+    script.write_text("import starts_a_thread\nprint('ran', flush=True)\n")
+    launch = launcher.run("--nproc", "1", str(script))
+    assert launch.proc.returncode == 0, launch.stderr
+    assert "fork server off: importing left 1 thread(s) running in it" in launch.stderr
+    assert launch.survivors() == []
+
+
+def test_a_dead_zygote_falls_back_and_the_run_goes_on(launcher, tmp_path):
+    ready = tmp_path / "ready"
+    launch = launcher.start(
+        "--nproc", "2", str(ACTOR), "--fail", "exit", "--others", "wait", "--fail-after", "60",
+        "--ready-dir", str(ready),
+    )  # fmt: skip
+    wait_for_files(ready, "rank_*.attempt_0.pid", 2, timeout=60)
+    zygote = _zygote_of(launch)
+    zygote.send_signal(signal.SIGKILL)
+    _wait_dead(zygote)  # a zombie until the supervisor looks at it: dead enough
+    for pid_file in ready.glob("rank_1.attempt_0.pid"):  # now make rank 1 fail: a restart is due
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert launch.wait(120) == 0, launch.stderr
+    assert re.search(r"fork server off: it (stopped answering|died)", launch.stderr), launch.stderr
+    assert "attempt 1: starting 2 worker(s)" in launch.stderr
+    assert launch.survivors() == []
