@@ -104,6 +104,8 @@ class ForkServer:
         if ready["failed"]:
             name, why = next(iter(ready["failed"].items()))
             raise ForkServerUnavailable(f"it could not import {name} ({why})")
+        if ready["cuda"]:
+            raise ForkServerUnavailable("an import initialized CUDA, which a fork cannot inherit")
         if ready["threads"] != 1:
             raise ForkServerUnavailable(f"importing left {ready['threads'] - 1} thread(s) running in it")
 

@@ -96,6 +96,13 @@ def preload(modules: List[str]) -> Dict[str, str]:
     return failed
 
 
+def _cuda_initialized() -> bool:
+    """An import that initialized CUDA (a CUDA context does not survive fork). Asked without
+    initializing it."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
 def thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
 
@@ -277,7 +284,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         sys.path[0] = os.path.dirname(os.path.realpath(spec["script"]))
     failed = preload(list(BASE_PRELOAD) + _imports_of(spec))
     gc.freeze()
-    sock.send(json.dumps({"failed": failed, "threads": thread_count()}).encode())
+    sock.send(json.dumps({"failed": failed, "threads": thread_count(), "cuda": _cuda_initialized()}).encode())
     job = serve(sock, spec["supervisor"])
     if job is None:
         return
