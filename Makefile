@@ -28,6 +28,7 @@ demo: install
 bench: install
 	$(PY) scripts/bench_recovery.py
 	$(PY) scripts/bench_recovery_nodes.py
+	$(PY) scripts/bench_fork_server.py
 	$(PY) scripts/bench_checkpoint.py
 	$(PY) scripts/bench_heartbeat.py
 

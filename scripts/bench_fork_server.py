@@ -1,0 +1,119 @@
+"""Cold start and recovery of a DDP job with a checkpoint to load: ftlaunch with its fork server,
+ftlaunch without it, and torchrun, side by side.
+
+    python scripts/bench_fork_server.py [--nproc 2 4] [--repeats 5]
+
+The workload is scripts/bench_ddp_worker.py: DDP over gloo, a worker_lib checkpoint (blocking,
+replicated) every 10 steps, rank 1 SIGKILLed at step 12, once; the new group loads step 10.
+Cold start = launch → every rank finished its first step. Recovery = death → every rank of the
+new group finished its first step (checkpoint loaded, DDP built), from the same worker-side
+CLOCK_MONOTONIC stamps for all three. ftlaunch's phases come from its event log. torchrun runs
+with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (see bench_recovery.py).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from bench_recovery import ROOT, _cell, _first_step_done, _run_bounded, _stamps
+
+WORKER = ROOT / "scripts" / "bench_ddp_worker.py"
+LAUNCHERS = ["ftlaunch, fork server", "ftlaunch, no fork server", "torchrun"]
+PHASES = ["cold start", "detect", "stop", "spawn", "first step", "total"]
+
+
+def _cold_start(stamps: Dict[str, float], world: int, launched: float) -> float:
+    firsts = [
+        min(t for n, t in stamps.items() if n.startswith(f"first_step.rank_{r}.")) for r in range(world)
+    ]
+    return max(firsts) - launched
+
+
+def _command(launcher: str, nproc: int, work: Path) -> List[str]:
+    out = ["--out", str(work / "out")]
+    if launcher == "torchrun":
+        return [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+            "--max-restarts", "1", str(WORKER), *out, "--checkpoint-dir", str(work / "ckpt"),
+        ]  # fmt: skip
+    return [
+        sys.executable, "-m", "launcher", "--nproc", str(nproc), "--max-failures", "1",
+        "--log-dir", str(work / "logs"), "--run-dir", str(work / "runs"),
+        *(["--no-fork-server"] if "no fork" in launcher else []), str(WORKER), *out,
+    ]  # fmt: skip
+
+
+def run_once(launcher: str, nproc: int, work: Path) -> Optional[Dict[str, float]]:
+    (work / "out").mkdir(parents=True)
+    env = (
+        {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+        if launcher == "torchrun"
+        else dict(os.environ)
+    )
+    launched = time.monotonic()
+    if _run_bounded(_command(launcher, nproc, work), env, 300) != 0:
+        return None
+    stamps = _stamps(work / "out")
+    death, first = stamps["death"], _first_step_done(stamps, nproc)
+    result = {"cold start": _cold_start(stamps, nproc, launched), "total": first - death}
+    if launcher != "torchrun":
+        events = [json.loads(line) for line in (work / "logs" / "events.jsonl").read_text().splitlines()]
+        seen = next(e["t_observed"] for e in events if e["event"] == "worker_exit" and e["exitcode"] != 0)
+        stopped = next(e["t_mono"] for e in events if e.get("new") == "STOPPED" and e["attempt"] == 0)
+        running = next(e["t_mono"] for e in events if e.get("new") == "RUNNING" and e["attempt"] == 1)
+        result.update(
+            detect=seen - death,
+            stop=stopped - seen,
+            spawn=running - stopped,
+            **{"first step": first - running},
+        )
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nproc", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args()
+    results: Dict[tuple, list] = {}
+    work = Path(tempfile.mkdtemp(prefix="ftlaunch-bench-fork-"))
+    try:
+        for nproc in args.nproc:
+            for i in range(args.repeats):  # interleaved, so all three see the same machine load
+                for k, launcher in enumerate(LAUNCHERS):
+                    results.setdefault((launcher, nproc), []).append(
+                        run_once(launcher, nproc, work / f"n{nproc}_{i}_{k}")
+                    )
+                print(f"--nproc {nproc}: run {i + 1}/{args.repeats} done", file=sys.stderr)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    _print_table(args, results)
+
+
+def _print_table(args, results: Dict[tuple, list]) -> None:
+    print(
+        f"\nDDP with a checkpoint to load, rank 1 SIGKILLed at step 12, {args.repeats} runs each: "
+        "median (min–max), milliseconds; ratio = median total / torchrun's\n"
+    )
+    print("| launcher | workers | " + " | ".join(PHASES) + " | ratio | recovered |")
+    print("|---" * (len(PHASES) + 4) + "|")
+    for nproc in args.nproc:
+        base = [r["total"] for r in results[("torchrun", nproc)] if r is not None]
+        for launcher in LAUNCHERS:
+            runs = results[(launcher, nproc)]
+            ok = [r for r in runs if r is not None]
+            cells = [_cell([r[ph] for r in ok if ph in r]) for ph in PHASES]
+            totals = [r["total"] for r in ok]
+            ratio = f"{statistics.median(totals) / statistics.median(base):.2f}" if totals and base else "—"
+            print(f"| {launcher} | {nproc} | " + " | ".join(cells) + f" | {ratio} | {len(ok)}/{len(runs)} |")
+
+
+if __name__ == "__main__":
+    main()
