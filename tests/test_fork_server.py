@@ -117,3 +117,16 @@ def test_a_dead_zygote_falls_back_and_the_run_goes_on(launcher, tmp_path):
     assert re.search(r"fork server off: it (stopped answering|died)", launch.stderr), launch.stderr
     assert "attempt 1: starting 2 worker(s)" in launch.stderr
     assert launch.survivors() == []
+
+
+def test_many_ranks_forked_at_once_all_start(launcher, tmp_path):
+    """Twelve forks in a row on two cores: the middle process may exit before or after its
+    worker first runs (CI once caught a worker that waited 10 s for a parent it already had)."""
+    script = tmp_path / "hello.py"
+    script.write_text("import os\nprint('rank', os.environ['RANK'], 'up', flush=True)\n")
+    launch = launcher.run("--nproc", "12", "--max-failures", "0", str(script), timeout=120)
+    assert launch.proc.returncode == 0, launch.stderr
+    assert "fork server off" not in launch.stderr
+    up = [int(line.split()[2]) for line in launch.stdout.splitlines() if line.endswith(" up")]
+    assert sorted(up) == list(range(12))
+    assert launch.survivors() == []

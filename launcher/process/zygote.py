@@ -147,10 +147,12 @@ def fork_worker(fds: List[int], supervisor: int) -> int:
     if middle == 0:  # the middle process: it forks the worker and leaves at once
         try:
             os.close(ready_r)
+            me = os.getpid()  # asked here: in the worker, getppid() may already be the supervisor
             if os.fork() == 0:
-                _detach(supervisor, os.getppid(), ready_w)
+                _detach(supervisor, me, ready_w)
                 return _WORKER
         except BaseException:  # noqa: BLE001 - never back into the zygote's loop
+            traceback.print_exc()  # to the fork server's log
             os._exit(1)
         os._exit(0)
     os.close(ready_w)
@@ -184,7 +186,7 @@ def _detach(supervisor: int, middle: int, ready_w: int) -> None:
     _wait_for_parent_to_be(supervisor, middle)
     set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != supervisor:  # the supervisor died before the signal was armed
-        os._exit(1)
+        _leave(f"its parent is pid {os.getppid()}, not the supervisor {supervisor}")
 
 
 def become_worker(request: dict, fds: List[int], sock: socket.socket) -> None:
@@ -202,8 +204,14 @@ def _wait_for_parent_to_be(supervisor: int, middle: int) -> None:
     deadline = time.monotonic() + _REPARENT_WAIT_S
     while os.getppid() == middle:
         if time.monotonic() > deadline:
-            os._exit(1)
+            _leave(f"still a child of pid {middle} after {_REPARENT_WAIT_S:g} s")
         time.sleep(0.0002)
+
+
+def _leave(why: str) -> None:
+    """A worker that cannot become one: a line in the fork server's log, exit 1."""
+    print(f"fork server: worker {os.getpid()}: {why}", file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 def _wire_stdio(fds: List[int]) -> None:
