@@ -90,15 +90,39 @@ def test_a_script_import_that_fails_in_the_zygote_falls_back(launcher, tmp_path)
 
 
 def test_an_import_that_leaves_a_thread_falls_back(launcher, tmp_path):
-    (tmp_path / "starts_a_thread.py").write_text(
+    lib = tmp_path / "lib"  # an installed library, not the script's own module: imported in the zygote
+    lib.mkdir()
+    (lib / "starts_a_thread.py").write_text(
         "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
     )
     script = tmp_path / "uses_it.py"
     script.write_text("import starts_a_thread\nprint('ran', flush=True)\n")
-    launch = launcher.run("--nproc", "1", str(script))
+    launch = launcher.run("--nproc", "1", str(script), env={"PYTHONPATH": str(lib)})
     assert launch.proc.returncode == 0, launch.stderr
     assert "fork server off: importing left 1 thread(s) running in it" in launch.stderr
     assert launch.survivors() == []
+
+
+def test_a_module_that_reads_its_rank_at_import_sees_its_own(launcher, tmp_path):
+    """The script's own modules are not run in the zygote (their imports are), and a library
+    that reads a rank's variable at import finds none there: no rank ever sees rank 0's value."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    reads = "import os\nRANK = os.environ['RANK']\n"
+    (lib / "lib_reads_rank.py").write_text(reads)
+    (tmp_path / "own_reads_rank.py").write_text("import json\n" + reads)
+    show = "print('{0}', {0}_reads_rank.RANK, 'env', os.environ['RANK'], flush=True)\n"
+    for kind in ("own", "lib"):
+        source = f"import os\nimport {kind}_reads_rank\n" + show.format(kind)
+        (tmp_path / f"show_{kind}.py").write_text(source)
+    own = launcher.run("--nproc", "2", "--run-name", "own", str(tmp_path / "show_own.py"))
+    assert own.proc.returncode == 0 and "fork server off" not in own.stderr, own.stderr
+    assert "[0] own 0 env 0" in own.stdout and "[1] own 1 env 1" in own.stdout
+    lib_run = launcher.run("--nproc", "2", str(tmp_path / "show_lib.py"), env={"PYTHONPATH": str(lib)})
+    assert lib_run.proc.returncode == 0, lib_run.stderr
+    assert "fork server off: it could not import lib_reads_rank (KeyError: 'RANK')" in lib_run.stderr
+    assert "[0] lib 0 env 0" in lib_run.stdout and "[1] lib 1 env 1" in lib_run.stdout
+    assert own.survivors() == [] and lib_run.survivors() == []
 
 
 def test_a_dead_zygote_falls_back_and_the_run_goes_on(launcher, tmp_path):

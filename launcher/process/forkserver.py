@@ -19,6 +19,7 @@ from launcher.config import EntryKind, LaunchConfig
 from launcher.process.linux import die_with_parent
 from launcher.process.plan import WorkerSpec
 from launcher.process.workers import PopenSpawner, Spawned
+from worker_lib import contract as c
 
 __all__ = [
     "ForkServer",
@@ -31,6 +32,20 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _MAX_MESSAGE = 1 << 16
+# What differs between ranks or attempts is left out of the zygote's environment: an import that
+# reads one of them fails there (and workers are spawned instead), rather than freezing rank 0's
+# or attempt 0's value into every worker it forks.
+_PER_WORKER = (
+    c.RANK,
+    c.LOCAL_RANK,
+    c.ROLE_RANK,
+    c.MASTER_ADDR,
+    c.MASTER_PORT,
+    c.RESTART_COUNT,
+    c.ERROR_FILE,
+    c.FT_ATTEMPT,
+    c.FT_HEARTBEAT_FILE,
+)
 
 
 class ForkServerUnavailable(Exception):
@@ -91,7 +106,7 @@ class ForkServer:
             argv = [self._config.python, "-u", "-m", "launcher.process.zygote", str(theirs.fileno())]
             self._proc = subprocess.Popen(
                 [*argv, json.dumps(spec)],
-                env={**env, **SINGLE_THREADED},
+                env={**{k: v for k, v in env.items() if k not in _PER_WORKER}, **SINGLE_THREADED},
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=out,

@@ -70,17 +70,52 @@ def top_level_imports(script: str) -> List[str]:
 
 
 def _imports_of(spec: dict) -> List[str]:
-    """The entry point's own top-level imports; for ``-m pkg.mod``, finding its file imports
-    its parent packages, as ``python -m`` does."""
+    """What to import here: the entry point's top-level imports and, through the user's own
+    modules (files under the entry point's folder, never run here: they may read a rank's
+    environment at import), theirs. For ``-m pkg.mod``, finding its file imports its parent
+    packages, as ``python -m`` does."""
     if spec["script"]:
-        return top_level_imports(spec["script"])
-    import importlib.util
+        entry = os.path.realpath(spec["script"])
+        home = os.path.dirname(entry)  # sys.path[0] of `python SCRIPT`
+    else:
+        import importlib.util
 
-    try:
-        found = importlib.util.find_spec(spec["module"])
-    except (ImportError, ValueError):
-        return []  # the worker's own `python -m` says why
-    return top_level_imports(found.origin) if found is not None and found.origin else []
+        try:
+            found = importlib.util.find_spec(spec["module"])
+        except (ImportError, ValueError):
+            return []  # the worker's own `python -m` says why
+        if found is None or not found.origin:
+            return []
+        entry, home = os.path.realpath(found.origin), os.getcwd()  # sys.path[0] of `python -m`
+    return warm_imports(entry, home)
+
+
+def warm_imports(entry: str, home: str) -> List[str]:
+    """The modules outside ``home`` that ``entry`` imports, directly or through modules under
+    ``home`` (whose imports are followed instead of running them)."""
+    wanted: List[str] = []
+    files, done = [entry], set()
+    while files:
+        path = files.pop()
+        if path in done:
+            continue
+        done.add(path)
+        for name in top_level_imports(path):
+            local = _local_file(name, home)
+            if local is not None:
+                files.append(local)
+            else:
+                wanted.append(name)
+    return list(dict.fromkeys(wanted))
+
+
+def _local_file(name: str, home: str) -> Optional[str]:
+    """The file of module ``name`` if it lies under ``home`` (found without importing it)."""
+    parts = name.split(".")
+    for candidate in (os.path.join(home, *parts) + ".py", os.path.join(home, *parts, "__init__.py")):
+        if os.path.isfile(candidate):
+            return os.path.realpath(candidate)
+    return None
 
 
 def preload(modules: List[str]) -> Dict[str, str]:
