@@ -18,7 +18,7 @@ from typing import Callable, Optional, Tuple
 from launcher.config import EntryKind, LaunchConfig
 from launcher.process.linux import die_with_parent
 from launcher.process.plan import WorkerSpec
-from launcher.process.workers import PopenSpawner, Spawned
+from launcher.process.workers import PopenSpawner, Spawned, with_output_pipes
 from worker_lib import contract as c
 
 __all__ = [
@@ -199,18 +199,7 @@ class ForkServerSpawner:
             self._give_up(str(err))
 
     def _fork(self, spec: WorkerSpec) -> Spawned:
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        try:
-            pid = self._server.fork(spec, out_w, err_w)
-        except BaseException:
-            os.close(out_r)
-            os.close(err_r)
-            raise
-        finally:
-            os.close(out_w)
-            os.close(err_w)
-        return Spawned(ForkedWorker(pid), out_r, err_r)
+        return with_output_pipes(lambda out_w, err_w: ForkedWorker(self._server.fork(spec, out_w, err_w)))
 
     def _give_up(self, why: str) -> None:
         self._state = "off"

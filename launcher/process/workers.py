@@ -12,7 +12,7 @@ from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.plan import WorkerSpec
 from launcher.process.tree import StopReport, stop_tree
 
-__all__ = ["Exit", "PopenSpawner", "Spawned", "Spawner", "WorkerGroup", "WorkerProcess"]
+__all__ = ["Exit", "PopenSpawner", "Spawned", "Spawner", "WorkerGroup", "WorkerProcess", "with_output_pipes"]
 
 
 class WorkerProcess(Protocol):
@@ -65,26 +65,36 @@ class PopenSpawner:
         return ()
 
     def spawn(self, spec: WorkerSpec) -> Spawned:
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        try:
-            process = subprocess.Popen(
+        def start(stdout_w: int, stderr_w: int) -> WorkerProcess:
+            return subprocess.Popen(
                 spec.argv,
                 env=dict(spec.env),
                 stdin=subprocess.DEVNULL,
-                stdout=out_w,
-                stderr=err_w,
+                stdout=stdout_w,
+                stderr=stderr_w,
                 start_new_session=True,
                 preexec_fn=die_with_parent(ignore=self._ignored),
             )
-        except BaseException:
-            os.close(out_r)
-            os.close(err_r)
-            raise
-        finally:
-            os.close(out_w)
-            os.close(err_w)
-        return Spawned(process, out_r, err_r)
+
+        return with_output_pipes(start)
+
+
+def with_output_pipes(start: Callable[[int, int], WorkerProcess]) -> Spawned:
+    """Start a worker with the write ends of two new pipes as its stdout and stderr; the read
+    ends go to the log pump, ours of the write ends are closed (its exit then ends the pump's
+    reads)."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        process = start(out_w, err_w)
+    except BaseException:
+        os.close(out_r)
+        os.close(err_r)
+        raise
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    return Spawned(process, out_r, err_r)
 
 
 @dataclasses.dataclass(frozen=True)
