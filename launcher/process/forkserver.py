@@ -6,7 +6,6 @@ waited for, signalled and stopped exactly like a spawned one: ``ForkedWorker.pol
 """
 
 import json
-import logging
 import os
 import select
 import socket
@@ -29,7 +28,6 @@ __all__ = [
     "ForkedWorker",
 ]
 
-log = logging.getLogger(__name__)
 
 _MAX_MESSAGE = 1 << 16
 # What differs between ranks or attempts is left out of the zygote's environment: an import that
@@ -76,7 +74,8 @@ class ForkedWorker:
 
 
 class ForkServer:
-    """One zygote per supervisor, started on first use with the first rank's environment."""
+    """One zygote per supervisor, started before the first attempt with the first rank's
+    environment, less what differs between ranks and attempts."""
 
     def __init__(self, config: LaunchConfig, log_file: Path, ignored=()) -> None:
         self._config = config
