@@ -12,7 +12,6 @@ with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (see bench_recovery.py).
 """
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -22,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from bench_recovery import ROOT, _cell, _first_step_done, _run_bounded, _stamps
+from bench_recovery import ROOT, _cell, _first_step_done, _run_bounded, _stamps, ftlaunch_phases, read_events
 
 WORKER = ROOT / "scripts" / "bench_ddp_worker.py"
 LAUNCHERS = ["ftlaunch, fork server", "ftlaunch, no fork server", "torchrun"]
@@ -64,16 +63,7 @@ def run_once(launcher: str, nproc: int, work: Path) -> Optional[Dict[str, float]
     death, first = stamps["death"], _first_step_done(stamps, nproc)
     result = {"cold start": _cold_start(stamps, nproc, launched), "total": first - death}
     if launcher != "torchrun":
-        events = [json.loads(line) for line in (work / "logs" / "events.jsonl").read_text().splitlines()]
-        seen = next(e["t_observed"] for e in events if e["event"] == "worker_exit" and e["exitcode"] != 0)
-        stopped = next(e["t_mono"] for e in events if e.get("new") == "STOPPED" and e["attempt"] == 0)
-        running = next(e["t_mono"] for e in events if e.get("new") == "RUNNING" and e["attempt"] == 1)
-        result.update(
-            detect=seen - death,
-            stop=stopped - seen,
-            spawn=running - stopped,
-            **{"first step": first - running},
-        )
+        result.update(ftlaunch_phases([read_events(work / "logs" / "events.jsonl")], stamps, nproc))
     return result
 
 

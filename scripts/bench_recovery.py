@@ -64,15 +64,28 @@ def run_ftlaunch(nproc: int, work: Path) -> Dict[str, float]:
         str(out),
     ]
     subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT, timeout=300)
-    events = [json.loads(line) for line in (logs / "events.jsonl").read_text().splitlines()]
-    exit_seen = next(e["t_observed"] for e in events if e["event"] == "worker_exit" and e["exitcode"] != 0)
-    stopped = next(e["t_mono"] for e in events if e.get("new") == "STOPPED" and e["attempt"] == 0)
-    running = next(e["t_mono"] for e in events if e.get("new") == "RUNNING" and e["attempt"] == 1)
     stamps = _stamps(out)
-    death, first = stamps["death"], _first_step_done(stamps, nproc)
+    return ftlaunch_phases([read_events(logs / "events.jsonl")], stamps, nproc)
+
+
+def read_events(path: Path) -> List[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def ftlaunch_phases(nodes: List[List[dict]], stamps: Dict[str, float], world: int) -> Dict[str, float]:
+    """Recovery phase by phase from ftlaunch's event logs (the failing node's first) and the
+    workers' stamps; with many nodes, a phase ends when it has ended on every node."""
+
+    def when(events: List[dict], match) -> float:
+        return next(e["t_mono"] for e in events if match(e))
+
+    death, first = stamps["death"], _first_step_done(stamps, world)
+    seen = next(e["t_observed"] for e in nodes[0] if e["event"] == "worker_exit" and e["exitcode"] != 0)
+    stopped = max(when(ev, lambda e: e.get("new") == "STOPPED" and e["attempt"] == 0) for ev in nodes)
+    running = max(when(ev, lambda e: e.get("new") == "RUNNING" and e["attempt"] == 1) for ev in nodes)
     return {
-        "detect": exit_seen - death,
-        "stop": stopped - exit_seen,
+        "detect": seen - death,
+        "stop": stopped - seen,
         "spawn": running - stopped,
         "first step": first - running,
         "total": first - death,
@@ -113,13 +126,18 @@ def _run_bounded(cmd: List[str], env: Dict[str, str], timeout: float) -> Optiona
     try:
         return proc.wait(timeout)
     except subprocess.TimeoutExpired:
-        tree = psutil.Process(proc.pid).children(recursive=True)
-        for child in tree:
-            child.kill()
-        proc.kill()
-        proc.wait()
-        psutil.wait_procs(tree, timeout=10)
+        kill_tree(proc)
         return None
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """``proc`` and every descendant, by pid."""
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    for child in tree:
+        child.kill()
+    proc.kill()
+    proc.wait()
+    psutil.wait_procs(tree, timeout=10)
 
 
 def _cell(values: List[float]) -> str:

@@ -13,7 +13,6 @@ group reads the dead group's addresses).
 """
 
 import argparse
-import json
 import os
 import shutil
 import socket
@@ -23,7 +22,16 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from bench_recovery import ROOT, WORKER, _cell, _first_step_done, _stamps
+from bench_recovery import (
+    ROOT,
+    WORKER,
+    _cell,
+    _first_step_done,
+    _stamps,
+    ftlaunch_phases,
+    kill_tree,
+    read_events,
+)
 
 PHASES = ["detect", "other node told", "stop", "spawn", "first step", "total"]
 NODES = 2
@@ -53,23 +61,8 @@ def _wait_all(procs: List[subprocess.Popen], timeout: float) -> bool:
 
 
 def _run_bounded_kill(proc: subprocess.Popen) -> None:
-    import psutil
-
     if proc.poll() is None:
-        tree = psutil.Process(proc.pid).children(recursive=True)
-        for child in tree:
-            child.kill()
-        proc.kill()
-        proc.wait()
-        psutil.wait_procs(tree, timeout=10)
-
-
-def _events(path: Path) -> List[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def _when(events: List[dict], match) -> float:
-    return next(e["t_mono"] for e in events if match(e))
+        kill_tree(proc)
 
 
 def run_ftlaunch(nproc: int, work: Path, env: Dict[str, str]) -> Optional[Dict[str, float]]:
@@ -89,22 +82,15 @@ def run_ftlaunch(nproc: int, work: Path, env: Dict[str, str]) -> Optional[Dict[s
     ]  # fmt: skip
     if not _wait_all(_start_all(commands, env), 300):
         return None
-    failing, other = _events(logs / "node1" / "events.jsonl"), _events(logs / "node0" / "events.jsonl")
-    exit_seen = next(e["t_observed"] for e in failing if e["event"] == "worker_exit" and e["exitcode"] != 0)
-    told = _when(other, lambda e: e["event"] == "peer_interrupt")
-    nodes = (failing, other)
-    stopped = max(_when(ev, lambda e: e.get("new") == "STOPPED") for ev in nodes)
-    running = max(_when(ev, lambda e: e.get("new") == "RUNNING" and e["attempt"] == 1) for ev in nodes)
+    failing, other = (
+        read_events(logs / "node1" / "events.jsonl"),
+        read_events(logs / "node0" / "events.jsonl"),
+    )
     stamps = _stamps(out)
-    death, first = stamps["death"], _first_step_done(stamps, world)
-    return {
-        "detect": exit_seen - death,
-        "other node told": told - exit_seen,
-        "stop": stopped - exit_seen,
-        "spawn": running - stopped,
-        "first step": first - running,
-        "total": first - death,
-    }
+    phases = ftlaunch_phases([failing, other], stamps, world)
+    seen = stamps["death"] + phases["detect"]  # when node 1's supervisor had the exit status
+    phases["other node told"] = next(e["t_mono"] for e in other if e["event"] == "peer_interrupt") - seen
+    return phases
 
 
 def run_torchrun(nproc: int, work: Path, env: Dict[str, str]) -> Optional[Dict[str, float]]:

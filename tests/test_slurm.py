@@ -59,7 +59,7 @@ class BatchJob:
             job = self.slurm.job(self.id)
             if job["JobState"] in ENDED:
                 return job
-            time.sleep(0.5)
+            time.sleep(0.1)  # scontrol answers from slurmctld's memory: cheap to ask often
         raise AssertionError(f"job {self.id} still {job['JobState']} after {timeout} s:\n{self.output()}")
 
     def output(self) -> str:
