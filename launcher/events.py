@@ -176,6 +176,7 @@ class NodesMet:
     attempt: int  # -1 on a node that learns the number from node 0 afterwards
     nnodes: int
     waited: float  # seconds in the rendezvous
+    new_round: bool = True  # False: a restart of the same nodes kept the previous round
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import BinaryIO, Callable, Dict, List, Optional, Tuple
 
 from launcher.attempt import AttemptResult, AttemptRunner
 from launcher.cluster.channel import AttemptChannel, AttemptPlan, InterruptKind, JobVerdict, NodeInfo
-from launcher.cluster.rendezvous import Rendezvous, host_job_store
+from launcher.cluster.rendezvous import Rendezvous, Round, host_job_store
 from launcher.config import LaunchConfig
 from launcher.errors import ExitCode, Interrupted, JoinTimeout, StartFailed, UsageError, exit_code_for_signal
 from launcher.events import Decision, EventLog, NodesMet, RunEnd, RunStart
@@ -122,6 +122,7 @@ class Supervisor:
         self._signals = signals
         self._say = say
         self._rendezvous = rendezvous
+        self._round: Optional[Round] = None  # the rendezvous round the next attempt may keep
         self._policy = RestartPolicy(
             config.max_failures, config.failure_window, config.crash_loop, config.backoff, config.backoff_cap
         )
@@ -181,7 +182,7 @@ class Supervisor:
             if ended is not None:
                 self._tell_nodes(channel, False, ended.exit_code, ended.status, ended.reason, result)
                 return ended
-            self._tell_nodes(channel, True, 0, RunStatus.RUNNING, "restart", result)
+            self._tell_nodes(channel, True, 0, RunStatus.RUNNING, "restart", result, at_once=delay == 0)
             self._pause(delay)
 
     def _decide(
@@ -245,15 +246,18 @@ class Supervisor:
         """Every node joins this attempt's rendezvous round; node 0 checks they agree."""
         if self._rendezvous is None:
             return None
-        started = time.monotonic()
-        channel = AttemptChannel(self._rendezvous.next_round(self._signals, self._say), self.config)
+        started, new_round = time.monotonic(), self._round is None
+        if new_round:
+            self._round = self._rendezvous.next_round(self._signals, self._say)
+        channel = AttemptChannel(self._round.next_attempt_store(), self.config)
         channel.announce()
         problem = _disagreement(self.config, channel.node_infos(self._signals.wait))
         if problem:
             channel.publish_plan(AttemptPlan(attempt, "", 0, refused=problem))
             channel.close()
             raise UsageError(problem)
-        self._events.emit(NodesMet(attempt, self.config.nnodes, round(time.monotonic() - started, 3)))
+        waited = round(time.monotonic() - started, 3)
+        self._events.emit(NodesMet(attempt, self.config.nnodes, waited, new_round))
         return channel
 
     def _merge(self, local: AttemptResult, channel: AttemptChannel) -> AttemptResult:
@@ -285,16 +289,32 @@ class Supervisor:
         status: RunStatus,
         reason: str,
         result: Optional[AttemptResult],
+        at_once: bool = False,
     ) -> None:
-        """Node 0's decision goes to every node; the store stays up until each has read it."""
+        """Node 0's decision goes to every node; the store stays up until each has read it. A
+        restart ``at_once`` keeps the round when it can; after a backoff pause, the nodes meet in
+        a new one (in the pause nothing beats on the next attempt's keys)."""
         if channel is None:
             return
         outcome = result.outcome.value if result is not None else AttemptOutcome.FAILED.value
         failures = result.failures if result is not None else []
-        channel.publish_verdict(JobVerdict(restart, int(exit_code), status.value, reason, outcome, failures))
+        same_round = restart and at_once and self._same_nodes_again(channel)
+        if not same_round:
+            self._round = None
+        verdict = JobVerdict(restart, int(exit_code), status.value, reason, outcome, failures, same_round)
+        channel.publish_verdict(verdict)
         if not restart:
             channel.await_acks(self._signals.wait)
         channel.close()
+
+    def _same_nodes_again(self, channel: AttemptChannel) -> bool:
+        """The next attempt may keep this round when no node was lost and none waits to join."""
+        if channel.lost_failures():
+            return False
+        try:
+            return self._rendezvous.nodes_waiting() == 0
+        except Exception:  # noqa: BLE001 - in doubt, a new round finds out who is there
+            return False
 
     # -- helpers ---------------------------------------------------------------------------
 

@@ -124,6 +124,9 @@ def test_a_crash_on_one_node_restarts_every_node_and_ends_bit_identical(launcher
     assert starts in ({"0"}, {"5"}), starts
     interrupts = job.nodes[0].events("peer_interrupt")
     assert [(e["node"], e["kind"]) for e in interrupts] == [(1, "failure")]
+    # The same nodes restarting at once keep torch's rendezvous round (it costs about a second).
+    for r in range(2):
+        assert [e["new_round"] for e in job.nodes[r].events("nodes_met")] == [True, False]
     state = _run_state(tmp_path, "two")
     assert [a["outcome"] for a in state["attempts"]] == ["FAILED", "SUCCEEDED"]  # counted once, globally
     assert state["attempts"][0]["failures"][0]["node"] == 1
@@ -251,11 +254,11 @@ def test_the_failure_budget_is_counted_once_per_job(launcher, tmp_path):
         "--nproc",
         "1",
         "--max-failures",
-        "1",
+        "2",
         "--crash-loop",
         "0",
         "--backoff",
-        "0",
+        "0.2s",
         "--run-name",
         "budget",
         str(ACTOR),
@@ -270,8 +273,11 @@ def test_the_failure_budget_is_counted_once_per_job(launcher, tmp_path):
     ).start_all()
     assert job.wait() == {0: 1, 1: 1}
     state = _run_state(tmp_path, "budget")
-    assert [a["outcome"] for a in state["attempts"]] == ["FAILED", "FAILED"]  # not nnodes x budget
-    assert "FAILED after 2 attempt(s)" in job.nodes[1].stderr  # node 1 says what node 0 decided
+    assert [a["outcome"] for a in state["attempts"]] == ["FAILED"] * 3  # not nnodes x budget
+    assert "FAILED after 3 attempt(s)" in job.nodes[1].stderr  # node 1 says what node 0 decided
+    # The first restart keeps the round; the second waits out a backoff, and the nodes meet anew.
+    for r in range(2):
+        assert [e["new_round"] for e in job.nodes[r].events("nodes_met")] == [True, False, True]
     assert job.survivors() == []
 
 
@@ -315,6 +321,7 @@ def test_a_dead_node_supervisor_stops_the_others_and_its_relaunch_resumes_the_jo
     assert [a["outcome"] for a in state["attempts"]] == ["FAILED", "SUCCEEDED"]
     assert state["attempts"][0]["failures"][0]["cause"] == "node_lost"
     assert "node 1" in state["attempts"][0]["failures"][0]["detail"]
+    assert [e["new_round"] for e in job.nodes[0].events("nodes_met")] == [True, True]  # a lost node: anew
     assert job.survivors() == []
 
 

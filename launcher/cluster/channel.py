@@ -1,5 +1,5 @@
-"""What the nodes of one attempt tell each other, as keys in that attempt's rendezvous round
-store (a prefix of node 0's store, fresh per round):
+"""What the nodes of one attempt tell each other, as keys in that attempt's store (a prefix of
+the rendezvous round's store, itself a prefix of node 0's store, fresh per attempt):
 
     node/<n>      each node: who it is (host, pid, nproc, command)   claim/<n>: one node per rank
     plan          node 0: the attempt number and the workers' store (or why the round is refused)
@@ -123,6 +123,7 @@ class JobVerdict:
     reason: str
     outcome: str  # the job's AttemptOutcome for this attempt
     failures: List[Failure]  # every node's
+    same_round: bool = False  # restart: the same nodes hold the next attempt on this round
 
     def to_json(self) -> str:
         return _dump_with_failures(self)

@@ -10,7 +10,7 @@ from typing import BinaryIO, Callable, List, Tuple
 
 from launcher.attempt import AttemptResult, AttemptRunner
 from launcher.cluster.channel import AttemptChannel, JobVerdict
-from launcher.cluster.rendezvous import LeaderUnreachable, Rendezvous, connect_job_store
+from launcher.cluster.rendezvous import LeaderUnreachable, Rendezvous, Round, connect_job_store
 from launcher.config import LaunchConfig
 from launcher.errors import Interrupted, UsageError
 from launcher.events import EventLog, NodesMet, RunEnd, RunStart
@@ -62,14 +62,16 @@ class Follower:
         from launcher.supervisor import RunResult
 
         attempts: List[AttemptResult] = []
-        rendezvous = None
+        rendezvous, kept = None, None
         deadline = time.monotonic() + self.config.join_timeout
         while True:
             try:
                 if rendezvous is None:
                     store = connect_job_store(self.config, deadline, self._signals, self._say)
                     rendezvous = Rendezvous(self.config, store)
-                result, verdict = self._attempt(rendezvous)
+                started = time.monotonic()
+                round_ = kept or rendezvous.next_round(self._signals, self._say)
+                result, verdict = self._attempt(round_, started, kept is None)
             except LeaderUnreachable as lost:
                 self._say(
                     f"lost node 0 ({lost}); this node's workers are stopped; waiting for node 0 to come "
@@ -77,7 +79,7 @@ class Follower:
                     f"{self.config.join_timeout:g} s"
                 )
                 rendezvous.shutdown()
-                rendezvous, deadline = None, time.monotonic() + self.config.join_timeout
+                rendezvous, kept, deadline = None, None, time.monotonic() + self.config.join_timeout
                 continue
             except Interrupted as stopped:
                 status = RunStatus.ended_by(AttemptOutcome.stopped_by(self._signals.first))
@@ -87,20 +89,19 @@ class Follower:
                 return RunResult(
                     verdict.exit_code, RunStatus(verdict.status), attempts, verdict.reason, holds_run=False
                 )
+            kept = round_ if verdict.same_round else None
             deadline = time.monotonic() + self.config.join_timeout
 
-    def _attempt(self, rendezvous: Rendezvous) -> Tuple[AttemptResult, JobVerdict]:
-        """One round: join, run this node's ranks, report, and take node 0's verdict."""
-        started = time.monotonic()
-        channel = AttemptChannel(rendezvous.next_round(self._signals, self._say), self.config)
+    def _attempt(self, round_: Round, started: float, new_round: bool) -> Tuple[AttemptResult, JobVerdict]:
+        """One attempt: join it, run this node's ranks, report, and take node 0's verdict."""
+        channel = AttemptChannel(round_.next_attempt_store(), self.config)
         try:
             channel.announce()
             plan = channel.read_plan(self._signals.wait)
             if plan.refused:
                 raise UsageError(plan.refused)
-            self._events.emit(
-                NodesMet(plan.attempt, self.config.nnodes, round(time.monotonic() - started, 3))
-            )
+            waited = round(time.monotonic() - started, 3)
+            self._events.emit(NodesMet(plan.attempt, self.config.nnodes, waited, new_round))
             local = self._runner.run(plan.attempt, plan.master_addr, plan.master_port, channel)
             channel.report(local.report(self.config.node_rank))
             verdict = channel.await_verdict(self._signals.wait)

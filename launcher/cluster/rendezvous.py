@@ -15,7 +15,7 @@ from launcher.errors import Interrupted, JobOver, JoinTimeout, UsageError
 from launcher.process.signals import SignalInbox
 from launcher.process.store import listen
 
-__all__ = ["LeaderUnreachable", "Rendezvous", "connect_job_store", "host_job_store"]
+__all__ = ["LeaderUnreachable", "Rendezvous", "Round", "connect_job_store", "host_job_store"]
 
 _CONNECT_TRY_S = 2.0  # one connection try; between tries, signals are looked at
 
@@ -83,6 +83,23 @@ def _keep_alive_interval(node_timeout: float) -> int:
     return max(1, round(node_timeout / 3))
 
 
+class Round:
+    """One rendezvous round. A restart that keeps every node skips torch's next round (about a
+    second: a waiting node polls the shared state once a second) and holds its attempt on this
+    one; each attempt on it gets keys of its own. Every node opens the same attempts in the same
+    order, so their counts agree."""
+
+    def __init__(self, store) -> None:
+        self._store = store
+        self._attempts = 0
+
+    def next_attempt_store(self):
+        from torch.distributed import PrefixStore
+
+        self._attempts += 1
+        return PrefixStore(f"attempt{self._attempts}", self._store)
+
+
 class Rendezvous:
     """One node's handle on the job's rendezvous (all nodes must give the same --nnodes)."""
 
@@ -116,9 +133,9 @@ class Rendezvous:
         except (ValueError, TypeError) as err:
             raise UsageError(f"--rdzv-conf: {err}") from None
 
-    def next_round(self, signals: SignalInbox, say: Callable[[str], None]):
-        """Block until every node has joined the next round; returns its store. A signal ends the
-        wait (the joining thread is left to die with the process)."""
+    def next_round(self, signals: SignalInbox, say: Callable[[str], None]) -> Round:
+        """Block until every node has joined the next round. A signal ends the wait (the joining
+        thread is left to die with the process)."""
         from torch.distributed.elastic.rendezvous.api import (
             RendezvousClosedError,
             RendezvousGracefulExitError,
@@ -158,8 +175,12 @@ class Rendezvous:
             )
         if error is not None:
             raise LeaderUnreachable(f"{type(error).__name__}: {error}")
-        info = outcome["info"]
-        return info.store
+        return Round(outcome["info"].store)
+
+    def nodes_waiting(self) -> int:
+        """Nodes that came to join after the round closed (e.g. a relaunched one): they need a
+        new round. Node 0 only (its store is in this process)."""
+        return self._handler.num_nodes_waiting()
 
     def close(self) -> None:
         """The job is over: a node that comes now learns it at once instead of waiting."""
