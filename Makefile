@@ -29,6 +29,8 @@ bench: install
 	$(PY) scripts/bench_recovery.py
 	$(PY) scripts/bench_recovery_nodes.py
 	$(PY) scripts/bench_fork_server.py
+	$(PY) scripts/bench_goodput.py
+	$(PY) scripts/bench_load_cache.py
 	$(PY) scripts/bench_checkpoint.py
 	$(PY) scripts/bench_heartbeat.py
 
