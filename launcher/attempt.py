@@ -4,14 +4,24 @@ supervisor (node 0) from what every node reports."""
 
 import dataclasses
 import logging
+import os
 import signal
 import time
 from typing import BinaryIO, Callable, List, Optional, Tuple
 
+from launcher.chaos.injector import ChaosInjector, Injection
 from launcher.cluster.channel import AttemptChannel, Interrupt, InterruptKind, NodeReport
 from launcher.config import LaunchConfig
 from launcher.errors import StartFailed
-from launcher.events import EventLog, GuardRestarted, PeerInterrupt, StopRequested, Transition, WorkerExit
+from launcher.events import (
+    ChaosInjected,
+    EventLog,
+    GuardRestarted,
+    PeerInterrupt,
+    StopRequested,
+    Transition,
+    WorkerExit,
+)
 from launcher.failures import Failure, HangFailure, ProcessFailure, read_error_file, root_cause
 from launcher.group_state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine
 from launcher.hangs.board import BeatSummary, HeartbeatBoard
@@ -51,6 +61,12 @@ class AttemptResult:
     @property
     def root_cause(self) -> Optional[Failure]:
         return root_cause(self.failures) if self.failures else None
+
+    @property
+    def injected(self) -> bool:
+        """Its root cause was a fault --chaos injected."""
+        cause = self.root_cause
+        return cause is not None and getattr(cause, "injected", False)
 
     def describe_cause(self) -> str:
         return self.root_cause.describe() if self.failures else self.cause or "unknown"
@@ -114,6 +130,8 @@ class AttemptRunner:
         self._hangs = hangs
         self._run = run
         self._next_progress = 0.0
+        self._chaos = _injector_for(config)
+        self._injected: List[Injection] = []  # this attempt's
 
     def run(
         self, attempt: int, master_addr: str, master_port: int, channel: Optional[AttemptChannel] = None
@@ -127,6 +145,9 @@ class AttemptRunner:
         group = WorkerGroup(specs, self._spawner, pump, self._guard, self.config.shows_on_console)
         self._spawner.prepare(specs[0], self._spawning_may_go_on)
         started = time.monotonic()
+        self._injected = []
+        if self._chaos is not None:
+            self._chaos.attempt_started()
         try:
             result = self._start_and_watch(machine, group, board, channel)
             lived = time.monotonic() - started
@@ -138,7 +159,7 @@ class AttemptRunner:
         finally:
             pump.close()
             board.close()
-        return self._with_log_tails(result)
+        return _marked_injected(self._with_log_tails(result), self._injected)
 
     def _start_and_watch(
         self, machine: GroupStateMachine, group: WorkerGroup, board: HeartbeatBoard, channel
@@ -190,6 +211,7 @@ class AttemptRunner:
                 self._run.keep_alive(time.time())
             self._keep_guard()
             slots = board.read()
+            self._inject_chaos(attempt, group, slots)
             rate.observe(time.monotonic(), BeatSummary.of(slots.values()).furthest_step)
             self._publish_progress(attempt, group, slots, channel)
             hung = self._hangs.check(watch, attempt, group, slots)
@@ -205,6 +227,25 @@ class AttemptRunner:
             if remote is not None:
                 return self._stopped_by_peer(machine, group, board, channel, rate, remote)
             self._signals.wait(_MONITOR_TIMEOUT_S)
+
+    def _inject_chaos(self, attempt: int, group: WorkerGroup, slots) -> None:
+        """--chaos: send the faults that are due (the next turn of the loop sees what they did)."""
+        if self._chaos is None:
+            return
+        for fault in self._chaos.look(time.monotonic(), group.running(), slots):
+            slot = slots.get(fault.rank)
+            step = slot.step if slot is not None and slot.beats > 0 and slot.step >= 0 else None
+            saving = slot is not None and slot.saving
+            name = signal.Signals(fault.signum).name
+            self._events.emit(ChaosInjected(attempt, fault.fault, name, fault.rank, fault.pid, step, saving))
+            where = f" at step {step}" if step is not None else ""
+            during = " during a checkpoint save" if saving else ""
+            self._say(f"chaos: {name} to rank {fault.rank} (pid {fault.pid}){where}{during} ({fault.fault})")
+            try:
+                os.kill(fault.pid, fault.signum)
+            except ProcessLookupError:
+                continue  # it died on its own first: then its failure is its own
+            self._injected.append(fault)
 
     def _stopped_by_peer(
         self, machine, group: WorkerGroup, board: HeartbeatBoard, channel, rate: _StepRate, remote: Interrupt
@@ -350,6 +391,33 @@ class AttemptRunner:
         log.info("attempt %s: %s -> %s", attempt, old and old.value, new.value)
         if new is GroupState.RUNNING and self._run is not None:  # off the recovery's critical path
             self._run.save()
+
+
+def _injector_for(config: LaunchConfig) -> Optional[ChaosInjector]:
+    if config.chaos is None:
+        return None
+    local = {config.global_rank(i) for i in range(config.nproc)}
+    return ChaosInjector(config.chaos, config.world_size, local, time.monotonic())
+
+
+def _marked_injected(result: AttemptResult, injected: List[Injection]) -> AttemptResult:
+    """A failure of a process --chaos sent a fault to is the fault's doing: a death by the
+    signal sent, or (SIGSTOP) a hang. Anything else (a peer's broken collective) keeps its own
+    cause; the root cause decides whether the attempt counts as injected."""
+    if not injected:
+        return result
+    sent = {(i.rank, i.pid): i.signum for i in injected}
+
+    def caused(f: Failure) -> bool:
+        signum = sent.get((f.rank, getattr(f, "pid", None)))
+        if signum is None:
+            return False
+        if isinstance(f, HangFailure):
+            return signum == signal.SIGSTOP
+        return isinstance(f, ProcessFailure) and f.exitcode == -signum
+
+    failures = [dataclasses.replace(f, injected=True) if caused(f) else f for f in result.failures]
+    return dataclasses.replace(result, failures=failures)
 
 
 def _warn_if_past(slots: dict, running: dict, at_step: int, say: Callable[[str], None]) -> None:

@@ -6,10 +6,11 @@ Every option can also be set as ``FTLAUNCH_<OPTION>`` (``FTLAUNCH_NPROC=8``), as
 
 import hashlib
 import logging
-import math
 import os
+import secrets
 import signal
 import sys
+import zlib
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Tuple
 
@@ -17,6 +18,7 @@ import click
 
 from launcher.cluster.slurm import slurm_step
 from launcher.config import EntryKind, LaunchConfig, default_run_name, resolve_backend, visible_gpu_count
+from launcher.durations import parse_duration
 from launcher.errors import ExitCode, FtlaunchError, UsageError
 from launcher.preflight import preflight
 from launcher.process.signals import SignalInbox
@@ -224,6 +226,19 @@ def _say(line: str) -> None:
     help="Silence after which a node's supervisor counts as lost: the others stop their workers and "
     "wait for it to come back.",
 )
+@click.option(
+    "--chaos",
+    default=None,
+    metavar="SPEC",
+    help="Inject faults into this run to rehearse them, e.g. 'kill:rank=random,every=30s;hang:at=step:500;"
+    "seed=7' (kill, segv, hang; at=DURATION|step:N|save, every=, jitter=, rank=, times=; see "
+    "docs/reliability.md).",
+)
+@click.option(
+    "--chaos-counts",
+    is_flag=True,
+    help="Injected failures count against --max-failures (by default they do not).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log the supervisor's own decisions.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
@@ -297,6 +312,8 @@ def config_from_options(
     node_timeout: str,
     script: str,
     script_args: Sequence[str],
+    chaos: Optional[str] = None,
+    chaos_counts: bool = False,
     environ: Optional[Mapping[str, str]] = None,
 ) -> LaunchConfig:
     if module and no_python:
@@ -358,31 +375,23 @@ def config_from_options(
         rdzv_conf=_parse_rdzv_conf(rdzv_conf),
         join_timeout=parse_duration(join_timeout, "--join-timeout"),
         node_timeout=parse_duration(node_timeout, "--node-timeout"),
+        chaos=_parse_chaos(chaos, run_id, nodes) if chaos else None,
+        chaos_counts=chaos_counts,
     )
+
+
+def _parse_chaos(spec: str, run_id: str, nnodes: int):
+    """The plan; without seed= a random seed, or on many nodes one every node derives alike."""
+    from launcher.chaos.spec import parse_chaos
+
+    seed = zlib.crc32(run_id.encode()) if nnodes > 1 else secrets.randbelow(2**31)
+    return parse_chaos(spec, seed)
 
 
 def _check_run_name(name: str) -> str:
     if not name or name in (".", "..") or "/" in name or any(ch.isspace() for ch in name):
         raise UsageError(f"--run-name must be a plain name (no '/', no spaces), got {name!r}")
     return name
-
-
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(value: str, option: str) -> float:
-    """Seconds from "90", "90s", "1.5m", "2h" or "1d"."""
-    text = value.strip().lower()
-    number, unit = text.rstrip("smhd"), text[len(text.rstrip("smhd")) :]
-    try:
-        seconds = float(number) * _UNITS[unit]
-    except (ValueError, KeyError):
-        seconds = math.nan
-    if not math.isfinite(seconds):  # "nan" and "inf" parse as floats: a deadline of nan never fires
-        raise UsageError(f"{option} takes a duration like 90, 90s, 15m or 2h, got {value!r}")
-    if seconds < 0:
-        raise UsageError(f"{option} must not be negative, got {value!r}")
-    return seconds
 
 
 def _parse_heartbeat_timeout(value: str) -> Optional[float]:

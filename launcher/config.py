@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import FrozenSet, Optional, Sequence, Tuple
 
+from launcher.chaos.spec import ChaosPlan
 from launcher.errors import UsageError
 from worker_lib.backend import choose_backend
 
@@ -84,6 +85,8 @@ class LaunchConfig:
     rdzv_conf: Tuple[Tuple[str, str], ...] = ()  # extra RendezvousParameters, as torchrun's --rdzv-conf
     join_timeout: float = 600.0  # seconds every node has to (re)join before the job gives up
     node_timeout: float = 15.0  # seconds of silence after which a node's supervisor counts as lost
+    chaos: Optional[ChaosPlan] = None  # faults to inject into the run (--chaos); None: none
+    chaos_counts: bool = False  # injected failures count against --max-failures
 
     def __post_init__(self) -> None:
         for name, option in _DURATION_OPTIONS.items():
@@ -121,6 +124,8 @@ class LaunchConfig:
             if outside:
                 raise UsageError(f"--console-ranks names ranks {outside} outside 0..{self.world_size - 1}")
         self._check_nodes()
+        if self.chaos is not None:
+            self.chaos.check_ranks(self.world_size)
 
     def _check_nodes(self) -> None:
         if self.nnodes < 1:
@@ -175,6 +180,7 @@ class LaunchConfig:
         data["log_dir"] = str(self.log_dir)
         data["console_ranks"] = sorted(self.console_ranks) if self.console_ranks is not None else None
         data["rdzv_conf"] = dict(self.rdzv_conf)
+        data["chaos"] = str(self.chaos) if self.chaos is not None else None
         return data
 
     @property

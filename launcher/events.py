@@ -19,6 +19,7 @@ from launcher.group_state import GroupState
 from launcher.hangs.board import Phase
 
 __all__ = [
+    "ChaosInjected",
     "CheckpointLoaded",
     "Decision",
     "Event",
@@ -191,6 +192,20 @@ class PeerInterrupt:
 
 
 @dataclasses.dataclass(frozen=True)
+class ChaosInjected:
+    """--chaos sent a fault to a worker."""
+
+    KIND: ClassVar[str] = "chaos_injected"
+    attempt: int
+    fault: str  # the fault's clause, e.g. "kill:rank=random,every=30s"
+    signal: str  # e.g. "SIGKILL"
+    rank: int
+    pid: int
+    step: Optional[int] = None  # the rank's heartbeat step then; None: it never beat
+    saving: bool = False  # a checkpoint save of that rank was in flight
+
+
+@dataclasses.dataclass(frozen=True)
 class RunEnd:
     KIND: ClassVar[str] = "run_end"
     exit_code: int
@@ -213,6 +228,7 @@ Event = Union[
     GuardRestarted,
     NodesMet,
     PeerInterrupt,
+    ChaosInjected,
     RunEnd,
 ]
 

@@ -45,12 +45,13 @@ class ProcessFailure:
     log_file: Optional[Path] = None
     log_tail: Tuple[str, ...] = ()  # filled in once the log pump has drained the rank's pipes
     node: Optional[int] = None  # the node rank in a job of many nodes
+    injected: bool = False  # --chaos sent the signal it died of
 
     def describe(self) -> str:
         """One line: "rank 1 (pid 42): Signal 11 (SIGSEGV)" or "...: ValueError: boom (exit code 1)"."""
         how = describe_exit(self.exitcode)
         what = f"{self.error.message} ({how})" if self.error else how
-        return f"rank {self.rank} ({_where(self.node, self.pid)}): {what}"
+        return f"rank {self.rank} ({_where(self.node, self.pid)}): {what}{_INJECTED if self.injected else ''}"
 
     @property
     def blame_order(self) -> tuple:
@@ -76,6 +77,7 @@ class HangFailure:
     log_tail: Tuple[str, ...] = ()
     stack: Tuple[str, ...] = ()  # its main thread's frames, innermost first (from the stack dump)
     node: Optional[int] = None
+    injected: bool = False  # --chaos stopped it (SIGSTOP)
 
     def describe(self) -> str:
         """One line: "rank 1 (pid 42): hung: no heartbeat for 5.1 s (deadline 5 s) after step 17, at ..."."""
@@ -89,7 +91,7 @@ class HangFailure:
         status = f", process {self.process_status}" if self.process_status in _NOTABLE_STATUS else ""
         return (
             f"rank {self.rank} ({_where(self.node, self.pid)}): hung: {silence} for {self.silent_for:.1f} s "
-            f"(deadline {seconds(self.deadline)} s){step}{where}{status}"
+            f"(deadline {seconds(self.deadline)} s){step}{where}{status}{_INJECTED if self.injected else ''}"
         )
 
     @property
@@ -130,6 +132,8 @@ Failure = Union[ProcessFailure, HangFailure, NodeLostFailure]
 # Across kinds: a lost node explains every other failure of its attempt (its peers' collectives
 # break); a crash explains hangs elsewhere (ranks waiting for the dead one).
 _KIND_ORDER = {NodeLostFailure: 0, ProcessFailure: 1, HangFailure: 2}
+
+_INJECTED = " [injected by --chaos]"
 
 # Process states that explain a silence by themselves (SIGSTOP, a debugger, uninterruptible I/O).
 _NOTABLE_STATUS = ("stopped", "tracing-stop", "disk-sleep")

@@ -8,6 +8,8 @@
 - backoff: the first failure after progress restarts at once; each further one in a row known to
   have made no progress waits twice as long, from ``backoff`` seconds up to ``backoff_cap``.
   Unknown progress gets no backoff, as under torchrun.
+- injected: a failure that --chaos caused is restarted like any other, but counts against the
+  budget only with ``count_injected`` (--chaos-counts), and neither ends nor extends a crash loop.
 """
 
 import dataclasses
@@ -27,6 +29,7 @@ class AttemptRecord:
     outcome: AttemptOutcome
     ended_at: float  # seconds, on the clock ``now`` is read from
     progressed: Optional[bool] = None  # None: unknown (no evidence either way)
+    injected: bool = False  # its root cause was a fault --chaos injected
 
 
 class Verdict(str, enum.Enum):
@@ -53,6 +56,7 @@ class RestartPolicy:
     crash_loop: int = 3
     backoff: float = 1.0
     backoff_cap: float = 60.0
+    count_injected: bool = False
 
     def after_failure(self, history: Sequence[AttemptRecord], now: float) -> RestartDecision:
         """``history``: the attempts that count, oldest first, the one that just failed last."""
@@ -71,13 +75,17 @@ class RestartPolicy:
                 f"failure budget spent ({counted} failures{window}, {self.max_failures} allowed)",
             )
         limit = " (no limit)" if self.max_failures < 0 else f" of {self.max_failures} allowed"
-        return RestartDecision(Verdict.RESTART, f"failure {counted}{window}{limit}", self.delay(stuck))
+        reason = f"failure {counted}{window}{limit}"
+        if history and history[-1].injected and not self.count_injected:
+            reason = f"an injected failure, not counted ({counted}{window}{limit}; --chaos-counts counts it)"
+        return RestartDecision(Verdict.RESTART, reason, self.delay(stuck))
 
     def counted_failures(self, history: Sequence[AttemptRecord], now: float) -> int:
         return sum(
             1
             for a in history
             if a.outcome is AttemptOutcome.FAILED
+            and (self.count_injected or not a.injected)
             and (self.failure_window is None or now - a.ended_at <= self.failure_window)
         )
 
@@ -89,10 +97,11 @@ class RestartPolicy:
 
 def _stalled_in_a_row(history: Sequence[AttemptRecord]) -> int:
     """Failed attempts known to have made no progress at the end of ``history``; any other attempt
-    ends the row, except a lost supervisor (not the workers' doing: it neither ends nor extends it)."""
+    ends the row, except a lost supervisor or an injected fault (not the workers' doing: they
+    neither end nor extend it)."""
     count = 0
     for record in reversed(history):
-        if record.outcome is AttemptOutcome.SUPERVISOR_LOST:
+        if record.outcome is AttemptOutcome.SUPERVISOR_LOST or record.injected:
             continue
         if record.outcome is not AttemptOutcome.FAILED or record.progressed is not False:
             break

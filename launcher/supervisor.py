@@ -124,7 +124,12 @@ class Supervisor:
         self._rendezvous = rendezvous
         self._round: Optional[Round] = None  # the rendezvous round the next attempt may keep
         self._policy = RestartPolicy(
-            config.max_failures, config.failure_window, config.crash_loop, config.backoff, config.backoff_cap
+            config.max_failures,
+            config.failure_window,
+            config.crash_loop,
+            config.backoff,
+            config.backoff_cap,
+            count_injected=config.chaos_counts,
         )
         beat_before = any(a.beat for a in run.state.attempts)  # e.g. before a kill -9 of ftlaunch
         hangs = HangMonitor(config, events, say, run.mark_first_step, beat_before)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli import parse_duration
+from launcher.durations import parse_duration
 from launcher.errors import UsageError
 from launcher.failures import HangFailure, root_cause
 from launcher.hangs.board import BeatReading, HeartbeatBoard, Phase

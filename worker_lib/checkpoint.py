@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Protocol, Tuple
 
+from worker_lib.progress import saving
 from worker_lib.retention import CommittedStep, RetentionPolicy
 from worker_lib.rng import capture_rng, restore_rng
 from worker_lib.storage import Storage, StorageError
@@ -182,11 +183,12 @@ class CheckpointManager:
         ``cleanup`` runs once the parts are written, whether or not that worked."""
 
         def job() -> None:
-            try:
-                written = [self._write_part(step, name, fill) for name, fill in parts]
-            finally:
-                cleanup()
-            self._share_and_commit(step, written, metrics, kind)
+            with saving():
+                try:
+                    written = [self._write_part(step, name, fill) for name, fill in parts]
+                finally:
+                    cleanup()
+                self._share_and_commit(step, written, metrics, kind)
 
         if blocking:
             try:

@@ -40,6 +40,7 @@ __all__ = [
     "SLOT_LOADED_NS",
     "SLOT_STOP_AWARE",
     "SLOT_STOP_AT_STEP",
+    "SLOT_SAVING",
 ]
 
 # torchrun's variables (torch/distributed/elastic/agent/server/local_elastic_agent.py).
@@ -89,4 +90,5 @@ SLOT_STOP_AWARE = 9  # 1 once the worker has called ft.should_stop(): it can sto
 # The one word the supervisor writes: when asked to stop (Ctrl+C, SIGTERM), the step from which
 # ft.should_stop(step) is true on every rank; 0: not asked.
 SLOT_STOP_AT_STEP = 10
-# 11..15: spare, zero
+SLOT_SAVING = 11  # > 0 while a checkpoint save of this rank is in flight (written, not yet committed)
+# 12..15: spare, zero

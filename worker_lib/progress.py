@@ -21,7 +21,15 @@ from typing import Iterator, Optional
 
 from worker_lib import contract as c
 
-__all__ = ["heartbeat", "mark_loaded", "pause_heartbeat", "should_stop", "stop_beating", "STACK_DUMP_SIGNAL"]
+__all__ = [
+    "heartbeat",
+    "mark_loaded",
+    "pause_heartbeat",
+    "saving",
+    "should_stop",
+    "stop_beating",
+    "STACK_DUMP_SIGNAL",
+]
 
 # A real-time signal: no default meaning to any library we know of, unlike SIGUSR1/2, which
 # SLURM's --signal and many training scripts use. Its default action would kill the process,
@@ -60,6 +68,18 @@ def pause_heartbeat() -> Iterator[None]:
         slot[c.SLOT_TIME_NS] = time.monotonic_ns()
         slot[c.SLOT_PAUSES] += 1
         slot[c.SLOT_PAUSED] -= 1
+
+
+@contextlib.contextmanager
+def saving() -> Iterator[None]:
+    """A checkpoint save of this rank is in flight (in the training thread or in the background;
+    one at a time): what ``ftlaunch --chaos kill:at=save`` waits for."""
+    slot = _slot if _slot is not None else _attach()
+    slot[c.SLOT_SAVING] = 1
+    try:
+        yield
+    finally:
+        slot[c.SLOT_SAVING] = 0
 
 
 def should_stop(step: int) -> bool:

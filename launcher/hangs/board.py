@@ -37,6 +37,7 @@ class BeatReading:
     pid: int
     loaded_at: float = 0.0  # when its checkpoint load returned; 0.0: not (yet)
     stop_aware: bool = False  # it calls ft.should_stop(): it can be asked to stop cleanly
+    saving: bool = False  # a checkpoint save of this rank is in flight
 
     @property
     def phase(self) -> Phase:
@@ -106,6 +107,7 @@ class HeartbeatBoard:
                 pid=w[c.SLOT_PID],
                 loaded_at=w[c.SLOT_LOADED_NS] / 1e9,
                 stop_aware=bool(w[c.SLOT_STOP_AWARE]),
+                saving=w[c.SLOT_SAVING] > 0,
             )
         return readings
 

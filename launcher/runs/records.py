@@ -29,6 +29,7 @@ class FailureEntry:
     detail: str  # the failure's one-line description
     at: float  # wall clock
     node: Optional[int] = None  # in a job of many nodes
+    injected: bool = False  # --chaos caused it
 
     @classmethod
     def of(cls, failure: Failure, at: float) -> "FailureEntry":
@@ -40,7 +41,8 @@ class FailureEntry:
             cause = FailureCause.EXCEPTION
         else:
             cause = FailureCause.SIGNAL if failure.exitcode < 0 else FailureCause.EXIT
-        return cls(failure.rank, cause, failure.describe(), at, failure.node)
+        injected = getattr(failure, "injected", False)
+        return cls(failure.rank, cause, failure.describe(), at, failure.node, injected)
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> "FailureEntry":
@@ -66,6 +68,7 @@ class AttemptEntry:
     progress_evidence: str = ""  # that evidence, in words
     failures: List[FailureEntry] = dataclasses.field(default_factory=list)
     nodes: List[Dict[str, Any]] = dataclasses.field(default_factory=list)  # many nodes: node, host, pid
+    injected: bool = False  # its root cause was a fault --chaos injected
 
     @property
     def committed_new(self) -> bool:
@@ -74,7 +77,7 @@ class AttemptEntry:
 
     def record(self) -> AttemptRecord:
         progressed = {Progress.MADE: True, Progress.NONE: False}.get(self.progress)
-        return AttemptRecord(self.attempt, self.outcome, self.ended_at or 0.0, progressed)
+        return AttemptRecord(self.attempt, self.outcome, self.ended_at or 0.0, progressed, self.injected)
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> "AttemptEntry":

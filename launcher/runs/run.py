@@ -11,7 +11,7 @@ from typing import Callable, List, Optional
 from launcher.config import LaunchConfig
 from launcher.events import EventLog, Logged, Resume, Takeover
 from launcher.evidence import ProgressEvidence, judge_progress
-from launcher.failures import Failure
+from launcher.failures import Failure, root_cause
 from launcher.hangs.board import BeatSummary
 from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.runs.checkpoints import CheckpointDir, NewestCheckpoint
@@ -175,6 +175,7 @@ class Run:
         now = time.time()
         entry.ended_at, entry.outcome = now, outcome
         entry.failures = [FailureEntry.of(f, now) for f in failures]
+        entry.injected = bool(failures) and getattr(root_cause(failures), "injected", False)
         if newest.known:
             entry.checkpoints_seen = True
             entry.newest_step_at_end, entry.newest_step_committed_at = newest.step, newest.committed_at

@@ -94,6 +94,7 @@ def main() -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        ft.heartbeat(step + 1)  # steps done: what --chaos at=step: and the hang monitor read
         if (step + 1) % args.save_every == 0:
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
             ft.save_checkpoint(step + 1, state, metrics={"loss": loss.item()}, replicated=args.replicated)

@@ -1,0 +1,1 @@
+"""--chaos: faults injected into the user's own run, from the supervisor's side."""

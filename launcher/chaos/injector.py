@@ -1,0 +1,101 @@
+"""When each fault of a --chaos plan fires, and at whom: decisions only. The attempt runner asks
+on every turn of its monitor loop and sends the signals; this module reads no clock and touches
+no process (tests script both).
+
+A fault's target rank is drawn (from the plan's seed) when the fault is armed: at the start and
+after each firing, so that the same seed picks the same ranks in the same order. On many nodes
+every node runs the same plan and injects only into its own ranks; a time trigger fires on every
+node alike (the others only move on), a step or save trigger only where its rank runs."""
+
+import dataclasses
+import random
+from typing import AbstractSet, List, Mapping, Optional
+
+from launcher.chaos.spec import ChaosPlan, Fault, TriggerKind
+from launcher.hangs.board import BeatReading
+
+__all__ = ["ChaosInjector", "Injection"]
+
+# The longest gap between two looks that counts as running time for every=: the monitor looks
+# every 50 ms, so a longer gap is time with no workers (between attempts), not running time.
+_MAX_TICK_S = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Injection:
+    """One fault to inject now."""
+
+    fault: str  # the fault's clause, as normalized
+    kind: str  # FaultKind value
+    signum: int
+    rank: int
+    pid: int
+
+
+@dataclasses.dataclass
+class _Armed:
+    fault: Fault
+    rank: int  # the target
+    fired: int = 0
+    due: float = 0.0  # EVERY: running seconds at which it fires next
+
+
+class ChaosInjector:
+    def __init__(self, plan: ChaosPlan, world_size: int, local: AbstractSet[int], started: float) -> None:
+        self._plan = plan
+        self._world = world_size
+        self._local = local  # the global ranks this node runs
+        self._rng = random.Random(plan.seed)
+        self._started = started  # monotonic: when the supervisor started (at= counts from it)
+        self._running_s = 0.0  # how long workers have run, over every attempt
+        self._last_look: Optional[float] = None
+        self._armed = [self._arm(_Armed(fault, 0)) for fault in plan.faults]
+
+    def _arm(self, armed: _Armed) -> _Armed:
+        fault = armed.fault
+        armed.rank = fault.rank if fault.rank is not None else self._rng.randrange(self._world)
+        if fault.trigger.kind is TriggerKind.EVERY:
+            spread = fault.trigger.jitter
+            armed.due = self._running_s + fault.trigger.at + self._rng.uniform(-spread, spread)
+        return armed
+
+    def attempt_started(self) -> None:
+        """The time since the last look was not running time (the group was down)."""
+        self._last_look = None
+
+    def look(
+        self, now: float, running: Mapping[int, int], slots: Mapping[int, BeatReading]
+    ) -> List[Injection]:
+        """The faults due now among ``running`` (rank → pid: this node's live workers);
+        ``slots``: their heartbeat slots (rank → reading)."""
+        if self._last_look is not None and running:
+            self._running_s += min(now - self._last_look, _MAX_TICK_S)
+        self._last_look = now
+        due = []
+        for armed in self._armed:
+            fault = armed.fault
+            if fault.times is not None and armed.fired >= fault.times:
+                continue
+            here = armed.rank in self._local
+            if here and armed.rank not in running:
+                continue  # it has exited: the attempt is ending anyway
+            if not self._fires(armed, now, slots.get(armed.rank)):
+                continue
+            if here:
+                pid = running[armed.rank]
+                due.append(Injection(str(fault), fault.kind.value, fault.kind.signum, armed.rank, pid))
+            armed.fired += 1
+            self._arm(armed)
+        return due
+
+    def _fires(self, armed: _Armed, now: float, slot: Optional[BeatReading]) -> bool:
+        trigger = armed.fault.trigger
+        if trigger.kind is TriggerKind.TIME:
+            return now - self._started >= trigger.at
+        if trigger.kind is TriggerKind.EVERY:
+            return self._running_s >= armed.due
+        if slot is None:
+            return False
+        if trigger.kind is TriggerKind.STEP:
+            return slot.beats > 0 and slot.step >= trigger.at
+        return slot.saving  # TriggerKind.SAVE
