@@ -211,7 +211,7 @@ class AttemptRunner:
                 self._run.keep_alive(time.time())
             self._keep_guard()
             slots = board.read()
-            self._inject_chaos(attempt, group, slots)
+            self._inject_chaos(attempt, group, board, slots)
             rate.observe(time.monotonic(), BeatSummary.of(slots.values()).furthest_step)
             self._publish_progress(attempt, group, slots, channel)
             hung = self._hangs.check(watch, attempt, group, slots)
@@ -228,19 +228,26 @@ class AttemptRunner:
                 return self._stopped_by_peer(machine, group, board, channel, rate, remote)
             self._signals.wait(_MONITOR_TIMEOUT_S)
 
-    def _inject_chaos(self, attempt: int, group: WorkerGroup, slots) -> None:
-        """--chaos: send the faults that are due (the next turn of the loop sees what they did)."""
+    def _inject_chaos(self, attempt: int, group: WorkerGroup, board: HeartbeatBoard, slots) -> None:
+        """--chaos: send the faults that are due, or leave them in the slot for worker_lib (the
+        next turns of the loop see what they did)."""
         if self._chaos is None:
             return
         for fault in self._chaos.look(time.monotonic(), group.running(), slots):
             slot = slots.get(fault.rank)
             step = slot.step if slot is not None and slot.beats > 0 and slot.step >= 0 else None
-            saving = slot is not None and slot.saving
-            name = signal.Signals(fault.signum).name
-            self._events.emit(ChaosInjected(attempt, fault.fault, name, fault.rank, fault.pid, step, saving))
+            what = signal.Signals(fault.signum).name if fault.signum else fault.kind
+            via = "worker_lib" if fault.request else "signal"
+            self._events.emit(ChaosInjected(attempt, fault.fault, what, fault.rank, fault.pid, step, via))
             where = f" at step {step}" if step is not None else ""
-            during = " during a checkpoint save" if saving else ""
-            self._say(f"chaos: {name} to rank {fault.rank} (pid {fault.pid}){where}{during} ({fault.fault})")
+            if fault.request:
+                board.request_chaos(fault.rank, fault.request)
+                self._say(
+                    f"chaos: asked rank {fault.rank} (pid {fault.pid}){where} for {what} ({fault.fault})"
+                )
+                self._injected.append(fault)
+                continue
+            self._say(f"chaos: {what} to rank {fault.rank} (pid {fault.pid}){where} ({fault.fault})")
             try:
                 os.kill(fault.pid, fault.signum)
             except ProcessLookupError:
@@ -402,18 +409,22 @@ def _injector_for(config: LaunchConfig) -> Optional[ChaosInjector]:
 
 def _marked_injected(result: AttemptResult, injected: List[Injection]) -> AttemptResult:
     """A failure of a process --chaos sent a fault to is the fault's doing: a death by the
-    signal sent, or (SIGSTOP) a hang. Anything else (a peer's broken collective) keeps its own
-    cause; the root cause decides whether the attempt counts as injected."""
+    signal sent, a hang (SIGSTOP, sleep), or an error exit (an exception). Anything else (a
+    peer's broken collective) keeps its own cause; the root cause decides whether the attempt
+    counts as injected."""
     if not injected:
         return result
     sent = {(i.rank, i.pid): i.signum for i in injected}
 
     def caused(f: Failure) -> bool:
-        signum = sent.get((f.rank, getattr(f, "pid", None)))
-        if signum is None:
+        key = (f.rank, getattr(f, "pid", None))
+        if key not in sent:
             return False
+        signum = sent[key]
         if isinstance(f, HangFailure):
-            return signum == signal.SIGSTOP
+            return signum in (signal.SIGSTOP, 0)  # stopped, or (sleep) asleep
+        if signum == 0:  # an exception: the rank exits with an error of its own making
+            return isinstance(f, ProcessFailure) and f.exitcode > 0
         return isinstance(f, ProcessFailure) and f.exitcode == -signum
 
     failures = [dataclasses.replace(f, injected=True) if caused(f) else f for f in result.failures]

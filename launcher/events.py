@@ -198,11 +198,11 @@ class ChaosInjected:
     KIND: ClassVar[str] = "chaos_injected"
     attempt: int
     fault: str  # the fault's clause, e.g. "kill:rank=random,every=30s"
-    signal: str  # e.g. "SIGKILL"
+    signal: str  # e.g. "SIGKILL"; "raise" or "sleep" for worker_lib's
     rank: int
     pid: int
     step: Optional[int] = None  # the rank's heartbeat step then; None: it never beat
-    saving: bool = False  # a checkpoint save of that rank was in flight
+    via: str = "signal"  # "signal": sent now; "worker_lib": asked through the slot, done there
 
 
 @dataclasses.dataclass(frozen=True)

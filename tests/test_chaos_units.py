@@ -11,10 +11,11 @@ from launcher.errors import UsageError
 from launcher.hangs.board import BeatReading
 from launcher.outcomes import AttemptOutcome
 from launcher.policy import AttemptRecord, RestartPolicy, Verdict
+from worker_lib import contract as c
 
 
-def slot(step=-1, beats=0, saving=False, pid=100):
-    return BeatReading(beats, step, 0.0, False, 0, 0, 0, pid, saving=saving)
+def slot(step=-1, beats=0, pid=100):
+    return BeatReading(beats, step, 0.0, False, 0, 0, 0, pid)
 
 
 def test_the_documented_example_parses_and_prints_back():
@@ -123,10 +124,27 @@ def test_at_a_step_waits_for_the_ranks_heartbeat():
     assert fault.signum == signal.SIGSTOP
 
 
-def test_at_save_waits_for_a_save_in_flight():
-    injector = ChaosInjector(parse_chaos("kill:rank=0,at=save", 1), 1, {0}, started=0.0)
-    assert injector.look(1.0, {0: 10}, {0: slot(step=5, beats=5)}) == []
-    assert len(injector.look(2.0, {0: 10}, {0: slot(step=5, beats=5, saving=True)})) == 1
+def test_worker_side_faults_are_requests_in_the_slot_for_worker_lib():
+    plan = parse_chaos("kill:rank=0,at=save;segv:rank=0,at=commit;raise:rank=0,at=1s;sleep:rank=0,at=2s", 1)
+    injector = ChaosInjector(plan, 1, {0}, started=0.0)
+    first = injector.look(0.5, {0: 10}, {})  # save and commit points: asked at once, done at the save
+    assert [(f.kind, f.signum) for f in first] == [("kill", signal.SIGKILL), ("segv", signal.SIGSEGV)]
+    words = [f.request for f in first] + [f.request for f in injector.look(2.0, {0: 10}, {})]
+    decoded = [(w >> 16, (w >> 8) & 0xFF, w & 0xFF) for w in words]
+    assert decoded == [
+        (1, c.CHAOS_AT_SAVE, signal.SIGKILL),
+        (2, c.CHAOS_AT_COMMIT, signal.SIGSEGV),
+        (3, c.CHAOS_AT_BEAT, c.CHAOS_RAISE),
+        (4, c.CHAOS_AT_BEAT, c.CHAOS_SLEEP),
+    ]
+    signals = ChaosInjector(parse_chaos("kill:rank=0,at=1s", 1), 1, {0}, started=0.0)
+    assert [f.request for f in signals.look(1.0, {0: 10}, {})] == [0]  # the supervisor's own signal
+
+
+def test_an_exception_or_a_sleep_cannot_wait_for_a_save():
+    for spec in ("raise:at=save", "sleep:at=commit"):
+        with pytest.raises(UsageError, match="kill, segv or hang can"):
+            parse_chaos(spec, 1)
 
 
 def test_a_rank_on_another_node_is_left_to_that_node_but_the_plan_moves_on_alike():

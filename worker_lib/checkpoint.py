@@ -23,7 +23,9 @@ import threading
 import time
 from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Protocol, Tuple
 
-from worker_lib.progress import saving
+from worker_lib import contract as c
+from worker_lib.chaos import act, dying_half_way
+from worker_lib.progress import chaos_request
 from worker_lib.retention import CommittedStep, RetentionPolicy
 from worker_lib.rng import capture_rng, restore_rng
 from worker_lib.storage import Storage, StorageError
@@ -183,12 +185,11 @@ class CheckpointManager:
         ``cleanup`` runs once the parts are written, whether or not that worked."""
 
         def job() -> None:
-            with saving():
-                try:
-                    written = [self._write_part(step, name, fill) for name, fill in parts]
-                finally:
-                    cleanup()
-                self._share_and_commit(step, written, metrics, kind)
+            try:
+                written = [self._write_part(step, name, fill) for name, fill in parts]
+            finally:
+                cleanup()
+            self._share_and_commit(step, written, metrics, kind)
 
         if blocking:
             try:
@@ -232,6 +233,9 @@ class CheckpointManager:
     def _share_and_commit(
         self, step: int, written: List[Dict[str, Any]], metrics: Dict[str, float], kind: str
     ) -> None:
+        action = chaos_request(c.CHAOS_AT_COMMIT)
+        if action is not None:
+            act(action, f"after writing its part of step {step}, before the commit")
         self._channel.share(f"commit/{step}", self.rank, json.dumps(written))
         if self.rank == 0:
             gathered = self._channel.gather(f"commit/{step}", self.world_size, self._commit_timeout)
@@ -239,6 +243,9 @@ class CheckpointManager:
             self._apply_retention(step)
 
     def _write_part(self, step: int, name: str, fill: Callable[[BinaryIO], object]) -> Dict[str, Any]:
+        action = chaos_request(c.CHAOS_AT_SAVE)
+        if action is not None:
+            fill = dying_half_way(fill, action)
         size, sha256 = self.storage.write_stream(f"{step_dir(step)}/{name}", fill)
         return {"name": name, "size": size, "sha256": sha256}
 

@@ -28,6 +28,7 @@ __all__ = [
     "FT_BACKEND",
     "FT_CHECKPOINT_URL",
     "FT_HEARTBEAT_FILE",
+    "FT_CHAOS",
     "SLOT_WORDS",
     "SLOT_BEATS",
     "SLOT_STEP",
@@ -40,7 +41,12 @@ __all__ = [
     "SLOT_LOADED_NS",
     "SLOT_STOP_AWARE",
     "SLOT_STOP_AT_STEP",
-    "SLOT_SAVING",
+    "SLOT_CHAOS",
+    "CHAOS_AT_BEAT",
+    "CHAOS_AT_SAVE",
+    "CHAOS_AT_COMMIT",
+    "CHAOS_RAISE",
+    "CHAOS_SLEEP",
 ]
 
 # torchrun's variables (torch/distributed/elastic/agent/server/local_elastic_agent.py).
@@ -72,6 +78,9 @@ FT_CHECKPOINT_URL = "FTLAUNCH_CHECKPOINT_URL"  # fsspec URL of the checkpoint ro
 # Shared-memory file of heartbeat slots, one per local rank (slot index = LOCAL_RANK). Absent
 # outside ftlaunch: heartbeats then go to a private page nobody reads.
 FT_HEARTBEAT_FILE = "FTLAUNCH_HEARTBEAT_FILE"
+# "1" under --chaos: ft.heartbeat() also looks for requests in SLOT_CHAOS (otherwise a beat
+# does not spend the read).
+FT_CHAOS = "FTLAUNCH_CHAOS_REQUESTS"
 
 # A slot is SLOT_WORDS native int64 words (128 bytes: two cache lines per rank). Each word has
 # one writer: the worker, except SLOT_STOP_AT_STEP, written by the supervisor. Aligned 8-byte
@@ -90,5 +99,14 @@ SLOT_STOP_AWARE = 9  # 1 once the worker has called ft.should_stop(): it can sto
 # The one word the supervisor writes: when asked to stop (Ctrl+C, SIGTERM), the step from which
 # ft.should_stop(step) is true on every rank; 0: not asked.
 SLOT_STOP_AT_STEP = 10
-SLOT_SAVING = 11  # > 0 while a checkpoint save of this rank is in flight (written, not yet committed)
+# The second word the supervisor writes: a --chaos request for worker_lib to carry out, as
+# (sequence << 16) | (point << 8) | action; a new sequence number is a new request.
+SLOT_CHAOS = 11
 # 12..15: spare, zero
+
+# Where a --chaos request is carried out, and what it does (a signal number, or one of these).
+CHAOS_AT_BEAT = 0  # in the training thread, at the next ft.heartbeat()
+CHAOS_AT_SAVE = 1  # half-way through writing this rank's part of the next save
+CHAOS_AT_COMMIT = 2  # once this rank's part is written, before the step can be committed
+CHAOS_RAISE = 200  # an exception in the training thread
+CHAOS_SLEEP = 201  # the training thread sleeps for good: a hang of a live process

@@ -22,10 +22,10 @@ from typing import Iterator, Optional
 from worker_lib import contract as c
 
 __all__ = [
+    "chaos_request",
     "heartbeat",
     "mark_loaded",
     "pause_heartbeat",
-    "saving",
     "should_stop",
     "stop_beating",
     "STACK_DUMP_SIGNAL",
@@ -38,6 +38,7 @@ STACK_DUMP_SIGNAL = signal.SIGRTMIN + 4
 
 _slot: Optional[memoryview] = None  # this rank's SLOT_WORDS int64 words
 _beats = 0
+_chaos_seen = 0  # the last --chaos request word read from the slot
 
 
 def heartbeat(
@@ -54,6 +55,33 @@ def heartbeat(
     slot[_BEATS] = _beats
 
 
+if os.environ.get(c.FT_CHAOS) == "1":  # a --chaos rehearsal: beats also look for requests
+
+    def heartbeat(step: int = -1, _beat=heartbeat, _CHAOS=c.SLOT_CHAOS) -> None:  # noqa: F811
+        """This rank made progress (``step``: where it is, shown when it is the one behind)."""
+        _beat(step)
+        if _slot[_CHAOS] != _chaos_seen:
+            _chaos_arrived(_slot)
+
+
+def chaos_request(point: int):
+    """The action ``--chaos`` asks this rank to carry out at ``point`` (a save point), or None."""
+    from worker_lib import chaos
+
+    slot = _slot if _slot is not None else _attach()
+    if slot[c.SLOT_CHAOS] != _chaos_seen:
+        _chaos_arrived(slot)
+    return chaos.take(point)
+
+
+def _chaos_arrived(slot) -> None:
+    global _chaos_seen
+    from worker_lib import chaos
+
+    _chaos_seen = slot[c.SLOT_CHAOS]
+    chaos.receive(_chaos_seen)
+
+
 @contextlib.contextmanager
 def pause_heartbeat() -> Iterator[None]:
     """A stretch with no beats that is not a hang (a long evaluation, a save of your own): the
@@ -68,18 +96,6 @@ def pause_heartbeat() -> Iterator[None]:
         slot[c.SLOT_TIME_NS] = time.monotonic_ns()
         slot[c.SLOT_PAUSES] += 1
         slot[c.SLOT_PAUSED] -= 1
-
-
-@contextlib.contextmanager
-def saving() -> Iterator[None]:
-    """A checkpoint save of this rank is in flight (in the training thread or in the background;
-    one at a time): what ``ftlaunch --chaos kill:at=save`` waits for."""
-    slot = _slot if _slot is not None else _attach()
-    slot[c.SLOT_SAVING] = 1
-    try:
-        yield
-    finally:
-        slot[c.SLOT_SAVING] = 0
 
 
 def should_stop(step: int) -> bool:

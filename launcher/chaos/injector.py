@@ -11,8 +11,9 @@ import dataclasses
 import random
 from typing import AbstractSet, List, Mapping, Optional
 
-from launcher.chaos.spec import ChaosPlan, Fault, TriggerKind
+from launcher.chaos.spec import ChaosPlan, Fault, FaultKind, TriggerKind
 from launcher.hangs.board import BeatReading
+from worker_lib import contract as c
 
 __all__ = ["ChaosInjector", "Injection"]
 
@@ -23,13 +24,15 @@ _MAX_TICK_S = 1.0
 
 @dataclasses.dataclass(frozen=True)
 class Injection:
-    """One fault to inject now."""
+    """One fault to inject now: a signal the supervisor sends, or a request it leaves in the
+    rank's heartbeat slot for worker_lib to carry out (``request``: the slot word, else 0)."""
 
     fault: str  # the fault's clause, as normalized
     kind: str  # FaultKind value
-    signum: int
+    signum: int  # what the rank dies or stops of; 0: an exception or a sleep
     rank: int
     pid: int
+    request: int = 0
 
 
 @dataclasses.dataclass
@@ -49,6 +52,7 @@ class ChaosInjector:
         self._started = started  # monotonic: when the supervisor started (at= counts from it)
         self._running_s = 0.0  # how long workers have run, over every attempt
         self._last_look: Optional[float] = None
+        self._requests = 0  # slot requests so far: each gets a new sequence number
         self._armed = [self._arm(_Armed(fault, 0)) for fault in plan.faults]
 
     def _arm(self, armed: _Armed) -> _Armed:
@@ -82,8 +86,11 @@ class ChaosInjector:
             if not self._fires(armed, now, slots.get(armed.rank)):
                 continue
             if here:
-                pid = running[armed.rank]
-                due.append(Injection(str(fault), fault.kind.value, fault.kind.signum, armed.rank, pid))
+                self._requests += 1
+                pid, request = running[armed.rank], _request_word(fault, self._requests)
+                due.append(
+                    Injection(str(fault), fault.kind.value, fault.kind.signum, armed.rank, pid, request)
+                )
             armed.fired += 1
             self._arm(armed)
         return due
@@ -94,8 +101,19 @@ class ChaosInjector:
             return now - self._started >= trigger.at
         if trigger.kind is TriggerKind.EVERY:
             return self._running_s >= armed.due
-        if slot is None:
-            return False
         if trigger.kind is TriggerKind.STEP:
-            return slot.beats > 0 and slot.step >= trigger.at
-        return slot.saving  # TriggerKind.SAVE
+            return slot is not None and slot.beats > 0 and slot.step >= trigger.at
+        return True  # SAVE, COMMIT: the request waits in the slot for the save
+
+
+_WORKER_SIDE = {FaultKind.RAISE: c.CHAOS_RAISE, FaultKind.SLEEP: c.CHAOS_SLEEP}
+_POINTS = {TriggerKind.SAVE: c.CHAOS_AT_SAVE, TriggerKind.COMMIT: c.CHAOS_AT_COMMIT}
+
+
+def _request_word(fault: Fault, sequence: int) -> int:
+    """0 for a signal the supervisor sends itself; else the slot word worker_lib acts on."""
+    point = _POINTS.get(fault.trigger.kind)
+    if point is None and fault.kind not in _WORKER_SIDE:
+        return 0
+    action = _WORKER_SIDE.get(fault.kind, fault.kind.signum)
+    return (sequence << 16) | ((point or c.CHAOS_AT_BEAT) << 8) | action

@@ -3,13 +3,22 @@
     SPEC   = CLAUSE { ";" CLAUSE }
     CLAUSE = "seed=" INT  |  FAULT [ ":" PARAM { "," PARAM } ]
     FAULT  = "kill" (SIGKILL) | "segv" (SIGSEGV) | "hang" (SIGSTOP: the rank stops, a hang)
+           | "raise" (an exception in the training thread, at its next heartbeat)
+           | "sleep" (the training thread sleeps for good, at its next heartbeat: a live hang)
     PARAM  = "rank=" (INT | "random")          which rank (default: random)
            | "at=" DURATION                    once, this long after ftlaunch started
            | "at=step:" INT                    once, when a rank's heartbeat reaches the step
-           | "at=save"                         once, while the rank has a checkpoint save in flight
+           | "at=save"                         once, half-way through writing the rank's next
+                                               checkpoint part (kill, segv, hang)
+           | "at=commit"                       once, after the rank's next part is written and
+                                               before the step is committed (kill, segv, hang)
            | "every=" DURATION                 again and again, counted while workers run
            | "jitter=" DURATION                with every=: each wait is every ± up to this
            | "times=" INT                      at most this many (default: 1 for at=, no limit for every=)
+
+kill, segv and hang at a time or a step are signals the supervisor sends: they work on any
+script. The others are carried out by worker_lib in the worker (the supervisor asks through the
+heartbeat slot): they need a script that uses worker_lib's heartbeats or checkpoints.
 
 Example: ``kill:rank=random,every=30s,jitter=10s;hang:at=step:500;seed=7``.
 """
@@ -31,16 +40,20 @@ class FaultKind(str, enum.Enum):
     KILL = "kill"
     SEGV = "segv"
     HANG = "hang"
+    RAISE = "raise"
+    SLEEP = "sleep"
 
     @property
     def signum(self) -> int:
-        return {"kill": signal.SIGKILL, "segv": signal.SIGSEGV, "hang": signal.SIGSTOP}[self.value]
+        """The signal the rank dies or stops of; 0: it does not (an exception, a sleep)."""
+        return {"kill": signal.SIGKILL, "segv": signal.SIGSEGV, "hang": signal.SIGSTOP}.get(self.value, 0)
 
 
 class TriggerKind(str, enum.Enum):
     TIME = "time"  # ``at`` seconds after the supervisor started
     STEP = "step"  # a rank's heartbeat step reached ``at``
-    SAVE = "save"  # the rank is inside a checkpoint save
+    SAVE = "save"  # half-way through writing the rank's next checkpoint part
+    COMMIT = "commit"  # the rank's next part written, the step not yet committed
     EVERY = "every"  # every ``at`` seconds of running workers, ± ``jitter``
 
 
@@ -55,8 +68,8 @@ class Trigger:
             return f"at={self.at:g}s"
         if self.kind is TriggerKind.STEP:
             return f"at=step:{int(self.at)}"
-        if self.kind is TriggerKind.SAVE:
-            return "at=save"
+        if self.kind in (TriggerKind.SAVE, TriggerKind.COMMIT):
+            return f"at={self.kind.value}"
         return f"every={self.at:g}s" + (f",jitter={self.jitter:g}s" if self.jitter else "")
 
 
@@ -130,6 +143,11 @@ def _fault(clause: str) -> Fault:
             raise UsageError(f"{_OPTION}: {key}= given twice in {clause!r}")
         values[key] = value.strip()
     trigger = _trigger(values, clause)
+    if trigger.kind in (TriggerKind.SAVE, TriggerKind.COMMIT) and not kind.signum:
+        raise UsageError(
+            f"{_OPTION}: {kind.value} cannot be at={trigger.kind.value} (kill, segv or hang can), "
+            f"in {clause!r}"
+        )
     rank_text = values.get("rank", "random")
     rank = None if rank_text.lower() == "random" else _integer(rank_text, "rank", minimum=0)
     times = 1 if trigger.kind is not TriggerKind.EVERY else None
@@ -150,8 +168,8 @@ def _trigger(values: dict, clause: str) -> Trigger:
             raise UsageError(f"{_OPTION}: every= must be more than 0 and more than jitter=, in {clause!r}")
         return Trigger(TriggerKind.EVERY, every, jitter)
     at = values["at"]
-    if at.lower() == "save":
-        return Trigger(TriggerKind.SAVE)
+    if at.lower() in ("save", "commit"):
+        return Trigger(TriggerKind(at.lower()))
     if at.lower().startswith("step:"):
         return Trigger(TriggerKind.STEP, _integer(at[len("step:") :], "at=step:", minimum=0))
     return Trigger(TriggerKind.TIME, parse_duration(at, f"{_OPTION} at="))

@@ -37,7 +37,6 @@ class BeatReading:
     pid: int
     loaded_at: float = 0.0  # when its checkpoint load returned; 0.0: not (yet)
     stop_aware: bool = False  # it calls ft.should_stop(): it can be asked to stop cleanly
-    saving: bool = False  # a checkpoint save of this rank is in flight
 
     @property
     def phase(self) -> Phase:
@@ -107,7 +106,6 @@ class HeartbeatBoard:
                 pid=w[c.SLOT_PID],
                 loaded_at=w[c.SLOT_LOADED_NS] / 1e9,
                 stop_aware=bool(w[c.SLOT_STOP_AWARE]),
-                saving=w[c.SLOT_SAVING] > 0,
             )
         return readings
 
@@ -115,6 +113,10 @@ class HeartbeatBoard:
         """Ask every rank to stop once it reaches ``at_step`` (ft.should_stop)."""
         for rank in range(self._nproc):
             self._words[rank * c.SLOT_WORDS + c.SLOT_STOP_AT_STEP] = max(1, at_step)
+
+    def request_chaos(self, rank: int, word: int) -> None:
+        """Leave a --chaos request in global ``rank``'s slot, for worker_lib to carry out."""
+        self._words[(rank - self._first_rank) * c.SLOT_WORDS + c.SLOT_CHAOS] = word
 
     def close(self) -> None:
         self._words.release()

@@ -95,6 +95,8 @@ def worker_env(
     )
     if config.checkpoint_url:
         env[c.FT_CHECKPOINT_URL] = config.checkpoint_url
+    if config.chaos is not None:
+        env[c.FT_CHAOS] = "1"
     if config.nproc > 1 and "OMP_NUM_THREADS" not in base:
         # As torchrun does: N ranks each using every core oversubscribe the CPU badly.
         env["OMP_NUM_THREADS"] = "1"

@@ -9,6 +9,7 @@ import argparse
 import io
 import os
 import signal
+import time
 
 import torch
 import torch.distributed as dist
@@ -30,6 +31,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--die-before-commit", type=int, help="rank 0 dies after its part, before the marker")
     p.add_argument("--die-mid-write", type=int, help="rank 1 dies half-way through writing its part")
     p.add_argument("--replicated", action="store_true")
+    p.add_argument("--step-time", type=float, default=0.0, help="seconds of sleep per step")
     p.add_argument("--out", required=True)
     return p.parse_args()
 
@@ -94,6 +96,7 @@ def main() -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        time.sleep(args.step_time)
         ft.heartbeat(step + 1)  # steps done: what --chaos at=step: and the hang monitor read
         if (step + 1) % args.save_every == 0:
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}

@@ -1,0 +1,71 @@
+"""Faults ``ftlaunch --chaos`` asks a worker to inflict on itself, where only the worker can:
+an exception or an endless sleep in the training thread, a death half-way through writing a
+checkpoint part, or between its part and the commit. A request arrives as a word in the heartbeat
+slot (``contract.SLOT_CHAOS``); ``progress`` notices a new word on a beat or at a save point and
+hands it here. A script that does not use worker_lib never sees one."""
+
+import signal
+import sys
+import time
+from typing import BinaryIO, Callable, Optional, Tuple
+
+from worker_lib import contract as c
+
+__all__ = ["ChaosError", "act", "receive", "take"]
+
+
+class ChaosError(RuntimeError):
+    """The exception ``--chaos raise`` injects."""
+
+
+_pending: Optional[Tuple[int, int]] = None  # (point, action) waiting for its save point
+
+
+def receive(word: int) -> None:
+    """A new request: carried out now when it is for a beat, kept for its save point otherwise."""
+    global _pending
+    point, action = (word >> 8) & 0xFF, word & 0xFF
+    if point == c.CHAOS_AT_BEAT:
+        act(action, "at a heartbeat")
+    else:
+        _pending = (point, action)
+
+
+def take(point: int) -> Optional[int]:
+    """The action of the request waiting for ``point`` (taken: it happens once), or None."""
+    global _pending
+    if _pending is None or _pending[0] != point:
+        return None
+    action, _pending = _pending[1], None
+    return action
+
+
+def act(action: int, where: str) -> None:
+    what = {c.CHAOS_RAISE: "an exception", c.CHAOS_SLEEP: "sleeping for good"}.get(action)
+    print(f"[worker_lib] --chaos: {what or signal.Signals(action).name} {where}", file=sys.stderr, flush=True)
+    if action == c.CHAOS_RAISE:
+        raise ChaosError(f"injected by ftlaunch --chaos ({where})")
+    if action == c.CHAOS_SLEEP:
+        while True:
+            time.sleep(3600)
+    signal.raise_signal(action)
+
+
+def dying_half_way(fill: Callable[[BinaryIO], object], action: int) -> Callable[[BinaryIO], object]:
+    """``fill`` that carries out ``action`` once its first chunk is written: the part is torn."""
+
+    class Torn:
+        def __init__(self, handle: BinaryIO) -> None:
+            self._handle, self._written = handle, 0
+
+        def write(self, data) -> int:
+            if self._written:
+                self._handle.flush()
+                act(action, "half-way through writing its checkpoint part")
+            self._written += len(data)
+            return self._handle.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self._handle, name)
+
+    return lambda handle: fill(Torn(handle))
