@@ -159,9 +159,12 @@ def _where(node: Optional[int], pid: int) -> str:
 
 
 def root_cause(failures: Sequence[Failure]) -> Failure:
-    """The failure that most likely caused the others: for exits the earliest (later ones are
-    usually peers dying of a broken collective); for hangs the rank that is behind."""
-    return min(failures, key=lambda f: (_KIND_ORDER[type(f)], f.blame_order))
+    """The failure that most likely caused the others: one --chaos injected (known, not
+    guessed); for exits the earliest (later ones are usually peers dying of a broken collective);
+    for hangs the rank that is behind."""
+    return min(
+        failures, key=lambda f: (not getattr(f, "injected", False), _KIND_ORDER[type(f)], f.blame_order)
+    )
 
 
 _KINDS = {cls.__name__: cls for cls in _KIND_ORDER}

@@ -184,3 +184,40 @@ def test_injected_failures_do_not_count_unless_asked():
     assert (
         RestartPolicy(max_failures=-1, crash_loop=2).after_failure(stalled, 7.0).verdict is Verdict.CRASH_LOOP
     )
+
+
+def test_an_injected_failure_is_the_root_cause_over_a_peer_that_looks_more_guilty():
+    """Found by the matrix: a rank asked to sleep and its peer (blocked in DDP's backward, one
+    beat earlier) were both hung; the peer was blamed and the attempt counted as a real failure."""
+    from launcher.failures import HangFailure, root_cause
+    from launcher.hangs.board import Phase
+
+    peer = HangFailure(0, 0, 10, Phase.STEPPING, 3.0, 3.0, 78, observed_at=1.0)
+    asleep = HangFailure(1, 1, 11, Phase.STEPPING, 3.0, 3.0, 78, observed_at=1.1, injected=True)
+    assert root_cause([peer, asleep]) is asleep
+
+
+def test_a_request_for_the_training_thread_is_never_carried_out_by_a_save(tmp_path):
+    """Found by the matrix: a sleep requested for the next beat was picked up by the background
+    save thread at its save point; the save thread slept, the next save waited for it with the
+    heartbeat paused, and the hang was never declared. A request for a beat waits for the beat."""
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "from worker_lib import contract as c, progress\n"
+        "progress.heartbeat(1)\n"
+        "progress._slot[c.SLOT_CHAOS] = (1 << 16) | (c.CHAOS_AT_BEAT << 8) | c.CHAOS_RAISE\n"
+        "assert progress.chaos_request(c.CHAOS_AT_SAVE) is None\n"
+        "assert progress.chaos_request(c.CHAOS_AT_COMMIT) is None\n"
+        "try:\n"
+        "    progress.heartbeat(2)\n"
+        "except RuntimeError as err:\n"
+        "    print('raised at the beat:', err)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FTLAUNCH_")}
+    env[c.FT_CHAOS] = "1"
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "raised at the beat: injected by ftlaunch --chaos" in done.stdout
