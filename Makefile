@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINTED := launcher worker_lib tests scripts examples
 
-.PHONY: install test demo bench lint integration clean
+.PHONY: install test demo bench chaos lint integration clean
 
 install: $(STAMP)
 
@@ -33,6 +33,10 @@ bench: install
 	$(PY) scripts/bench_load_cache.py
 	$(PY) scripts/bench_checkpoint.py
 	$(PY) scripts/bench_heartbeat.py
+
+# The reliability matrix: every fault, 10 times, against examples/train.py (docs/reliability.md).
+chaos: install
+	$(PY) scripts/chaos_matrix.py --trials 10
 
 lint: install
 	$(VENV)/bin/ruff check $(LINTED)

@@ -363,7 +363,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=10)
     p.add_argument("--seed", type=int, default=None, help="default: a random one (printed)")
-    p.add_argument("--epochs", type=int, default=12)
+    p.add_argument("--epochs", type=int, default=6, help="of examples/train.py: 22 steps each")
     p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {','.join(FAULTS)}")
     args = p.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(2**31)
