@@ -9,7 +9,7 @@ import signal
 import time
 from typing import BinaryIO, Callable, List, Optional, Tuple
 
-from launcher.chaos.injector import ChaosInjector, Injection
+from launcher.chaos.injector import ChaosInjector, Injection, mark_injected
 from launcher.cluster.channel import AttemptChannel, Interrupt, InterruptKind, NodeReport
 from launcher.config import LaunchConfig
 from launcher.errors import StartFailed
@@ -61,12 +61,6 @@ class AttemptResult:
     @property
     def root_cause(self) -> Optional[Failure]:
         return root_cause(self.failures) if self.failures else None
-
-    @property
-    def injected(self) -> bool:
-        """Its root cause was a fault --chaos injected."""
-        cause = self.root_cause
-        return cause is not None and getattr(cause, "injected", False)
 
     def describe_cause(self) -> str:
         return self.root_cause.describe() if self.failures else self.cause or "unknown"
@@ -130,7 +124,7 @@ class AttemptRunner:
         self._hangs = hangs
         self._run = run
         self._next_progress = 0.0
-        self._chaos = _injector_for(config)
+        self._chaos = ChaosInjector.for_config(config) if config.chaos is not None else None
         self._injected: List[Injection] = []  # this attempt's
 
     def run(
@@ -159,7 +153,8 @@ class AttemptRunner:
         finally:
             pump.close()
             board.close()
-        return _marked_injected(self._with_log_tails(result), self._injected)
+        result = self._with_log_tails(result)
+        return dataclasses.replace(result, failures=mark_injected(result.failures, self._injected))
 
     def _start_and_watch(
         self, machine: GroupStateMachine, group: WorkerGroup, board: HeartbeatBoard, channel
@@ -398,37 +393,6 @@ class AttemptRunner:
         log.info("attempt %s: %s -> %s", attempt, old and old.value, new.value)
         if new is GroupState.RUNNING and self._run is not None:  # off the recovery's critical path
             self._run.save()
-
-
-def _injector_for(config: LaunchConfig) -> Optional[ChaosInjector]:
-    if config.chaos is None:
-        return None
-    local = {config.global_rank(i) for i in range(config.nproc)}
-    return ChaosInjector(config.chaos, config.world_size, local, time.monotonic())
-
-
-def _marked_injected(result: AttemptResult, injected: List[Injection]) -> AttemptResult:
-    """A failure of a process --chaos sent a fault to is the fault's doing: a death by the
-    signal sent, a hang (SIGSTOP, sleep), or an error exit (an exception). Anything else (a
-    peer's broken collective) keeps its own cause; the root cause decides whether the attempt
-    counts as injected."""
-    if not injected:
-        return result
-    sent = {(i.rank, i.pid): i.signum for i in injected}
-
-    def caused(f: Failure) -> bool:
-        key = (f.rank, getattr(f, "pid", None))
-        if key not in sent:
-            return False
-        signum = sent[key]
-        if isinstance(f, HangFailure):
-            return signum in (signal.SIGSTOP, 0)  # stopped, or (sleep) asleep
-        if signum == 0:  # an exception: the rank exits with an error of its own making
-            return isinstance(f, ProcessFailure) and f.exitcode > 0
-        return isinstance(f, ProcessFailure) and f.exitcode == -signum
-
-    failures = [dataclasses.replace(f, injected=True) if caused(f) else f for f in result.failures]
-    return dataclasses.replace(result, failures=failures)
 
 
 def _warn_if_past(slots: dict, running: dict, at_step: int, say: Callable[[str], None]) -> None:

@@ -9,13 +9,17 @@ node alike (the others only move on), a step or save trigger only where its rank
 
 import dataclasses
 import random
+import signal
+import time
 from typing import AbstractSet, List, Mapping, Optional
 
 from launcher.chaos.spec import ChaosPlan, Fault, FaultKind, TriggerKind
+from launcher.config import LaunchConfig
+from launcher.failures import Failure, HangFailure, ProcessFailure
 from launcher.hangs.board import BeatReading
 from worker_lib import contract as c
 
-__all__ = ["ChaosInjector", "Injection"]
+__all__ = ["ChaosInjector", "Injection", "mark_injected"]
 
 # The longest gap between two looks that counts as running time for every=: the monitor looks
 # every 50 ms, so a longer gap is time with no workers (between attempts), not running time.
@@ -54,6 +58,12 @@ class ChaosInjector:
         self._last_look: Optional[float] = None
         self._requests = 0  # slot requests so far: each gets a new sequence number
         self._armed = [self._arm(_Armed(fault, 0)) for fault in plan.faults]
+
+    @classmethod
+    def for_config(cls, config: LaunchConfig) -> "ChaosInjector":
+        """The plan of ``config.chaos`` on this node, its clock started now."""
+        local = {config.global_rank(i) for i in range(config.nproc)}
+        return cls(config.chaos, config.world_size, local, time.monotonic())
 
     def _arm(self, armed: _Armed) -> _Armed:
         fault = armed.fault
@@ -117,3 +127,24 @@ def _request_word(fault: Fault, sequence: int) -> int:
         return 0
     action = _WORKER_SIDE.get(fault.kind, fault.kind.signum)
     return (sequence << 16) | ((point or c.CHAOS_AT_BEAT) << 8) | action
+
+
+def mark_injected(failures: List[Failure], injected: List[Injection]) -> List[Failure]:
+    """A failure of a process --chaos sent a fault to is the fault's doing: a death by the
+    signal sent, a hang (SIGSTOP, sleep), or an error exit (an exception). Anything else (a
+    peer's broken collective) keeps its own cause; the root cause decides whether the attempt
+    counts as injected."""
+    sent = {(i.rank, i.pid): i.signum for i in injected}
+
+    def caused(f: Failure) -> bool:
+        key = (f.rank, getattr(f, "pid", None))
+        if key not in sent:
+            return False
+        signum = sent[key]
+        if isinstance(f, HangFailure):
+            return signum in (signal.SIGSTOP, 0)  # stopped, or (sleep) asleep
+        if signum == 0:  # an exception: the rank exits with an error of its own making
+            return isinstance(f, ProcessFailure) and f.exitcode > 0
+        return isinstance(f, ProcessFailure) and f.exitcode == -signum
+
+    return [dataclasses.replace(f, injected=True) if caused(f) else f for f in failures]
