@@ -7,6 +7,8 @@ The subject is examples/train.py (DDP over gloo, 2 ranks, worker_lib checkpoints
 replicated) for --epochs epochs, with checkpoints on local disk. Per fault, each trial draws its
 moment (a step, or how long into the run) from the seed; the table says per fault:
 
+- landed: trials in which the fault happened (a rank failed of it, or the driver's action was
+  done): a fault that lands nowhere proves nothing, and fails the trial;
 - recovered: the run ended with exit 0 (after a relaunch, for the faults that need one);
 - identical: its final committed checkpoint (model and optimizer) equals the fault-free run's, bit
   for bit;
@@ -58,6 +60,7 @@ _TRIAL_TIMEOUT_S = 180.0
 class Trial:
     """One run under one fault."""
 
+    landed: bool = False  # the fault happened: a rank failed of it, or the driver's action was done
     recovered: bool = False
     identical: bool = False
     left: int = 0
@@ -102,6 +105,10 @@ class Subject:
     def events(self, launch: int) -> List[dict]:
         path = self.work / f"logs_{launch}" / "events.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def attempts(self) -> List[dict]:
+        path = self.work / "runs" / "train" / "run.json"
+        return json.loads(path.read_text())["attempts"] if path.exists() else []
 
     def processes(self) -> List[psutil.Process]:
         found = []
@@ -193,10 +200,9 @@ def chaos_fault(spec: Callable[[random.Random, int], str]):
         code = wait(proc)
         events = subject.events(1)
         injected = [e for e in events if e["event"] == "chaos_injected"]
-        result = Trial(recovered=code == 0)
-        if not injected:
-            result.note = "no fault landed"
-        else:
+        landed = any(a.get("injected") for a in subject.attempts())  # a rank failed of it
+        result = Trial(landed=landed, recovered=code == 0)
+        if injected:
             result.recovery = recovery_from(events, injected[0]["t_mono"])
         return result
 
@@ -217,7 +223,8 @@ def kill_supervisor(subject: Subject, rng: random.Random, steps: int) -> Trial:
     proc.wait()
     left = subject.left_after()  # the orphan guard and PDEATHSIG take the workers with it
     code = wait(subject.start())
-    return Trial(recovered=code == 0, left=left, recovery=recovery_from(subject.events(2), killed_at))
+    recovery = recovery_from(subject.events(2), killed_at)
+    return Trial(landed=True, recovered=code == 0, left=left, recovery=recovery)
 
 
 def kill_guard(subject: Subject, rng: random.Random, steps: int) -> Trial:
@@ -230,7 +237,7 @@ def kill_guard(subject: Subject, rng: random.Random, steps: int) -> Trial:
     code = wait(proc)
     restarted = any(e["event"] == "orphan_guard_restarted" for e in subject.events(1))
     note = "" if guards else "no guard found"
-    return Trial(recovered=code == 0 and (restarted or not guards), note=note)
+    return Trial(landed=bool(guards), recovered=code == 0 and restarted, note=note)
 
 
 def damaged_part(how: str):
@@ -252,7 +259,7 @@ def damaged_part(how: str):
             data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
         part.write_bytes(bytes(data))
         code = wait(subject.start())
-        return Trial(recovered=code == 0, left=left, spared=newest)
+        return Trial(landed=True, recovered=code == 0, left=left, spared=newest)
 
     return trial
 
@@ -261,7 +268,9 @@ def two_supervisors(subject: Subject, rng: random.Random, steps: int) -> Trial:
     """The same command started twice at once: one runs the job, the other refuses (exit 2)."""
     first, second = subject.start(), subject.start()
     codes = sorted([wait(first), wait(second)], key=lambda c: (c is None, c))
-    return Trial(recovered=codes == [0, 2], note="" if codes == [0, 2] else f"exit codes {codes}")
+    return Trial(
+        landed=True, recovered=codes == [0, 2], note="" if codes == [0, 2] else f"exit codes {codes}"
+    )
 
 
 def _at_step(kind: str):
@@ -339,22 +348,22 @@ def run_fault(
 
 
 def passed(trials: List[Trial]) -> bool:
-    return all(t.recovered and t.identical and t.left == 0 and t.lost == 0 for t in trials)
+    return all(t.landed and t.recovered and t.identical and t.left == 0 and t.lost == 0 for t in trials)
 
 
 def table(results: Dict[str, List[Trial]]) -> List[str]:
     lines = [
-        "| fault | trials | recovered | identical | left | lost | recovery (median) |",
-        "|---|---|---|---|---|---|---|",
+        "| fault | trials | landed | recovered | identical | left | lost | recovery (median) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, trials in results.items():
         n = len(trials)
         times = [t.recovery for t in trials if t.recovery is not None]
         recovery = f"{statistics.median(times):.2f} s" if times else "—"
+        landed, recovered = sum(t.landed for t in trials), 100 * sum(t.recovered for t in trials) // n
         lines.append(
-            f"| {name} | {n} | {100 * sum(t.recovered for t in trials) // n}% | "
-            f"{100 * sum(t.identical for t in trials) // n}% | {sum(t.left for t in trials)} | "
-            f"{sum(t.lost for t in trials)} | {recovery} |"
+            f"| {name} | {n} | {landed} | {recovered}% | {100 * sum(t.identical for t in trials) // n}% | "
+            f"{sum(t.left for t in trials)} | {sum(t.lost for t in trials)} | {recovery} |"
         )
     return lines
 

@@ -1,11 +1,12 @@
 """When each fault of a --chaos plan fires, and at whom: decisions only. The attempt runner asks
-on every turn of its monitor loop and sends the signals; this module reads no clock and touches
-no process (tests script both).
+on every turn of its monitor loop, with the time and the heartbeat slots, and sends the signals;
+this module touches no process (tests script the clock and the slots).
 
 A fault's target rank is drawn (from the plan's seed) when the fault is armed: at the start and
 after each firing, so that the same seed picks the same ranks in the same order. On many nodes
-every node runs the same plan and injects only into its own ranks; a time trigger fires on every
-node alike (the others only move on), a step or save trigger only where its rank runs."""
+every node runs the same plan and injects only into its own ranks; a time, save or commit trigger
+fires on every node alike (the others only move on), a step trigger only where its rank runs
+(where its step is seen)."""
 
 import dataclasses
 import random
@@ -49,7 +50,6 @@ class _Armed:
 
 class ChaosInjector:
     def __init__(self, plan: ChaosPlan, world_size: int, local: AbstractSet[int], started: float) -> None:
-        self._plan = plan
         self._world = world_size
         self._local = local  # the global ranks this node runs
         self._rng = random.Random(plan.seed)
