@@ -183,6 +183,23 @@ def unreadable(ckpt: Path, spared: Optional[int] = None) -> int:
     return bad
 
 
+def fault_time(events: List[dict]) -> Optional[float]:
+    """When the first injected fault happened (monotonic): when it was sent, or, for one that
+    waits in the slot for a save (at=save, at=commit), when the first failure after it came."""
+    injected = [e for e in events if e["event"] == "chaos_injected"]
+    if not injected:
+        return None
+    first = injected[0]
+    if "at=save" not in first["fault"] and "at=commit" not in first["fault"]:
+        return first["t_mono"]
+    failed = [
+        e["failed_at"]
+        for e in events
+        if e["event"] == "transition" and e.get("failed_at") and e["t_mono"] > first["t_mono"]
+    ]
+    return min(failed) if failed else None
+
+
 def recovery_from(events: List[dict], fault_at: float) -> Optional[float]:
     """The fault (monotonic) → the first attempt after it in which every rank beat."""
     later = [e["t_mono"] for e in events if e["event"] == "first_step" and e["t_mono"] > fault_at]
@@ -199,11 +216,11 @@ def chaos_fault(spec: Callable[[random.Random, int], str]):
         proc = subject.start("--chaos", spec(rng, steps))
         code = wait(proc)
         events = subject.events(1)
-        injected = [e for e in events if e["event"] == "chaos_injected"]
         landed = any(a.get("injected") for a in subject.attempts())  # a rank failed of it
         result = Trial(landed=landed, recovered=code == 0)
-        if injected:
-            result.recovery = recovery_from(events, injected[0]["t_mono"])
+        happened = fault_time(events)
+        if happened is not None:
+            result.recovery = recovery_from(events, happened)
         return result
 
     return trial
