@@ -30,6 +30,21 @@ def model(width: int) -> torch.nn.Module:
     return torch.nn.Sequential(*[m for layer in layers for m in (layer, torch.nn.ReLU())])
 
 
+def resume(checkpoint_dir, width: int):
+    """Join the group, build the model and its optimizer, load the newest committed step:
+    (info, model, optimizer, DDP wrapper, the step to start from)."""
+    info = ft.init(checkpoint_dir=checkpoint_dir)
+    net = model(width)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    ckpt = ft.load_checkpoint()
+    start = 0
+    if ckpt is not None:
+        net.load_state_dict(ckpt.state["model"])
+        optimizer.load_state_dict(ckpt.state["optimizer"])
+        start = ckpt.step
+    return info, net, optimizer, DDP(net), start
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, required=True)
@@ -40,16 +55,7 @@ def main() -> None:
     p.add_argument("--crash-rank", type=int, default=1)
     p.add_argument("--crash-at", type=int, default=12)
     args = p.parse_args()
-    info = ft.init(checkpoint_dir=args.checkpoint_dir)
-    net = model(args.width)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    ckpt = ft.load_checkpoint()
-    start = 0
-    if ckpt is not None:
-        net.load_state_dict(ckpt.state["model"])
-        optimizer.load_state_dict(ckpt.state["optimizer"])
-        start = ckpt.step
-    ddp = DDP(net)
+    info, net, optimizer, ddp, start = resume(args.checkpoint_dir, args.width)
     for step in range(start, args.steps):
         if info.rank == args.crash_rank and step == args.crash_at and not (args.out / "death").exists():
             stamp(args.out, "death")

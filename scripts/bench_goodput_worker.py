@@ -16,8 +16,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from bench_ddp_worker import model
-from torch.nn.parallel import DistributedDataParallel as DDP
+from bench_ddp_worker import resume
 
 import worker_lib as ft
 
@@ -44,16 +43,7 @@ def main() -> None:
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--width", type=int, default=512)
     args = p.parse_args()
-    info = ft.init(checkpoint_dir=args.checkpoint_dir)
-    net = model(args.width)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    ckpt = ft.load_checkpoint()
-    start = 0
-    if ckpt is not None:
-        net.load_state_dict(ckpt.state["model"])
-        optimizer.load_state_dict(ckpt.state["optimizer"])
-        start = ckpt.step
-    ddp = DDP(net)
+    info, net, optimizer, ddp, start = resume(args.checkpoint_dir, args.width)
     last = info.rank == dist.get_world_size() - 1
     steps = open(args.out / "steps", "a", buffering=1) if info.rank == 0 else None
     for step in itertools.count(start):
