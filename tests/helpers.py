@@ -144,7 +144,13 @@ class Launcher:
         full_env = {**os.environ, MARKER: marker, **(env or {})}
         argv = [sys.executable, "-m", "launcher"] + (["--log-dir", str(log_dir)] if log_dir else [])
         if up_file is not None:
-            entry = f"open({str(up_file)!r}, 'w').close(); from launcher.__main__ import entry; entry()"
+            # Ctrl+C as in a terminal: a harness started in the background (`cmd &` in a script)
+            # hands its children SIGINT ignored, and one sent before ftlaunch's inbox is open
+            # would be lost to that, not to ftlaunch.
+            entry = (
+                "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                f"open({str(up_file)!r}, 'w').close(); from launcher.__main__ import entry; entry()"
+            )
             argv[1:3] = ["-c", entry]
         if "--run-dir" not in args:  # runs live in the test's own directory, never the repo's
             argv += ["--run-dir", str(self.tmp_path / "runs")]
