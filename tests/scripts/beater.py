@@ -79,8 +79,9 @@ def main() -> None:
         first = ckpt.step + 1 if ckpt else 0
         print(f"rank {RANK} attempt {ATTEMPT} starts at step {first}", flush=True)
     for step in range(first, args.steps):
-        if args.hang and ATTEMPT == args.hang_attempt and RANK == args.hang_rank and step >= args.hang_at:
-            hang(args.hang, step)
+        hanging = args.hang and ATTEMPT == args.hang_attempt and RANK == args.hang_rank
+        if hanging and (step == args.hang_at if args.hang == "stall" else step >= args.hang_at):
+            hang(args.hang, step)  # a stall is one silence of 3 s; the others never return
         if ATTEMPT == 0 and RANK == args.crash_rank and step == args.crash_at:
             print(f"rank {RANK} crashes at step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
