@@ -82,11 +82,7 @@ class Fault:
 
     def __str__(self) -> str:
         rank = "random" if self.rank is None else str(self.rank)
-        times = (
-            ""
-            if self.times == (1 if self.trigger.kind is not TriggerKind.EVERY else None)
-            else (f",times={self.times}")
-        )
+        times = "" if self.times == _default_times(self.trigger) else f",times={self.times}"
         return f"{self.kind.value}:rank={rank},{self.trigger}{times}"
 
 
@@ -150,7 +146,7 @@ def _fault(clause: str) -> Fault:
         )
     rank_text = values.get("rank", "random")
     rank = None if rank_text.lower() == "random" else _integer(rank_text, "rank", minimum=0)
-    times = 1 if trigger.kind is not TriggerKind.EVERY else None
+    times = _default_times(trigger)
     if "times" in values:
         times = _integer(values["times"], "times", minimum=1)
     return Fault(kind, trigger, rank, times)
@@ -173,6 +169,11 @@ def _trigger(values: dict, clause: str) -> Trigger:
     if at.lower().startswith("step:"):
         return Trigger(TriggerKind.STEP, _integer(at[len("step:") :], "at=step:", minimum=0))
     return Trigger(TriggerKind.TIME, parse_duration(at, f"{_OPTION} at="))
+
+
+def _default_times(trigger: Trigger) -> Optional[int]:
+    """at= fires once; every= has no limit."""
+    return None if trigger.kind is TriggerKind.EVERY else 1
 
 
 def _integer(text: str, what: str, minimum: int) -> int:
