@@ -254,7 +254,7 @@ def test_the_failure_budget_is_counted_once_per_job(launcher, tmp_path):
         "--nproc",
         "1",
         "--max-failures",
-        "2",
+        "3",
         "--crash-loop",
         "0",
         "--backoff",
@@ -270,14 +270,16 @@ def test_the_failure_budget_is_counted_once_per_job(launcher, tmp_path):
         "all",
         "--others",
         "wait",
+        "--beat",  # every attempt beats step 0: the 1st made progress, the others are known not to
     ).start_all()
     assert job.wait() == {0: 1, 1: 1}
     state = _run_state(tmp_path, "budget")
-    assert [a["outcome"] for a in state["attempts"]] == ["FAILED"] * 3  # not nnodes x budget
-    assert "FAILED after 3 attempt(s)" in job.nodes[1].stderr  # node 1 says what node 0 decided
-    # The first restart keeps the round; the second waits out a backoff, and the nodes meet anew.
+    assert [a["outcome"] for a in state["attempts"]] == ["FAILED"] * 4  # not nnodes x budget
+    assert "FAILED after 4 attempt(s)" in job.nodes[1].stderr  # node 1 says what node 0 decided
+    # Two restarts at once keep the round; the 2nd failure in a row without progress waits out a
+    # backoff, and the nodes meet anew.
     for r in range(2):
-        assert [e["new_round"] for e in job.nodes[r].events("nodes_met")] == [True, False, True]
+        assert [e["new_round"] for e in job.nodes[r].events("nodes_met")] == [True, False, False, True]
     assert job.survivors() == []
 
 

@@ -30,6 +30,9 @@ def parse() -> argparse.Namespace:
         default="exit0",
         help="what other ranks do; wait: sleep (until stopped) in an attempt where a rank fails, else exit0",
     )
+    p.add_argument(
+        "--beat", action="store_true", help="ft.heartbeat(0) first: no attempt gets past step 0 (no progress)"
+    )
     p.add_argument("--run-for", type=float, default=1.0, help="seconds the others run before exit0")
     p.add_argument("--ready-dir", type=Path, help="write <dir>/rank_<r>.attempt_<a>.pid once started")
     p.add_argument("--env-dir", type=Path, help="dump the environment to <dir>/rank_<r>.attempt_<a>.json")
@@ -120,6 +123,10 @@ def main() -> None:
         ready.with_suffix(".tmp").write_text(str(os.getpid()))
         ready.with_suffix(".tmp").rename(ready)  # whole, or not there at all
     print(f"rank {RANK} attempt {ATTEMPT} started", flush=True)
+    if args.beat:
+        import worker_lib as ft
+
+        ft.heartbeat(0)
     if fails_now(args):
         time.sleep(args.fail_after)
         die(args.fail)
