@@ -217,8 +217,15 @@ def default_run_name(kind: EntryKind, entrypoint: str, script_args: Sequence[str
     return f"{stem}-{digest[:8]}"
 
 
+# Device files a GPU driver creates (NVIDIA, ROCm, WSL's GPU bridge). With none of them there is
+# no GPU to count, and the supervisor need not spend seconds importing torch to learn that.
+_GPU_DRIVER_FILES = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd", "/dev/dxg")
+
+
 def visible_gpu_count() -> int:
     """GPUs this node can use; asks NVML through torch, so no CUDA context is created."""
+    if not any(os.path.exists(path) for path in _GPU_DRIVER_FILES):
+        return 0
     try:
         import torch
     except ImportError:  # pragma: no cover - torch is a declared dependency
