@@ -127,6 +127,12 @@ class AttemptRunner:
         self._chaos = ChaosInjector.for_config(config) if config.chaos is not None else None
         self._injected: List[Injection] = []  # this attempt's
 
+    def warm_up(self) -> None:
+        """Let the spawner (a fork server importing torch) get going while the supervisor sets up
+        the first attempt (its store, the nodes' rendezvous), which imports torch too: the two
+        imports overlap. A zygote's environment leaves out what differs per attempt."""
+        self._spawner.warm_up(plan_workers(self.config, 0, master_port=0)[0])
+
     def run(
         self, attempt: int, master_addr: str, master_port: int, channel: Optional[AttemptChannel] = None
     ) -> AttemptResult:

@@ -163,6 +163,7 @@ class Supervisor:
     def _run_attempts(self) -> RunResult:
         attempts: List[AttemptResult] = []
         newest = self._run.newest_checkpoint()
+        self._runner.warm_up()
         while True:
             number = self._run.state.next_attempt
             try:

@@ -64,6 +64,7 @@ class Follower:
         attempts: List[AttemptResult] = []
         rendezvous, kept = None, None
         deadline = time.monotonic() + self.config.join_timeout
+        self._runner.warm_up()
         while True:
             try:
                 if rendezvous is None:

@@ -91,6 +91,11 @@ class ForkServer:
     def start(self, env: dict, timeout: float, go_on: Callable[[], bool] = lambda: True) -> None:
         """Start the zygote and wait until it has imported everything; ForkServerUnavailable
         when it cannot (a module that fails to import, a thread left behind, a death)."""
+        self.launch(env)
+        self.await_ready(timeout, go_on)
+
+    def launch(self, env: dict) -> None:
+        """Start the zygote without waiting for its imports (OSError if it cannot be started)."""
         from launcher.process.zygote import SINGLE_THREADED
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -114,6 +119,9 @@ class ForkServer:
                 preexec_fn=die_with_parent(ignore=self._ignored),
             )
         self._sock = ours
+
+    def await_ready(self, timeout: float, go_on: Callable[[], bool] = lambda: True) -> None:
+        """Wait until the launched zygote has imported everything, or say why it cannot serve."""
         ready = self._receive(timeout, "start", go_on)
         if ready["failed"]:
             name, why = next(iter(ready["failed"].items()))
@@ -167,19 +175,27 @@ class ForkServerSpawner:
         self._server = server
         self._fallback = fallback
         self._say = say
-        self._state = "new"  # new → serving | off
+        self._state = "new"  # new → (launched →) serving | off
 
     @property
     def helper_pids(self) -> Tuple[int, ...]:
         pid = self._server.pid if self._state == "serving" else None
         return (pid,) if pid is not None else ()
 
-    def prepare(self, spec: WorkerSpec, go_on: Callable[[], bool]) -> None:
+    def warm_up(self, spec: WorkerSpec) -> None:
         if self._state == "new":
+            try:
+                self._server.launch(dict(spec.env))
+                self._state = "launched"
+            except OSError as err:
+                self._give_up(str(err))
+
+    def prepare(self, spec: WorkerSpec, go_on: Callable[[], bool]) -> None:
+        if self._state in ("new", "launched"):
             self._start(spec, go_on)
 
     def spawn(self, spec: WorkerSpec) -> Spawned:
-        if self._state == "new":
+        if self._state in ("new", "launched"):
             self._start(spec, lambda: True)
         if self._state == "serving":
             try:
@@ -190,10 +206,13 @@ class ForkServerSpawner:
 
     def _start(self, spec: WorkerSpec, go_on: Callable[[], bool]) -> None:
         try:
-            self._server.start(dict(spec.env), timeout=300.0, go_on=go_on)
+            if self._state == "new":
+                self._server.launch(dict(spec.env))
+            self._server.await_ready(timeout=300.0, go_on=go_on)
             self._state = "serving"
         except ForkServerInterrupted:
             self._server.close()  # the attempt will not start; a later one may start it again
+            self._state = "new"
         except (ForkServerUnavailable, OSError) as err:
             self._give_up(str(err))
 

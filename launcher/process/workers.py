@@ -36,6 +36,11 @@ class Spawner(Protocol):
 
     def spawn(self, spec: WorkerSpec) -> Spawned: ...
 
+    def warm_up(self, spec: WorkerSpec) -> None:
+        """May start warming up for ``spec`` (rank 0's, less what differs per attempt) without
+        waiting, so that this overlaps with the supervisor's own set-up for the attempt."""
+        ...
+
     def prepare(self, spec: WorkerSpec, go_on: Callable[[], bool]) -> None:
         """Called before an attempt's clock starts, with its first rank's spec: a fork server
         warms up here, so its imports never count as the group's life. ``go_on()`` turning
@@ -57,8 +62,11 @@ class PopenSpawner:
     def __init__(self, ignored: Sequence[int] = ()) -> None:
         self._ignored = tuple(ignored)
 
-    def prepare(self, spec: WorkerSpec, go_on: Callable[[], bool]) -> None:
+    def warm_up(self, spec: WorkerSpec) -> None:
         pass  # nothing to warm up
+
+    def prepare(self, spec: WorkerSpec, go_on: Callable[[], bool]) -> None:
+        pass
 
     @property
     def helper_pids(self) -> Tuple[int, ...]:
