@@ -43,6 +43,22 @@ def test_fixed_deadline_between_beats():
     assert late.silent_for == pytest.approx(5.5) and late.silent_since == 100.0
 
 
+def test_ranks_that_went_silent_with_an_overdue_one_are_named_with_it():
+    """Regression (CI, a busy machine): in a collective hang rank 0 passed its deadline first, and
+    only it was named, so the blame fell on a peer; the hung rank 1 and rank 2, silent for over
+    half the deadline, went silent with it. Rank 3, which still beats, did not."""
+    watch = HangWatch(FIXED, started_at=0.0)
+    readings = {
+        0: slot(beats=9, step=9, at=100.0),
+        1: slot(beats=9, step=9, at=100.3),
+        2: slot(beats=9, step=9, at=102.0),
+        3: slot(beats=40, step=40, at=105.0),
+    }
+    watch.observe(readings)
+    assert [o.rank for o in watch.overdue(105.2, readings)] == [0]
+    assert [o.rank for o in watch.silent_with(105.2, readings)] == [0, 1, 2]
+
+
 def test_a_paused_rank_gets_the_init_timeout_from_the_pause_start():
     watch = HangWatch(FIXED, started_at=0.0)
     readings = {0: slot(beats=1, at=10.0), 1: slot(beats=1, at=20.0, paused=True)}

@@ -60,7 +60,10 @@ def test_peers_blocked_in_a_collective_are_stopped_and_the_hung_rank_is_blamed(l
     )
 
     assert launch.proc.returncode == 1, launch.stderr
-    assert sorted(h["rank"] for h in launch.events("hang")) == [0, 1, 2]  # every rank went silent
+    # Every rank went silent at about the same step: each is named, though on a busy machine one
+    # passes its deadline a few beats before the others; the blame goes to the one that is not
+    # waiting in a collective.
+    assert sorted(h["rank"] for h in launch.events("hang")) == [0, 1, 2]
     assert "root cause: rank 1 (pid" in launch.stderr and "in sleep_forever" in launch.stderr
     for rank in (0, 2):  # the peers' stacks show where they waited
         log = (launch.log_dir / "attempt_0" / f"rank_{rank}.log").read_text()

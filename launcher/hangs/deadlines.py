@@ -97,6 +97,13 @@ class HangWatch:
         """The ranks past their deadline: hung."""
         return [s for s in self.silences(now, readings) if s.silent_for > s.deadline]
 
+    def silent_with(self, now: float, readings: Dict[int, BeatReading]) -> List[Overdue]:
+        """Once a rank is overdue, every rank silent for over half its deadline went silent with
+        it: the peers blocked in a hung rank's collective stop beating at about the same moment,
+        on a busy machine a few beats apart, and the hung rank must be among those blamed even
+        when a peer's deadline passed first."""
+        return [s for s in self.silences(now, readings) if s.silent_for > s.deadline / 2]
+
     def never_beat(self, now: float) -> bool:
         """No rank has beaten within ``init_timeout`` of the start: the script does not beat."""
         return not self.known_to_beat and now - self.started_at > self.limits.init_timeout

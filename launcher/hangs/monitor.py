@@ -65,9 +65,8 @@ class HangMonitor:
             return []
         self._report_deadline(attempt, watch.step_deadline)
         now = time.monotonic()
-        overdue = watch.overdue(now, readings)
-        if overdue:
-            return self._declare_hang(attempt, group, overdue, readings)
+        if watch.overdue(now, readings):
+            return self._declare_hang(attempt, group, watch.silent_with(now, readings), readings)
         self._report_laggards(attempt, now, watch.silences(now, readings), readings)
         if watch.never_beat(now) and not self._said_never_beats:
             self._said_never_beats = True
@@ -96,9 +95,12 @@ class HangMonitor:
         running = group.running()
         for o in overdue:
             self._events.emit(Hang(attempt, **dataclasses.asdict(o)))
-        ranks = ", ".join(str(o.rank) for o in overdue)
+        late = ", ".join(str(o.rank) for o in overdue if o.silent_for > o.deadline)
+        with_them = [str(o.rank) for o in overdue if o.silent_for <= o.deadline]
+        also = f" (silent with them: rank(s) {', '.join(with_them)})" if with_them else ""
         self._say(
-            f"attempt {attempt}: rank(s) {ranks} missed the heartbeat deadline; their stacks go to the logs"
+            f"attempt {attempt}: rank(s) {late} missed the heartbeat deadline{also}; "
+            "their stacks go to the logs"
         )
         _dump_stacks(running, readings)
         specs = {spec.rank: spec for spec in group.specs}
