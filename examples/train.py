@@ -9,6 +9,11 @@ is copied to memory at the call and written in the background; a crash mid-save 
 last committed checkpoint. After a restart every rank loads the newest committed step and continues
 from it, in the same data order.
 
+``--save-as files`` saves the other way worker_lib offers, for scripts that write their own files
+(torch.save, save_pretrained, torch.distributed.checkpoint): rank 0 writes ``model.pt`` and
+``optimizer.pt`` into the step's directory (``ft.checkpoint_dir``), and a restart reads them back from
+the newest committed one (``ft.latest_checkpoint_dir``).
+
 Under torchrun (no ftlaunch) pass the storage yourself: ``--checkpoint-dir URL`` (any fsspec URL).
 """
 
@@ -16,6 +21,7 @@ import argparse
 import os
 import signal
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -36,6 +42,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--checkpoint-dir", default=None, help="fsspec URL (default: ftlaunch's)")
     p.add_argument("--checkpoint-every", type=int, default=50, help="steps")
+    p.add_argument(
+        "--save-as",
+        choices=["state", "files"],
+        default="state",
+        help="state: ft.save_checkpoint (default); files: torch.save into ft.checkpoint_dir",
+    )
     p.add_argument("--crash-at-step", type=int, default=None, help="kill one rank there, first attempt only")
     p.add_argument("--crash-rank", type=int, default=1)
     return p.parse_args()
@@ -57,20 +69,34 @@ def build_model(device: torch.device) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).to(device)
 
 
-def restore(model, optimizer) -> int:
+def restore(model, optimizer, save_as: str) -> int:
     """The step to continue from: the newest checkpoint every rank completed, or 0."""
-    ckpt = ft.load_checkpoint()
-    if ckpt is None:
-        return 0
-    model.load_state_dict(ckpt.state["model"])
-    optimizer.load_state_dict(ckpt.state["optimizer"])
-    return ckpt.step
+    if save_as == "files":
+        folder = ft.latest_checkpoint_dir()
+        if folder is None:
+            return 0
+        state = {name: torch.load(Path(folder, f"{name}.pt")) for name in ("model", "optimizer", "step")}
+    else:
+        ckpt = ft.load_checkpoint()
+        if ckpt is None:
+            return 0
+        state = {**ckpt.state, "step": ckpt.step}
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return state["step"]
 
 
-def save(step: int, model, optimizer, loss) -> None:
+def save(step: int, model, optimizer, loss, save_as: str) -> None:
     """Every rank calls it; the state is the same everywhere, so rank 0 alone writes it."""
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-    ft.save_checkpoint(step, state, metrics={"loss": loss.item()}, replicated=True)
+    metrics = {"loss": loss.item()}
+    if save_as == "files":
+        with ft.checkpoint_dir(step, metrics) as folder:
+            if dist.get_rank() == 0:  # the others' folders stay empty
+                for name, value in {**state, "step": step}.items():
+                    torch.save(value, Path(folder, f"{name}.pt"))
+    else:
+        ft.save_checkpoint(step, state, metrics=metrics, replicated=True)
 
 
 @torch.no_grad()
@@ -93,7 +119,7 @@ def train(args, device) -> None:
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
     model = build_model(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    step = restore(model, optimizer)
+    step = restore(model, optimizer, args.save_as)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     if step and rank == 0:
         print(f"resumed from checkpoint at step {step}", flush=True)
@@ -111,12 +137,12 @@ def train(args, device) -> None:
             step += 1
             ft.heartbeat(step)  # progress: a rank that stops beating is a hang, and is restarted
             if ft.should_stop(step):  # Ctrl+C or a preemption: every rank saves this same step
-                save(step, model, optimizer, loss)
+                save(step, model, optimizer, loss, args.save_as)
                 if rank == 0:
                     print(f"stopping at step {step} on request; run the same command to resume", flush=True)
                 return
             if step % args.checkpoint_every == 0:
-                save(step, model, optimizer, loss)
+                save(step, model, optimizer, loss, args.save_as)
         if rank == 0:
             test_loss, acc = evaluate(model, test_set, device)
             print(
@@ -125,7 +151,7 @@ def train(args, device) -> None:
                 flush=True,
             )
     if loss is not None and step % args.checkpoint_every:
-        save(step, model, optimizer, loss)  # the finished model, too
+        save(step, model, optimizer, loss, args.save_as)  # the finished model, too
     if rank == 0:
         test_loss, acc = evaluate(model, test_set, device)
         print(
