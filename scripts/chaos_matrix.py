@@ -1,10 +1,12 @@
 """The reliability matrix: every fault ftlaunch claims to survive, injected many times into a real
 training run, each run compared with one that had no fault.
 
-    python scripts/chaos_matrix.py [--trials 10] [--seed N] [--faults kill,segv,...]
+    python scripts/chaos_matrix.py [--trials 10] [--seed N] [--setups state-local,...] [--faults kill,...]
 
-The subject is examples/train.py (DDP over gloo, 2 ranks, worker_lib checkpoints every 10 steps,
-replicated) for --epochs epochs, with checkpoints on local disk. Per fault, each trial draws its
+The subject is examples/train.py (DDP over gloo, 2 ranks, worker_lib checkpoints every 10 steps)
+for --epochs epochs, in each setup: saving its state (``ft.save_checkpoint``, replicated) or its
+own files (``--save-as files``: directory mode), with checkpoints on local disk or on the GCS
+emulator (fake-gcs-server on 127.0.0.1, driven through gcsfs). Per fault, each trial draws its
 moment (a step, or how long into the run) from the seed; the table says per fault:
 
 - landed: trials in which the fault happened (a rank failed of it, or the driver's action was
@@ -17,12 +19,15 @@ moment (a step, or how long into the run) from the seed; the table says per faul
   one a fault damaged on purpose;
 - recovery: the fault → every rank of the new group has beaten (ftlaunch's events), median.
 
-Faults injected from outside (a killed supervisor or guard, a damaged part, two supervisors) are
-the driver's; the others go through ``ftlaunch --chaos`` (docs/reliability.md).
+Faults injected from outside (a killed supervisor or guard, a damaged part, two supervisors, a
+storage outage, a full disk) are the driver's; the others go through ``ftlaunch --chaos``
+(docs/reliability.md).
 """
 
 import argparse
 import dataclasses
+import errno
+import io
 import json
 import os
 import random
@@ -35,7 +40,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
 
 import psutil
 
@@ -54,6 +59,8 @@ from worker_lib.storage import Storage  # noqa: E402
 MARKER = "FTLAUNCH_CHAOS_MATRIX_MARKER"
 TRAIN = ROOT / "examples" / "train.py"
 _TRIAL_TIMEOUT_S = 180.0
+_OUTAGE_S = 10.0
+_TMPFS_SIZE = "16m"
 
 
 @dataclasses.dataclass
@@ -70,27 +77,118 @@ class Trial:
     spared: Optional[int] = None  # a committed step the fault itself damaged (not counted as lost)
 
 
-class Subject:
-    """The training run a trial launches: its command, its run dir, its processes."""
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What every trial of one matrix runs: how train.py saves, and where to."""
 
-    def __init__(self, work: Path, epochs: int, name: str) -> None:
+    save_as: str  # "state": ft.save_checkpoint; "files": its own files in ft.checkpoint_dir
+    storage: str  # "local" | "gcs"
+
+    @property
+    def id(self) -> str:
+        return f"{self.save_as}-{self.storage}"
+
+    def describe(self) -> str:
+        how = (
+            "its state (ft.save_checkpoint)" if self.save_as == "state" else "its own files (directory mode)"
+        )
+        where = "local disk" if self.storage == "local" else "the GCS emulator"
+        return f"examples/train.py saving {how} on {where}"
+
+
+SETUPS = {
+    s.id: s
+    for s in (Setup("state", "local"), Setup("files", "local"), Setup("state", "gcs"), Setup("files", "gcs"))
+}
+
+
+class LocalDisk:
+    """Checkpoints in each trial's own folder."""
+
+    env: Dict[str, str] = {}
+
+    def url(self, folder: Path) -> str:
+        return str(folder / "ckpt")
+
+    def storage(self, url: str) -> Storage:
+        return Storage(url)
+
+    def remove(self, url: str) -> None:
+        pass  # inside the trial's folder
+
+    def close(self) -> None:
+        pass
+
+
+class GcsEmulator:
+    """fake-gcs-server on 127.0.0.1 (tests/storage_servers.py), one for all trials of a matrix,
+    its objects kept on disk so that it can be stopped and started again on its port."""
+
+    BUCKET = "chaos"
+
+    def __init__(self, work: Path) -> None:
+        # Before gcsfs is imported (workers inherit it): otherwise every write first waits 60 s
+        # on a gRPC call that the emulator never answers (as in tests/conftest.py).
+        os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+        sys.path.insert(0, str(ROOT / "tests"))
+        from storage_servers import start_gcs
+
+        self._start = start_gcs
+        self._folder = work / "gcs"
+        self._folder.mkdir(parents=True)
+        self.server, self.env = start_gcs(self._folder, keep_data=True)  # the workers' settings
+        self._endpoint = self.env["FSSPEC_GCS_ENDPOINT_URL"]
+        self.storage(f"gcs://{self.BUCKET}").fs.mkdir(self.BUCKET)
+
+    def url(self, folder: Path) -> str:
+        return f"gcs://{self.BUCKET}/{uuid.uuid4().hex}/ckpt"
+
+    def storage(self, url: str) -> Storage:
+        return Storage(url, token="anon", endpoint_url=self._endpoint)
+
+    def remove(self, url: str) -> None:
+        storage = self.storage(url)
+        storage.fs.rm(storage.root, recursive=True)
+
+    def outage(self, seconds: float) -> None:
+        """Stopped (connections refused) for ``seconds``, then serving again what it held."""
+        self.server.stop()
+        time.sleep(seconds)  # the outage itself, not a wait for something
+        port = int(self._endpoint.rsplit(":", 1)[1])
+        self.server, _ = self._start(self._folder, port=port, keep_data=True)
+
+    def close(self) -> None:
+        self.server.stop()
+
+
+class Subject:
+    """The training run a trial launches: its command, its run dir, its checkpoints, its processes."""
+
+    def __init__(self, work: Path, epochs: int, name: str, setup: Setup, place) -> None:
         self.work = work / name
         self.marker = uuid.uuid4().hex
         self.epochs = epochs
-        self.ckpt = self.work / "ckpt"
+        self.setup = setup
+        self.place = place
+        self.ckpt = place.url(self.work)
         self.launches = 0
+        self.cleanups: List[Callable[[], None]] = []  # once the trial was judged
 
     def command(self, *extra: str) -> List[str]:
         self.launches += 1
         return [
             sys.executable, "-m", "launcher", "--nproc", "2", "--run-dir", str(self.work / "runs"),
             "--run-name", "train", "--log-dir", str(self.work / f"logs_{self.launches}"),
-            "--checkpoint-dir", str(self.ckpt), "--heartbeat-timeout", "3s", "--max-failures", "3",
+            "--checkpoint-dir", self.ckpt, "--heartbeat-timeout", "3s", "--max-failures", "3",
             *extra, str(TRAIN), "--epochs", str(self.epochs), "--checkpoint-every", "10",
+            "--save-as", self.setup.save_as,
         ]  # fmt: skip
 
+    def storage(self) -> Storage:
+        return self.place.storage(self.ckpt)
+
     def start(self, *extra: str) -> subprocess.Popen:
-        env = {**os.environ, MARKER: self.marker, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, **self.place.env, MARKER: self.marker, "PYTHONPATH": str(ROOT)}
         log = open(self.work / f"console_{self.launches + 1}.log", "w")
         with log:
             return subprocess.Popen(
@@ -131,14 +229,22 @@ class Subject:
         return len(left)
 
     def committed(self) -> List[int]:
-        return [step for step, _ in committed_steps(Storage(str(self.ckpt)))] if self.ckpt.exists() else []
+        return [step for step, _ in committed_steps(self.storage())]
 
-    def wait_for_commit(self, step: int, proc: subprocess.Popen, timeout: float = 60.0) -> bool:
+    def logged(self, text: str) -> bool:
+        """Some worker of some launch wrote ``text`` to its log."""
+        return any(
+            text in log.read_text(errors="replace") for log in self.work.glob("logs_*/attempt_*/rank_*.log")
+        )
+
+    def wait_for_commit(
+        self, step: int, proc: subprocess.Popen, timeout: float = 60.0, poll: float = 0.05
+    ) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and proc.poll() is None:
             if any(s >= step for s in self.committed()):
                 return True
-            time.sleep(0.05)
+            time.sleep(poll)
         return False
 
 
@@ -151,10 +257,27 @@ def wait(proc: subprocess.Popen, timeout: float = _TRIAL_TIMEOUT_S) -> Optional[
         return None
 
 
-def final_state(ckpt: Path) -> Optional[dict]:
-    """The newest committed step's state (model, optimizer), as a rank would load it."""
-    found = CheckpointManager(Storage(str(ckpt)), 0, 1, LocalChannel(), save_rng=False).load()
-    return None if found is None else {"step": found.step, **found.state}
+def final_state(storage: Storage, save_as: str) -> Optional[dict]:
+    """The newest committed step's state (step, model, optimizer), as a rank would load it."""
+    import torch
+
+    manager = CheckpointManager(storage, 0, 1, LocalChannel(), save_rng=False)
+    if save_as == "state":
+        found = manager.load()
+        return None if found is None else {"step": found.step, **found.state}
+    newest = next(committed_steps(storage), None)
+    if newest is None:
+        return None
+    step, marker = newest
+    state = {}
+    for name in ("step", "model", "optimizer"):
+        data, problem = manager.read_verified(
+            step, f"files/{name}.pt", marker["parts"].get(f"files/{name}.pt")
+        )
+        if problem:
+            return None
+        state[name] = torch.load(io.BytesIO(data))
+    return state
 
 
 def same(a, b) -> bool:
@@ -169,9 +292,9 @@ def same(a, b) -> bool:
     return a == b
 
 
-def unreadable(ckpt: Path, spared: Optional[int] = None) -> int:
+def unreadable(storage: Storage, spared: Optional[int] = None) -> int:
     """Committed steps that do not verify (``spared``: one damaged on purpose)."""
-    manager = CheckpointManager(Storage(str(ckpt)), 0, 1, LocalChannel(), save_rng=False)
+    manager = CheckpointManager(storage, 0, 1, LocalChannel(), save_rng=False)
     bad = 0
     for step, marker in committed_steps(manager.storage):
         if step == spared:
@@ -268,17 +391,92 @@ def damaged_part(how: str):
         proc.wait()
         left = subject.left_after()
         newest = max(subject.committed())
-        part = subject.ckpt / step_dir(newest) / REPLICATED
-        data = bytearray(part.read_bytes())
+        part = f"{step_dir(newest)}/{REPLICATED if subject.setup.save_as == 'state' else 'files/model.pt'}"
+        storage = subject.storage()
+        data = bytearray(storage.read_bytes(part))
         if how == "torn":
             data = data[: len(data) // 2]
         else:
             data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
-        part.write_bytes(bytes(data))
+        storage.write_bytes(part, bytes(data))
         code = wait(subject.start())
         return Trial(landed=True, recovered=code == 0, left=left, spared=newest)
 
     return trial
+
+
+def storage_outage(subject: Subject, rng: random.Random, steps: int) -> Trial:
+    """The GCS emulator stops for 10 s right after a random step was committed. The next save is
+    due 10 steps (well under a second) later: it meets the outage, and with it the save after it,
+    which waits for the one before. Landed: the run was still going when the storage came back."""
+    proc = subject.start()
+    subject.wait_for_commit(_step(rng, steps), proc)
+    subject.place.outage(_OUTAGE_S)
+    landed = proc.poll() is None
+    code = wait(proc)
+    return Trial(
+        landed=landed, recovered=code == 0, note="" if landed else "the run ended before the outage did"
+    )
+
+
+def full_disk(subject: Subject, rng: random.Random, steps: int) -> Trial:
+    """The checkpoint dir's filesystem (a small tmpfs) fills up right after a random step in the
+    first half of the run was committed, and stays full until a save has failed of it for good
+    (past worker_lib's retries: the group fails); then the space comes back, as once someone
+    cleans up. The filler takes all but 2 MiB before the run starts, so that filling the rest
+    takes no time: a run past its last save would prove nothing."""
+    folder = Path(subject.ckpt)
+    mount_tmpfs(folder, subject.cleanups)
+    filler = folder / "filler"
+    fill_up(filler, leave=2 << 20)
+    proc = subject.start()
+    subject.wait_for_commit(rng.randrange(steps // 10, steps // 2), proc, poll=0.01)
+    fill_up(filler)
+    deadline = time.monotonic() + 60
+    while _group_failed(subject.events(1)) is None and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    failed = _group_failed(subject.events(1))
+    landed = failed is not None and subject.logged("No space left on device")
+    filler.unlink()
+    code = wait(proc)
+    result = Trial(
+        landed=landed, recovered=code == 0, note="" if landed else "no group failed of the full disk"
+    )
+    if failed is not None:
+        result.recovery = recovery_from(subject.events(1), failed)
+    return result
+
+
+def _group_failed(events: List[dict]) -> Optional[float]:
+    """When the first group failure was seen (monotonic), if there was one."""
+    return next((e["failed_at"] for e in events if e["event"] == "transition" and e["new"] == "FAILED"), None)
+
+
+def mount_tmpfs(folder: Path, cleanups: List[Callable[[], None]]) -> None:
+    if os.geteuid() != 0:
+        raise RuntimeError("a full disk is a tmpfs of its own, and mounting one needs root")
+    folder.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={_TMPFS_SIZE}", "tmpfs", str(folder)], check=True)
+    cleanups.append(lambda: subprocess.run(["umount", str(folder)], check=True))
+
+
+def fill_up(filler: Path, leave: int = 0) -> None:
+    """``filler`` grows until its filesystem has no more than ``leave`` bytes free."""
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        chunk = 1 << 20
+        while chunk:
+            if leave and shutil.disk_usage(filler.parent).free - chunk < leave:
+                chunk //= 2
+                continue
+            try:
+                os.write(fd, bytes(chunk))
+            except OSError as err:
+                if err.errno != errno.ENOSPC:
+                    raise
+                chunk //= 2  # the last pages fill with smaller writes
+    finally:
+        os.close(fd)
 
 
 def two_supervisors(subject: Subject, rng: random.Random, steps: int) -> Trial:
@@ -306,21 +504,33 @@ def _mixed(r: random.Random, n: int) -> str:
     )
 
 
-# id (for --faults) → (the table's words, the trial)
-FAULTS: Dict[str, Tuple[str, Callable[[Subject, random.Random, int], Trial]]] = {
-    "kill": ("SIGKILL of a random rank", _at_step("kill")),
-    "segv": ("SIGSEGV of a random rank", _at_step("segv")),
-    "raise": ("an exception in a random rank", _at_step("raise")),
-    "stop": ("a hang: SIGSTOP of a random rank", _at_step("hang")),
-    "sleep": ("a hang: a random rank sleeps", _at_step("sleep")),
-    "save": ("a kill half-way through writing a part", _at_point("kill", "save")),
-    "commit": ("a kill between a part and the commit", _at_point("kill", "commit")),
-    "supervisor": ("kill -9 of ftlaunch, then the same command", kill_supervisor),
-    "guard": ("kill -9 of the orphan guard", kill_guard),
-    "torn": ("a torn part in the newest committed step", damaged_part("torn")),
-    "bitflip": ("a flipped bit in the newest committed step", damaged_part("flipped")),
-    "twice": ("two supervisors started at once", two_supervisors),
-    "mixed": ("mixed: a kill, an exception, a hang, a kill in a save", chaos_fault(_mixed)),
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    words: str  # the table's
+    trial: Callable[[Subject, random.Random, int], Trial]
+    needs: Optional[str] = None  # "gcs": the GCS emulator; "tmpfs": local disk, and root to mount one
+
+    def fits(self, setup: Setup) -> bool:
+        return self.needs is None or (self.needs == "gcs") == (setup.storage == "gcs")
+
+
+# id (for --faults) → the fault
+FAULTS: Dict[str, Fault] = {
+    "kill": Fault("SIGKILL of a random rank", _at_step("kill")),
+    "segv": Fault("SIGSEGV of a random rank", _at_step("segv")),
+    "raise": Fault("an exception in a random rank", _at_step("raise")),
+    "stop": Fault("a hang: SIGSTOP of a random rank", _at_step("hang")),
+    "sleep": Fault("a hang: a random rank sleeps", _at_step("sleep")),
+    "save": Fault("a kill half-way through writing a part", _at_point("kill", "save")),
+    "commit": Fault("a kill between a part and the commit", _at_point("kill", "commit")),
+    "supervisor": Fault("kill -9 of ftlaunch, then the same command", kill_supervisor),
+    "guard": Fault("kill -9 of the orphan guard", kill_guard),
+    "outage": Fault("the GCS emulator stopped for 10 s during a save", storage_outage, needs="gcs"),
+    "disk": Fault("a full disk under the checkpoint dir", full_disk, needs="tmpfs"),
+    "torn": Fault("a torn part in the newest committed step", damaged_part("torn")),
+    "bitflip": Fault("a flipped bit in the newest committed step", damaged_part("flipped")),
+    "twice": Fault("two supervisors started at once", two_supervisors),
+    "mixed": Fault("mixed: a kill, an exception, a hang, a kill in a save", chaos_fault(_mixed)),
 }
 
 
@@ -329,39 +539,67 @@ def total_steps(epochs: int) -> int:
     return per_epoch * epochs
 
 
-def reference_state(work: Path, epochs: int) -> dict:
-    """The fault-free run's final committed state."""
-    reference = Subject(work, epochs, "reference")
-    reference.work.mkdir(parents=True)
-    code = wait(reference.start())
-    left = reference.left_after()
-    if code != 0 or left:
-        raise RuntimeError(f"the fault-free run failed (exit {code}, {left} left); see {reference.work}")
-    return final_state(reference.ckpt)
+class Matrix:
+    """One setup's trials: its storage (started once), its fault-free run, its folder."""
 
+    def __init__(self, setup: Setup, epochs: int, work: Path) -> None:
+        self.setup = setup
+        self.epochs = epochs
+        self.work = work / setup.id
+        self.place = None
 
-def run_fault(
-    fault: str, trials: int, seed: int, epochs: int, work: Path, expected: dict, say=print
-) -> List[Trial]:
-    """``fault`` injected ``trials`` times; the moments are drawn from ``seed``. A failed trial's
-    directory is kept (and said), a passed one's removed."""
-    name, inject = FAULTS[fault]
-    rng = random.Random(f"{seed}/{fault}")
-    results = []
-    for number in range(trials):
-        subject = Subject(work, epochs, f"{fault}_{number}")
-        subject.work.mkdir(parents=True)
-        trial = inject(subject, rng, total_steps(epochs))
-        trial.left += subject.left_after()
-        if trial.recovered:
-            trial.identical = same(final_state(subject.ckpt), expected)
-        trial.lost = unreadable(subject.ckpt, trial.spared)
-        results.append(trial)
-        if passed([trial]):
-            shutil.rmtree(subject.work, ignore_errors=True)
-        else:
-            say(f"  {name}, trial {number + 1}: {trial} (kept: {subject.work})")
-    return results
+    def __enter__(self) -> "Matrix":
+        self.work.mkdir(parents=True)
+        self.place = GcsEmulator(self.work) if self.setup.storage == "gcs" else LocalDisk()
+        try:
+            self.expected = self._reference_state()
+        except BaseException:
+            self.place.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.place.close()
+
+    def faults(self) -> List[str]:
+        return [fault for fault, f in FAULTS.items() if f.fits(self.setup)]
+
+    def _reference_state(self) -> dict:
+        """The fault-free run's final committed state."""
+        reference = Subject(self.work, self.epochs, "reference", self.setup, self.place)
+        reference.work.mkdir(parents=True)
+        code = wait(reference.start())
+        left = reference.left_after()
+        state = final_state(reference.storage(), self.setup.save_as)
+        if code != 0 or left or state is None:
+            raise RuntimeError(f"the fault-free run failed (exit {code}, {left} left); see {reference.work}")
+        return state
+
+    def run_fault(self, fault: str, trials: int, seed: int, say=print) -> List[Trial]:
+        """``fault`` injected ``trials`` times; the moments are drawn from ``seed``. A failed
+        trial's folder is kept (and said), a passed one's removed."""
+        rng = random.Random(f"{seed}/{fault}")
+        results = []
+        for number in range(trials):
+            subject = Subject(self.work, self.epochs, f"{fault}_{number}", self.setup, self.place)
+            subject.work.mkdir(parents=True)
+            try:
+                trial = FAULTS[fault].trial(subject, rng, total_steps(self.epochs))
+                trial.left += subject.left_after()
+                storage = subject.storage()
+                if trial.recovered:
+                    trial.identical = same(final_state(storage, self.setup.save_as), self.expected)
+                trial.lost = unreadable(storage, trial.spared)
+            finally:
+                for cleanup in reversed(subject.cleanups):
+                    cleanup()
+            results.append(trial)
+            if passed([trial]):
+                self.place.remove(subject.ckpt)
+                shutil.rmtree(subject.work, ignore_errors=True)
+            else:
+                say(f"  {FAULTS[fault].words}, trial {number + 1}: {trial} (kept: {subject.work})")
+        return results
 
 
 def passed(trials: List[Trial]) -> bool:
@@ -385,30 +623,42 @@ def table(results: Dict[str, List[Trial]]) -> List[str]:
     return lines
 
 
+def _chosen(text: str, known: Dict[str, object], what: str) -> List[str]:
+    chosen = [item.strip() for item in text.split(",") if item.strip()]
+    unknown = [item for item in chosen if item not in known]
+    if unknown:
+        raise SystemExit(f"unknown {what}(s) {', '.join(unknown)}; known: {','.join(known)}")
+    return chosen
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=10)
     p.add_argument("--seed", type=int, default=None, help="default: a random one (printed)")
     p.add_argument("--epochs", type=int, default=6, help="of examples/train.py: 22 steps each")
+    p.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated, of {','.join(SETUPS)}")
     p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {','.join(FAULTS)}")
     args = p.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(2**31)
-    faults = [f.strip() for f in args.faults.split(",") if f.strip()]
-    unknown = [f for f in faults if f not in FAULTS]
-    if unknown:
-        print(f"unknown fault(s) {unknown}; known: {','.join(FAULTS)}", file=sys.stderr)
-        return 2
+    setups = _chosen(args.setups, SETUPS, "setup")
+    faults = _chosen(args.faults, FAULTS, "fault")
     print(f"chaos matrix: seed {seed}, {args.trials} trial(s) per fault, train.py --epochs {args.epochs}")
     work = Path(tempfile.mkdtemp(prefix="ftlaunch-chaos-"))
-    started = time.monotonic()
-    expected = reference_state(work, args.epochs)
-    results = {}
-    for fault in faults:
-        results[FAULTS[fault][0]] = trials = run_fault(fault, args.trials, seed, args.epochs, work, expected)
-        print(f"{FAULTS[fault][0]}: {sum(passed([t]) for t in trials)}/{args.trials} passed", flush=True)
-    print(f"\n{time.strftime('%Y-%m-%d')}, seed {seed}, {time.monotonic() - started:.0f} s\n")
-    print("\n".join(table(results)))
-    ok = all(passed(t) for t in results.values())
+    ok = True
+    for setup in (SETUPS[s] for s in setups):
+        started, results = time.monotonic(), {}
+        print(f"\n## {setup.describe()}", flush=True)
+        with Matrix(setup, args.epochs, work) as matrix:
+            for fault in (f for f in faults if f in matrix.faults()):
+                results[FAULTS[fault].words] = trials = matrix.run_fault(fault, args.trials, seed)
+                print(
+                    f"{FAULTS[fault].words}: {sum(passed([t]) for t in trials)}/{args.trials} passed",
+                    flush=True,
+                )
+        took = time.monotonic() - started
+        print(f"\n{time.strftime('%Y-%m-%d')}, seed {seed}, setup {setup.id}, {took:.0f} s\n")
+        print("\n".join(table(results)), flush=True)
+        ok = ok and all(passed(t) for t in results.values())
     if ok:
         shutil.rmtree(work, ignore_errors=True)
     else:
