@@ -179,7 +179,7 @@ class ForkServerSpawner:
 
     @property
     def helper_pids(self) -> Tuple[int, ...]:
-        pid = self._server.pid if self._state == "serving" else None
+        pid = self._server.pid if self._state in ("launched", "serving") else None
         return (pid,) if pid is not None else ()
 
     def warm_up(self, spec: WorkerSpec) -> None:
