@@ -90,13 +90,13 @@ class HangMonitor:
             self._on_first_step()
 
     def _declare_hang(
-        self, attempt: int, group: WorkerGroup, overdue: List[Overdue], readings: Dict[int, BeatReading]
+        self, attempt: int, group: WorkerGroup, silent: List[Overdue], readings: Dict[int, BeatReading]
     ) -> List[Failure]:
         running = group.running()
-        for o in overdue:
+        for o in silent:
             self._events.emit(Hang(attempt, **dataclasses.asdict(o)))
-        late = ", ".join(str(o.rank) for o in overdue if o.silent_for > o.deadline)
-        with_them = [str(o.rank) for o in overdue if o.silent_for <= o.deadline]
+        late = ", ".join(str(o.rank) for o in silent if o.silent_for > o.deadline)
+        with_them = [str(o.rank) for o in silent if o.silent_for <= o.deadline]
         also = f" (silent with them: rank(s) {', '.join(with_them)})" if with_them else ""
         self._say(
             f"attempt {attempt}: rank(s) {late} missed the heartbeat deadline{also}; "
@@ -118,7 +118,7 @@ class HangMonitor:
                 thread_id=readings[o.rank].main_thread,
                 process_status=_status(running[o.rank]),
             )
-            for o in overdue
+            for o in silent
         ]
 
     def _report_deadline(self, attempt: int, now_in_force: Optional[float]) -> None:

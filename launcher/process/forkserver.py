@@ -88,12 +88,6 @@ class ForkServer:
     def pid(self) -> Optional[int]:
         return self._proc.pid if self._proc is not None else None
 
-    def start(self, env: dict, timeout: float, go_on: Callable[[], bool] = lambda: True) -> None:
-        """Start the zygote and wait until it has imported everything; ForkServerUnavailable
-        when it cannot (a module that fails to import, a thread left behind, a death)."""
-        self.launch(env)
-        self.await_ready(timeout, go_on)
-
     def launch(self, env: dict) -> None:
         """Start the zygote without waiting for its imports (OSError if it cannot be started)."""
         from launcher.process.zygote import SINGLE_THREADED
@@ -121,7 +115,8 @@ class ForkServer:
         self._sock = ours
 
     def await_ready(self, timeout: float, go_on: Callable[[], bool] = lambda: True) -> None:
-        """Wait until the launched zygote has imported everything, or say why it cannot serve."""
+        """Wait until the launched zygote has imported everything; ForkServerUnavailable when it
+        cannot serve (a module that fails to import, a thread left behind, a death)."""
         ready = self._receive(timeout, "start", go_on)
         if ready["failed"]:
             name, why = next(iter(ready["failed"].items()))
