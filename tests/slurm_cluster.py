@@ -164,6 +164,9 @@ SlurmdLogFile={r}/log/slurmd.%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SchedulerType=sched/builtin
+# sched_interval: how often pending jobs are looked at (60 s by default); a requeued job that has
+# waited out cred_expire starts at the next look, not at the next submit or exit as others do.
+SchedulerParameters=sched_interval=1
 SelectType=select/linear
 MpiDefault=none
 ReturnToService=2
