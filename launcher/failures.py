@@ -101,8 +101,10 @@ class HangFailure:
 
     @property
     def blame_order(self) -> tuple:
-        """The rank behind (lowest step) and not blocked in a collective is the likeliest cause."""
-        return (self.waits_on_peers, self.last_step, self.observed_at, self.rank)
+        """A process frozen by the OS (stopped, traced, in uninterruptible I/O) explains its own
+        silence; then the rank behind (lowest step) and not blocked in a collective."""
+        frozen = self.process_status in _NOTABLE_STATUS
+        return (not frozen, self.waits_on_peers, self.last_step, self.observed_at, self.rank)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Hang deadlines, stack-dump parsing and durations: pure logic with scripted clocks and slots."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -59,6 +60,28 @@ def test_ranks_that_went_silent_with_an_overdue_one_are_named_with_it():
     assert [o.rank for o in watch.silent_with(105.2, readings)] == [0, 1, 2]
 
 
+def test_a_rank_stuck_in_a_save_is_named_with_the_peers_that_wait_for_it():
+    """Regression (the chaos matrix, directory mode on GCS): rank 0 was frozen inside its save,
+    heartbeat paused, so its own deadline was the long pause deadline; rank 1, blocked in the
+    next all-reduce, passed its step deadline first and was blamed alone. Rank 0, silent as long,
+    is named with it; rank 2, which paused for a save a moment ago, is not, nor is rank 3, paused
+    as long but further on (done, saving its last step)."""
+    watch = HangWatch(FIXED, started_at=0.0)
+    readings = {
+        0: slot(beats=20, step=20, at=100.1, paused=True, pauses=2),
+        1: slot(beats=20, step=20, at=100.0),
+        2: slot(beats=20, step=20, at=104.0, paused=True, pauses=2),
+        3: slot(beats=30, step=29, at=100.1, paused=True, pauses=3),
+    }
+    watch.observe(readings)
+    assert [o.rank for o in watch.overdue(105.5, readings)] == [1]
+    assert {o.rank: o.phase for o in watch.silent_with(105.5, readings)} == {
+        0: Phase.PAUSED,
+        1: Phase.STEPPING,
+    }
+    assert watch.silent_with(101.0, readings) == []  # nobody overdue: nobody named
+
+
 def test_a_paused_rank_gets_the_init_timeout_from_the_pause_start():
     watch = HangWatch(FIXED, started_at=0.0)
     readings = {0: slot(beats=1, at=10.0), 1: slot(beats=1, at=20.0, paused=True)}
@@ -106,6 +129,18 @@ def test_a_hung_rank_is_blamed_before_peers_waiting_in_a_collective():
     sleeping = 'File "/w/train.py", line 9 in load_batch'
     assert root_cause([hang(0, 9, waiting), hang(1, 9, sleeping), hang(2, 9, waiting)]).rank == 1
     assert root_cause([hang(0, 12, sleeping), hang(1, 9, sleeping)]).rank == 1  # the one behind
+
+
+def test_a_frozen_process_is_blamed_before_a_peer_that_went_silent_first():
+    """Regression (the chaos matrix): rank 0, stopped inside its save, was silent a moment less
+    than rank 1, which waited for it in DDP's backward (no torch/distributed frame on top); the
+    stopped process is the evidence."""
+    backward = 'File "/v/site-packages/torch/autograd/graph.py", line 979 in _engine_run_backward'
+    waiting = HangFailure(1, 1, 101, Phase.STEPPING, 5.5, 5.0, 20, 100.0, stack=(backward,))
+    stopped = HangFailure(0, 0, 100, Phase.PAUSED, 5.4, 60.0, 20, 100.1, process_status="stopped")
+    assert root_cause([waiting, stopped]).rank == 0
+    asleep = dataclasses.replace(stopped, process_status="sleeping")  # no evidence: the earlier silence
+    assert root_cause([waiting, asleep]).rank == 1
 
 
 def test_stack_dump_is_read_back_per_thread(tmp_path):

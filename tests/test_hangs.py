@@ -118,6 +118,25 @@ def test_a_script_that_never_beats_is_never_killed_for_silence(launcher):
     assert launch.survivors() == []
 
 
+def test_a_rank_frozen_inside_a_save_is_blamed_not_the_peer_that_waits_for_it(launcher):
+    """Regression (the chaos matrix): a rank stopped with its heartbeat paused has the long pause
+    deadline, so its peer, blocked in the next all-reduce, passes its own deadline first; the
+    peer alone was named and blamed. The frozen rank is named with it, and blamed."""
+    launch = launcher.run(
+        "--nproc", "2", "--heartbeat-timeout", "2", BEATER, "--collective", "--hang", "stop-in-save",
+        "--hang-rank", "0",
+    )  # fmt: skip
+
+    assert launch.proc.returncode == 0, launch.stderr
+    hangs = {h["rank"]: h for h in launch.events("hang")}
+    assert hangs[0]["phase"] == "paused" and hangs[1]["phase"] == "stepping", hangs
+    assert hangs[1]["silent_for"] > hangs[1]["deadline"] and hangs[0]["deadline"] > 2.0
+    failed = re.search(r"attempt 0 failed: (.*)", launch.stderr)
+    assert failed and failed.group(1).startswith("rank 0 (pid"), launch.stderr
+    assert "stuck in a save/load/pause" in failed.group(1) and "process stopped" in failed.group(1)
+    assert launch.survivors() == []
+
+
 def test_auto_deadline_follows_steps_that_slow_down_3x(launcher):
     launch = launcher.run(
         "--nproc",

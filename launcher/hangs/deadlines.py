@@ -98,11 +98,23 @@ class HangWatch:
         return [s for s in self.silences(now, readings) if s.silent_for > s.deadline]
 
     def silent_with(self, now: float, readings: Dict[int, BeatReading]) -> List[Overdue]:
-        """Once a rank is overdue, every rank silent for over half its deadline went silent with
-        it: the peers blocked in a hung rank's collective stop beating at about the same moment,
-        on a busy machine a few beats apart, and the hung rank must be among those blamed even
-        when a peer's deadline passed first."""
-        return [s for s in self.silences(now, readings) if s.silent_for > s.deadline / 2]
+        """Once a rank is overdue, the ranks that went silent with it: the peers blocked in a hung
+        rank's collective stop beating at about the same moment, on a busy machine a few beats
+        apart, and the hung rank must be among those blamed even when a peer's deadline passed
+        first. So every rank silent for over half its own deadline is named; and so is a rank
+        with a longer deadline (inside a save: heartbeat paused) that is silent for over half the
+        deadline missed and no further on than the overdue ranks, which may wait for it in their
+        next collective. A rank that is further on (done, saving its last step) is not."""
+        silences = self.silences(now, readings)
+        overdue = [s for s in silences if s.silent_for > s.deadline]
+        if not overdue:
+            return []
+        missed, furthest = min(o.deadline for o in overdue), max(o.last_step for o in overdue)
+        return [
+            s
+            for s in silences
+            if s.silent_for > s.deadline / 2 or (s.silent_for > missed / 2 and s.last_step <= furthest)
+        ]
 
     def never_beat(self, now: float) -> bool:
         """No rank has beaten within ``init_timeout`` of the start: the script does not beat."""

@@ -23,7 +23,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--step-time", type=float, default=0.05)
     p.add_argument("--slow-from", type=int, default=None, help="steps from here take 3x as long")
-    p.add_argument("--hang", choices=["sleep", "stop", "stall"], help="what the hanging rank does")
+    p.add_argument(
+        "--hang",
+        choices=["sleep", "stop", "stop-in-save", "stall"],
+        help="what the hanging rank does (stop-in-save: SIGSTOP with its heartbeat paused, as in a save)",
+    )
     p.add_argument("--hang-rank", type=int, default=1)
     p.add_argument("--hang-at", type=int, default=10, help="the step it hangs in (or the first one after)")
     p.add_argument("--hang-attempt", type=int, default=0, help="the attempt in which it hangs")
@@ -50,6 +54,9 @@ def hang(how: str, step: int) -> None:
     print(f"rank {RANK} hangs at step {step} ({how})", flush=True)
     if how == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
+    if how == "stop-in-save":  # frozen where a save of its own would be: the heartbeat paused
+        with ft.pause_heartbeat():
+            os.kill(os.getpid(), signal.SIGSTOP)
     if how == "stall":  # silent for a while, then goes on
         time.sleep(3.0)
         return
