@@ -221,3 +221,22 @@ def test_a_request_for_the_training_thread_is_never_carried_out_by_a_save(tmp_pa
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "raised at the beat: injected by ftlaunch --chaos" in done.stdout
+
+
+def test_a_stop_half_way_through_a_part_happens_once_however_many_chunks_follow(tmp_path):
+    """Found by the matrix: a rank stopped half-way through its part (SIGSTOP) and continued by
+    the supervisor's stop stopped itself again at its next chunk, so SIGTERM found it stopped and
+    the group was only killed when the grace period ran out. Here the action is a signal whose
+    handler counts it."""
+    import io
+
+    from worker_lib.chaos import dying_half_way
+
+    received = []
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: received.append(signum))
+    try:
+        fill = dying_half_way(lambda out: [out.write(b"x" * 10) for _ in range(5)], signal.SIGUSR2)
+        fill(io.BytesIO())
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert received == [signal.SIGUSR2]

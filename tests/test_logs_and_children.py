@@ -1,8 +1,15 @@
 """Per-rank logs and console lines; DataLoader workers stopped with their rank."""
 
 import re
+import signal
+import subprocess
+import sys
+import time
 
+import psutil
 from helpers import ACTOR, SCRIPTS
+
+from launcher.process.tree import stop_tree
 
 
 def test_console_lines_are_whole_and_prefixed(launcher):
@@ -92,3 +99,29 @@ def test_a_closed_console_does_not_stall_the_workers(launcher):
         log = (launch.log_dir / "attempt_0" / f"rank_{rank}.log").read_text()
         assert log.count(f"rank {rank} line ") == 20000
     assert launch.survivors() == []
+
+
+def test_a_process_that_stops_itself_again_when_continued_is_stopped_by_sigterm(tmp_path):
+    """A stopped worker gets SIGTERM before SIGCONT, so it is already pending when the process
+    resumes: continued first, one that stops itself again (a chaos fault at a save, a loop of
+    SIGSTOPs) was stopped anew before SIGTERM came and lived until the grace period ran out."""
+    script = (
+        "import os, signal, time\n"
+        "signal.signal(signal.SIGCONT, lambda *_: os.kill(os.getpid(), signal.SIGSTOP))\n"
+        "os.kill(os.getpid(), signal.SIGSTOP)\n"
+        "while True:\n"
+        "    time.sleep(1)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        watched = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 60
+        while watched.status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert watched.status() == psutil.STATUS_STOPPED
+        report = stop_tree([proc.pid], signal.SIGTERM, grace=60, abort=lambda: False, reap=proc.poll)
+        assert not report.killed and report.survivors == [] and proc.returncode == -signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

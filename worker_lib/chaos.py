@@ -52,15 +52,18 @@ def act(action: int, where: str) -> None:
 
 
 def dying_half_way(fill: Callable[[BinaryIO], object], action: int) -> Callable[[BinaryIO], object]:
-    """``fill`` that carries out ``action`` once its first chunk is written: the part is torn."""
+    """``fill`` that carries out ``action`` once its first chunk is written: the part is torn.
+    Once only: a rank stopped there (SIGSTOP) and continued must not stop itself again at its
+    next chunk, or the supervisor's SIGCONT before SIGTERM would find it stopped anew."""
 
     class Torn:
         def __init__(self, handle: BinaryIO) -> None:
-            self._handle, self._written = handle, 0
+            self._handle, self._written, self._acted = handle, 0, False
 
         def write(self, data) -> int:
-            if self._written:
+            if self._written and not self._acted:
                 self._handle.flush()
+                self._acted = True
                 act(action, "half-way through writing its checkpoint part")
             self._written += len(data)
             return self._handle.write(data)

@@ -1,4 +1,4 @@
-"""Stopping process trees: SIGCONT + a first signal to every group and descendant, a grace
+"""Stopping process trees: a first signal + SIGCONT to every group and descendant, a grace
 period on a monotonic clock, SIGKILL, then a psutil check that nothing is left.
 
 The supervisor is a child subreaper (``linux.become_subreaper``), so a grandchild whose parent
@@ -48,8 +48,11 @@ def stop_tree(
     the owner collect its children's exit statuses while we wait.
     """
     start = time.monotonic()
-    targets = _signal_all(leaders, signal.SIGCONT, exclude)  # a stopped process can't act on SIGTERM
-    targets |= _signal_all(leaders, first_signal, exclude)
+    # A stopped process acts on SIGTERM only once continued: the signal goes first, so that it is
+    # already pending when SIGCONT resumes the process (continued first, a process that stops
+    # itself again, in a loop or a chaos fault, would be stopped anew before SIGTERM came).
+    targets = _signal_all(leaders, first_signal, exclude)
+    targets |= _signal_all(leaders, signal.SIGCONT, exclude)
     deadline = start + grace
     while _alive(targets) and time.monotonic() < deadline and not abort():
         reap()
