@@ -260,6 +260,7 @@ class Supervisor:
         problem = _disagreement(self.config, channel.node_infos(self._signals.wait))
         if problem:
             channel.publish_plan(AttemptPlan(attempt, "", 0, refused=problem))
+            channel.await_acks(self._signals.wait, "planned")  # the store goes away with this node
             channel.close()
             raise UsageError(problem)
         waited = round(time.monotonic() - started, 3)

@@ -3,6 +3,7 @@ the rendezvous round's store, itself a prefix of node 0's store, fresh per attem
 
     node/<n>      each node: who it is (host, pid, nproc, command)   claim/<n>: one node per rank
     plan          node 0: the attempt number and the workers' store (or why the round is refused)
+                  planned/<n>: the plan was read (a refused round's node 0 waits for it)
     alive/<n>     each node: a counter a thread bumps; a node silent for --node-timeout is lost
     interrupt     the first node to see a failure, a hang, a lost node or a stop signal (first wins)
     stop/<n>      each node, once asked to stop: where its ranks are; every node computes the
@@ -233,7 +234,9 @@ class AttemptChannel:
 
     def read_plan(self, wait: Callable[[float], None]) -> AttemptPlan:
         self._wait_for("plan", wait)
-        return AttemptPlan(**json.loads(self._get("plan")))
+        plan = AttemptPlan(**json.loads(self._get("plan")))
+        self._call("set", f"planned/{self.node}", "1")
+        return plan
 
     # -- while the attempt runs ------------------------------------------------------------------
 
@@ -392,11 +395,12 @@ class AttemptChannel:
         self._call("set", f"ack/{self.node}", "1")
         return verdict
 
-    def await_acks(self, wait: Callable[[float], None]) -> None:
-        """Node 0, before its store goes away with it: every live node has read the verdict."""
+    def await_acks(self, wait: Callable[[float], None], key: str = "ack") -> None:
+        """Node 0, before its store goes away with it: every live node has read what it said
+        last (the verdict: ``ack``; a refused plan: ``planned``)."""
         live = [n for n in self._nodes if n != self.node and n not in self._lost]
         deadline = time.monotonic() + self._config.node_timeout
-        while time.monotonic() < deadline and not all(self._has(f"ack/{n}") for n in live):
+        while time.monotonic() < deadline and not all(self._has(f"{key}/{n}") for n in live):
             wait(_POLL_S)
 
     # -- waiting -----------------------------------------------------------------------------------
