@@ -424,17 +424,20 @@ def full_disk(subject: Subject, rng: random.Random, steps: int) -> Trial:
     first half of the run was committed, and stays full until a save has failed of it for good
     (past worker_lib's retries: the group fails); then the space comes back, as once someone
     cleans up. The filler takes all but 2 MiB before the run starts, so that filling the rest
-    takes no time: a run past its last save would prove nothing."""
+    takes no time: a run past its last save would prove nothing. It fills again whatever the run
+    frees while it is held full: worker_lib removes older steps after each commit, and a step
+    removed after the filler's first go would make room for the next save (a fast run's steps
+    take a few milliseconds: found by CI)."""
     folder = Path(subject.ckpt)
     mount_tmpfs(folder, subject.cleanups)
     filler = folder / "filler"
     fill_up(filler, leave=2 << 20)
     proc = subject.start()
     subject.wait_for_commit(rng.randrange(steps // 10, steps // 2), proc, poll=0.01)
-    fill_up(filler)
     deadline = time.monotonic() + 60
     while _group_failed(subject.events(1)) is None and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+        fill_up(filler)
+        time.sleep(0.005)
     failed = _group_failed(subject.events(1))
     landed = failed is not None and subject.logged("No space left on device")
     filler.unlink()
