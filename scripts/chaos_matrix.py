@@ -238,8 +238,10 @@ class Subject:
         )
 
     def wait_for_commit(
-        self, step: int, proc: subprocess.Popen, timeout: float = 60.0, poll: float = 0.05
+        self, step: int, proc: subprocess.Popen, timeout: float = 60.0, poll: float = 0.01
     ) -> bool:
+        """Until a step at or past ``step`` is committed (True), or the run ended first. Looked at
+        often: on a fast machine a step of train.py takes 5 ms, and the run may end 20 steps on."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and proc.poll() is None:
             if any(s >= step for s in self.committed()):
@@ -358,13 +360,14 @@ def kill_supervisor(subject: Subject, rng: random.Random, steps: int) -> Trial:
     again resumes the run."""
     proc = subject.start()
     subject.wait_for_commit(_step(rng, steps), proc)
-    killed_at = time.monotonic()
+    killed_at, landed = time.monotonic(), proc.poll() is None  # not a run that had already ended
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     left = subject.left_after()  # the orphan guard and PDEATHSIG take the workers with it
     code = wait(subject.start())
     recovery = recovery_from(subject.events(2), killed_at)
-    return Trial(landed=True, recovered=code == 0, left=left, recovery=recovery)
+    note = "" if landed else "the run ended before the kill"
+    return Trial(landed=landed, recovered=code == 0, left=left, recovery=recovery, note=note)
 
 
 def kill_guard(subject: Subject, rng: random.Random, steps: int) -> Trial:
@@ -387,6 +390,7 @@ def damaged_part(how: str):
     def trial(subject: Subject, rng: random.Random, steps: int) -> Trial:
         proc = subject.start()
         subject.wait_for_commit(_step(rng, steps), proc)
+        landed = proc.poll() is None  # a run that had already ended would not load the part
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         left = subject.left_after()
@@ -400,7 +404,8 @@ def damaged_part(how: str):
             data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
         storage.write_bytes(part, bytes(data))
         code = wait(subject.start())
-        return Trial(landed=True, recovered=code == 0, left=left, spared=newest)
+        note = "" if landed else "the run ended before the kill"
+        return Trial(landed=landed, recovered=code == 0, left=left, spared=newest, note=note)
 
     return trial
 
@@ -433,7 +438,7 @@ def full_disk(subject: Subject, rng: random.Random, steps: int) -> Trial:
     filler = folder / "filler"
     fill_up(filler, leave=2 << 20)
     proc = subject.start()
-    subject.wait_for_commit(rng.randrange(steps // 10, steps // 2), proc, poll=0.01)
+    subject.wait_for_commit(rng.randrange(steps // 10, steps // 2), proc)
     deadline = time.monotonic() + 60
     while _group_failed(subject.events(1)) is None and proc.poll() is None and time.monotonic() < deadline:
         fill_up(filler)
