@@ -54,7 +54,7 @@ def act(action: int, where: str) -> None:
 def dying_half_way(fill: Callable[[BinaryIO], object], action: int) -> Callable[[BinaryIO], object]:
     """``fill`` that carries out ``action`` once its first chunk is written: the part is torn.
     Once only: a rank stopped there (SIGSTOP) and continued must not stop itself again at its
-    next chunk, or the supervisor's SIGCONT before SIGTERM would find it stopped anew."""
+    next chunk (one fault, not one per chunk)."""
 
     class Torn:
         def __init__(self, handle: BinaryIO) -> None:
