@@ -106,11 +106,11 @@ def test_a_process_that_stops_itself_again_when_continued_is_stopped_by_sigterm(
     resumes: continued first, one that stops itself again (a chaos fault at a save, a loop of
     SIGSTOPs) was stopped anew before SIGTERM came and lived until the grace period ran out."""
     script = (
-        "import os, signal, time\n"
+        "import os, signal\n"
         "signal.signal(signal.SIGCONT, lambda *_: os.kill(os.getpid(), signal.SIGSTOP))\n"
         "os.kill(os.getpid(), signal.SIGSTOP)\n"
         "while True:\n"
-        "    time.sleep(1)\n"
+        "    signal.pause()\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
     try:
