@@ -223,7 +223,7 @@ def test_a_request_for_the_training_thread_is_never_carried_out_by_a_save(tmp_pa
     assert "raised at the beat: injected by ftlaunch --chaos" in done.stdout
 
 
-def test_a_stop_half_way_through_a_part_happens_once_however_many_chunks_follow(tmp_path):
+def test_a_stop_half_way_through_a_part_happens_once_however_many_chunks_follow():
     """Found by the matrix: a rank stopped half-way through its part (SIGSTOP) and continued by
     the supervisor's stop stopped itself again at its next chunk, so SIGTERM found it stopped and
     the group was only killed when the grace period ran out. Here the action is a signal whose

@@ -101,7 +101,7 @@ def test_a_closed_console_does_not_stall_the_workers(launcher):
     assert launch.survivors() == []
 
 
-def test_a_process_that_stops_itself_again_when_continued_is_stopped_by_sigterm(tmp_path):
+def test_a_process_that_stops_itself_again_when_continued_is_stopped_by_sigterm():
     """A stopped worker gets SIGTERM before SIGCONT, so it is already pending when the process
     resumes: continued first, one that stops itself again (a chaos fault at a save, a loop of
     SIGSTOPs) was stopped anew before SIGTERM came and lived until the grace period ran out."""
