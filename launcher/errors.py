@@ -81,3 +81,4 @@ class Interrupted(FtlaunchError):
     def __init__(self, signum: int) -> None:
         super().__init__(f"interrupted by {signal.Signals(signum).name} before any worker started")
         self.exit_code = exit_code_for_signal(signum)
+        self.signum = signum

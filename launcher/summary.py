@@ -5,7 +5,7 @@ from typing import List
 from launcher.failures import Failure, HangFailure, NodeLostFailure
 from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.recovery import Recovery
-from launcher.supervisor import RunResult
+from launcher.results import RunResult
 
 __all__ = ["summary_lines"]
 

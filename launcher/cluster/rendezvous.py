@@ -18,6 +18,7 @@ from launcher.process.store import listen
 __all__ = ["LeaderUnreachable", "Rendezvous", "Round", "connect_job_store", "host_job_store"]
 
 _CONNECT_TRY_S = 2.0  # one connection try; between tries, signals are looked at
+_ROUND_SLACK_S = 30.0
 
 
 class LeaderUnreachable(Exception):
@@ -154,10 +155,16 @@ class Rendezvous:
         thread.start()
         started = time.monotonic()
         next_word = started + 10.0
+        # torch's own join timeout ends the wait; ours is the backstop for a handler stuck on
+        # a store that no longer answers (a node 0 stopped, not dead).
+        deadline = started + self.config.join_timeout + _ROUND_SLACK_S
         while thread.is_alive():
             signals.wait(0.05)
             if signals.first is not None:
                 raise Interrupted(signals.first)
+            if time.monotonic() >= deadline:
+                outcome.setdefault("error", RendezvousTimeoutError("the join did not return"))
+                break
             if time.monotonic() >= next_word:
                 waited = time.monotonic() - started
                 say(

@@ -1,0 +1,70 @@
+"""--chaos during an attempt: send the faults the injector finds due, or leave them in the rank's
+slot for worker_lib, and tell which failures were their doing. Without --chaos, ``NoChaos``."""
+
+import os
+import signal
+import time
+from typing import Callable, List
+
+from launcher.chaos.injector import ChaosInjector, Injection, mark_injected
+from launcher.config import LaunchConfig
+from launcher.events import ChaosInjected, EventLog
+from launcher.failures import Failure
+
+__all__ = ["ChaosDriver", "NoChaos", "chaos_for"]
+
+
+class NoChaos:
+    def attempt_started(self) -> None:
+        pass
+
+    def inject(self, attempt: int, group, board, slots) -> None:
+        pass
+
+    def mark(self, failures: List[Failure]) -> List[Failure]:
+        return failures
+
+
+class ChaosDriver(NoChaos):
+    def __init__(self, injector: ChaosInjector, events: EventLog, say: Callable[[str], None]) -> None:
+        self._injector = injector
+        self._events = events
+        self._say = say
+        self._injected: List[Injection] = []  # this attempt's
+
+    def attempt_started(self) -> None:
+        self._injected = []
+        self._injector.attempt_started()
+
+    def inject(self, attempt: int, group, board, slots) -> None:
+        """Send the faults that are due, or leave them in the slot for worker_lib (the next turns
+        of the monitor loop see what they did)."""
+        for fault in self._injector.look(time.monotonic(), group.running(), slots):
+            slot = slots.get(fault.rank)
+            step = slot.step if slot is not None and slot.beats > 0 and slot.step >= 0 else None
+            what = signal.Signals(fault.signum).name if fault.signum else fault.kind
+            via = "worker_lib" if fault.request else "signal"
+            self._events.emit(ChaosInjected(attempt, fault.fault, what, fault.rank, fault.pid, step, via))
+            where = f" at step {step}" if step is not None else ""
+            if fault.request:
+                board.request_chaos(fault.rank, fault.request)
+                self._say(
+                    f"chaos: asked rank {fault.rank} (pid {fault.pid}){where} for {what} ({fault.fault})"
+                )
+                self._injected.append(fault)
+                continue
+            self._say(f"chaos: {what} to rank {fault.rank} (pid {fault.pid}){where} ({fault.fault})")
+            try:
+                os.kill(fault.pid, fault.signum)
+            except ProcessLookupError:
+                continue  # it died on its own first: then its failure is its own
+            self._injected.append(fault)
+
+    def mark(self, failures: List[Failure]) -> List[Failure]:
+        return mark_injected(failures, self._injected)
+
+
+def chaos_for(config: LaunchConfig, events: EventLog, say: Callable[[str], None]) -> NoChaos:
+    if config.chaos is None:
+        return NoChaos()
+    return ChaosDriver(ChaosInjector.for_config(config), events, say)

@@ -1,0 +1,82 @@
+"""A follower's end of an attempt's keys: it watches only node 0, reads the plan and the
+verdict, and loses the attempt (``LeaderUnreachable``) when node 0's store goes away or node 0
+goes silent."""
+
+import json
+import time
+from typing import List, NoReturn
+
+from launcher.cluster.channel import AttemptChannel, ChannelSpec
+from launcher.cluster.deadline_store import DeadlineStore
+from launcher.cluster.rendezvous import LeaderUnreachable
+from launcher.cluster.wire import AttemptPlan, Interrupt, JobVerdict, NodeReport
+from launcher.process.signals import SignalInbox
+
+__all__ = ["FollowerChannel"]
+
+
+class FollowerChannel(AttemptChannel):
+    def __init__(self, store, spec: ChannelSpec, signals: SignalInbox) -> None:
+        super().__init__(store, spec, signals, watched=[0])
+        self.broken = ""  # why node 0 cannot be reached, once it cannot
+
+    def _for_calls(self, store, spec: ChannelSpec):
+        """Node 0's store, each call with a deadline of --node-timeout: a stopped node 0 is lost,
+        not waited for with no end."""
+        return DeadlineStore(store, spec.node_timeout)
+
+    def close(self) -> None:
+        super().close()
+        self._store.close()
+
+    def _call(self, method: str, *args):
+        if self.broken:
+            raise LeaderUnreachable(self.broken)
+        return super()._call(method, *args)
+
+    def _store_failed(self, err: Exception) -> NoReturn:
+        self.broken = f"node 0's store at {self.spec.endpoint} is gone ({type(err).__name__}: {err})"
+        raise LeaderUnreachable(self.broken) from None
+
+    def _declare_lost(self, node: int, why: str) -> Interrupt:
+        self.broken = f"node 0 has been {why} (--node-timeout)"
+        raise LeaderUnreachable(self.broken)
+
+    def read_plan(self, limit: float) -> AttemptPlan:
+        """Node 0's plan for the attempt; any signal ends the wait (Interrupted)."""
+        deadline = time.monotonic() + limit
+        while not self._has("plan"):
+            self._look_for_lost_nodes()
+            if time.monotonic() >= deadline:
+                self.broken = f"node 0 planned no attempt within {limit:g} s"
+                raise LeaderUnreachable(self.broken)
+            self._pause(0)
+        plan = AttemptPlan(**json.loads(self._get("plan")))
+        self._call("set", f"planned/{self.node}", "1")
+        return plan
+
+    def share_progress(self, rows: List[dict]) -> None:
+        """Its ranks' steps and beat ages, for node 0 to publish."""
+        try:
+            self._call("set", f"progress/{self.node}", json.dumps({"at": time.time(), "rows": rows}))
+        except LeaderUnreachable:
+            pass  # the next tick says so and ends the attempt
+
+    def report(self, report: NodeReport) -> None:
+        self._call("set", f"report/{self.node}", report.to_json())
+
+    def await_verdict(self, limit: float) -> JobVerdict:
+        """Node 0's decision: LeaderUnreachable when node 0 goes silent first or decides nothing
+        within ``limit`` seconds; Interrupted when a signal arrives meanwhile."""
+        since = len(self._signals.received)
+        deadline = time.monotonic() + limit
+        while not self._has("verdict"):
+            self.answer_stop_if_asked()
+            self._look_for_lost_nodes()
+            if time.monotonic() >= deadline:
+                self.broken = f"node 0 gave no verdict within {limit:g} s"
+                raise LeaderUnreachable(self.broken)
+            self._pause(since)
+        verdict = JobVerdict.from_json(self._get("verdict"))
+        self._call("set", f"ack/{self.node}", "1")
+        return verdict

@@ -1,0 +1,137 @@
+"""Node 0's end of an attempt's keys: it meets every node, plans the attempt, gathers how it
+ended everywhere, and tells every node its verdict."""
+
+import json
+import time
+from typing import Dict, List, Tuple
+
+from launcher.cluster.channel import AttemptChannel, ChannelSpec
+from launcher.cluster.wire import AttemptPlan, JobVerdict, NodeInfo, NodeReport
+from launcher.errors import Interrupted
+from launcher.failures import Failure, NodeLostFailure
+from launcher.process.signals import SignalInbox
+
+__all__ = ["LeaderChannel"]
+
+# A node's liveness thread bumps its counter every half second: one that has not moved for this
+# long is not read a verdict by (its supervisor died), even within --node-timeout.
+_GONE_S = 3.0
+
+
+class LeaderChannel(AttemptChannel):
+    def __init__(self, store, spec: ChannelSpec, signals: SignalInbox) -> None:
+        super().__init__(store, spec, signals, watched=[n for n in range(spec.nnodes) if n != spec.node])
+        self._infos: Dict[int, NodeInfo] = {}
+
+    def node_infos(self, limit: float) -> Dict[int, NodeInfo]:
+        """Every node's announcement (each joined the round, so each is coming; one lost on the
+        way is left out and fails the attempt at its first tick). Any signal ends the wait."""
+        self._wait_all("node", limit, since=0)
+        self._infos = {
+            n: NodeInfo(**json.loads(self._get(f"node/{n}"))) for n in self._nodes if self._has(f"node/{n}")
+        }
+        return self._infos
+
+    def publish_plan(self, plan: AttemptPlan) -> None:
+        self._call("set", "plan", json.dumps(plan.__dict__))
+
+    def members(self) -> List[dict]:
+        """Once every node announced itself: who runs this attempt, for run.json."""
+        return [{"node": i.node, "host": i.host, "pid": i.pid} for _, i in sorted(self._infos.items())]
+
+    def lost_failures(self) -> List[Failure]:
+        """The nodes declared lost, as failures."""
+        return [
+            NodeLostFailure(
+                node=n,
+                host=self._infos[n].host if n in self._infos else "?",
+                pid=self._infos[n].pid if n in self._infos else 0,
+                silent_for=self._silent_for(n),
+                observed_at=time.monotonic(),
+            )
+            for n in sorted(self._lost)
+        ]
+
+    def _silent_for(self, node: int) -> float:
+        return round(time.monotonic() - self._seen[node][1], 3) if node in self._seen else 0.0
+
+    # -- progress, for `ftlaunch status` --------------------------------------------------------
+
+    def job_progress(self, own: List[dict]) -> Tuple[List[dict], List[dict]]:
+        """Every rank's row, with its node (a follower's as of its last share, its beat ages
+        brought up to now), and every node's supervisor: host, pid, seconds since its liveness
+        counter last moved."""
+        wall = time.time()
+        ranks, nodes = [], []
+        for n in self._nodes:
+            rows, silent = own, 0.0
+            if n != self.node:
+                silent = self._silent_for(n)
+                shared = json.loads(self._get(f"progress/{n}")) if self._has(f"progress/{n}") else None
+                rows = [_aged(row, wall - shared["at"]) for row in shared["rows"]] if shared else []
+            ranks += [{**row, "node": n} for row in rows]
+            info = self._infos.get(n)
+            nodes.append(
+                {
+                    "node": n,
+                    "host": info.host if info else None,
+                    "pid": info.pid if info else None,
+                    "silent_for": round(silent, 1),
+                    "lost": n in self._lost,
+                }
+            )
+        return ranks, nodes
+
+    # -- the end of the attempt --------------------------------------------------------------------
+
+    def report(self, report: NodeReport) -> None:
+        self._call("set", f"report/{self.node}", report.to_json())
+
+    def gather(self, limit: float) -> List[NodeReport]:
+        """Every node's report. A node that goes silent before reporting is lost; one still
+        beating but with no report after ``limit`` seconds is lost too. A signal that arrives
+        while it waits ends the wait with the reports so far."""
+        since = len(self._signals.received)
+        deadline = time.monotonic() + limit
+        reports: Dict[int, NodeReport] = {}
+        while True:
+            for n in self._nodes:
+                if n not in reports and n not in self._lost and self._has(f"report/{n}"):
+                    reports[n] = NodeReport.from_json(self._get(f"report/{n}"))
+            missing = [n for n in self._nodes if n not in reports and n not in self._lost]
+            if not missing:
+                break
+            if time.monotonic() >= deadline:
+                for n in missing:
+                    self._declare_lost(n, f"sent no report within {limit:g} s of the attempt's end")
+                break
+            self.answer_stop_if_asked()  # and looks for lost nodes
+            try:
+                self._pause(since)
+            except Interrupted:
+                break
+        return [reports[n] for n in sorted(reports)]
+
+    def publish_verdict(self, verdict: JobVerdict) -> None:
+        self._call("set", "verdict", verdict.to_json())
+
+    def await_acks(self, key: str = "ack") -> None:
+        """Before node 0's store goes away with it: every live node has read what it said last
+        (the verdict: ``ack``; a refused plan: ``planned``), within --node-timeout. A node whose
+        liveness counter stands still meanwhile (its supervisor is gone) is not waited for, and
+        a signal that arrives ends the wait."""
+        waiting = {n for n in self._nodes if n != self.node and n not in self._lost}
+        since = len(self._signals.received)
+        deadline = time.monotonic() + self.spec.node_timeout
+        try:
+            while waiting and time.monotonic() < deadline:
+                silences = self._silences()
+                waiting = {n for n in waiting if not self._has(f"{key}/{n}") and silences[n] < _GONE_S}
+                self._pause(since)
+        except Interrupted:
+            pass
+
+
+def _aged(row: dict, seconds: float) -> dict:
+    silent = row.get("silent_for")
+    return {**row, "silent_for": None if silent is None else round(silent + seconds, 3)}

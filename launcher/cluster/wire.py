@@ -1,0 +1,146 @@
+"""What the nodes of one attempt tell each other, as keys in that attempt's store (a prefix of
+the rendezvous round's store, itself a prefix of node 0's store, fresh per attempt), and the
+records behind them:
+
+    node/<n>      each node: who it is (host, pid, nproc, command)   claim/<n>: one node per rank
+    plan          node 0: the attempt number and the workers' store (or why the round is refused)
+                  planned/<n>: the plan was read (a refused round's node 0 waits for it)
+    alive/<n>     each node: a counter a thread bumps; a node silent for --node-timeout is lost
+    interrupt     the first node to see a failure, a hang, a lost node or a stop signal (first wins)
+    stop/<n>      each node, once asked to stop: where its ranks are (a StopReading); every node
+                  computes the same stop step from all of them
+    progress/<n>  each follower, every second: its ranks' steps, for node 0's progress.json
+    report/<n>    each node: how the attempt ended there, its failures
+    verdict       node 0: restart, or end the job with an exit code   ack/<n>: the verdict was read
+"""
+
+import dataclasses
+import enum
+import json
+import os
+import socket
+import time
+from typing import List, Optional
+
+from launcher.failures import Failure, failure_from_json, failure_to_json
+from launcher.stopping import StopReading
+
+__all__ = [
+    "AttemptPlan",
+    "Interrupt",
+    "InterruptKind",
+    "JobVerdict",
+    "NodeInfo",
+    "NodeReport",
+    "reading_from_json",
+    "reading_to_json",
+]
+
+
+class InterruptKind(str, enum.Enum):
+    FAILURE = "failure"  # a rank crashed or hung on that node
+    STOP = "stop"  # a signal (preemption, Ctrl+C) reached that node
+    LOST = "lost"  # a node's supervisor went silent
+
+
+@dataclasses.dataclass(frozen=True)
+class Interrupt:
+    node: int  # who raised it
+    kind: InterruptKind
+    detail: str  # one line
+    signum: Optional[int] = None  # STOP: the signal
+
+    def to_json(self) -> str:
+        return json.dumps({**dataclasses.asdict(self), "kind": self.kind.value})
+
+    @classmethod
+    def from_json(cls, text: str) -> "Interrupt":
+        data = json.loads(text)
+        return cls(**{**data, "kind": InterruptKind(data["kind"])})
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeInfo:
+    node: int
+    host: str
+    pid: int
+    nproc: int
+    command: List[str]
+
+    @classmethod
+    def here(cls, node: int, nproc: int, command) -> "NodeInfo":
+        return cls(node, socket.gethostname(), os.getpid(), nproc, list(command))
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptPlan:
+    attempt: int
+    master_addr: str
+    master_port: int
+    refused: str = ""  # node 0 refuses the round (nodes disagree): the reason, for every node
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeReport:
+    """How one attempt ended on one node (failures with their log tails already attached)."""
+
+    node: int
+    outcome: str  # AttemptOutcome value
+    failures: List[Failure]
+    beat: bool
+    furthest_step: Optional[int]
+    signum: Optional[int] = None
+
+    def to_json(self) -> str:
+        return _dump_with_failures(self)
+
+    @classmethod
+    def from_json(cls, text: str) -> "NodeReport":
+        return _load_with_failures(cls, text)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobVerdict:
+    """Node 0's decision after an attempt, for every node."""
+
+    restart: bool
+    exit_code: int
+    status: str  # RunStatus value (when the job ends)
+    reason: str
+    outcome: str  # the job's AttemptOutcome for this attempt
+    failures: List[Failure]  # every node's
+    same_round: bool = False  # restart: the same nodes hold the next attempt on this round
+
+    def to_json(self) -> str:
+        return _dump_with_failures(self)
+
+    @classmethod
+    def from_json(cls, text: str) -> "JobVerdict":
+        return _load_with_failures(cls, text)
+
+
+def reading_to_json(reading: StopReading) -> str:
+    return json.dumps(dataclasses.asdict(reading))
+
+
+def reading_from_json(text: str) -> StopReading:
+    data = json.loads(text)
+    return StopReading(bool(data["aware"]), int(data["furthest"]), float(data["rate"]))
+
+
+def _clock_offset() -> float:
+    return time.time() - time.monotonic()
+
+
+def _dump_with_failures(record) -> str:
+    """A record whose ``failures`` cross machines (their times as wall-clock time)."""
+    offset = _clock_offset()
+    data = dataclasses.asdict(record)
+    data["failures"] = [failure_to_json(f, offset) for f in record.failures]
+    return json.dumps(data)
+
+
+def _load_with_failures(cls, text: str):
+    data = json.loads(text)
+    offset = _clock_offset()
+    return cls(**{**data, "failures": [failure_from_json(f, offset) for f in data["failures"]]})

@@ -1,0 +1,43 @@
+"""How one attempt and one run ended, as the loop hands them on: records shared by the roles,
+the summary and the CLI (below all of them, above only the failure records)."""
+
+import dataclasses
+from typing import TYPE_CHECKING, List, Optional
+
+from launcher.failures import Failure, root_cause
+from launcher.hangs.board import BeatSummary
+from launcher.outcomes import AttemptOutcome, RunStatus
+
+if TYPE_CHECKING:  # the records are filled in by the loop; recovery sits above this module
+    from launcher.recovery import Recovery
+
+__all__ = ["AttemptResult", "RunResult"]
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptResult:
+    attempt: int
+    outcome: AttemptOutcome  # SUPERVISOR_LOST only on a follower that lost node 0 during it
+    failures: List[Failure] = dataclasses.field(default_factory=list)
+    signum: Optional[int] = None  # when stopped by a signal
+    lived: float = 0.0  # seconds from its start until the supervisor saw it end
+    beats: BeatSummary = BeatSummary(beat=False, furthest_step=None)
+    cause: str = ""  # many nodes: why this node's ranks were stopped, when another node said so
+
+    @property
+    def root_cause(self) -> Optional[Failure]:
+        return root_cause(self.failures) if self.failures else None
+
+    def describe_cause(self) -> str:
+        return self.root_cause.describe() if self.failures else self.cause or "unknown"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    exit_code: int
+    status: RunStatus
+    attempts: List[AttemptResult]
+    reason: str
+    recoveries: List["Recovery"] = dataclasses.field(default_factory=list)
+    goodput: Optional[float] = None  # over the whole run, earlier supervisors included
+    holds_run: bool = True  # False on a follower node: recoveries and goodput are node 0's to tell

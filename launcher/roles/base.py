@@ -1,0 +1,87 @@
+"""The node's role: what differs between the only node, node 0 of many (the leader) and any other
+node (a follower), behind one interface the attempt loop and the attempt runner use. Chosen once,
+when the supervisor starts (``roles.choose``)."""
+
+import abc
+import dataclasses
+from typing import List, Optional, Tuple
+
+from launcher.cluster.wire import Interrupt, InterruptKind
+from launcher.results import AttemptResult, RunResult
+from launcher.stopping import StopReading
+
+__all__ = ["AttemptPlan", "Role"]
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptPlan:
+    """What this node needs to start its ranks: the attempt's number and the workers' store."""
+
+    attempt: int
+    master_addr: str
+    master_port: int
+
+
+class Role(abc.ABC):
+    """One node's part in the run. Between attempts: ``meet`` the others and plan the attempt,
+    ``conclude`` it (this node's result → the job's), ``decide`` how the run goes on. During an
+    attempt (asked by the runner): ``interrupt`` the other nodes, ``tick`` for their news,
+    ``agree_stop_step``, ``publish_progress``, ``keep_alive``."""
+
+    node: int = 0
+    progress_every_s: float = 5.0  # how often the live ranks' steps are published
+
+    # -- between attempts ------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def meet(self) -> AttemptPlan:
+        """Plan the next attempt (with the other nodes). Interrupted or JoinTimeout end the run."""
+
+    @abc.abstractmethod
+    def conclude(self, local: AttemptResult) -> AttemptResult:
+        """The attempt's result for the job, from this node's (and the other nodes' reports)."""
+
+    @abc.abstractmethod
+    def decide(
+        self, result: AttemptResult, attempts: List[AttemptResult]
+    ) -> Tuple[Optional[RunResult], float]:
+        """How the run ends after ``result``, or (None, delay): restart after ``delay`` seconds."""
+
+    @abc.abstractmethod
+    def not_started(self, error: Exception) -> None:
+        """The attempt's workers could not be started: the run ends with ``error``."""
+
+    @abc.abstractmethod
+    def ended_waiting(self, error: Exception, attempts: List[AttemptResult]) -> RunResult:
+        """A signal or --join-timeout while meeting: the run ends (and can be resumed)."""
+
+    @abc.abstractmethod
+    def pause(self, seconds: float) -> None:
+        """Wait between attempts; a signal ends the wait."""
+
+    # -- during an attempt -------------------------------------------------------------------
+
+    def interrupt(self, kind: InterruptKind, detail: str, signum: Optional[int] = None) -> None:  # noqa: B027 - a hook; by default nothing
+        """This node's attempt ends (a failure, a hang, a signal): the other nodes' too."""
+
+    def tick(self) -> Optional[Interrupt]:
+        """Another node's interrupt (or a lost node's), once there is one."""
+        return None
+
+    @abc.abstractmethod
+    def agree_stop_step(self, reading: Optional[StopReading]) -> int:
+        """The step every rank stops at, from this node's ranks' ``reading`` (None: it has no
+        running rank) and the other nodes'; 0: none is asked."""
+
+    @abc.abstractmethod
+    def publish_progress(self, attempt: int, rows: List[dict]) -> None:
+        """The live ranks' steps, for ``ftlaunch status``."""
+
+    def keep_alive(self) -> None:  # noqa: B027 - a hook; by default nothing
+        """Called often while workers start and run: the run's lease, where this node holds it."""
+
+    def group_running(self) -> None:  # noqa: B027 - a hook; by default nothing
+        """The attempt's workers all started."""
+
+    def close(self) -> None:  # noqa: B027 - a hook; by default nothing
+        """The run is over."""

@@ -1,0 +1,152 @@
+"""A node other than node 0: it holds nothing of the run. Each attempt it joins the round, learns
+the attempt number and the workers' store from node 0, runs its ranks, reports how they ended and
+does what node 0 decides. When node 0 is lost it stops its ranks and waits for node 0 to come back
+(the same command relaunched there resumes the job), up to --join-timeout."""
+
+import dataclasses
+import signal
+import time
+from typing import List, Optional, Tuple
+
+from launcher.cluster.channel import ChannelSpec
+from launcher.cluster.follower_channel import FollowerChannel
+from launcher.cluster.rendezvous import LeaderUnreachable, Rendezvous, Round, connect_job_store
+from launcher.cluster.wire import Interrupt, InterruptKind, JobVerdict, NodeInfo
+from launcher.errors import Interrupted, UsageError
+from launcher.events import EventLog, NodesMet
+from launcher.outcomes import AttemptOutcome, RunStatus
+from launcher.process.signals import SignalInbox
+from launcher.results import AttemptResult, RunResult
+from launcher.roles.base import AttemptPlan, Role
+from launcher.roles.leader import node_report, report_timeout
+from launcher.stopping import StopReading
+
+__all__ = ["Follower"]
+
+
+class Follower(Role):
+    progress_every_s = 1.0  # one store write: node 0 publishes every node's ranks
+
+    def __init__(self, config, events: EventLog, signals: SignalInbox, say) -> None:
+        self.config = config
+        self.node = config.node_rank
+        self._events = events
+        self._signals = signals
+        self._say = say
+        self._spec = ChannelSpec(self.node, config.nnodes, config.node_timeout, config.rdzv_endpoint)
+        self._rendezvous: Optional[Rendezvous] = None
+        self._kept: Optional[Round] = None  # node 0 said the next attempt keeps this round
+        self._deadline = time.monotonic() + config.join_timeout  # to reach node 0
+        self._round: Optional[Round] = None  # the round of the attempt in progress
+        self._channel: Optional[FollowerChannel] = None
+        self._verdict: Optional[JobVerdict] = None  # None after an attempt: node 0 was lost
+
+    # -- between attempts ------------------------------------------------------------------------
+
+    def meet(self) -> AttemptPlan:
+        """Join the round and read node 0's plan; a lost node 0 is waited for, up to
+        --join-timeout (JoinTimeout)."""
+        while True:
+            started, new_round = time.monotonic(), self._kept is None
+            try:
+                return self._join(started, new_round)
+            except LeaderUnreachable as lost:
+                self._lost_leader(lost)
+
+    def _join(self, started: float, new_round: bool) -> AttemptPlan:
+        if self._rendezvous is None:
+            store = connect_job_store(self.config, self._deadline, self._signals, self._say)
+            self._rendezvous = Rendezvous(self.config, store)
+        round_, self._kept = self._kept or self._rendezvous.next_round(self._signals, self._say), None
+        self._channel = FollowerChannel(round_.next_attempt_store(), self._spec, self._signals)
+        self._round = round_
+        try:
+            self._channel.announce(NodeInfo.here(self.node, self.config.nproc, self.config.command))
+            plan = self._channel.read_plan(report_timeout(self.config))
+        except BaseException:
+            self._channel.close()
+            raise
+        if plan.refused:
+            self._channel.close()
+            raise UsageError(plan.refused)
+        waited = round(time.monotonic() - started, 3)
+        self._events.emit(NodesMet(plan.attempt, self.config.nnodes, waited, new_round))
+        return AttemptPlan(plan.attempt, plan.master_addr, plan.master_port)
+
+    def conclude(self, local: AttemptResult) -> AttemptResult:
+        """Report to node 0 and take its verdict: the job's outcome of the attempt. Node 0 lost
+        meanwhile: the attempt is lost with it (as node 0's next supervisor records it)."""
+        self._verdict = None
+        try:
+            self._channel.report(node_report(self.node, local))
+            self._verdict = self._channel.await_verdict(2 * report_timeout(self.config))
+        except LeaderUnreachable as lost:
+            self._lost_leader(lost)
+            return dataclasses.replace(local, outcome=AttemptOutcome.SUPERVISOR_LOST, cause=str(lost))
+        except Interrupted as stopped:  # a signal while node 0 decides: this node leaves
+            self._verdict = _leaving(stopped, local)
+            return local
+        finally:
+            self._channel.close()
+        verdict = self._verdict
+        self._kept = self._round if verdict.restart and verdict.same_round else None
+        self._deadline = time.monotonic() + self.config.join_timeout
+        return dataclasses.replace(local, outcome=AttemptOutcome(verdict.outcome), failures=verdict.failures)
+
+    def decide(
+        self, result: AttemptResult, attempts: List[AttemptResult]
+    ) -> Tuple[Optional[RunResult], float]:
+        verdict = self._verdict
+        if verdict is None or verdict.restart:
+            return None, 0.0
+        return RunResult(
+            verdict.exit_code, RunStatus(verdict.status), attempts, verdict.reason, holds_run=False
+        ), 0.0
+
+    def not_started(self, error: Exception) -> None:
+        if self._channel is not None:
+            self._channel.close()
+
+    def ended_waiting(self, error: Exception, attempts: List[AttemptResult]) -> RunResult:
+        if isinstance(error, Interrupted):
+            status = RunStatus.ended_by(AttemptOutcome.stopped_by(self._signals.first))
+            return RunResult(error.exit_code, status, attempts, str(error), holds_run=False)
+        return RunResult(error.exit_code, RunStatus.STOPPED, attempts, str(error), holds_run=False)
+
+    def pause(self, seconds: float) -> None:
+        """Node 0 pauses (its backoff) before it meets the nodes again: the next round waits."""
+
+    def close(self) -> None:
+        """Nothing to close: the job's rendezvous is node 0's."""
+
+    def _lost_leader(self, lost: LeaderUnreachable) -> None:
+        """Wait for node 0 anew: a fresh connection and a new round. The old handler is dropped,
+        not shut down: torch's shutdown closes the rendezvous for the whole job."""
+        self._say(
+            f"lost node 0 ({lost}); this node's workers are stopped; waiting for node 0 to come "
+            f"back (the same command relaunched there resumes the job), up to --join-timeout "
+            f"{self.config.join_timeout:g} s"
+        )
+        self._rendezvous, self._kept = None, None
+        self._deadline = time.monotonic() + self.config.join_timeout
+
+    # -- during an attempt -------------------------------------------------------------------
+
+    def interrupt(self, kind: InterruptKind, detail: str, signum: Optional[int] = None) -> None:
+        self._channel.interrupt(Interrupt(self.node, kind, detail, signum))
+
+    def tick(self) -> Optional[Interrupt]:
+        return self._channel.tick()
+
+    def agree_stop_step(self, reading: Optional[StopReading]) -> int:
+        return self._channel.agree_stop_step(reading)
+
+    def publish_progress(self, attempt: int, rows: List[dict]) -> None:
+        self._channel.share_progress(rows)
+
+
+def _leaving(stopped: Interrupted, local: AttemptResult) -> JobVerdict:
+    """The verdict this node gives itself when a signal ends its wait for node 0's."""
+    status = RunStatus.ended_by(AttemptOutcome.stopped_by(stopped.signum))
+    reason = f"interrupted by {signal.Signals(stopped.signum).name} while waiting for node 0's verdict"
+    return JobVerdict(False, stopped.exit_code, status.value, reason, local.outcome.value, local.failures)

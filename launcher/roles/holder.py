@@ -1,0 +1,116 @@
+"""What the only node and node 0 of many share: they hold the run (run.json, its lease and
+checkpoints), host the workers' store, and decide with the restart policy."""
+
+import signal
+import time
+from typing import List, Optional, Tuple
+
+from launcher.errors import ExitCode, Interrupted, StartFailed, exit_code_for_signal
+from launcher.events import Decision, EventLog
+from launcher.outcomes import AttemptOutcome, RunStatus
+from launcher.policy import RestartPolicy, Verdict
+from launcher.process.signals import SignalInbox
+from launcher.process.store import AttemptStore
+from launcher.results import AttemptResult, RunResult
+from launcher.roles.base import Role
+from launcher.runs.records import AttemptEntry
+from launcher.runs.run import Run
+
+__all__ = ["RunHolder"]
+
+
+class RunHolder(Role):
+    def __init__(
+        self, config, run: Run, events: EventLog, signals: SignalInbox, say, policy: RestartPolicy
+    ) -> None:
+        self.config = config
+        self.run = run
+        self._events = events
+        self._signals = signals
+        self._say = say
+        self._policy = policy
+        self._store: Optional[AttemptStore] = None
+        self._entry: Optional[AttemptEntry] = None  # the attempt in progress, in run.json
+        self._newest = run.newest_checkpoint()
+
+    # -- the attempt's records and store --------------------------------------------------------
+
+    def _open_attempt(self, members: Optional[List[dict]]) -> int:
+        """Record the attempt in run.json and open its workers' store; returns its number."""
+        number = self.run.state.next_attempt
+        self._entry = self.run.attempt_started(number, self._newest.step, members)
+        self._store = self._open_store()
+        return number
+
+    def _close_store(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def _open_store(self) -> AttemptStore:
+        try:
+            return AttemptStore(self.config.master_addr, self.config.master_port)
+        except OSError as err:
+            where = f"{self.config.master_addr}:{self.config.master_port}"
+            message = f"cannot listen on {where} for the workers' store: {err.strerror or err}"
+            raise StartFailed(message) from None
+
+    def _record_end(self, result: AttemptResult) -> None:
+        self._newest = self.run.newest_checkpoint()  # what this attempt left is where the next starts
+        self.run.attempt_ended(
+            self._entry, result.outcome, result.failures, self._newest, result.beats, result.lived
+        )
+
+    def not_started(self, error: Exception) -> None:
+        self._close_store()
+        if self._entry is not None:
+            self.run.attempt_not_started(self._entry)
+
+    # -- deciding --------------------------------------------------------------------------------
+
+    def decide(
+        self, result: AttemptResult, attempts: List[AttemptResult]
+    ) -> Tuple[Optional[RunResult], float]:
+        ended = RunStatus.ended_by(result.outcome)
+        if result.outcome is AttemptOutcome.SUCCEEDED:
+            return RunResult(ExitCode.SUCCESS, ended, attempts, "every rank exited 0"), 0.0
+        signum = result.signum if result.outcome.stopped_by_signal else self._signals.first
+        if signum is not None:  # a signal while the attempt ended: no restart
+            status = RunStatus.ended_by(AttemptOutcome.stopped_by(signum))
+            name = signal.Signals(signum).name
+            return RunResult(exit_code_for_signal(signum), status, attempts, f"interrupted by {name}"), 0.0
+        number = result.attempt
+        decision = self._policy.after_failure(self.run.state.history(), time.time())
+        self._events.emit(Decision(number, decision.verdict.value, decision.reason, decision.delay))
+        self._say(f"attempt {number} failed: {result.describe_cause()}")
+        if decision.verdict is Verdict.CRASH_LOOP:
+            reason = f"{decision.reason} (the last: {self._entry.progress_evidence})"
+            return RunResult(ExitCode.CRASH_LOOP, ended, attempts, reason), 0.0
+        if not decision.restart:
+            return RunResult(ExitCode.FAILED, ended, attempts, decision.reason), 0.0
+        wait = f"; waiting {decision.delay:g} s first (backoff)" if decision.delay else ""
+        self._say(f"restarting the group ({decision.reason}){wait}")
+        return None, decision.delay
+
+    def ended_waiting(self, error: Exception, attempts: List[AttemptResult]) -> RunResult:
+        if isinstance(error, Interrupted):
+            signum = self._signals.first
+            status = RunStatus.ended_by(AttemptOutcome.stopped_by(signum))
+            reason = f"interrupted by {signal.Signals(signum).name} while the nodes were meeting"
+            return RunResult(exit_code_for_signal(signum), status, attempts, reason)
+        return RunResult(ExitCode.JOIN_TIMEOUT, RunStatus.STOPPED, attempts, str(error))
+
+    def pause(self, seconds: float) -> None:
+        """Wait between attempts, keeping the run's lease; a signal ends the wait."""
+        deadline = time.monotonic() + seconds
+        while self._signals.first is None and time.monotonic() < deadline:
+            self._signals.wait(min(1.0, deadline - time.monotonic()))
+            self.run.keep_alive(time.time())
+
+    # -- during an attempt -------------------------------------------------------------------
+
+    def keep_alive(self) -> None:
+        self.run.keep_alive(time.time())
+
+    def group_running(self) -> None:
+        self.run.save()  # off the recovery's critical path

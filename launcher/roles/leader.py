@@ -1,0 +1,188 @@
+"""Node 0 of many: it holds the run and hosts the job's store; each attempt it meets every node in
+a rendezvous round, plans the attempt, merges every node's report and tells them its verdict."""
+
+import dataclasses
+import time
+from typing import Dict, List, Optional, Tuple
+
+from launcher.cluster.channel import ChannelSpec
+from launcher.cluster.leader_channel import LeaderChannel
+from launcher.cluster.rendezvous import Rendezvous, Round
+from launcher.cluster.wire import AttemptPlan as WirePlan
+from launcher.cluster.wire import Interrupt, InterruptKind, JobVerdict, NodeInfo, NodeReport
+from launcher.errors import ExitCode, UsageError
+from launcher.events import NodesMet
+from launcher.hangs.board import BeatSummary
+from launcher.outcomes import AttemptOutcome, RunStatus
+from launcher.results import AttemptResult, RunResult
+from launcher.roles.base import AttemptPlan
+from launcher.roles.holder import RunHolder
+from launcher.stopping import StopReading
+
+__all__ = ["Leader", "node_report", "report_timeout"]
+
+
+def report_timeout(config) -> float:
+    """How long a node may take, after its attempt ended, to say so: stopping its ranks (the
+    grace period, twice: a cooperative stop, then the signals) and a node timeout's slack."""
+    return 2 * config.grace_period + config.node_timeout + 10.0
+
+
+def node_report(node: int, result: AttemptResult) -> NodeReport:
+    """What a node tells node 0 about the attempt."""
+    beats = result.beats
+    return NodeReport(
+        node, result.outcome.value, result.failures, beats.beat, beats.furthest_step, result.signum
+    )
+
+
+class Leader(RunHolder):
+    def __init__(self, config, run, events, signals, say, policy, rendezvous: Rendezvous) -> None:
+        super().__init__(config, run, events, signals, say, policy)
+        self._rendezvous = rendezvous
+        self._round: Optional[Round] = None  # the rendezvous round the next attempt may keep
+        self._channel: Optional[LeaderChannel] = None  # the attempt's, from meet to decide
+        self._spec = ChannelSpec(0, config.nnodes, config.node_timeout, config.rdzv_endpoint)
+
+    # -- between attempts ------------------------------------------------------------------------
+
+    def meet(self) -> AttemptPlan:
+        """Every node joins this attempt's round; node 0 checks they agree and plans it."""
+        started, new_round = time.monotonic(), self._round is None
+        if new_round:
+            self._round = self._rendezvous.next_round(self._signals, self._say)
+        channel = LeaderChannel(self._round.next_attempt_store(), self._spec, self._signals)
+        self._channel = channel
+        channel.announce(NodeInfo.here(0, self.config.nproc, self.config.command))
+        problem = _disagreement(self.config, channel.node_infos(report_timeout(self.config)))
+        if problem:
+            channel.publish_plan(WirePlan(0, "", 0, refused=problem))
+            channel.await_acks("planned")  # the store goes away with this node
+            channel.close()
+            raise UsageError(problem)
+        number = self._open_attempt(channel.members())
+        waited = round(time.monotonic() - started, 3)
+        self._events.emit(NodesMet(number, self.config.nnodes, waited, new_round))
+        channel.publish_plan(WirePlan(number, self.config.master_addr, self._store.port))
+        return AttemptPlan(number, self.config.master_addr, self._store.port)
+
+    def conclude(self, local: AttemptResult) -> AttemptResult:
+        """The job's attempt: every node's report (this one's included) and every lost node."""
+        self._close_store()
+        channel = self._channel
+        channel.report(node_report(0, local))
+        reports = channel.gather(report_timeout(self.config))
+        result = _merge(local, reports, channel.lost_failures(), channel.interrupted_by, self.config.nnodes)
+        self._record_end(result)
+        return result
+
+    def decide(
+        self, result: AttemptResult, attempts: List[AttemptResult]
+    ) -> Tuple[Optional[RunResult], float]:
+        ended, delay = super().decide(result, attempts)
+        if ended is not None:
+            self._tell_nodes(
+                JobVerdict(
+                    False,
+                    int(ended.exit_code),
+                    ended.status.value,
+                    ended.reason,
+                    result.outcome.value,
+                    result.failures,
+                )
+            )
+        else:
+            same_round = delay == 0 and self._same_nodes_again()
+            self._tell_nodes(
+                JobVerdict(
+                    True,
+                    0,
+                    RunStatus.RUNNING.value,
+                    "restart",
+                    result.outcome.value,
+                    result.failures,
+                    same_round,
+                )
+            )
+        return ended, delay
+
+    def not_started(self, error: Exception) -> None:
+        super().not_started(error)
+        if self._channel is not None:
+            failed = AttemptOutcome.FAILED.value
+            self._tell_nodes(
+                JobVerdict(False, int(ExitCode.FAILED), RunStatus.FAILED.value, str(error), failed, [])
+            )
+
+    def close(self) -> None:
+        """The job is over: a node that comes now learns it at once instead of waiting."""
+        self._rendezvous.close()
+
+    def _tell_nodes(self, verdict: JobVerdict) -> None:
+        """Node 0's decision goes to every node; the store stays up until each has read it. A
+        restart at once keeps the round when it can; after a backoff pause, the nodes meet in a
+        new one (in the pause nothing beats on the next attempt's keys)."""
+        channel, self._channel = self._channel, None
+        if not verdict.same_round:
+            self._round = None
+        channel.publish_verdict(verdict)
+        if not verdict.restart:
+            channel.await_acks()
+        channel.close()
+
+    def _same_nodes_again(self) -> bool:
+        """The next attempt may keep this round when no node was lost and none waits to join."""
+        if self._channel.lost_failures():
+            return False
+        try:
+            return self._rendezvous.nodes_waiting() == 0
+        except Exception:  # noqa: BLE001 - in doubt, a new round finds out who is there
+            return False
+
+    # -- during an attempt -------------------------------------------------------------------
+
+    def interrupt(self, kind: InterruptKind, detail: str, signum: Optional[int] = None) -> None:
+        self._channel.interrupt(Interrupt(0, kind, detail, signum))
+
+    def tick(self) -> Optional[Interrupt]:
+        return self._channel.tick()
+
+    def agree_stop_step(self, reading: Optional[StopReading]) -> int:
+        return self._channel.agree_stop_step(reading)
+
+    def publish_progress(self, attempt: int, rows: List[dict]) -> None:
+        self.run.publish_progress(attempt, *self._channel.job_progress(rows))
+
+
+def _merge(
+    local: AttemptResult,
+    reports: List[NodeReport],
+    lost: list,
+    interrupt: Optional[Interrupt],
+    nnodes: int,
+) -> AttemptResult:
+    failures = [f for r in reports for f in r.failures] + lost
+    if failures or any(r.outcome == AttemptOutcome.FAILED.value for r in reports):
+        outcome, signum = AttemptOutcome.FAILED, None
+    elif interrupt is not None and interrupt.kind is InterruptKind.STOP:
+        outcome, signum = AttemptOutcome.stopped_by(interrupt.signum), interrupt.signum
+    elif len(reports) == nnodes:
+        outcome, signum = AttemptOutcome.SUCCEEDED, None
+    else:
+        outcome, signum = AttemptOutcome.FAILED, None
+    steps = [r.furthest_step for r in reports if r.furthest_step is not None]
+    beats = BeatSummary(any(r.beat for r in reports), max(steps) if steps else None)
+    cause = f"node {interrupt.node}: {interrupt.detail}" if interrupt is not None else local.cause
+    return dataclasses.replace(
+        local, outcome=outcome, failures=failures, signum=signum, beats=beats, cause=cause
+    )
+
+
+def _disagreement(config, infos: Dict[int, NodeInfo]) -> str:
+    """Nodes started with other commands or other --nproc cannot form one job."""
+    for node, info in sorted(infos.items()):
+        if info.nproc != config.nproc:
+            return f"node {node} ({info.host}) runs --nproc {info.nproc}, node 0 runs --nproc {config.nproc}"
+        if tuple(info.command) != config.command:
+            return f"node {node} ({info.host}) runs another command than node 0: {' '.join(info.command[1:])}"
+    return ""

@@ -1,0 +1,27 @@
+"""The only node: it holds the run and has no one to tell."""
+
+from typing import List, Optional
+
+from launcher.results import AttemptResult
+from launcher.roles.base import AttemptPlan
+from launcher.roles.holder import RunHolder
+from launcher.stopping import StopReading, local_stop_step
+
+__all__ = ["SingleNode"]
+
+
+class SingleNode(RunHolder):
+    def meet(self) -> AttemptPlan:
+        number = self._open_attempt(members=None)
+        return AttemptPlan(number, self.config.master_addr, self._store.port)
+
+    def conclude(self, local: AttemptResult) -> AttemptResult:
+        self._close_store()
+        self._record_end(local)
+        return local
+
+    def agree_stop_step(self, reading: Optional[StopReading]) -> int:
+        return local_stop_step(reading) if reading is not None else 0
+
+    def publish_progress(self, attempt: int, rows: List[dict]) -> None:
+        self.run.publish_progress(attempt, rows)

@@ -1,0 +1,157 @@
+"""The nodes' attempt channel over an in-process store (torch's HashStore): node 0's and a
+follower's ends in one process, time and signals real but short."""
+
+import threading
+import time
+
+import pytest
+from torch.distributed import HashStore
+
+from launcher.cluster.channel import ChannelSpec
+from launcher.cluster.deadline_store import DeadlineStore, StoreTimeout
+from launcher.cluster.follower_channel import FollowerChannel
+from launcher.cluster.leader_channel import LeaderChannel
+from launcher.cluster.rendezvous import LeaderUnreachable
+from launcher.cluster.wire import Interrupt, InterruptKind, JobVerdict, NodeReport
+from launcher.errors import Interrupted
+from launcher.stopping import StopReading
+
+TIMEOUT = 0.6  # --node-timeout, in seconds
+
+
+class Inbox:
+    """The supervisor's signal inbox as the channel uses it: signals received so far, and a
+    short sleep (a real SignalInbox needs the main thread's handlers)."""
+
+    def __init__(self) -> None:
+        self.received = []
+
+    def wait(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+def _ends(store, node: int, inbox=None):
+    spec = ChannelSpec(node, 2, TIMEOUT, "127.0.0.1:0")
+    kind = LeaderChannel if node == 0 else FollowerChannel
+    return kind(store, spec, inbox or Inbox())
+
+
+@pytest.fixture
+def store():
+    return HashStore()
+
+
+def test_a_follower_lost_after_the_attempt_was_interrupted_is_still_found(store):
+    """The many-node deadlock: node 0's rank failed first (an interrupt is in force), then the
+    follower's supervisor died before it reported. gather must end, with the follower lost."""
+    leader, follower = _ends(store, 0), _ends(store, 1)
+    leader.interrupt(Interrupt(0, InterruptKind.FAILURE, "rank 0 failed"))
+    leader.report(NodeReport(0, "FAILED", [], False, None))
+    follower.close()  # its liveness counter stops: a kill -9 of its supervisor
+    started = time.monotonic()
+    reports = leader.gather(limit=30)
+    assert time.monotonic() - started < 10 * TIMEOUT
+    assert [r.node for r in reports] == [0]
+    assert [f.node for f in leader.lost_failures()] == [1]
+    leader.close()
+
+
+def test_tick_keeps_looking_for_lost_nodes_once_interrupted(store):
+    leader, follower = _ends(store, 0), _ends(store, 1)
+    follower.interrupt(Interrupt(1, InterruptKind.FAILURE, "rank 1 failed"))
+    assert leader.tick().node == 1
+    follower.close()
+    deadline = time.monotonic() + 10 * TIMEOUT
+    while not leader.lost_failures() and time.monotonic() < deadline:
+        assert leader.tick().node == 1  # the first interrupt stays the one in force
+        time.sleep(0.05)
+    assert [f.node for f in leader.lost_failures()] == [1]
+    leader.close()
+
+
+def test_a_node_that_beats_but_never_reports_is_lost_at_the_report_deadline(store):
+    leader, follower = _ends(store, 0), _ends(store, 1)
+    leader.report(NodeReport(0, "SUCCEEDED", [], False, None))
+    assert [r.node for r in leader.gather(limit=0.5)] == [0]
+    (lost,) = leader.lost_failures()
+    assert lost.node == 1
+    leader.close(), follower.close()
+
+
+def test_a_signal_ends_node_0s_wait_for_reports(store):
+    inbox = Inbox()
+    leader, follower = _ends(store, 0, inbox), _ends(store, 1)
+    threading.Timer(0.2, lambda: inbox.received.append(15)).start()
+    started = time.monotonic()
+    assert leader.gather(limit=30) == []
+    assert time.monotonic() - started < 5
+    leader.close(), follower.close()
+
+
+def test_the_verdict_reaches_the_follower_and_is_acknowledged(store):
+    leader, follower = _ends(store, 0), _ends(store, 1)
+    verdict = JobVerdict(False, 0, "SUCCEEDED", "every rank exited 0", "SUCCEEDED", [])
+    leader.publish_verdict(verdict)
+    assert follower.await_verdict(limit=5) == verdict
+    started = time.monotonic()
+    leader.await_acks()
+    assert time.monotonic() - started < TIMEOUT
+    leader.close(), follower.close()
+
+
+def test_node_0_does_not_wait_for_the_ack_of_a_node_whose_supervisor_is_gone(store):
+    leader, follower = _ends(store, 0), _ends(store, 1)
+    follower.close()
+    leader.publish_verdict(JobVerdict(False, 143, "PREEMPTED", "interrupted by SIGTERM", "FAILED", []))
+    started = time.monotonic()
+    leader.await_acks()  # the ack deadline is --node-timeout; a silent node is given up earlier
+    assert time.monotonic() - started < 5
+    leader.close()
+
+
+def test_a_follower_waiting_for_the_verdict_answers_a_signal(store):
+    inbox = Inbox()
+    leader, follower = _ends(store, 0), _ends(store, 1, inbox)
+    threading.Timer(0.2, lambda: inbox.received.append(2)).start()
+    with pytest.raises(Interrupted):
+        follower.await_verdict(limit=30)
+    leader.close(), follower.close()
+
+
+def test_a_follower_whose_node_0_falls_silent_loses_it(store):
+    leader, follower = _ends(store, 0), _ends(store, 1)
+    leader.close()  # node 0's liveness counter stops
+    with pytest.raises(LeaderUnreachable, match="--node-timeout"):
+        follower.await_verdict(limit=30)
+    follower.close()
+
+
+def test_every_node_computes_the_same_stop_step(store):
+    leader, follower = _ends(store, 0), _ends(store, 1)
+    steps = {}
+    thread = threading.Thread(
+        target=lambda: steps.update(f=follower.agree_stop_step(StopReading(True, 9, 0.0)))
+    )
+    thread.start()
+    steps["l"] = leader.agree_stop_step(StopReading(True, 12, 1.0))
+    thread.join(5)
+    assert steps == {"l": 12 + 2 + 2, "f": 16}
+    leader.close(), follower.close()
+
+
+def test_a_store_call_that_never_returns_ends_at_its_deadline():
+    """torch's TCPStore client waits with no end on a stopped server's socket."""
+    release = threading.Event()
+
+    class Stopped:
+        def add(self, key, value):
+            release.wait(30)
+            return 0
+
+    store = DeadlineStore(Stopped(), timeout=0.2)
+    with pytest.raises(StoreTimeout):
+        store.add("alive/0", 0)
+    with pytest.raises(StoreTimeout):  # the stuck call still holds it: given up at once
+        store.add("alive/0", 0)
+    release.set()
+    store.close()
