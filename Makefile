@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINTED := launcher worker_lib tests scripts examples
 
-.PHONY: install test demo bench chaos lint integration clean
+.PHONY: install test test-unit demo bench chaos lint integration clean
 
 install: $(STAMP)
 
@@ -19,6 +19,10 @@ $(STAMP): setup.cfg pyproject.toml
 
 test: install
 	$(PY) -m pytest
+
+# The inner loop: tests that start no process (tests/unit), in seconds.
+test-unit: install
+	$(PY) -m pytest tests/unit
 
 demo: install
 	rm -rf demo_run
