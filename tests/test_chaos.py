@@ -79,11 +79,11 @@ def test_worker_lib_carries_out_faults_at_save_points_and_in_the_training_thread
     launch, out = _train(launcher, tmp_path, "chaos", "--max-failures", "0", "--chaos", spec)
     assert launch.proc.returncode == 0, launch.stderr
     injected = launch.events("chaos_injected")
-    assert [(e["signal"], e["via"]) for e in injected] == [
-        ("SIGKILL", "worker_lib"),
-        ("SIGSEGV", "worker_lib"),
-        ("raise", "worker_lib"),
-    ]
+    # A request whose rank was stopped before it was carried out (a peer died first in the same
+    # save) is asked again in the next attempt: each fault is asked for until it lands, once.
+    asked = list(dict.fromkeys((e["signal"], e["via"]) for e in injected))
+    assert asked == [("SIGKILL", "worker_lib"), ("SIGSEGV", "worker_lib"), ("raise", "worker_lib")]
+    assert len(injected) - 3 == launch.stderr.count("; asked again"), launch.stderr
     # The save and commit requests wait in the slots from the start: both may land in the first
     # save, or one after the other.
     attempts = _run_state(launch)["attempts"]

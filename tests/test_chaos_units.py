@@ -5,9 +5,10 @@ import signal
 
 import pytest
 
-from launcher.chaos.injector import ChaosInjector
+from launcher.chaos.injector import ChaosInjector, mark_injected, not_landed
 from launcher.chaos.spec import FaultKind, TriggerKind, parse_chaos
 from launcher.errors import UsageError
+from launcher.failures import ProcessFailure
 from launcher.hangs.board import BeatReading
 from launcher.outcomes import AttemptOutcome
 from launcher.policy import AttemptRecord, RestartPolicy, Verdict
@@ -139,6 +140,25 @@ def test_worker_side_faults_are_requests_in_the_slot_for_worker_lib():
     ]
     signals = ChaosInjector(parse_chaos("kill:rank=0,at=1s", 1), 1, {0}, started=0.0)
     assert [f.request for f in signals.look(1.0, {0: 10}, {})] == [0]  # the supervisor's own signal
+
+
+def test_a_request_its_rank_never_carried_out_is_asked_again_until_it_lands():
+    plan = parse_chaos("segv:rank=random,at=commit;seed=3", 1)
+    injector = ChaosInjector(plan, 4, {0, 1, 2, 3}, started=0.0)
+    running = {r: 100 + r for r in range(4)}
+    (asked,) = injector.look(0.1, running, {})
+    # The rank was stopped (a peer's failure) before its commit: its failure is not the fault's.
+    stopped = ProcessFailure(asked.rank, asked.rank, asked.pid, -signal.SIGTERM, 1.0)
+    marked = mark_injected([stopped], [asked])
+    assert not_landed(marked, [asked]) == [asked]
+    injector.ask_again(asked)
+    injector.attempt_started()
+    (again,) = injector.look(2.0, {r: 200 + r for r in range(4)}, {})
+    assert (again.fault, again.rank) == (asked.fault, asked.rank)
+    # Carried out this time (the rank died of it): landed, and never asked for again.
+    died = ProcessFailure(again.rank, again.rank, again.pid, -signal.SIGSEGV, 3.0)
+    assert not_landed(mark_injected([died], [again]), [again]) == []
+    assert injector.look(4.0, {r: 200 + r for r in range(4)}, {}) == []
 
 
 def test_an_exception_or_a_sleep_cannot_wait_for_a_save():

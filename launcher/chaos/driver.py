@@ -6,7 +6,7 @@ import signal
 import time
 from typing import Callable, List
 
-from launcher.chaos.injector import ChaosInjector, Injection, mark_injected
+from launcher.chaos.injector import ChaosInjector, Injection, mark_injected, not_landed
 from launcher.config import LaunchConfig
 from launcher.events import ChaosInjected, EventLog
 from launcher.failures import Failure
@@ -61,7 +61,16 @@ class ChaosDriver(NoChaos):
             self._injected.append(fault)
 
     def mark(self, failures: List[Failure]) -> List[Failure]:
-        return mark_injected(failures, self._injected)
+        """The attempt is over: its failures that were this fault's doing are marked, and a request
+        its rank never carried out is asked again in the next attempt (a fault of at=save or
+        at=commit lands once, whatever stopped its rank first)."""
+        marked = mark_injected(failures, self._injected)
+        for request in not_landed(marked, self._injected):
+            self._say(
+                f"chaos: rank {request.rank} was stopped before it carried out {request.fault}; asked again"
+            )
+            self._injector.ask_again(request)
+        return marked
 
 
 def chaos_for(config: LaunchConfig, events: EventLog, say: Callable[[str], None]) -> NoChaos:

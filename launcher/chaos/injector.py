@@ -20,7 +20,7 @@ from launcher.failures import Failure, HangFailure, ProcessFailure
 from launcher.hangs.board import BeatReading
 from worker_lib import contract as c
 
-__all__ = ["ChaosInjector", "Injection", "mark_injected"]
+__all__ = ["ChaosInjector", "Injection", "mark_injected", "not_landed"]
 
 # The longest gap between two looks that counts as running time for every=: the monitor looks
 # every 50 ms, so a longer gap is time with no workers (between attempts), not running time.
@@ -105,6 +105,15 @@ class ChaosInjector:
             self._arm(armed)
         return due
 
+    def ask_again(self, injection: Injection) -> None:
+        """A request worker_lib never carried out (its rank was stopped first, e.g. by a peer's
+        failure in the same save): the fault is due again, at the same rank, in a later attempt."""
+        for armed in self._armed:
+            if str(armed.fault) == injection.fault and armed.fired > 0:
+                armed.fired -= 1
+                armed.rank = injection.rank  # firing drew the next target: this one is not done
+                return
+
     def _fires(self, armed: _Armed, now: float, slot: Optional[BeatReading]) -> bool:
         trigger = armed.fault.trigger
         if trigger.kind is TriggerKind.TIME:
@@ -135,16 +144,22 @@ def mark_injected(failures: List[Failure], injected: List[Injection]) -> List[Fa
     peer's broken collective) keeps its own cause; the root cause decides whether the attempt
     counts as injected."""
     sent = {(i.rank, i.pid): i.signum for i in injected}
+    return [dataclasses.replace(f, injected=True) if _caused(f, sent) else f for f in failures]
 
-    def caused(f: Failure) -> bool:
-        key = (f.rank, getattr(f, "pid", None))
-        if key not in sent:
-            return False
-        signum = sent[key]
-        if isinstance(f, HangFailure):
-            return signum in (signal.SIGSTOP, 0)  # stopped, or (sleep) asleep
-        if signum == 0:  # an exception: the rank exits with an error of its own making
-            return isinstance(f, ProcessFailure) and f.exitcode > 0
-        return isinstance(f, ProcessFailure) and f.exitcode == -signum
 
-    return [dataclasses.replace(f, injected=True) if caused(f) else f for f in failures]
+def not_landed(failures: List[Failure], injected: List[Injection]) -> List[Injection]:
+    """The requests left for worker_lib that caused none of ``failures`` (marked already)."""
+    landed = {(f.rank, getattr(f, "pid", None)) for f in failures if f.injected}
+    return [i for i in injected if i.request and (i.rank, i.pid) not in landed]
+
+
+def _caused(f: Failure, sent: dict) -> bool:
+    key = (f.rank, getattr(f, "pid", None))
+    if key not in sent:
+        return False
+    signum = sent[key]
+    if isinstance(f, HangFailure):
+        return signum in (signal.SIGSTOP, 0)  # stopped, or (sleep) asleep
+    if signum == 0:  # an exception: the rank exits with an error of its own making
+        return isinstance(f, ProcessFailure) and f.exitcode > 0
+    return isinstance(f, ProcessFailure) and f.exitcode == -signum
