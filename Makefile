@@ -17,12 +17,16 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test,examples]'
 	touch $(STAMP)
 
+# Most tests wait (for deadlines, steps, other nodes) rather than compute: twice as many test
+# workers as cores keeps both busy. --dist loadgroup keeps the SLURM cluster's tests on one worker.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) * 2 )))
+
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # The inner loop: tests that start no process (tests/unit), in seconds.
 test-unit: install
-	$(PY) -m pytest tests/unit
+	$(PY) -m pytest -p no:xdist tests/unit
 
 demo: install
 	rm -rf demo_run

@@ -21,7 +21,8 @@ BEATER = str(SCRIPTS / "beater.py")
 FTLAUNCH = Path(sys.executable).parent / "ftlaunch"  # the console script `make install` puts there
 # The first test also pays for the cluster's start (and, on a fresh machine, for apt): more than
 # the suite's default per-test limit.
-pytestmark = pytest.mark.timeout(600)
+# One cluster per module, in one test worker: two would fight over /etc/hosts and slurmstepd.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("slurm")]
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL")
 
 
