@@ -409,6 +409,9 @@ def test_a_node_that_never_arrives_ends_at_the_join_timeout(launcher, tmp_path):
     follower.start(1)
     assert follower.wait(60) == {1: 5}
     assert "node 0 did not answer" in follower.nodes[1].stderr
+    # Waiting is said in one line (every 30 s), without torch's C++ traces of each refused try.
+    assert follower.nodes[1].stderr.count("waiting for node 0 at") == 1, follower.nodes[1].stderr
+    assert "socket.cpp" not in follower.nodes[1].stderr and "frame #" not in follower.nodes[1].stderr
     assert job.survivors() == [] and follower.survivors() == []
 
 
@@ -421,6 +424,35 @@ def test_nodes_that_disagree_are_refused_before_any_worker_starts(launcher, tmp_
         assert "node 1 (" in launch.stderr and "runs --nproc 2, node 0 runs --nproc 1" in launch.stderr
         assert not (launch.log_dir / "attempt_0").exists()
     assert job.survivors() == []
+
+
+def test_nodes_started_with_other_script_arguments_are_refused_at_once(launcher, tmp_path):
+    """No --run-name: the arguments make the run's name, and so the rendezvous id, differ; the
+    nodes would never meet. Both are told so (exit 2) instead of waiting out --join-timeout."""
+    job = Job(launcher, tmp_path, 2, "--nproc", "1", "--join-timeout", "10m")
+    job.start(0, str(ACTOR), "--run-for", "1")
+    job.start(1, str(ACTOR), "--run-for", "2")
+    assert job.wait(60) == {0: 2, 1: 2}, (job.nodes[0].stderr, job.nodes[1].stderr)
+    for launch in job.nodes.values():
+        assert "node 1 (" in launch.stderr and "runs another command than node 0" in launch.stderr
+        assert "--run-for 2" in launch.stderr
+    assert job.survivors() == []
+
+
+def test_a_second_node_with_a_taken_node_rank_is_refused_and_the_job_goes_on(launcher, tmp_path):
+    job = _stepping_job(launcher, tmp_path, 2, "twice")
+    duplicate = job.launcher.start(
+        "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", job.endpoint, "--node-timeout", "3s",
+        "--nproc", "1", "--run-name", "twice", BEATER, "--steps", "60", "--step-time", "0.05",
+        "--ready-dir", str(tmp_path / "ready"), log_dir=tmp_path / "dup", env=job.env,
+    )  # fmt: skip
+    assert duplicate.wait(60) == 2, duplicate.stderr
+    assert "node rank 1 is already held by the supervisor on" in duplicate.stderr
+    assert "which is alive" in duplicate.stderr
+    assert job.wait(120) == {0: 0, 1: 0}, (job.nodes[0].stderr, job.nodes[1].stderr)
+    state = _run_state(tmp_path, "twice")
+    assert [a["outcome"] for a in state["attempts"]] == ["SUCCEEDED"]  # the job never noticed
+    assert job.survivors() == [] and duplicate.survivors() == []
 
 
 def test_a_node_that_joins_a_closed_rendezvous_ends_at_once(launcher, tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ attempt, through its public API only: ``C10dRendezvousBackend``, ``create_handle
 own prefix: what nodes say about one attempt can never leak into the next."""
 
 import os
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -19,6 +20,8 @@ __all__ = ["LeaderUnreachable", "Rendezvous", "Round", "connect_job_store", "hos
 
 _CONNECT_TRY_S = 2.0  # one connection try; between tries, signals are looked at
 _ROUND_SLACK_S = 30.0
+_SAY_EVERY_S = 30.0  # while waiting: one line this often
+_WATCH_EVERY_S = 0.5  # while waiting for a round: how often the caller's watch looks
 
 
 class LeaderUnreachable(Exception):
@@ -49,34 +52,48 @@ def host_job_store(config: LaunchConfig):
 
 def connect_job_store(config: LaunchConfig, deadline: float, signals: SignalInbox, say: Callable):
     """The other nodes: connect to node 0's store, trying until ``deadline`` (monotonic): node 0
-    may start later than us, or be on its way back after a restart."""
-    from torch.distributed import TCPStore
-
-    said = False
+    may start later than us, or be on its way back after a restart. The port is probed with a
+    plain connection first: torch's client prints a C++ stack trace for every refused try."""
+    next_word = time.monotonic()
     while True:
         signals.raise_if_received()
         left = deadline - time.monotonic()
-        if left <= 0:
+        if _listening(config.rdzv_host, config.rdzv_port, min(_CONNECT_TRY_S, max(left, 0.1))):
+            from torch.distributed import TCPStore  # only now: importing torch takes seconds
+
+            try:
+                store = TCPStore(
+                    config.rdzv_host,
+                    config.rdzv_port,
+                    None,
+                    False,
+                    timedelta(seconds=min(_CONNECT_TRY_S, max(left, 1.0))),
+                )
+            except (RuntimeError, OSError):  # torch's DistNetworkError / DistStoreError: going away
+                pass
+            else:
+                store.set_timeout(timedelta(seconds=config.node_timeout))
+                return store
+        now = time.monotonic()
+        if now >= deadline:
             raise JoinTimeout(
                 f"node 0 did not answer at {config.rdzv_endpoint} within --join-timeout "
                 f"({config.join_timeout:g} s); relaunching the same command resumes the job"
             )
-        try:
-            store = TCPStore(
-                config.rdzv_host,
-                config.rdzv_port,
-                None,
-                False,
-                timedelta(seconds=min(_CONNECT_TRY_S, left)),
-            )
-        except (RuntimeError, OSError):  # torch's DistNetworkError / DistStoreError: not up yet
-            if not said:
-                say(f"waiting for node 0 at {config.rdzv_endpoint} (up to {config.join_timeout:g} s)")
-                said = True
-            signals.wait(min(0.2, max(0.0, deadline - time.monotonic())))
-            continue
-        store.set_timeout(timedelta(seconds=config.node_timeout))
-        return store
+        if now >= next_word:
+            waited = config.join_timeout - (deadline - now)
+            limit = f"--join-timeout {config.join_timeout:g} s"
+            say(f"waiting for node 0 at {config.rdzv_endpoint} ({waited:.0f} s of {limit})")
+            next_word = now + _SAY_EVERY_S
+        signals.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+
+
+def _listening(host: str, port: int, timeout: float) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def _keep_alive_interval(node_timeout: float) -> int:
@@ -114,6 +131,7 @@ class Rendezvous:
         # attempt. Set here, not at import: a single-node run's workers never see it.
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         self.config = config
+        self.store = store  # the job's store (node 0's): the lobby's keys live there too
         run_id = config.rdzv_id or config.run_id
         conf = {
             "join_timeout": config.join_timeout,
@@ -134,9 +152,12 @@ class Rendezvous:
         except (ValueError, TypeError) as err:
             raise UsageError(f"--rdzv-conf: {err}") from None
 
-    def next_round(self, signals: SignalInbox, say: Callable[[str], None]) -> Round:
+    def next_round(
+        self, signals: SignalInbox, say: Callable[[str], None], watch: Callable[[], None] = lambda: None
+    ) -> Round:
         """Block until every node has joined the next round. A signal ends the wait (the joining
-        thread is left to die with the process)."""
+        thread is left to die with the process), and so does an error raised by ``watch``,
+        which is called every half second meanwhile."""
         from torch.distributed.elastic.rendezvous.api import (
             RendezvousClosedError,
             RendezvousGracefulExitError,
@@ -155,6 +176,7 @@ class Rendezvous:
         thread.start()
         started = time.monotonic()
         next_word = started + 10.0
+        next_watch = started
         # torch's own join timeout ends the wait; ours is the backstop for a handler stuck on
         # a store that no longer answers (a node 0 stopped, not dead).
         deadline = started + self.config.join_timeout + _ROUND_SLACK_S
@@ -165,6 +187,9 @@ class Rendezvous:
             if time.monotonic() >= deadline:
                 outcome.setdefault("error", RendezvousTimeoutError("the join did not return"))
                 break
+            if time.monotonic() >= next_watch:
+                watch()
+                next_watch = time.monotonic() + _WATCH_EVERY_S
             if time.monotonic() >= next_word:
                 waited = time.monotonic() - started
                 say(

@@ -4,12 +4,16 @@ does what node 0 decides. When node 0 is lost it stops its ranks and waits for n
 (the same command relaunched there resumes the job), up to --join-timeout."""
 
 import dataclasses
+import os
 import signal
+import socket
 import time
 from typing import List, Optional, Tuple
 
 from launcher.cluster.channel import ChannelSpec
+from launcher.cluster.deadline_store import DeadlineStore, StoreTimeout
 from launcher.cluster.follower_channel import FollowerChannel
+from launcher.cluster.lobby import Hello, NodeClaim
 from launcher.cluster.rendezvous import LeaderUnreachable, Rendezvous, Round, connect_job_store
 from launcher.cluster.wire import Interrupt, InterruptKind, JobVerdict, NodeInfo
 from launcher.errors import Interrupted, UsageError
@@ -36,10 +40,14 @@ class Follower(Role):
         self._spec = ChannelSpec(self.node, config.nnodes, config.node_timeout, config.rdzv_endpoint)
         self._rendezvous: Optional[Rendezvous] = None
         self._kept: Optional[Round] = None  # node 0 said the next attempt keeps this round
-        self._deadline = time.monotonic() + config.join_timeout  # to reach node 0
+        self._deadline: Optional[float] = None  # to reach node 0: set when the wait begins
         self._round: Optional[Round] = None  # the round of the attempt in progress
         self._channel: Optional[FollowerChannel] = None
         self._verdict: Optional[JobVerdict] = None  # None after an attempt: node 0 was lost
+        rdzv_id = config.rdzv_id or config.run_id
+        hello = Hello(self.node, socket.gethostname(), os.getpid(), rdzv_id, list(config.command))
+        self._claim = NodeClaim(self.node, hello)
+        self._lobby_store = None  # node 0's store, each call with a deadline
 
     # -- between attempts ------------------------------------------------------------------------
 
@@ -55,9 +63,14 @@ class Follower(Role):
 
     def _join(self, started: float, new_round: bool) -> AttemptPlan:
         if self._rendezvous is None:
+            if self._deadline is None:  # the first meeting: the time to warm up is not waiting
+                self._deadline = time.monotonic() + self.config.join_timeout
             store = connect_job_store(self.config, self._deadline, self._signals, self._say)
+            self._lobby_store = DeadlineStore(store, self.config.node_timeout)
+            self._in_lobby(lambda: self._claim.take(self._lobby_store, store, self._wait))
             self._rendezvous = Rendezvous(self.config, store)
-        round_, self._kept = self._kept or self._rendezvous.next_round(self._signals, self._say), None
+        round_ = self._kept or self._rendezvous.next_round(self._signals, self._say, watch=self._refused)
+        self._kept = None
         self._channel = FollowerChannel(round_.next_attempt_store(), self._spec, self._signals)
         self._round = round_
         try:
@@ -72,6 +85,23 @@ class Follower(Role):
         waited = round(time.monotonic() - started, 3)
         self._events.emit(NodesMet(plan.attempt, self.config.nnodes, waited, new_round))
         return AttemptPlan(plan.attempt, plan.master_addr, plan.master_port)
+
+    def _refused(self) -> None:
+        """While it waits for a round: node 0 may have refused this node (another command)."""
+        reason = self._in_lobby(lambda: self._claim.refusal(self._lobby_store))
+        if reason:
+            raise UsageError(reason)
+
+    def _in_lobby(self, call):
+        """A lobby call to node 0's store; one that fails or does not answer is node 0 lost."""
+        try:
+            return call()
+        except (StoreTimeout, RuntimeError) as err:  # torch's DistError family too
+            raise LeaderUnreachable(f"node 0's store at {self.config.rdzv_endpoint}: {err}") from None
+
+    def _wait(self, seconds: float) -> None:
+        self._signals.wait(seconds)
+        self._signals.raise_if_received()
 
     def conclude(self, local: AttemptResult) -> AttemptResult:
         """Report to node 0 and take its verdict: the job's outcome of the attempt. Node 0 lost
@@ -117,7 +147,8 @@ class Follower(Role):
         """Node 0 pauses (its backoff) before it meets the nodes again: the next round waits."""
 
     def close(self) -> None:
-        """Nothing to close: the job's rendezvous is node 0's."""
+        """The job's rendezvous is node 0's: only this node's claim goes."""
+        self._claim.release()
 
     def _lost_leader(self, lost: LeaderUnreachable) -> None:
         """Wait for node 0 anew: a fresh connection and a new round. The old handler is dropped,
@@ -128,6 +159,7 @@ class Follower(Role):
             f"{self.config.join_timeout:g} s"
         )
         self._rendezvous, self._kept = None, None
+        self._claim.release()
         self._deadline = time.monotonic() + self.config.join_timeout
 
     # -- during an attempt -------------------------------------------------------------------

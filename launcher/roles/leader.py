@@ -7,6 +7,7 @@ from typing import Dict, List, Optional, Tuple
 
 from launcher.cluster.channel import ChannelSpec
 from launcher.cluster.leader_channel import LeaderChannel
+from launcher.cluster.lobby import Lobby
 from launcher.cluster.rendezvous import Rendezvous, Round
 from launcher.cluster.wire import AttemptPlan as WirePlan
 from launcher.cluster.wire import Interrupt, InterruptKind, JobVerdict, NodeInfo, NodeReport
@@ -43,6 +44,14 @@ class Leader(RunHolder):
         self._round: Optional[Round] = None  # the rendezvous round the next attempt may keep
         self._channel: Optional[LeaderChannel] = None  # the attempt's, from meet to decide
         self._spec = ChannelSpec(0, config.nnodes, config.node_timeout, config.rdzv_endpoint)
+        self._lobby = Lobby(
+            rendezvous.store,
+            config.rdzv_id or config.run_id,
+            config.nnodes,
+            config.command,
+            config.node_timeout,
+        )
+        self._planned = 0  # attempts this launch has planned
 
     # -- between attempts ------------------------------------------------------------------------
 
@@ -50,7 +59,7 @@ class Leader(RunHolder):
         """Every node joins this attempt's round; node 0 checks they agree and plans it."""
         started, new_round = time.monotonic(), self._round is None
         if new_round:
-            self._round = self._rendezvous.next_round(self._signals, self._say)
+            self._round = self._rendezvous.next_round(self._signals, self._say, watch=self._refuse_strangers)
         channel = LeaderChannel(self._round.next_attempt_store(), self._spec, self._signals)
         self._channel = channel
         channel.announce(NodeInfo.here(0, self.config.nproc, self.config.command))
@@ -61,10 +70,21 @@ class Leader(RunHolder):
             channel.close()
             raise UsageError(problem)
         number = self._open_attempt(channel.members())
+        self._planned += 1
         waited = round(time.monotonic() - started, 3)
         self._events.emit(NodesMet(number, self.config.nnodes, waited, new_round))
         channel.publish_plan(WirePlan(number, self.config.master_addr, self._store.port))
         return AttemptPlan(number, self.config.master_addr, self._store.port)
+
+    def _refuse_strangers(self) -> None:
+        """While waiting for a round: a node that came with another command (another rendezvous
+        id) is refused at once. Before this launch's first attempt, node 0 stops with it (the
+        job was started wrong); later, it goes on waiting for the right node."""
+        for hello in self._lobby.strangers():
+            reason = self._lobby.refuse(hello, self._signals.wait)
+            if not self._planned:
+                raise UsageError(reason)
+            self._say(f"refused a node: {reason}")
 
     def conclude(self, local: AttemptResult) -> AttemptResult:
         """The job's attempt: every node's report (this one's included) and every lost node."""

@@ -1,0 +1,165 @@
+"""Before any rendezvous round: each follower claims its node rank and says which job it came
+for, in node 0's store (keys outside every round), so that a node that cannot be part of the
+job is refused at once, with exit 2, instead of waiting out --join-timeout:
+
+    lobby/claim/<n>       the token of the supervisor that holds node rank n (host:pid:nonce)
+    lobby/alive/<token>   a counter that supervisor's thread bumps every half second
+    lobby/hello/<n>       who it is and which job it came for (rendezvous id, command, host, pid)
+    lobby/refused/<n>     node 0's refusal of it (another command), and lobby/read/<n> its ack
+
+torch's rendezvous decides who is in a round; this only keeps out a node started by mistake: a
+second supervisor with a rank that a live one holds, or one that runs another command (and so
+another rendezvous id) than node 0."""
+
+import dataclasses
+import json
+import os
+import socket
+import threading
+import time
+from typing import Callable, List, Optional
+
+from launcher.errors import UsageError
+
+__all__ = ["Hello", "Lobby", "NodeClaim"]
+
+_BEAT_S = 0.5
+# How long a claimant's counter is watched before it is judged gone: three of its beats.
+_JUDGE_S = 3 * _BEAT_S
+
+
+@dataclasses.dataclass(frozen=True)
+class Hello:
+    node: int
+    host: str
+    pid: int
+    rdzv_id: str
+    command: List[str]
+
+
+class _Beat(threading.Thread):
+    def __init__(self, store, key: str) -> None:
+        super().__init__(name="ftlaunch-lobby-alive", daemon=True)
+        self._store, self._key = store, key
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            try:
+                self._store.add(self._key, 1)
+            except Exception:  # noqa: BLE001 - node 0 gone: the main loop finds out
+                return
+            self._done.wait(_BEAT_S)
+
+    def stop(self) -> None:
+        self._done.set()
+
+
+class NodeClaim:
+    """A follower's hold on its node rank, for as long as its supervisor lives (one token per
+    process: a reconnect to the same node 0 finds its own claim)."""
+
+    def __init__(self, node: int, hello: Hello) -> None:
+        self.node = node
+        self.token = f"{socket.gethostname()}:{os.getpid()}:{time.monotonic_ns()}"
+        self._hello = hello
+        self._beat: Optional[_Beat] = None
+
+    def take(self, store, beat_store, wait: Callable[[float], None]) -> None:
+        """Hold node rank ``node`` in ``store`` (UsageError: a live supervisor holds it) and
+        say hello. ``beat_store``: the same store for the liveness thread, whose calls may block
+        (``store``'s should not). ``wait`` sleeps, answering signals."""
+        self.release()
+        self._beat = _Beat(beat_store, f"lobby/alive/{self.token}")
+        self._beat.start()
+        key = f"lobby/claim/{self.node}"
+        holder = _text(store.compare_set(key, "", self.token))
+        if holder != self.token:
+            if _alive(store, holder, wait):
+                host, pid = holder.split(":")[:2]
+                raise UsageError(
+                    f"node rank {self.node} is already held by the supervisor on {host} (pid {pid}), "
+                    "which is alive: each node needs its own --node-rank"
+                )
+            store.compare_set(key, holder, self.token)
+            if _text(store.get(key)) != self.token:
+                raise UsageError(f"node rank {self.node} was taken by another supervisor at the same moment")
+        store.set(f"lobby/hello/{self.node}", json.dumps(dataclasses.asdict(self._hello)))
+
+    def refusal(self, store) -> str:
+        """Node 0's refusal of this node, if any (read: node 0 may then go)."""
+        key = f"lobby/refused/{self.node}"
+        if not store.check([key]):
+            return ""
+        store.set(f"lobby/read/{self.node}", "1")
+        return _text(store.get(key))
+
+    def release(self) -> None:
+        if self._beat is not None:
+            self._beat.stop()
+            self._beat = None
+
+
+class Lobby:
+    """Node 0's side: it reads the followers' hellos while it waits for a round."""
+
+    def __init__(self, store, rdzv_id: str, nnodes: int, command, node_timeout: float) -> None:
+        self._store = store
+        self._rdzv_id = rdzv_id
+        self._nodes = range(1, nnodes)
+        self._command = list(command)
+        self._node_timeout = node_timeout
+        self._refused: set = set()
+
+    def strangers(self) -> List[Hello]:
+        """Followers that came for another job (another rendezvous id), not refused yet."""
+        found = []
+        for n in self._nodes:
+            if n not in self._refused and self._store.check([f"lobby/hello/{n}"]):
+                hello = Hello(**json.loads(_text(self._store.get(f"lobby/hello/{n}"))))
+                if hello.rdzv_id != self._rdzv_id:
+                    found.append(hello)
+        return found
+
+    def refuse(self, hello: Hello, wait: Callable[[float], None]) -> str:
+        """Tell ``hello``'s node why it cannot join; wait (--node-timeout at most) until it read it."""
+        reason = (
+            f"node {hello.node} ({hello.host}) runs another command than node 0: "
+            f"{' '.join(hello.command[1:])}; node 0 runs {' '.join(self._command[1:])}"
+        )
+        self._refused.add(hello.node)
+        self._store.set(f"lobby/refused/{hello.node}", reason)
+        deadline = time.monotonic() + self._node_timeout
+        while time.monotonic() < deadline and not self._store.check([f"lobby/read/{hello.node}"]):
+            wait(0.05)
+        return reason
+
+
+def _alive(store, token: str, wait: Callable[[float], None]) -> bool:
+    """Whether the supervisor that holds ``token`` still beats. One on this host is asked the
+    kernel at once; another is watched for three of its beats."""
+    host, pid = token.split(":")[:2]
+    if host == socket.gethostname() and not _pid_alive(int(pid)):
+        return False
+    key = f"lobby/alive/{token}"
+    before = store.add(key, 0)
+    deadline = time.monotonic() + _JUDGE_S
+    while time.monotonic() < deadline:
+        wait(0.1)
+        if store.add(key, 0) != before:
+            return True
+    return False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
