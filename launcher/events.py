@@ -292,11 +292,31 @@ class EventLog:
         line = json.dumps(logged.to_json(), default=str)
         with self._lock:
             self.logged.append(logged)
-            self._file.write(line + "\n")
-            self._file.flush()
+            self._append(line)
         log.debug("event %s", line)
         return logged
 
+    def _append(self, line: str) -> None:
+        """A write error (a full disk) must not end the run: the events stay in memory and reach
+        the run dir's events.jsonl with run.json; this file is not written to again."""
+        if self._file is None:
+            return
+        try:
+            self._file.write(line + "\n")
+            self._file.flush()
+        except OSError as err:
+            log.warning("cannot write %s (%s); its later events are kept with run.json only", self.path, err)
+            self._file, broken = None, self._file
+            try:
+                broken.close()
+            except OSError:
+                pass
+
     def close(self) -> None:
         with self._lock:
-            self._file.close()
+            if self._file is not None:
+                try:
+                    self._file.close()
+                except OSError:
+                    pass
+                self._file = None

@@ -40,53 +40,57 @@ class Launch:
     marker: str
     stdout: str = ""
     stderr: str = ""
-    _read_early: List[str] = dataclasses.field(default_factory=list)  # stdout lines read while it ran
-    _reader: Optional[tuple] = None  # the thread that read them, and its queue
+    _read_early: dict = dataclasses.field(default_factory=dict)  # stream → lines read while it ran
+    _readers: dict = dataclasses.field(default_factory=dict)  # stream → (the thread, its queue)
 
     def wait(self, timeout: float = 90) -> int:
-        if self._reader is not None:  # it reads stdout to EOF; what it read is kept
-            thread, lines = self._reader
+        for name, (thread, lines) in self._readers.items():  # each reads its stream to EOF
             thread.join(timeout)
             while not lines.empty():
-                self._read_early.append(lines.get())
+                self._read_early.setdefault(name, []).append(lines.get())
         try:
             out, err = self.proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             out, err = self.proc.communicate()
             raise AssertionError(f"ftlaunch did not finish in {timeout}s:\n{out}\n{err}") from None
-        self.stdout, self.stderr = "".join(self._read_early) + out, err
+        self.stdout = "".join(self._read_early.get("stdout", [])) + (out or "")
+        self.stderr = "".join(self._read_early.get("stderr", [])) + (err or "")
         return self.proc.returncode
 
-    def read_console_until(self, match: Callable[[str], bool], timeout: float = 30.0) -> str:
-        """Read ftlaunch's stdout while it runs, line by line (a carriage return ends a line too),
-        until ``match`` accepts one; bounded. What was read still ends up in ``stdout``."""
-        lines: queue.Queue[str] = queue.Queue()
+    def read_console_until(self, match: Callable[[str], bool], timeout: float = 30.0, stream="stdout") -> str:
+        """Read ftlaunch's ``stream`` while it runs, line by line (a carriage return ends a line
+        too), until ``match`` accepts one; bounded. What was read still ends up in ``stdout`` or
+        ``stderr``."""
+        if stream not in self._readers:
+            lines: queue.Queue[str] = queue.Queue()
+            handle = getattr(self.proc, stream)
 
-        def reader() -> None:  # to EOF: communicate() would bypass what this file object buffered
-            while True:
-                line = self.proc.stdout.readline()
-                lines.put(line)
-                if not line:
-                    return
+            def reader() -> None:  # to EOF: communicate() would bypass what this file object buffered
+                while True:
+                    line = handle.readline()
+                    lines.put(line)
+                    if not line:
+                        return
 
-        thread = threading.Thread(target=reader, daemon=True)
-        thread.start()
-        self._reader = (thread, lines)
+            thread = threading.Thread(target=reader, daemon=True)
+            thread.start()
+            self._readers[stream] = (thread, lines)
+        lines = self._readers[stream][1]
+        early = self._read_early.setdefault(stream, [])
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
                 line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 break
-            self._read_early.append(line)
+            early.append(line)
             if line and match(line):
                 return line
             if not line:
+                lines.put(line)  # EOF stays visible to a later call
                 break
-        raise AssertionError(
-            f"no matching console line after {timeout}s:\n{''.join(self._read_early)[-2000:]}"
-        )
+        raise AssertionError(f"no matching {stream} line after {timeout}s:\n{''.join(early)[-2000:]}")
 
     def events(self, kind: Optional[str] = None) -> List[dict]:
         lines = (self.log_dir / "events.jsonl").read_text().splitlines()

@@ -489,3 +489,43 @@ def test_status_of_a_live_and_of_a_finished_run(launcher, tmp_path):
     for bad in ([str(runs / "notes.txt")], ["--run-dir", str(runs / "notes.txt")], ["nosuchproto://x/y"]):
         assert _status(*bad) == (2, ""), bad  # one line on stderr, no traceback
     assert live.survivors() == []
+
+
+def _fill(folder: Path) -> Path:
+    """Take every free byte of ``folder``'s filesystem; returns the file that holds them."""
+    filler = folder / "filler"
+    with open(filler, "wb") as handle:
+        try:
+            while True:
+                handle.write(b"\0" * 65536)
+                handle.flush()
+        except OSError:
+            pass
+    return filler
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI and dev machines run as root)")
+def test_a_full_run_dir_disk_is_said_once_and_the_training_goes_on(launcher, tmp_path):
+    """progress.json, run.json and the lock are convenience for `status` and the next launch:
+    a full disk under them must not end the training; run.json is written once there is room."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(runs)], check=True)
+    try:
+        launch = launcher.start(
+            "--nproc", "1", "--run-dir", str(runs), "--run-name", "full", "--checkpoint-dir",
+            str(tmp_path / "ckpt"), BEATER, "--steps", "400", "--step-time", "0.05", "--save-every", "20",
+            log_dir=tmp_path / "logs",
+        )  # fmt: skip
+        wait_for_files(tmp_path / "ckpt", "step_20/COMMITTED", 1, timeout=60)
+        filler = _fill(runs)
+        launch.read_console_until(lambda line: "cannot write" in line, timeout=60, stream="stderr")
+        filler.unlink()
+        assert launch.wait(120) == 0, launch.stderr
+        assert _state(runs, "full")["status"] == "SUCCEEDED"  # written again once there was room
+    finally:
+        subprocess.run(["umount", "-l", str(runs)], check=True)
+    assert "Traceback" not in launch.stderr
+    assert launch.stderr.count("cannot write") == len(set(re.findall(r"cannot write (\S+)", launch.stderr)))
+    assert re.search(r"cannot write \S+/full/(progress|run)\.json .*No space left", launch.stderr)
+    assert launch.survivors() == []

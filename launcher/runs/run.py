@@ -6,7 +6,7 @@ import os
 import shlex
 import socket
 import time
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Set
 
 from launcher.config import LaunchConfig
 from launcher.events import EventLog, Logged, Resume, Takeover
@@ -17,8 +17,12 @@ from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.runs.checkpoints import CheckpointDir, NewestCheckpoint
 from launcher.runs.directory import PROGRESS_FILE, Holder, RunDir
 from launcher.runs.records import AttemptEntry, FailureEntry, RunState
+from worker_lib.storage import StorageError
 
 __all__ = ["Run"]
+
+_RETRY_S = 1.0
+_FINISH_TRIES = 5  # the run's end: tried for a few seconds before it is left unwritten
 
 
 class Run:
@@ -39,6 +43,7 @@ class Run:
         self._events = events
         self._say = say
         self._earlier_events: List[Logged] = []  # what earlier supervisors of the run logged
+        self._unwritten: Set[str] = set()  # run dir files whose last write failed (said once)
         self.state = self._load(taken_from)
 
     def _load(self, taken_from: Optional[Holder]) -> RunState:
@@ -200,17 +205,23 @@ class Run:
 
     def finish(self, status: RunStatus, reason: str, exit_code: int) -> None:
         self.state.status, self.state.reason, self.state.exit_code = status, reason, exit_code
-        self.save()
+        self.save(tries=_FINISH_TRIES)
 
-    def save(self) -> None:
+    def save(self, tries: int = 1) -> None:
         """run.json and the event log, both written whole (atomically on local disks), only while
         the run is still ours: a supervisor that lost it never overwrites what the new holder wrote.
         Nothing is written before the first group runs: a launch that fails to start leaves the run
-        as it was."""
+        as it was. A write that fails (a full disk) is said once and tried again at the next save
+        (``tries`` times now, a second apart): the training goes on."""
         self.dir.check_held()
         self.state.updated_at = time.time()
-        self.dir.write_state(self.state)
-        self.dir.write_events(self._earlier_events + self._events.logged)
+        for left in range(tries - 1, -1, -1):
+            if self._written("run.json", lambda: self.dir.write_state(self.state), quiet=left > 0):
+                break
+            time.sleep(_RETRY_S)
+        self._written(
+            "events.jsonl", lambda: self.dir.write_events(self._earlier_events + self._events.logged)
+        )
 
     def newest_checkpoint(self) -> NewestCheckpoint:
         newest = self.checkpoints.newest()
@@ -225,11 +236,28 @@ class Run:
         progress = {"attempt": attempt, "written_at": time.time(), "ranks": ranks}
         if nodes is not None:
             progress["nodes"] = nodes
-        self.dir.write_json(PROGRESS_FILE, progress)
+        self._written(PROGRESS_FILE, lambda: self.dir.write_json(PROGRESS_FILE, progress))
 
     def keep_alive(self, now: float) -> None:
         if self.dir.renew_due(now):
-            self.dir.renew()
+            self._written("lock.json", self.dir.renew)
+
+    def _written(self, name: str, write: Callable[[], None], quiet: bool = False) -> bool:
+        """A write to the run dir that must not end the run when storage fails it: said once per
+        file (and once more when it works again); False when it failed."""
+        try:
+            write()
+        except (StorageError, OSError) as err:
+            if not quiet and name not in self._unwritten:
+                self._unwritten.add(name)
+                self._say(
+                    f"cannot write {self.dir.url}/{name} ({err}); the run goes on, and tries again later"
+                )
+            return False
+        if name in self._unwritten:
+            self._unwritten.discard(name)
+            self._say(f"{self.dir.url}/{name} is written again")
+        return True
 
 
 def _shell(command: tuple) -> str:
