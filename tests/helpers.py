@@ -5,6 +5,7 @@ import json
 import os
 import queue
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -138,6 +139,7 @@ class Launcher:
         env: Optional[dict] = None,
         log_dir: Union[Path, bool, None] = None,
         up_file: Optional[Path] = None,
+        ignore_sighup: bool = False,
     ) -> Launch:
         """``up_file``: created once the interpreter has started (``site`` imported) and is about to
         run ftlaunch's entry point, for tests that time a signal from there. ``log_dir=False``:
@@ -167,6 +169,7 @@ class Launcher:
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
+            preexec_fn=(lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if ignore_sighup else None,
         )
         launch = Launch(proc, log_dir, marker)
         self.launches.append(launch)

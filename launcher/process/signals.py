@@ -1,11 +1,11 @@
 """Signals as events for the supervisor's loop.
 
-SIGINT, SIGTERM and SIGHUP (a closed terminal or ssh session) are recorded, not acted on in
-the handler; SIGCHLD only wakes the loop. The preemption notice (SIGUSR1 by default, what
-``sbatch --signal=B:USR1@120`` forwards) is recorded as SIGTERM: the same stop at an agreed step,
-the same exit 143 that asks the job to be requeued. All of them write to one wakeup pipe, so the loop
-sleeps in ``select`` and still notices a dead worker or a Ctrl+C at once instead of at its
-next poll.
+SIGINT, SIGTERM and SIGHUP (a closed terminal or ssh session; left ignored under ``nohup``) are
+recorded, not acted on in the handler; SIGCHLD only wakes the loop. The preemption notice
+(SIGUSR1 by default, what ``sbatch --signal=B:USR1@120`` forwards) is recorded as SIGTERM: the
+same stop at an agreed step, the same exit 143 that asks the job to be requeued. All of them
+write to one wakeup pipe, so the loop sleeps in ``select`` and still notices a dead worker or a
+Ctrl+C at once instead of at its next poll.
 """
 
 import os
@@ -49,6 +49,8 @@ class SignalInbox:
         self._write_fd = write_fd
         self._previous_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
         for sig in _HANDLED + NOTICE_SIGNALS:
+            if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # `nohup ftlaunch ...`: a closed terminal is to be ignored (the workers inherit it)
             self._previous[sig] = signal.signal(sig, self._record)
         self._previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda *_: None)
 

@@ -65,14 +65,21 @@ def stop_tree(
 
 
 def _signal_all(leaders: Iterable[int], sig: int, exclude: Collection[int]) -> Set[int]:
-    """Signal each group (catches processes born since the last look) and each descendant
-    (catches those that left the group); return the pids signalled."""
-    for pgid in leaders:
+    """Signal each group (catches processes born since the last look) and each descendant that
+    left the groups; return the pids signalled. Each process gets the signal once: a script's
+    SIGTERM handler that ran twice, nested, cut its own save short."""
+    groups = set(leaders)
+    for pgid in groups:
         _quietly(os.killpg, pgid, sig)
     pids = {p.pid for p in descendants(exclude)}
     for pid in pids:
-        _quietly(os.kill, pid, sig)
-    return pids | set(leaders)
+        try:
+            in_a_group = os.getpgid(pid) in groups
+        except ProcessLookupError:
+            continue
+        if not in_a_group:
+            _quietly(os.kill, pid, sig)
+    return pids | groups
 
 
 def _quietly(send: Callable[[int, int], None], target: int, sig: int) -> None:
