@@ -12,7 +12,15 @@ from launcher.chaos.driver import chaos_for
 from launcher.cluster.wire import Interrupt, InterruptKind
 from launcher.config import LaunchConfig
 from launcher.errors import StartFailed
-from launcher.events import EventLog, GuardRestarted, PeerInterrupt, StopRequested, Transition, WorkerExit
+from launcher.events import (
+    EventLog,
+    GroupsGuarded,
+    GuardRestarted,
+    PeerInterrupt,
+    StopRequested,
+    Transition,
+    WorkerExit,
+)
 from launcher.failures import Failure, HangFailure, ProcessFailure, read_error_file, root_cause
 from launcher.group_state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine
 from launcher.hangs.board import BeatSummary, HeartbeatBoard
@@ -142,7 +150,7 @@ class AttemptRunner:
                 machine.transition(GroupState.SUCCEEDED)
                 return AttemptResult(attempt, AttemptOutcome.SUCCEEDED)
             role.keep_alive()
-            self._keep_guard()
+            self._keep_guard(attempt, group)
             slots = board.read()
             self._chaos.inject(attempt, group, board, slots)
             rate.observe(time.monotonic(), BeatSummary.of(slots.values()).furthest_step)
@@ -247,7 +255,10 @@ class AttemptRunner:
         self._role.keep_alive()
         return self._signals.first is None
 
-    def _keep_guard(self) -> None:
+    def _keep_guard(self, attempt: int, group: WorkerGroup) -> None:
+        guarded = group.guard_new_groups()
+        if guarded:
+            self._events.emit(GroupsGuarded(attempt, guarded))
         dead = self._guard.restart_if_dead()
         if dead is not None:
             self._events.emit(GuardRestarted(dead_pid=dead, new_pid=self._guard.pid))

@@ -25,6 +25,7 @@ __all__ = [
     "Event",
     "EventLog",
     "FirstStep",
+    "GroupsGuarded",
     "GuardRestarted",
     "Hang",
     "HeartbeatDeadline",
@@ -161,6 +162,16 @@ class Resume:
 
 
 @dataclasses.dataclass(frozen=True)
+class GroupsGuarded:
+    """Descendants of the workers made process groups of their own (setsid): the orphan guard
+    watches those groups too."""
+
+    KIND: ClassVar[str] = "groups_guarded"
+    attempt: int
+    pgids: List[int]
+
+
+@dataclasses.dataclass(frozen=True)
 class GuardRestarted:
     """The orphan guard died and a new one watches the workers' groups."""
 
@@ -226,6 +237,7 @@ Event = Union[
     Takeover,
     Resume,
     GuardRestarted,
+    GroupsGuarded,
     NodesMet,
     PeerInterrupt,
     ChaosInjected,

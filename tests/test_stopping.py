@@ -2,6 +2,7 @@
 the supervisor itself is SIGKILLed."""
 
 import io
+import json
 import os
 import re
 import signal
@@ -36,10 +37,16 @@ def _start_sleepers(launcher, tmp_path, options=(), actor_args=(), nproc=2):
     return launch, pids
 
 
-def test_supervisor_sigkill_leaves_no_worker_nor_grandchild(launcher, tmp_path):
-    launch, pids = _start_sleepers(launcher, tmp_path, ["--grace-period", "30"], ["--grandchild", "group"], 3)
+@pytest.mark.parametrize("grandchild", ["group", "session"])
+def test_supervisor_sigkill_leaves_no_worker_nor_grandchild(launcher, tmp_path, grandchild):
+    """A grandchild in its worker's group, or in a session of its own (setsid: no killpg of the
+    worker's group reaches it, and it outlives its parent re-parented to init)."""
+    options = ["--grace-period", "30"]
+    launch, pids = _start_sleepers(launcher, tmp_path, options, ["--grandchild", grandchild], 3)
     # Actor writes its ready file after starting its grandchild, so all of them exist now.
     assert len(launch.survivors()) >= 1 + 1 + 3 * 2  # supervisor, orphan guard, workers, sleeps
+    if grandchild == "session":  # the supervisor has told the guard of the three new groups
+        _wait_for(lambda: sum(len(e["pgids"]) for e in _events(launch, "groups_guarded")) >= 3, 30)
 
     os.kill(launch.proc.pid, signal.SIGKILL)
     launch.wait()
@@ -50,6 +57,19 @@ def test_supervisor_sigkill_leaves_no_worker_nor_grandchild(launcher, tmp_path):
             _wait_dead(psutil.Process(pid), timeout=10)
         except psutil.NoSuchProcess:
             pass
+
+
+def _events(launch, kind):
+    path = launch.log_dir / "events.jsonl"
+    text = path.read_text() if path.exists() else ""
+    return [e for e in map(json.loads, text[: text.rfind("\n") + 1].splitlines()) if e["event"] == kind]
+
+
+def _wait_for(ready, timeout):
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, "not within the time given"
+        time.sleep(0.05)
 
 
 def test_workers_die_with_the_supervisor_even_without_the_orphan_guard(launcher, tmp_path):

@@ -4,13 +4,15 @@ import dataclasses
 import os
 import subprocess
 import time
-from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple
 
 from launcher.process.linux import die_with_parent
 from launcher.process.logs import LogPump
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.plan import WorkerSpec
-from launcher.process.tree import StopReport, stop_tree
+from launcher.process.tree import StopReport, descendants, stop_tree
+
+_GROUP_LOOK_S = 0.5  # how often descendants are looked at for groups of their own
 
 __all__ = ["Exit", "PopenSpawner", "Spawned", "Spawner", "WorkerGroup", "WorkerProcess", "with_output_pipes"]
 
@@ -129,6 +131,8 @@ class WorkerGroup:
         self._to_console = to_console
         self._procs: Dict[int, WorkerProcess] = {}  # rank -> process
         self._exits: Dict[int, Exit] = {}  # rank -> how it ended
+        self._other_groups: Set[int] = set()  # groups descendants made of their own
+        self._next_look = 0.0
 
     @property
     def pids(self) -> List[int]:
@@ -170,6 +174,28 @@ class WorkerGroup:
     def all_exited(self) -> bool:
         return len(self._exits) == len(self.specs)
 
+    def guard_new_groups(self) -> List[int]:
+        """Descendants that made a process group of their own (setsid, setpgid) left the workers'
+        groups: the orphan guard is told of theirs too (looked for every half second), so that a
+        kill -9 of the supervisor takes them with it. Returns the groups newly guarded."""
+        now = time.monotonic()
+        if now < self._next_look:
+            return []
+        self._next_look = now + _GROUP_LOOK_S
+        known = {*self.pids, *self._other_groups, os.getpgid(0)}
+        new = []
+        for proc in descendants(exclude={self._guard.pid, *self._spawner.helper_pids}):
+            try:
+                pgid = os.getpgid(proc.pid)
+            except ProcessLookupError:
+                continue
+            if pgid not in known:
+                known.add(pgid)
+                new.append(pgid)
+                self._other_groups.add(pgid)
+                self._guard.watch(pgid)
+        return new
+
     def stop(self, first_signal: int, grace: float, abort: Callable[[], bool]) -> StopReport:
         """Stop every worker and every descendant, reap them, and release their groups."""
         report = stop_tree(
@@ -180,6 +206,6 @@ class WorkerGroup:
             exclude={self._guard.pid, *self._spawner.helper_pids},
             reap=self.poll,
         )
-        for pid in self.pids:
-            self._guard.forget(pid)
+        for pgid in [*self.pids, *self._other_groups]:
+            self._guard.forget(pgid)
         return report
