@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence, Tuple
 
 import click
+from click.core import ParameterSource
 
 from launcher.cluster.slurm import slurm_step
 from launcher.config import EntryKind, LaunchConfig, default_run_name, resolve_backend, visible_gpu_count
@@ -257,10 +258,27 @@ def cli(signals: SignalInbox, verbose: bool, **options) -> int:
     from launcher.summary import summary_lines
     from launcher.supervisor import supervise
 
+    chaos = _chaos_banner(config)
+    if chaos:  # a forgotten FTLAUNCH_CHAOS must not inject faults unannounced
+        _say(
+            f"{chaos}; injected failures {'count' if config.chaos_counts else 'do not count'} "
+            "against --max-failures"
+        )
     result = supervise(config, signals, say=_say)
     for line in summary_lines(result):
         _say(line)
+    if chaos:
+        _say(f"  {chaos.replace('injecting', 'injected')}")
     return int(result.exit_code)
+
+
+def _chaos_banner(config: LaunchConfig) -> str:
+    """'' without chaos; else where it came from and what it injects."""
+    if config.chaos is None:
+        return ""
+    source = click.get_current_context().get_parameter_source("chaos")
+    where = f"{ENV_PREFIX}_CHAOS in the environment" if source is ParameterSource.ENVIRONMENT else "--chaos"
+    return f"chaos ({where}): injecting {config.chaos} into this run"
 
 
 def _configure_logging(verbose: bool) -> None:

@@ -141,6 +141,7 @@ def _table(report: Dict[str, Any]) -> List[str]:
         + (f" ({', '.join(f'{n} {c}' for c, n in sorted(causes.items()))})" if causes else "")
         + apart,
         f"checkpoint   {_checkpoint(state, now)}",
+        *([f"chaos        {state.config['chaos']} (faults injected on purpose)"] if _chaos(state) else []),
         "",
         f"{'attempt':>7}  {'started':<19}  {'ran':>8}  {'outcome':<16}  {'from step':>9}  {'progress':<8}  "
         "first failure",
@@ -167,6 +168,10 @@ def _table(report: Dict[str, Any]) -> List[str]:
     if progress:
         lines += _progress_lines(progress, now)
     return lines
+
+
+def _chaos(state: RunState) -> bool:
+    return isinstance(state.config, dict) and bool(state.config.get("chaos"))
 
 
 def _progress_lines(progress: Dict[str, Any], now: float) -> List[str]:

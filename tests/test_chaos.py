@@ -143,3 +143,23 @@ def test_a_bad_spec_is_refused_before_any_worker_starts(launcher, tmp_path):
         assert len(errors) == 1, launch.stderr
         assert not (launch.log_dir / "events.jsonl").exists()
         assert launch.survivors() == []
+
+
+def test_chaos_from_the_environment_announces_itself_at_start_in_status_and_in_the_summary(
+    launcher, tmp_path
+):
+    """A forgotten FTLAUNCH_CHAOS in a shell profile must never inject faults unannounced."""
+    script = [BEATER, "--steps", "20", "--step-time", "0.02"]
+    chaos = {"FTLAUNCH_CHAOS": "sleep:rank=0,at=600s"}
+    launch = launcher.run("--nproc", "1", "--run-name", "env", *script, env=chaos, timeout=120)
+    assert launch.proc.returncode == 0, launch.stderr
+    lines = launch.stderr.splitlines()
+    start = next(i for i, line in enumerate(lines) if "chaos (FTLAUNCH_CHAOS in the environment)" in line)
+    assert "injecting sleep:rank=0,at=600s" in lines[start] and "do not count" in lines[start]
+    assert start < next(i for i, line in enumerate(lines) if "attempt 0: starting" in line)
+    assert "  chaos (FTLAUNCH_CHAOS in the environment): injected sleep:rank=0,at=600s" in launch.stderr
+    from launcher.status_cli import _table, run_status
+
+    table = "\n".join(_table(run_status(launch.run_url())))
+    assert "chaos        sleep:rank=0,at=600s" in table
+    assert launch.survivors() == []
