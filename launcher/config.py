@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -214,6 +215,8 @@ def default_run_name(kind: EntryKind, entrypoint: str, script_args: Sequence[str
         stem = Path(entrypoint).stem or "run"
         target = os.path.abspath(entrypoint) if kind is EntryKind.SCRIPT else entrypoint
     digest = hashlib.sha1(json.dumps([kind.value, target, *script_args]).encode()).hexdigest()
+    # A run name is one path component with no spaces: "my train.py" names the run my_train-<hash>.
+    stem = re.sub(r"[\s/]+", "_", stem).strip("._") or "run"
     return f"{stem}-{digest[:8]}"
 
 

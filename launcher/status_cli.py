@@ -5,6 +5,8 @@ machine that can reach the storage, while the run is live or long after.
 """
 
 import json
+import os
+import sys
 import time
 from typing import Any, Dict, List, Optional
 
@@ -36,12 +38,21 @@ def status_cli(run: Optional[str], run_dir: str, as_json: bool) -> int:
             return _list_runs(run_dir, as_json)
         url = run if ("/" in run or "://" in run) else join_run_url(run_dir, run)
         report = run_status(url)
+        if as_json:
+            click.echo(json.dumps({**report, "run": report["run"].to_json()}, indent=1, default=str))
+        else:
+            click.echo("\n".join(_table(report)))
+        return 0
+    except BrokenPipeError:  # `ftlaunch status | head`: the reader has what it wanted
+        return _reader_gone()
     except (StorageError, OSError) as err:  # a malformed URL, a file where a folder should be, ...
         raise UsageError(f"cannot read {where}: {err}") from None
-    if as_json:
-        click.echo(json.dumps({**report, "run": report["run"].to_json()}, indent=1, default=str))
-    else:
-        click.echo("\n".join(_table(report)))
+
+
+def _reader_gone() -> int:
+    """Standard output's reader left: say nothing more (not even at exit, when Python flushes)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
     return 0
 
 

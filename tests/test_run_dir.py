@@ -529,3 +529,28 @@ def test_a_full_run_dir_disk_is_said_once_and_the_training_goes_on(launcher, tmp
     assert launch.stderr.count("cannot write") == len(set(re.findall(r"cannot write (\S+)", launch.stderr)))
     assert re.search(r"cannot write \S+/full/(progress|run)\.json .*No space left", launch.stderr)
     assert launch.survivors() == []
+
+
+def test_a_script_with_a_space_in_its_file_name_runs_without_a_run_name(launcher, tmp_path):
+    script = tmp_path / "my actor.py"
+    script.write_text(Path(ACTOR).read_text())
+    launch = launcher.run("--nproc", "1", str(script), "--run-for", "0")
+    assert launch.proc.returncode == 0, launch.stderr
+    assert re.search(r"run \S+/my_actor-[0-9a-f]{8}: new", launch.stderr), launch.stderr
+    assert launch.survivors() == []
+
+
+def test_status_into_a_pipe_whose_reader_left_says_nothing_and_exits_0(tmp_path):
+    """`ftlaunch status | head`: head exits after its lines; status must not complain."""
+    runs = tmp_path / "runs"
+    for n in range(3):
+        (runs / f"run{n}").mkdir(parents=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher", "status", "--run-dir", str(runs)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    proc.stdout.close()  # the reader is gone before the first line
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and err == b"", err
