@@ -163,3 +163,11 @@ def test_chaos_from_the_environment_announces_itself_at_start_in_status_and_in_t
     table = "\n".join(_table(run_status(launch.run_url())))
     assert "chaos        sleep:rank=0,at=600s" in table
     assert launch.survivors() == []
+
+
+def test_a_fault_at_a_commit_of_a_script_that_never_commits_says_it_never_landed(launcher, tmp_path):
+    script = [BEATER, "--steps", "10", "--step-time", "0.02"]  # beats, never saves
+    launch = launcher.run("--nproc", "1", "--chaos", "kill:rank=0,at=commit", *script, timeout=120)
+    assert launch.proc.returncode == 0, launch.stderr
+    assert "chaos: kill:rank=0,at=commit" in launch.stderr and "never landed" in launch.stderr
+    assert launch.survivors() == []

@@ -154,3 +154,13 @@ def test_many_ranks_forked_at_once_all_start(launcher, tmp_path):
     up = [int(line.split()[2]) for line in launch.stdout.splitlines() if line.endswith(" up")]
     assert sorted(up) == list(range(12))
     assert launch.survivors() == []
+
+
+def test_a_command_line_and_environment_too_large_for_the_fork_server_are_said_and_spawned(
+    launcher, tmp_path
+):
+    big = {f"FTLAUNCH_TEST_BIG_{i}": "x" * 60_000 for i in range(5)}  # more than one datagram carries
+    launch = launcher.run("--nproc", "1", str(ACTOR), "--run-for", "0", env=big, timeout=120)
+    assert launch.proc.returncode == 0, launch.stderr
+    assert "more than one request to it can carry" in launch.stderr, launch.stderr
+    assert launch.survivors() == []

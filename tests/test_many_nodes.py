@@ -455,6 +455,19 @@ def test_a_second_node_with_a_taken_node_rank_is_refused_and_the_job_goes_on(lau
     assert job.survivors() == [] and duplicate.survivors() == []
 
 
+def test_a_node_that_comes_after_the_job_succeeded_ends_at_once(launcher, tmp_path):
+    """Node 0 has finished and its store is gone; the run dir (shared, as under SLURM) says the
+    run succeeded: a node started now exits 6 at once, not at --join-timeout."""
+    job = Job(
+        launcher, tmp_path, 2, "--nproc", "1", "--run-name", "over", "--join-timeout", "10m", str(ACTOR)
+    )
+    assert job.start_all().wait(120) == {0: 0, 1: 0}, job.nodes[0].stderr
+    late = job.start(1)
+    assert late.wait(60) == 6, late.stderr
+    assert "the job has ended: run" in late.stderr and "succeeded at" in late.stderr
+    assert job.survivors() == []
+
+
 def test_a_node_that_joins_a_closed_rendezvous_ends_at_once(launcher, tmp_path, monkeypatch):
     """Node 0 (here: this test, through ftlaunch's own rendezvous code) has closed the job's
     rendezvous, as it does when the job ends; a node started now is told so and exits 6 at once,

@@ -554,3 +554,32 @@ def test_status_into_a_pipe_whose_reader_left_says_nothing_and_exits_0(tmp_path)
     proc.stdout.close()  # the reader is gone before the first line
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0 and err == b"", err
+
+
+def test_the_same_command_of_another_user_in_a_shared_run_dir_is_not_theirs(launcher, tmp_path):
+    runs = tmp_path / "runs"
+    command = ["--nproc", "1", "--run-dir", str(runs)]
+    script = [str(ACTOR), "--run-for", "0"]
+    first = launcher.run(*command, *script)
+    assert first.proc.returncode == 0, first.stderr
+    (state_file,) = runs.glob("*/run.json")
+    state = json.loads(state_file.read_text())
+    assert state["user"]  # who started it
+    state["user"] = "alice"  # as if alice had run this command first
+    state_file.write_text(json.dumps(state))
+    for extra in ([], ["--fresh"]):
+        again = launcher.run(*command, *extra, *script)
+        assert again.proc.returncode == 2, again.stderr
+        assert "was started by user alice: it is not yours to resume" in again.stderr
+        assert json.loads(state_file.read_text())["user"] == "alice"  # nothing of hers moved
+    assert first.survivors() == []
+
+
+def test_a_run_relaunched_at_another_nproc_says_so(launcher, tmp_path):
+    runs = tmp_path / "runs"
+    base = ["--run-dir", str(runs), "--run-name", "size", str(ACTOR), "--run-for", "0", "--fail", "exit"]
+    first = launcher.run("--nproc", "2", "--max-failures", "0", *base)
+    assert first.proc.returncode == 1, first.stderr
+    again = launcher.run("--nproc", "1", *base)
+    assert "goes on at another size (--nproc 2 then, 1 now)" in again.stderr, again.stderr
+    assert again.survivors() == []

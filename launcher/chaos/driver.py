@@ -66,6 +66,13 @@ class ChaosDriver(NoChaos):
         at=commit lands once, whatever stopped its rank first)."""
         marked = mark_injected(failures, self._injected)
         for request in not_landed(marked, self._injected):
+            if not failures:  # the attempt ended well, the fault nowhere: the script never got there
+                self._say(
+                    f"chaos: {request.fault} never landed: rank {request.rank} did not reach it before it "
+                    "exited (at=save and at=commit act inside worker_lib's checkpoint saves; "
+                    "raise and sleep at its heartbeats)"
+                )
+                continue
             self._say(
                 f"chaos: rank {request.rank} was stopped before it carried out {request.fault}; asked again"
             )

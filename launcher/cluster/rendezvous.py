@@ -50,11 +50,14 @@ def host_job_store(config: LaunchConfig):
     )
 
 
-def connect_job_store(config: LaunchConfig, deadline: float, signals: SignalInbox, say: Callable):
+def connect_job_store(
+    config: LaunchConfig, deadline: float, signals: SignalInbox, say: Callable, ended: Callable[[], str] = str
+):
     """The other nodes: connect to node 0's store, trying until ``deadline`` (monotonic): node 0
     may start later than us, or be on its way back after a restart. The port is probed with a
-    plain connection first: torch's client prints a C++ stack trace for every refused try."""
-    next_word = time.monotonic()
+    plain connection first: torch's client prints a C++ stack trace for every refused try.
+    ``ended()`` says (every 5 s) why the job is over for good, or '' (JobOver when it is)."""
+    next_word = next_look = time.monotonic()
     while True:
         signals.raise_if_received()
         left = deadline - time.monotonic()
@@ -80,6 +83,11 @@ def connect_job_store(config: LaunchConfig, deadline: float, signals: SignalInbo
                 f"node 0 did not answer at {config.rdzv_endpoint} within --join-timeout "
                 f"({config.join_timeout:g} s); relaunching the same command resumes the job"
             )
+        if now >= next_look:  # node 0 gone for good: its run may say the job is over
+            next_look = now + _SAY_EVERY_S / 6
+            why = ended()
+            if why:
+                raise JobOver(why)
         if now >= next_word:
             waited = config.join_timeout - (deadline - now)
             limit = f"--join-timeout {config.join_timeout:g} s"

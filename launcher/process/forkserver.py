@@ -5,6 +5,7 @@ A forked worker is the supervisor's own child (re-parented to it, a child subrea
 waited for, signalled and stopped exactly like a spawned one: ``ForkedWorker.poll`` is waitpid.
 """
 
+import errno
 import json
 import os
 import select
@@ -128,9 +129,15 @@ class ForkServer:
 
     def fork(self, spec: WorkerSpec, stdout_w: int, stderr_w: int, timeout: float = 30.0) -> int:
         request = {"argv": list(spec.argv), "env": dict(spec.env), "cwd": os.getcwd()}
+        payload = json.dumps(request).encode()
         try:
-            socket.send_fds(self._sock, [json.dumps(request).encode()], [stdout_w, stderr_w])
+            socket.send_fds(self._sock, [payload], [stdout_w, stderr_w])
         except OSError as err:
+            if err.errno == errno.EMSGSIZE:  # one datagram: the socket's buffer (~200 KiB) bounds it
+                raise ForkServerUnavailable(
+                    f"the worker's command line and environment ({len(payload) // 1024} KiB) are more "
+                    "than one request to it can carry"
+                ) from None
             raise ForkServerUnavailable(f"it stopped answering ({err.strerror or err})") from None
         answer = self._receive(timeout, "fork")
         if "error" in answer:

@@ -46,9 +46,9 @@ class _Stream:
         end = max(self.partial.rfind(b"\n"), self.partial.rfind(b"\r")) + 1
         pieces = _PIECE.findall(bytes(self.partial[:end]))
         del self.partial[:end]
-        if len(self.partial) > _CONSOLE_PIECE:
-            pieces.append(bytes(self.partial) + b"\n")
-            self.partial.clear()
+        while len(self.partial) > _CONSOLE_PIECE:  # one read may bring 64 KiB without a line end
+            pieces.append(bytes(self.partial[:_CONSOLE_PIECE]) + b"\n")
+            del self.partial[:_CONSOLE_PIECE]
         out = b"".join(self.prefix + piece for piece in pieces if piece != b"\r")
         if out:
             self._to_console(out)

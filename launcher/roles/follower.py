@@ -23,6 +23,7 @@ from launcher.process.signals import SignalInbox
 from launcher.results import AttemptResult, RunResult
 from launcher.roles.base import AttemptPlan, Role
 from launcher.roles.leader import node_report, report_timeout
+from launcher.runs.directory import RunDir
 from launcher.stopping import StopReading
 
 __all__ = ["Follower"]
@@ -65,7 +66,7 @@ class Follower(Role):
         if self._rendezvous is None:
             if self._deadline is None:  # the first meeting: the time to warm up is not waiting
                 self._deadline = time.monotonic() + self.config.join_timeout
-            store = connect_job_store(self.config, self._deadline, self._signals, self._say)
+            store = connect_job_store(self.config, self._deadline, self._signals, self._say, self._job_ended)
             self._lobby_store = DeadlineStore(store, self.config.node_timeout)
             self._in_lobby(lambda: self._claim.take(self._lobby_store, store, self._wait))
             self._rendezvous = Rendezvous(self.config, store)
@@ -85,6 +86,18 @@ class Follower(Role):
         waited = round(time.monotonic() - started, 3)
         self._events.emit(NodesMet(plan.attempt, self.config.nnodes, waited, new_round))
         return AttemptPlan(plan.attempt, plan.master_addr, plan.master_port)
+
+    def _job_ended(self) -> str:
+        """Node 0 does not answer: if the run dir (shared storage, as under SLURM) says the run
+        succeeded, node 0 will not run it again, and this node came too late. Unknown: ''."""
+        try:
+            state = RunDir(self.config.run_url).read_state()
+        except Exception:  # noqa: BLE001 - not reachable from here, damaged: nothing is known
+            return ""
+        if state is None or state.status is not RunStatus.SUCCEEDED:
+            return ""
+        ended = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.updated_at))
+        return f"the job has ended: run {self.config.run_url} succeeded at {ended} (node 0's record)"
 
     def _refused(self) -> None:
         """While it waits for a round: node 0 may have refused this node (another command)."""

@@ -107,6 +107,7 @@ class RunState:
     reason: str = ""
     exit_code: Optional[int] = None
     updated_at: float = 0.0
+    user: Optional[str] = None  # who started it (None: a run.json older than this field)
 
     def history(self) -> List[AttemptRecord]:
         """The finished attempts the failure budget counts, oldest first."""

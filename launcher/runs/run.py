@@ -2,6 +2,7 @@
 attempt and the end, and keep the lease fresh. Storage and the lock live in ``runs.directory``;
 the records in ``runs.records``; this module decides what goes into them and when."""
 
+import getpass
 import os
 import shlex
 import socket
@@ -9,6 +10,7 @@ import time
 from typing import Callable, List, Optional, Set
 
 from launcher.config import LaunchConfig
+from launcher.errors import UsageError
 from launcher.events import EventLog, Logged, Resume, Takeover
 from launcher.evidence import ProgressEvidence, judge_progress
 from launcher.failures import Failure, root_cause
@@ -49,6 +51,11 @@ class Run:
     def _load(self, taken_from: Optional[Holder]) -> RunState:
         """The run's state, resumed, or created when there is none (or --fresh)."""
         if self.config.fresh and self.dir.has_state():
+            try:
+                _check_owner(self.dir.read_state(), self.config)
+            except UsageError as err:
+                if "not yours" in str(err):
+                    raise
             self._archive()  # before reading it: --fresh is also the way out of a damaged run.json
         prior = self.dir.read_state()
         if prior is None:
@@ -58,10 +65,12 @@ class Run:
                 status=RunStatus.RUNNING,
                 created_at=time.time(),
                 config=self.config.to_json(),
+                user=_user(),
             )
             named = " (named after the script and its arguments)" if self.config.has_default_name else ""
             self._say(f"run {self.config.run_url}: new{named}")
         else:
+            _check_owner(prior, self.config)
             self._earlier_events = self.dir.read_events()
             state = prior
             self._compare_commands(state)
@@ -116,6 +125,7 @@ class Run:
     def _compare_commands(self, state: RunState) -> None:
         """A run resumed by another command takes on the first one's checkpoints: say so loudly."""
         recorded = state.config
+        self._compare_sizes(recorded)
         before = (recorded.get("entry_kind"), recorded.get("entrypoint"), *recorded.get("script_args", ()))
         if tuple(before) == self.config.command:
             return
@@ -127,6 +137,20 @@ class Run:
             "run anew (the old one is archived), another --run-name makes a new run",
         ):
             self._say(f"WARNING: {line}")
+
+    def _compare_sizes(self, recorded: dict) -> None:
+        """Another --nproc or --nnodes: checkpoints of one rank each (not replicated) saved at the
+        old size cannot be loaded at the new one. Said before anything starts."""
+        changed = [
+            f"--{name} {recorded.get(name)} then, {getattr(self.config, name)} now"
+            for name in ("nproc", "nnodes")
+            if recorded.get(name) is not None and recorded.get(name) != getattr(self.config, name)
+        ]
+        if changed:
+            self._say(
+                f"WARNING: run {self.config.run_url} goes on at another size ({'; '.join(changed)}): "
+                "checkpoints saved by one rank each (not replicated) load only at the size that saved them"
+            )
 
     def _archive(self) -> None:
         """--fresh: the old run's state, history and (default) checkpoints move aside, kept."""
@@ -258,6 +282,23 @@ class Run:
             self._unwritten.discard(name)
             self._say(f"{self.dir.url}/{name} is written again")
         return True
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container): the number is still ours
+        return str(os.getuid())
+
+
+def _check_owner(state: Optional[RunState], config: LaunchConfig) -> None:
+    """In a shared run dir, the same command of another user finds that user's run: it is not
+    this user's to resume or to skip as already succeeded."""
+    if state is not None and state.user is not None and state.user != _user():
+        raise UsageError(
+            f"run {config.run_url} was started by user {state.user}: it is not yours to resume; "
+            "--run-name NAME (or another --run-dir) makes a run of your own"
+        )
 
 
 def _shell(command: tuple) -> str:
