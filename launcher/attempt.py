@@ -8,6 +8,7 @@ import signal
 import time
 from typing import BinaryIO, Callable, List, Optional, Tuple
 
+from launcher.beats import BeatSummary
 from launcher.chaos.driver import chaos_for
 from launcher.cluster.wire import Interrupt, InterruptKind
 from launcher.config import LaunchConfig
@@ -23,7 +24,7 @@ from launcher.events import (
 )
 from launcher.failures import Failure, HangFailure, ProcessFailure, read_error_file, root_cause
 from launcher.group_state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine
-from launcher.hangs.board import BeatSummary, HeartbeatBoard
+from launcher.hangs.board import HeartbeatBoard
 from launcher.hangs.monitor import HangMonitor, progress_rows
 from launcher.hangs.stacks import main_thread_stack
 from launcher.outcomes import AttemptOutcome

@@ -2,12 +2,12 @@
 
 import dataclasses
 import json
+import re
 import signal
 from pathlib import Path
 from typing import Optional, Sequence, Tuple, Union
 
-from launcher.hangs.board import Phase
-from launcher.hangs.stacks import short_frame
+from launcher.beats import Phase
 
 __all__ = [
     "ErrorRecord",
@@ -214,3 +214,14 @@ def read_error_file(path: Path) -> Optional[ErrorRecord]:
             timestamp=int(extra.get("timestamp", 0) or 0),
         )
     return None
+
+
+_FRAME = re.compile(r'^File "(?P<path>.*)", line (?P<line>\d+) in (?P<func>.*)$')
+
+
+def short_frame(frame: str) -> str:
+    """'File "/a/b/train.py", line 37 in step' → 'step (train.py:37)'."""
+    match = _FRAME.match(frame.strip())
+    if not match:
+        return frame.strip()
+    return f"{match['func']} ({Path(match['path']).name}:{match['line']})"

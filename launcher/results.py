@@ -4,8 +4,8 @@ the summary and the CLI (below all of them, above only the failure records)."""
 import dataclasses
 from typing import TYPE_CHECKING, List, Optional
 
+from launcher.beats import BeatSummary
 from launcher.failures import Failure, root_cause
-from launcher.hangs.board import BeatSummary
 from launcher.outcomes import AttemptOutcome, RunStatus
 
 if TYPE_CHECKING:  # the records are filled in by the loop; recovery sits above this module

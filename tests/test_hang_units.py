@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from launcher.beats import BeatReading, Phase
 from launcher.durations import parse_duration
 from launcher.errors import UsageError
-from launcher.failures import HangFailure, root_cause
-from launcher.hangs.board import BeatReading, HeartbeatBoard, Phase
+from launcher.failures import HangFailure, root_cause, short_frame
+from launcher.hangs.board import HeartbeatBoard
 from launcher.hangs.deadlines import MIN_SAMPLES, HangLimits, HangWatch
-from launcher.hangs.stacks import last_stacks, short_frame
+from launcher.hangs.stacks import last_stacks
 from worker_lib import contract as c
 
 

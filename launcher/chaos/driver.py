@@ -83,4 +83,6 @@ class ChaosDriver(NoChaos):
 def chaos_for(config: LaunchConfig, events: EventLog, say: Callable[[str], None]) -> NoChaos:
     if config.chaos is None:
         return NoChaos()
-    return ChaosDriver(ChaosInjector.for_config(config), events, say)
+    local = {config.global_rank(i) for i in range(config.nproc)}  # the global ranks this node runs
+    injector = ChaosInjector(config.chaos, config.world_size, local, time.monotonic())
+    return ChaosDriver(injector, events, say)

@@ -11,13 +11,11 @@ fires on every node alike (the others only move on), a step trigger only where i
 import dataclasses
 import random
 import signal
-import time
 from typing import AbstractSet, List, Mapping, Optional
 
+from launcher.beats import BeatReading
 from launcher.chaos.spec import ChaosPlan, Fault, FaultKind, TriggerKind
-from launcher.config import LaunchConfig
 from launcher.failures import Failure, HangFailure, ProcessFailure
-from launcher.hangs.board import BeatReading
 from worker_lib import contract as c
 
 __all__ = ["ChaosInjector", "Injection", "mark_injected", "not_landed"]
@@ -58,12 +56,6 @@ class ChaosInjector:
         self._last_look: Optional[float] = None
         self._requests = 0  # slot requests so far: each gets a new sequence number
         self._armed = [self._arm(_Armed(fault, 0)) for fault in plan.faults]
-
-    @classmethod
-    def for_config(cls, config: LaunchConfig) -> "ChaosInjector":
-        """The plan of ``config.chaos`` on this node, its clock started now."""
-        local = {config.global_rank(i) for i in range(config.nproc)}
-        return cls(config.chaos, config.world_size, local, time.monotonic())
 
     def _arm(self, armed: _Armed) -> _Armed:
         fault = armed.fault

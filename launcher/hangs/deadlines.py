@@ -17,7 +17,7 @@ import collections
 import dataclasses
 from typing import Deque, Dict, List, Optional
 
-from launcher.hangs.board import BeatReading, Phase
+from launcher.beats import BeatReading, Phase
 
 __all__ = ["HangLimits", "HangWatch", "Overdue", "MIN_SAMPLES"]
 

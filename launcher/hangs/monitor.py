@@ -8,10 +8,10 @@ from typing import Callable, Dict, List, Optional
 
 import psutil
 
+from launcher.beats import BeatReading, Phase
 from launcher.config import LaunchConfig
 from launcher.events import CheckpointLoaded, EventLog, FirstStep, Hang, HeartbeatDeadline, Laggard
 from launcher.failures import Failure, HangFailure, seconds
-from launcher.hangs.board import BeatReading, Phase
 from launcher.hangs.deadlines import HangLimits, HangWatch, Overdue
 from launcher.process.workers import WorkerGroup
 

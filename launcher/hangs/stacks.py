@@ -4,10 +4,9 @@ import re
 from pathlib import Path
 from typing import Dict, Tuple
 
-__all__ = ["last_stacks", "main_thread_stack", "short_frame"]
+__all__ = ["last_stacks", "main_thread_stack"]
 
 _HEADER = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):$")
-_FRAME = re.compile(r'^File "(?P<path>.*)", line (?P<line>\d+) in (?P<func>.*)$')
 _TAIL_BYTES = 1 << 20  # the dump is at the end of the log; do not read gigabytes of it
 
 
@@ -40,11 +39,3 @@ def last_stacks(log_file: Path) -> Dict[int, Tuple[str, ...]]:
 
 def main_thread_stack(log_file: Path, main_thread: int) -> Tuple[str, ...]:
     return last_stacks(log_file).get(main_thread, ())
-
-
-def short_frame(frame: str) -> str:
-    """'File "/a/b/train.py", line 37 in step' → 'step (train.py:37)'."""
-    match = _FRAME.match(frame.strip())
-    if not match:
-        return frame.strip()
-    return f"{match['func']} ({Path(match['path']).name}:{match['line']})"

@@ -5,6 +5,7 @@ import dataclasses
 import time
 from typing import Dict, List, Optional, Tuple
 
+from launcher.beats import BeatSummary
 from launcher.cluster.channel import ChannelSpec
 from launcher.cluster.leader_channel import LeaderChannel
 from launcher.cluster.lobby import Lobby
@@ -13,7 +14,6 @@ from launcher.cluster.wire import AttemptPlan as WirePlan
 from launcher.cluster.wire import Interrupt, InterruptKind, JobVerdict, NodeInfo, NodeReport
 from launcher.errors import ExitCode, UsageError
 from launcher.events import NodesMet
-from launcher.hangs.board import BeatSummary
 from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.results import AttemptResult, RunResult
 from launcher.roles.base import AttemptPlan

@@ -9,12 +9,12 @@ import socket
 import time
 from typing import Callable, List, Optional, Set
 
+from launcher.beats import BeatSummary
 from launcher.config import LaunchConfig
 from launcher.errors import UsageError
 from launcher.events import EventLog, Logged, Resume, Takeover
 from launcher.evidence import ProgressEvidence, judge_progress
 from launcher.failures import Failure, root_cause
-from launcher.hangs.board import BeatSummary
 from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.runs.checkpoints import CheckpointDir, NewestCheckpoint
 from launcher.runs.directory import PROGRESS_FILE, Holder, RunDir
