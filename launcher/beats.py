@@ -6,7 +6,7 @@ import dataclasses
 import enum
 from typing import Iterable, Optional
 
-__all__ = ["BeatReading", "BeatSummary", "Phase"]
+__all__ = ["BeatReading", "BeatSummary", "NodeRow", "Phase", "ProgressRow"]
 
 
 class Phase(str, enum.Enum):
@@ -51,3 +51,48 @@ class BeatSummary:
         beaten = [r for r in readings if r.beats > 0]
         steps = [r.step for r in beaten if r.step >= 0]
         return cls(bool(beaten), max(steps) if steps else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgressRow:
+    """One running rank as ``ftlaunch status`` shows it (progress.json's ``ranks``)."""
+
+    rank: int
+    pid: int
+    step: Optional[int]  # None: no beat yet
+    silent_for: Optional[float]  # seconds since its last beat or pause edge; None: never active
+    phase: str  # a Phase value
+    node: Optional[int] = None  # many nodes only
+
+    def aged(self, seconds: float) -> "ProgressRow":
+        """The same row read ``seconds`` later (a follower's share, as node 0 publishes it)."""
+        silent = None if self.silent_for is None else round(self.silent_for + seconds, 3)
+        return dataclasses.replace(self, silent_for=silent)
+
+    def to_json(self) -> dict:
+        data = dataclasses.asdict(self)
+        if self.node is None:
+            del data["node"]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ProgressRow":
+        return cls(**{name: data.get(name) for name in cls.__dataclass_fields__})
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeRow:
+    """One node's supervisor as node 0 last heard from it (progress.json's ``nodes``)."""
+
+    node: int
+    host: Optional[str]
+    pid: Optional[int]
+    silent_for: float  # seconds since its liveness counter last moved
+    lost: bool
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "NodeRow":
+        return cls(**{name: data.get(name) for name in cls.__dataclass_fields__})

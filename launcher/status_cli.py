@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional
 
 import click
 
+from launcher.beats import NodeRow, ProgressRow
 from launcher.errors import UsageError
 from launcher.failures import seconds
 from launcher.outcomes import AttemptOutcome, RunStatus
@@ -192,19 +193,20 @@ def _progress_lines(progress: Dict[str, Any], now: float) -> List[str]:
     if progress.get("nodes"):
         lines += ["", f"nodes of attempt {progress['attempt']} (as of {age:.0f} s ago):"]
         lines.append(f"{'node':>5}  {'host':<20}  {'pid':>7}  last seen")
-        for n in progress["nodes"]:
-            seen = "lost" if n["lost"] else f"{n['silent_for'] + age:.1f} s ago"
-            lines.append(f"{n['node']:>5}  {n['host'] or '?':<20}  {n['pid'] or '?':>7}  {seen}")
-    many = any("node" in r for r in progress["ranks"])
+        for n in map(NodeRow.from_json, progress["nodes"]):
+            seen = "lost" if n.lost else f"{n.silent_for + age:.1f} s ago"
+            lines.append(f"{n.node:>5}  {n.host or '?':<20}  {n.pid or '?':>7}  {seen}")
+    ranks = [ProgressRow.from_json(r) for r in progress["ranks"]]
+    many = any(r.node is not None for r in ranks)
     lines += ["", f"ranks of attempt {progress['attempt']} (as of {age:.0f} s ago):"]
     lines.append(
         ("node  " if many else "") + f"{'rank':>5}  {'pid':>7}  {'step':>8}  {'last beat':>10}  phase"
     )
-    for r in progress["ranks"]:
-        beat = "-" if r["silent_for"] is None else f"{r['silent_for'] + age:.1f} s ago"
-        step = "-" if r["step"] is None else r["step"]
-        node = f"{r.get('node', '-'):>4}  " if many else ""
-        lines.append(f"{node}{r['rank']:>5}  {r['pid']:>7}  {step:>8}  {beat:>10}  {r['phase']}")
+    for r in ranks:
+        beat = "-" if r.silent_for is None else f"{r.silent_for + age:.1f} s ago"
+        step = "-" if r.step is None else r.step
+        node = f"{'-' if r.node is None else r.node:>4}  " if many else ""
+        lines.append(f"{node}{r.rank:>5}  {r.pid:>7}  {step:>8}  {beat:>10}  {r.phase}")
     return lines
 
 

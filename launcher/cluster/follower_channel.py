@@ -6,6 +6,7 @@ import json
 import time
 from typing import List, NoReturn
 
+from launcher.beats import ProgressRow
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
 from launcher.cluster.deadline_store import DeadlineStore
 from launcher.cluster.rendezvous import LeaderUnreachable
@@ -55,10 +56,11 @@ class FollowerChannel(AttemptChannel):
         self._call("set", f"planned/{self.node}", "1")
         return plan
 
-    def share_progress(self, rows: List[dict]) -> None:
+    def share_progress(self, rows: List[ProgressRow]) -> None:
         """Its ranks' steps and beat ages, for node 0 to publish."""
+        shared = {"at": time.time(), "rows": [row.to_json() for row in rows]}
         try:
-            self._call("set", f"progress/{self.node}", json.dumps({"at": time.time(), "rows": rows}))
+            self._call("set", f"progress/{self.node}", json.dumps(shared))
         except LeaderUnreachable:
             pass  # the next tick says so and ends the attempt
 

@@ -1,10 +1,12 @@
 """Node 0's end of an attempt's keys: it meets every node, plans the attempt, gathers how it
 ended everywhere, and tells every node its verdict."""
 
+import dataclasses
 import json
 import time
 from typing import Dict, List, Tuple
 
+from launcher.beats import NodeRow, ProgressRow
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
 from launcher.cluster.wire import AttemptPlan, JobVerdict, NodeInfo, NodeReport
 from launcher.errors import Interrupted
@@ -57,7 +59,7 @@ class LeaderChannel(AttemptChannel):
 
     # -- progress, for `ftlaunch status` --------------------------------------------------------
 
-    def job_progress(self, own: List[dict]) -> Tuple[List[dict], List[dict]]:
+    def job_progress(self, own: List[ProgressRow]) -> Tuple[List[ProgressRow], List[NodeRow]]:
         """Every rank's row, with its node (a follower's as of its last share, its beat ages
         brought up to now), and every node's supervisor: host, pid, seconds since its liveness
         counter last moved."""
@@ -68,18 +70,12 @@ class LeaderChannel(AttemptChannel):
             if n != self.node:
                 silent = self._silent_for(n)
                 shared = json.loads(self._get(f"progress/{n}")) if self._has(f"progress/{n}") else None
-                rows = [_aged(row, wall - shared["at"]) for row in shared["rows"]] if shared else []
-            ranks += [{**row, "node": n} for row in rows]
+                age = wall - shared["at"] if shared else 0.0
+                rows = [ProgressRow.from_json(row).aged(age) for row in shared["rows"]] if shared else []
+            ranks += [dataclasses.replace(row, node=n) for row in rows]
             info = self._infos.get(n)
-            nodes.append(
-                {
-                    "node": n,
-                    "host": info.host if info else None,
-                    "pid": info.pid if info else None,
-                    "silent_for": round(silent, 1),
-                    "lost": n in self._lost,
-                }
-            )
+            host, pid = (info.host, info.pid) if info else (None, None)
+            nodes.append(NodeRow(n, host, pid, round(silent, 1), n in self._lost))
         return ranks, nodes
 
     # -- the end of the attempt --------------------------------------------------------------------
@@ -130,8 +126,3 @@ class LeaderChannel(AttemptChannel):
                 self._pause(since)
         except Interrupted:
             pass
-
-
-def _aged(row: dict, seconds: float) -> dict:
-    silent = row.get("silent_for")
-    return {**row, "silent_for": None if silent is None else round(silent + seconds, 3)}

@@ -8,7 +8,7 @@ from typing import Callable, Dict, List, Optional
 
 import psutil
 
-from launcher.beats import BeatReading, Phase
+from launcher.beats import BeatReading, Phase, ProgressRow
 from launcher.config import LaunchConfig
 from launcher.events import CheckpointLoaded, EventLog, FirstStep, Hang, HeartbeatDeadline, Laggard
 from launcher.failures import Failure, HangFailure, seconds
@@ -151,20 +151,20 @@ class HangMonitor:
         self._say(f"behind: {named}{others}")
 
 
-def progress_rows(slots: Dict[int, BeatReading], running: Dict[int, int], now: float) -> List[dict]:
+def progress_rows(slots: Dict[int, BeatReading], running: Dict[int, int], now: float) -> List[ProgressRow]:
     """Each running rank's step and beat age, as ``ftlaunch status`` shows them."""
     rows = []
     for rank, pid in sorted(running.items()):
         r = slots.get(rank)
         phase = r.phase if r is not None else Phase.STARTING
         rows.append(
-            {
-                "rank": rank,
-                "pid": pid,
-                "step": r.step if r is not None and r.beats > 0 else None,
-                "silent_for": round(now - r.active_at, 3) if r is not None and r.active_at else None,
-                "phase": phase.value,
-            }
+            ProgressRow(
+                rank=rank,
+                pid=pid,
+                step=r.step if r is not None and r.beats > 0 else None,
+                silent_for=round(now - r.active_at, 3) if r is not None and r.active_at else None,
+                phase=phase.value,
+            )
         )
     return rows
 

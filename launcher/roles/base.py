@@ -6,6 +6,7 @@ import abc
 import dataclasses
 from typing import List, Optional, Tuple
 
+from launcher.beats import ProgressRow
 from launcher.cluster.wire import Interrupt, InterruptKind
 from launcher.results import AttemptResult, RunResult
 from launcher.stopping import StopReading
@@ -74,7 +75,7 @@ class Role(abc.ABC):
         running rank) and the other nodes'; 0: none is asked."""
 
     @abc.abstractmethod
-    def publish_progress(self, attempt: int, rows: List[dict]) -> None:
+    def publish_progress(self, attempt: int, rows: List[ProgressRow]) -> None:
         """The live ranks' steps, for ``ftlaunch status``."""
 
     def keep_alive(self) -> None:  # noqa: B027 - a hook; by default nothing

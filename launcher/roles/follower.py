@@ -10,6 +10,7 @@ import socket
 import time
 from typing import List, Optional, Tuple
 
+from launcher.beats import ProgressRow
 from launcher.cluster.channel import ChannelSpec
 from launcher.cluster.deadline_store import DeadlineStore, StoreTimeout
 from launcher.cluster.follower_channel import FollowerChannel
@@ -186,7 +187,7 @@ class Follower(Role):
     def agree_stop_step(self, reading: Optional[StopReading]) -> int:
         return self._channel.agree_stop_step(reading)
 
-    def publish_progress(self, attempt: int, rows: List[dict]) -> None:
+    def publish_progress(self, attempt: int, rows: List[ProgressRow]) -> None:
         self._channel.share_progress(rows)
 
 

@@ -5,7 +5,7 @@ import dataclasses
 import time
 from typing import Dict, List, Optional, Tuple
 
-from launcher.beats import BeatSummary
+from launcher.beats import BeatSummary, ProgressRow
 from launcher.cluster.channel import ChannelSpec
 from launcher.cluster.leader_channel import LeaderChannel
 from launcher.cluster.lobby import Lobby
@@ -170,7 +170,7 @@ class Leader(RunHolder):
     def agree_stop_step(self, reading: Optional[StopReading]) -> int:
         return self._channel.agree_stop_step(reading)
 
-    def publish_progress(self, attempt: int, rows: List[dict]) -> None:
+    def publish_progress(self, attempt: int, rows: List[ProgressRow]) -> None:
         self.run.publish_progress(attempt, *self._channel.job_progress(rows))
 
 

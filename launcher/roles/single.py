@@ -2,6 +2,7 @@
 
 from typing import List, Optional
 
+from launcher.beats import ProgressRow
 from launcher.results import AttemptResult
 from launcher.roles.base import AttemptPlan
 from launcher.roles.holder import RunHolder
@@ -23,5 +24,5 @@ class SingleNode(RunHolder):
     def agree_stop_step(self, reading: Optional[StopReading]) -> int:
         return local_stop_step(reading) if reading is not None else 0
 
-    def publish_progress(self, attempt: int, rows: List[dict]) -> None:
+    def publish_progress(self, attempt: int, rows: List[ProgressRow]) -> None:
         self.run.publish_progress(attempt, rows)

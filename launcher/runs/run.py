@@ -9,7 +9,7 @@ import socket
 import time
 from typing import Callable, List, Optional, Set
 
-from launcher.beats import BeatSummary
+from launcher.beats import BeatSummary, NodeRow, ProgressRow
 from launcher.config import LaunchConfig
 from launcher.errors import UsageError
 from launcher.events import EventLog, Logged, Resume, Takeover
@@ -253,13 +253,15 @@ class Run:
             self._say(f"cannot list the checkpoints ({newest.error}); progress unknown")
         return newest
 
-    def publish_progress(self, attempt: int, ranks: List[dict], nodes: Optional[List[dict]] = None) -> None:
+    def publish_progress(
+        self, attempt: int, ranks: List[ProgressRow], nodes: Optional[List[NodeRow]] = None
+    ) -> None:
         """The live ranks' steps and beat ages (and, with many nodes, each node's supervisor), for
         ``ftlaunch status`` on any machine."""
         self.dir.check_held()
-        progress = {"attempt": attempt, "written_at": time.time(), "ranks": ranks}
+        progress = {"attempt": attempt, "written_at": time.time(), "ranks": [r.to_json() for r in ranks]}
         if nodes is not None:
-            progress["nodes"] = nodes
+            progress["nodes"] = [n.to_json() for n in nodes]
         self._written(PROGRESS_FILE, lambda: self.dir.write_json(PROGRESS_FILE, progress))
 
     def keep_alive(self, now: float) -> None:
