@@ -6,6 +6,8 @@ like one at any later moment, never lost and never a traceback.
 """
 
 import gc
+import logging
+import os
 import sys
 
 
@@ -19,10 +21,18 @@ def entry() -> None:
             code = main(signals=signals)
     except KeyboardInterrupt:  # before the inbox was open
         code = 130  # ExitCode.INTERRUPTED_SIGINT: nothing heavy is imported before the inbox
-    # Everything is done: the interpreter's last garbage collections need not walk torch's
-    # objects one more time (about half a second once the supervisor has imported torch).
+    # Everything is done and closed. The interpreter's finalization is skipped: its last garbage
+    # collections would walk torch's objects once more (about half a second), and a helper thread
+    # still inside a torch store call (a node 0 that stopped answering) would abort the process
+    # when finalization ends it (SIGABRT, seen as exit -6).
     gc.freeze()
-    sys.exit(int(code))
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`ftlaunch status | head`), a closed stream
+            pass
+    os._exit(int(code))
 
 
 if __name__ == "__main__":

@@ -103,7 +103,11 @@ def _follow(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, c
             # Whether the script beats is node 0's knowledge (run.json); here it is learned afresh.
             hangs = HangMonitor(config, events, say, lambda: None, False)
             runner = AttemptRunner(config, events, signals, guard, say, spawner, console, hangs)
-            result = run_attempts(Follower(config, events, signals, say), runner)
+            role = Follower(config, events, signals, say)
+            try:
+                result = run_attempts(role, runner)
+            finally:
+                role.close()
             events.emit(RunEnd(exit_code=int(result.exit_code), reason=result.reason))
             return result
 

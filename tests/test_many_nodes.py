@@ -440,15 +440,19 @@ def test_nodes_started_with_other_script_arguments_are_refused_at_once(launcher,
 
 
 def test_a_second_node_with_a_taken_node_rank_is_refused_and_the_job_goes_on(launcher, tmp_path):
-    job = _stepping_job(launcher, tmp_path, 2, "twice")
+    go = tmp_path / "go"  # the ranks wait for it: the job runs until the duplicate was refused
+    command = ["--nproc", "1", "--run-name", "twice", str(ACTOR), "--go-file", str(go), "--run-for", "0"]
+    job = Job(launcher, tmp_path, 2, *command).start_all()
+    for rank in range(2):  # both nodes claimed their ranks and met
+        job.nodes[rank].wait_for_event(lambda e: e["event"] == "nodes_met", 90)
     duplicate = job.launcher.start(
         "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", job.endpoint, "--node-timeout", "3s",
-        "--nproc", "1", "--run-name", "twice", BEATER, "--steps", "60", "--step-time", "0.05",
-        "--ready-dir", str(tmp_path / "ready"), log_dir=tmp_path / "dup", env=job.env,
+        *command, log_dir=tmp_path / "dup", env=job.env,
     )  # fmt: skip
     assert duplicate.wait(60) == 2, duplicate.stderr
     assert "node rank 1 is already held by the supervisor on" in duplicate.stderr
     assert "which is alive" in duplicate.stderr
+    go.touch()
     assert job.wait(120) == {0: 0, 1: 0}, (job.nodes[0].stderr, job.nodes[1].stderr)
     state = _run_state(tmp_path, "twice")
     assert [a["outcome"] for a in state["attempts"]] == ["SUCCEEDED"]  # the job never noticed

@@ -2,9 +2,9 @@
 an answer with no end when the server's process is stopped (SIGSTOP, a frozen VM) though its
 socket still accepts: a follower would freeze with it, deaf to signals and to its own node
 timeout. Each call runs on one helper thread; the caller waits at most ``timeout`` seconds and
-then gives the store up (the helper stays stuck with it, and the follower connects anew)."""
+then gives the store up (the helper, a daemon, stays stuck with it; the follower connects anew)."""
 
-import concurrent.futures
+import queue
 import threading
 
 __all__ = ["DeadlineStore", "StoreTimeout"]
@@ -18,23 +18,41 @@ class DeadlineStore:
     def __init__(self, store, timeout: float) -> None:
         self._store = store
         self._timeout = timeout
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ftlaunch-store")
-        self._stuck = threading.Event()
+        self._calls: queue.Queue = queue.Queue()
+        self._stuck = False
+        # A daemon: a thread pool's worker would be joined at exit, forever if it is stuck.
+        self._thread = threading.Thread(target=self._serve, name="ftlaunch-store", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            item = self._calls.get()
+            if item is None:
+                return
+            call, args, answer = item
+            try:
+                answer.put((True, call(*args)))
+            except BaseException as err:  # noqa: BLE001 - handed to the caller
+                answer.put((False, err))
 
     def __getattr__(self, method: str):
         call = getattr(self._store, method)
 
         def with_deadline(*args):
-            if self._stuck.is_set():
+            if self._stuck:
                 raise StoreTimeout("an earlier call never returned")
-            future = self._pool.submit(call, *args)
+            answer: queue.Queue = queue.Queue(1)
+            self._calls.put((call, args, answer))
             try:
-                return future.result(self._timeout)
-            except concurrent.futures.TimeoutError:
-                self._stuck.set()
+                ok, value = answer.get(timeout=self._timeout)
+            except queue.Empty:
+                self._stuck = True
                 raise StoreTimeout(f"no answer within {self._timeout:g} s") from None
+            if not ok:
+                raise value
+            return value
 
         return with_deadline
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False)
+        self._calls.put(None)

@@ -97,6 +97,7 @@ class NodeClaim:
     def release(self) -> None:
         if self._beat is not None:
             self._beat.stop()
+            self._beat.join(2 * _BEAT_S)  # not left inside a store call at exit, unless stuck there
             self._beat = None
 
 
