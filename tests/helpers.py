@@ -213,3 +213,16 @@ def wait_for_files(folder: Path, pattern: str, count: int, timeout: float = 30) 
             return found
         time.sleep(0.05)
     raise AssertionError(f"only {len(found)} of {count} {pattern} in {folder} after {timeout}s")
+
+
+def dead_pid() -> int:
+    """A pid no process has now (the highest free one), found without starting a process."""
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    for pid in range(pid_max - 1, 1, -1):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return pid
+        except PermissionError:
+            continue
+    raise AssertionError("no free pid")

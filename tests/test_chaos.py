@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 from helpers import SCRIPTS
 
+from worker_lib import contract
+
 TRAIN = str(SCRIPTS / "ckpt_train.py")
 BEATER = str(SCRIPTS / "beater.py")
 
@@ -171,3 +173,29 @@ def test_a_fault_at_a_commit_of_a_script_that_never_commits_says_it_never_landed
     assert launch.proc.returncode == 0, launch.stderr
     assert "chaos: kill:rank=0,at=commit" in launch.stderr and "never landed" in launch.stderr
     assert launch.survivors() == []
+
+
+def test_a_request_for_the_training_thread_is_never_carried_out_by_a_save(tmp_path):
+    """Found by the matrix: a sleep requested for the next beat was picked up by the background
+    save thread at its save point; the save thread slept, the next save waited for it with the
+    heartbeat paused, and the hang was never declared. A request for a beat waits for the beat."""
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "from worker_lib import contract as c, progress\n"
+        "progress.heartbeat(1)\n"
+        "progress._slot[c.SLOT_CHAOS] = (1 << 16) | (c.CHAOS_AT_BEAT << 8) | c.CHAOS_RAISE\n"
+        "assert progress.chaos_request(c.CHAOS_AT_SAVE) is None\n"
+        "assert progress.chaos_request(c.CHAOS_AT_COMMIT) is None\n"
+        "try:\n"
+        "    progress.heartbeat(2)\n"
+        "except RuntimeError as err:\n"
+        "    print('raised at the beat:', err)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FTLAUNCH_")}
+    env[contract.FT_CHAOS] = "1"
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "raised at the beat: injected by ftlaunch --chaos" in done.stdout

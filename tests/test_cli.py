@@ -3,6 +3,8 @@ line, exit code 2, no worker started."""
 
 import shutil
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -185,3 +187,16 @@ def test_storage_that_does_not_answer_is_one_line_within_the_storage_timeout(lau
     )
     if answer == "refused":
         assert "last error:" in launch.stderr and f"127.0.0.1:{port}" in launch.stderr
+
+
+def test_a_node_without_a_gpu_driver_counts_no_gpu_without_importing_torch():
+    """Counting GPUs through torch costs the supervisor seconds of import before any worker starts;
+    on a node with no GPU driver's device files there is nothing to count."""
+    from launcher.config import _GPU_DRIVER_FILES
+
+    if any(Path(p).exists() for p in _GPU_DRIVER_FILES):
+        pytest.skip("this node has a GPU driver: torch counts its GPUs")
+    probe = "import sys; from launcher.config import visible_gpu_count; "
+    probe += "print(visible_gpu_count(), 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["0", "False"]

@@ -1,11 +1,11 @@
 """The lobby's claims and hellos over an in-process store: who may hold a node rank, and which
 node came for another job."""
 
-import subprocess
-import sys
+import socket
 import time
 
 import pytest
+from helpers import dead_pid
 from torch.distributed import HashStore
 
 from launcher.cluster.lobby import Hello, Lobby, NodeClaim
@@ -28,9 +28,7 @@ def test_a_live_holder_keeps_its_node_rank():
 
 def test_the_rank_of_a_dead_supervisor_is_taken_over_at_once():
     store = HashStore()
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    store.set("lobby/claim/1", f"{__import__('socket').gethostname()}:{dead.pid}:1")
+    store.set("lobby/claim/1", f"{socket.gethostname()}:{dead_pid()}:1")
     started = time.monotonic()
     claim = _claim()
     claim.take(store, store, time.sleep)

@@ -217,32 +217,6 @@ def test_an_injected_failure_is_the_root_cause_over_a_peer_that_looks_more_guilt
     assert root_cause([peer, asleep]) is asleep
 
 
-def test_a_request_for_the_training_thread_is_never_carried_out_by_a_save(tmp_path):
-    """Found by the matrix: a sleep requested for the next beat was picked up by the background
-    save thread at its save point; the save thread slept, the next save waited for it with the
-    heartbeat paused, and the hang was never declared. A request for a beat waits for the beat."""
-    import os
-    import subprocess
-    import sys
-
-    probe = (
-        "from worker_lib import contract as c, progress\n"
-        "progress.heartbeat(1)\n"
-        "progress._slot[c.SLOT_CHAOS] = (1 << 16) | (c.CHAOS_AT_BEAT << 8) | c.CHAOS_RAISE\n"
-        "assert progress.chaos_request(c.CHAOS_AT_SAVE) is None\n"
-        "assert progress.chaos_request(c.CHAOS_AT_COMMIT) is None\n"
-        "try:\n"
-        "    progress.heartbeat(2)\n"
-        "except RuntimeError as err:\n"
-        "    print('raised at the beat:', err)\n"
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FTLAUNCH_")}
-    env[c.FT_CHAOS] = "1"
-    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert "raised at the beat: injected by ftlaunch --chaos" in done.stdout
-
-
 def test_a_stop_half_way_through_a_part_happens_once_however_many_chunks_follow():
     """Found by the matrix: a rank stopped half-way through its part (SIGSTOP) and continued by
     the supervisor's stop stopped itself again at its next chunk, so SIGTERM found it stopped and

@@ -2,12 +2,11 @@
 
 import dataclasses
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from helpers import dead_pid
 
 from launcher.beats import BeatReading, Phase
 from launcher.durations import parse_duration
@@ -170,9 +169,7 @@ def test_board_reads_what_a_worker_writes_into_its_slot(monkeypatch):
     import worker_lib.progress as hb
 
     orphan = Path("/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir())
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    orphan = orphan / f"ftlaunch-heartbeat-{dead.pid}-0-left"  # as a killed supervisor leaves it
+    orphan = orphan / f"ftlaunch-heartbeat-{dead_pid()}-0-left"  # as a killed supervisor leaves it
     orphan.write_bytes(b"")
     board = HeartbeatBoard(3, attempt=0)
     assert not orphan.exists()
