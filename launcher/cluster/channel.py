@@ -8,10 +8,10 @@ a signal that arrives while it waits. A follower's call that finds node 0's stor
 
 import dataclasses
 import json
-import threading
 import time
 from typing import Dict, List, Optional
 
+from launcher.cluster.alive import BEAT_EVERY_S, AliveCounter
 from launcher.cluster.rendezvous import LeaderUnreachable
 from launcher.cluster.wire import Interrupt, InterruptKind, reading_from_json, reading_to_json
 from launcher.errors import Interrupted, UsageError
@@ -20,7 +20,6 @@ from launcher.stopping import StopReading, stop_step
 
 __all__ = ["AttemptChannel", "ChannelSpec"]
 
-_BEAT_EVERY_S = 0.5  # liveness counter bumps (a thread); watchers look as often
 _POLL_S = 0.05
 
 
@@ -30,27 +29,6 @@ class ChannelSpec:
 
     def __init__(self, node: int, nnodes: int, node_timeout: float, endpoint: str) -> None:
         self.node, self.nnodes, self.node_timeout, self.endpoint = node, nnodes, node_timeout, endpoint
-
-
-class _Beater(threading.Thread):
-    """Bumps this node's liveness counter from a thread: a main loop busy stopping workers or
-    writing run.json for a few seconds must not look like a dead node."""
-
-    def __init__(self, store, key: str) -> None:
-        super().__init__(name="ftlaunch-node-alive", daemon=True)
-        self._store, self._key = store, key
-        self._done = threading.Event()
-
-    def run(self) -> None:
-        while not self._done.is_set():
-            try:
-                self._store.add(self._key, 1)
-            except Exception:  # noqa: BLE001 - node 0 gone: the main loop finds out and says so
-                return
-            self._done.wait(_BEAT_EVERY_S)
-
-    def stop(self) -> None:
-        self._done.set()
 
 
 class AttemptChannel:
@@ -69,7 +47,7 @@ class AttemptChannel:
         self._interrupt: Optional[Interrupt] = None
         self._lost: Dict[int, str] = {}  # node → why it was declared lost
         self._answered_stop = False
-        self._beater = _Beater(store, f"alive/{self.node}")
+        self._beater = AliveCounter(store, f"alive/{self.node}")
         self._beater.start()
 
     def close(self) -> None:
@@ -143,7 +121,7 @@ class AttemptChannel:
         most every half second)."""
         now = time.monotonic()
         if now >= self._next_look:
-            self._next_look = now + _BEAT_EVERY_S
+            self._next_look = now + BEAT_EVERY_S
             for node, (counter, _) in list(self._seen.items()):
                 if node not in self._lost:
                     value = self._call("add", f"alive/{node}", 0)

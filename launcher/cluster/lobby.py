@@ -15,17 +15,16 @@ import dataclasses
 import json
 import os
 import socket
-import threading
 import time
 from typing import Callable, List, Optional
 
+from launcher.cluster.alive import BEAT_EVERY_S, AliveCounter
 from launcher.errors import UsageError
 
 __all__ = ["Hello", "Lobby", "NodeClaim"]
 
-_BEAT_S = 0.5
 # How long a claimant's counter is watched before it is judged gone: three of its beats.
-_JUDGE_S = 3 * _BEAT_S
+_JUDGE_S = 3 * BEAT_EVERY_S
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,24 +36,6 @@ class Hello:
     command: List[str]
 
 
-class _Beat(threading.Thread):
-    def __init__(self, store, key: str) -> None:
-        super().__init__(name="ftlaunch-lobby-alive", daemon=True)
-        self._store, self._key = store, key
-        self._done = threading.Event()
-
-    def run(self) -> None:
-        while not self._done.is_set():
-            try:
-                self._store.add(self._key, 1)
-            except Exception:  # noqa: BLE001 - node 0 gone: the main loop finds out
-                return
-            self._done.wait(_BEAT_S)
-
-    def stop(self) -> None:
-        self._done.set()
-
-
 class NodeClaim:
     """A follower's hold on its node rank, for as long as its supervisor lives (one token per
     process: a reconnect to the same node 0 finds its own claim)."""
@@ -63,14 +44,14 @@ class NodeClaim:
         self.node = node
         self.token = f"{socket.gethostname()}:{os.getpid()}:{time.monotonic_ns()}"
         self._hello = hello
-        self._beat: Optional[_Beat] = None
+        self._beat: Optional[AliveCounter] = None
 
     def take(self, store, beat_store, wait: Callable[[float], None]) -> None:
         """Hold node rank ``node`` in ``store`` (UsageError: a live supervisor holds it) and
         say hello. ``beat_store``: the same store for the liveness thread, whose calls may block
         (``store``'s should not). ``wait`` sleeps, answering signals."""
         self.release()
-        self._beat = _Beat(beat_store, f"lobby/alive/{self.token}")
+        self._beat = AliveCounter(beat_store, f"lobby/alive/{self.token}")
         self._beat.start()
         key = f"lobby/claim/{self.node}"
         holder = _text(store.compare_set(key, "", self.token))
@@ -97,7 +78,7 @@ class NodeClaim:
     def release(self) -> None:
         if self._beat is not None:
             self._beat.stop()
-            self._beat.join(2 * _BEAT_S)  # not left inside a store call at exit, unless stuck there
+            self._beat.join(2 * BEAT_EVERY_S)  # not left inside a store call at exit, unless stuck there
             self._beat = None
 
 
