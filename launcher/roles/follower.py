@@ -90,7 +90,10 @@ class Follower(Role):
 
     def _job_ended(self) -> str:
         """Node 0 does not answer: if the run dir (shared storage, as under SLURM) says the run
-        succeeded, node 0 will not run it again, and this node came too late. Unknown: ''."""
+        succeeded, node 0 will not run it again, and this node came too late (unless --fresh
+        starts it again). Unknown: ''."""
+        if self.config.fresh:
+            return ""
         try:
             state = RunDir(self.config.run_url).read_state()
         except Exception:  # noqa: BLE001 - not reachable from here, damaged: nothing is known
@@ -174,6 +177,8 @@ class Follower(Role):
         )
         self._rendezvous, self._kept = None, None
         self._claim.release()
+        if self._lobby_store is not None:
+            self._lobby_store.close()  # its thread ends once free (it may be stuck in a call)
         self._deadline = time.monotonic() + self.config.join_timeout
 
     # -- during an attempt -------------------------------------------------------------------

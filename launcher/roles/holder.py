@@ -13,6 +13,7 @@ from launcher.process.signals import SignalInbox
 from launcher.process.store import AttemptStore
 from launcher.results import AttemptResult, RunResult
 from launcher.roles.base import Role
+from launcher.runs.checkpoints import NewestCheckpoint
 from launcher.runs.records import AttemptEntry
 from launcher.runs.run import Run
 
@@ -31,13 +32,15 @@ class RunHolder(Role):
         self._policy = policy
         self._store: Optional[AttemptStore] = None
         self._entry: Optional[AttemptEntry] = None  # the attempt in progress, in run.json
-        self._newest = run.newest_checkpoint()
+        self._newest: Optional[NewestCheckpoint] = None  # listed once the fork server warms up
 
     # -- the attempt's records and store --------------------------------------------------------
 
     def _open_attempt(self, members: Optional[List[dict]]) -> int:
         """Record the attempt in run.json and open its workers' store; returns its number."""
         number = self.run.state.next_attempt
+        if self._newest is None:
+            self._newest = self.run.newest_checkpoint()
         self._entry = self.run.attempt_started(number, self._newest.step, members)
         self._store = self._open_store()
         return number
