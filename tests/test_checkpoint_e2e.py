@@ -86,7 +86,11 @@ def test_a_rank_killed_mid_write_resumes_from_the_previous_step(launcher, storag
     launch, crashed = _train(launcher, storage, tmp_path, "crashed", "--die-mid-write", "15")
 
     assert "rank 1: dying half-way through step_15/rank_1.pt" in launch.stdout
-    assert "[1] rank 1 attempt 1 starts at step 10" in launch.stdout
+    # Never from the torn step 15. Commits are asynchronous and rank 0's: on a loaded machine the
+    # commit of step 10 may not have happened yet when rank 1 died (seen with S3 under make test's
+    # parallel load), and then both ranks agree on step 5.
+    starts = set(re.findall(r"rank \d attempt 1 starts at step (\d+)", launch.stdout))
+    assert starts in ({"10"}, {"5"}), launch.stdout
     _assert_bit_identical(clean, crashed)
 
 
