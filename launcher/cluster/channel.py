@@ -23,12 +23,15 @@ __all__ = ["AttemptChannel", "ChannelSpec"]
 _POLL_S = 0.05
 
 
+@dataclasses.dataclass(frozen=True)
 class ChannelSpec:
     """What a channel needs to know of the job: who this node is among how many, and how long a
     silent node is given."""
 
-    def __init__(self, node: int, nnodes: int, node_timeout: float, endpoint: str) -> None:
-        self.node, self.nnodes, self.node_timeout, self.endpoint = node, nnodes, node_timeout, endpoint
+    node: int
+    nnodes: int
+    node_timeout: float
+    endpoint: str  # node 0's --rdzv-endpoint, for what a follower says when it is gone
 
 
 class AttemptChannel:

@@ -29,7 +29,6 @@ class Role(abc.ABC):
     attempt (asked by the runner): ``interrupt`` the other nodes, ``tick`` for their news,
     ``agree_stop_step``, ``publish_progress``, ``keep_alive``."""
 
-    node: int = 0
     progress_every_s: float = 5.0  # how often the live ranks' steps are published
 
     # -- between attempts ------------------------------------------------------------------------
