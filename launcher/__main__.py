@@ -9,6 +9,9 @@ import gc
 import logging
 import os
 import sys
+import traceback
+
+_INTERNAL = 70  # ExitCode.INTERNAL; launcher.errors may be what failed to import
 
 
 def entry() -> None:
@@ -21,6 +24,9 @@ def entry() -> None:
             code = main(signals=signals)
     except KeyboardInterrupt:  # before the inbox was open
         code = 130  # ExitCode.INTERRUPTED_SIGINT: nothing heavy is imported before the inbox
+    except Exception:  # a defect of ours: its traceback, and an exit, never a finalization that hangs
+        _report_defect()
+        code = _INTERNAL
     # Everything is done and closed. The interpreter's finalization is skipped: its last garbage
     # collections would walk torch's objects once more (about half a second), and a helper thread
     # still inside a torch store call (a node 0 that stopped answering) would abort the process
@@ -33,6 +39,17 @@ def entry() -> None:
         except (OSError, ValueError):  # a closed pipe (`ftlaunch status | head`), a closed stream
             pass
     os._exit(int(code))
+
+
+def _report_defect() -> None:
+    try:
+        sys.stderr.write(traceback.format_exc())
+        sys.stderr.write(
+            f"ftlaunch: internal error (exit {_INTERNAL}): a defect in ftlaunch, please report it with "
+            "the traceback above; its workers were stopped, and the same command resumes the run\n"
+        )
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -6,17 +6,19 @@ import dataclasses
 import logging
 import signal
 import time
+import traceback
 from typing import BinaryIO, Callable, List, Optional, Tuple
 
 from launcher.beats import BeatSummary
 from launcher.chaos.driver import chaos_for
 from launcher.cluster.wire import Interrupt, InterruptKind
 from launcher.config import LaunchConfig
-from launcher.errors import StartFailed
+from launcher.errors import FtlaunchError, StartFailed
 from launcher.events import (
     EventLog,
     GroupsGuarded,
     GuardRestarted,
+    InternalError,
     PeerInterrupt,
     StopRequested,
     Transition,
@@ -99,8 +101,13 @@ class AttemptRunner:
             lived = time.monotonic() - started
             self._stop(machine, group, result)
             result = dataclasses.replace(result, lived=lived, beats=BeatSummary.of(board.read().values()))
-        except BaseException:
+        except FtlaunchError:
             self._kill_after_error(machine, group)
+            raise
+        except BaseException as err:  # a defect of ours: recorded, the workers stopped, said, raised
+            self._events.emit(InternalError(attempt, _one_line(err), traceback.format_exc()))
+            self._kill_after_error(machine, group)
+            self._say(f"attempt {attempt}: internal error ({_one_line(err)}); this node's workers stopped")
             raise
         finally:
             pump.close()
@@ -292,3 +299,7 @@ class AttemptRunner:
         log.info("attempt %s: %s -> %s", attempt, old and old.value, new.value)
         if new is GroupState.RUNNING:
             self._role.group_running()
+
+
+def _one_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}".splitlines()[0]

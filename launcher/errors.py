@@ -27,6 +27,7 @@ class ExitCode(enum.IntEnum):
     RUN_LOST = 4  # another ftlaunch took the run over (this one's lease expired): its workers were stopped
     JOIN_TIMEOUT = 5  # many nodes: not every node joined within --join-timeout; relaunch to resume
     JOB_OVER = 6  # many nodes: this node came to a job that had already ended (rendezvous closed)
+    INTERNAL = 70  # a defect in ftlaunch (EX_SOFTWARE): the traceback says where; workers were stopped
     INTERRUPTED_SIGHUP = 128 + signal.SIGHUP  # 129
     INTERRUPTED_SIGINT = 128 + signal.SIGINT  # 130
     PREEMPTED = 128 + signal.SIGTERM  # 143: SIGTERM (scheduler preemption, time limit): requeue me

@@ -29,6 +29,7 @@ __all__ = [
     "GuardRestarted",
     "Hang",
     "HeartbeatDeadline",
+    "InternalError",
     "Laggard",
     "Logged",
     "NodesMet",
@@ -217,6 +218,17 @@ class ChaosInjected:
 
 
 @dataclasses.dataclass(frozen=True)
+class InternalError:
+    """A defect in ftlaunch itself stopped the attempt: written before anything else is cleaned
+    up, so the run dir keeps the evidence even if the rest of the way out goes wrong."""
+
+    KIND: ClassVar[str] = "internal_error"
+    attempt: int
+    error: str  # e.g. "KeyError: 'x'"
+    traceback: str
+
+
+@dataclasses.dataclass(frozen=True)
 class RunEnd:
     KIND: ClassVar[str] = "run_end"
     exit_code: int
@@ -241,6 +253,7 @@ Event = Union[
     NodesMet,
     PeerInterrupt,
     ChaosInjected,
+    InternalError,
     RunEnd,
 ]
 

@@ -180,6 +180,9 @@ class Subject:
             sys.executable, "-m", "launcher", "--nproc", "2", "--run-dir", str(self.work / "runs"),
             "--run-name", "train", "--log-dir", str(self.work / f"logs_{self.launches}"),
             "--checkpoint-dir", self.ckpt, "--heartbeat-timeout", "3s", "--max-failures", "3",
+            # A rank stopped inside a save (heartbeat paused) is judged against --init-timeout, 15
+            # minutes by default: past the trial's limit. A hang drawn at a save step does that.
+            "--init-timeout", "30s",
             *extra, str(TRAIN), "--epochs", str(self.epochs), "--checkpoint-every", "10",
             "--save-as", self.setup.save_as,
         ]  # fmt: skip

@@ -140,24 +140,28 @@ class Launcher:
         log_dir: Union[Path, bool, None] = None,
         up_file: Optional[Path] = None,
         ignore_sighup: bool = False,
+        prelude: str = "",
     ) -> Launch:
         """``up_file``: created once the interpreter has started (``site`` imported) and is about to
-        run ftlaunch's entry point, for tests that time a signal from there. ``log_dir=False``:
-        ftlaunch's own default."""
+        run ftlaunch's entry point, for tests that time a signal from there. ``prelude``: Python run
+        in the supervisor before its entry point (a test that plants a defect of ftlaunch's own).
+        ``log_dir=False``: ftlaunch's own default."""
         marker = uuid.uuid4().hex
         if log_dir is None:
             log_dir = self.tmp_path / f"logs_{len(self.launches)}"
         full_env = {**os.environ, MARKER: marker, **(env or {})}
         argv = [sys.executable, "-m", "launcher"] + (["--log-dir", str(log_dir)] if log_dir else [])
-        if up_file is not None:
-            # Ctrl+C as in a terminal: a harness started in the background (`cmd &` in a script)
-            # hands its children SIGINT ignored, and one sent before ftlaunch's inbox is open
-            # would be lost to that, not to ftlaunch.
-            entry = (
-                "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
-                f"open({str(up_file)!r}, 'w').close(); from launcher.__main__ import entry; entry()"
-            )
-            argv[1:3] = ["-c", entry]
+        if up_file is not None or prelude:
+            lines = [prelude]
+            if up_file is not None:
+                # Ctrl+C as in a terminal: a harness started in the background (`cmd &` in a script)
+                # hands its children SIGINT ignored, and one sent before ftlaunch's inbox is open
+                # would be lost to that, not to ftlaunch.
+                lines += [
+                    "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)",
+                    f"open({str(up_file)!r}, 'w').close()",
+                ]
+            argv[1:3] = ["-c", "\n".join([*lines, "from launcher.__main__ import entry; entry()"])]
         if "--run-dir" not in args:  # runs live in the test's own directory, never the repo's
             argv += ["--run-dir", str(self.tmp_path / "runs")]
         argv += args

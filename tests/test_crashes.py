@@ -125,3 +125,26 @@ def test_unlimited_failures(launcher):
     )
     assert launch.proc.returncode == 0, launch.stderr
     assert "failure 4 (no limit)" in launch.stderr
+
+
+# A defect planted in ftlaunch itself: the monitor loop raises once the workers run.
+_DEFECT = """
+import launcher.attempt as attempt
+def _defect(self, *args):
+    raise RuntimeError("a defect planted by the test")
+attempt.AttemptRunner._publish_progress = _defect
+"""
+
+
+def test_a_defect_in_ftlaunch_stops_the_workers_shows_its_traceback_and_exits_70(launcher):
+    launch = launcher.run(
+        "--nproc", "2", str(ACTOR), "--others", "sleep", "--run-for", "60", prelude=_DEFECT, timeout=60
+    )  # fmt: skip
+    assert launch.proc.returncode == 70, launch.stderr
+    assert "RuntimeError: a defect planted by the test" in launch.stderr  # the traceback
+    assert "attempt 0: internal error (RuntimeError: a defect planted by the test)" in launch.stderr
+    assert "ftlaunch: internal error (exit 70)" in launch.stderr.splitlines()[-1]
+    assert any(e["new"] == "RUNNING" for e in launch.events("transition"))  # workers had started
+    [recorded] = launch.events("internal_error")
+    assert recorded["attempt"] == 0 and "_defect" in recorded["traceback"]
+    assert launch.survivors_after() == []
