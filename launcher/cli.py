@@ -19,6 +19,7 @@ from click.core import ParameterSource
 
 from launcher.cluster.slurm import slurm_step
 from launcher.config import EntryKind, LaunchConfig, default_run_name, resolve_backend, visible_gpu_count
+from launcher.console import say
 from launcher.durations import parse_duration
 from launcher.errors import ExitCode, FtlaunchError, UsageError
 from launcher.preflight import preflight
@@ -29,10 +30,6 @@ from worker_lib.backend import BACKENDS
 __all__ = ["cli", "main"]
 
 ENV_PREFIX = "FTLAUNCH"
-
-
-def _say(line: str) -> None:
-    click.echo(f"[ftlaunch] {line}", err=True)
 
 
 @click.command(
@@ -260,15 +257,15 @@ def cli(signals: SignalInbox, verbose: bool, **options) -> int:
 
     chaos = _chaos_banner(config)
     if chaos:  # a forgotten FTLAUNCH_CHAOS must not inject faults unannounced
-        _say(
+        say(
             f"{chaos}; injected failures {'count' if config.chaos_counts else 'do not count'} "
             "against --max-failures"
         )
-    result = supervise(config, signals, say=_say)
+    result = supervise(config, signals, say=say)
     for line in summary_lines(result):
-        _say(line)
+        say(line)
     if chaos:
-        _say(f"  {chaos.replace('injecting', 'injected')}")
+        say(f"  {chaos.replace('injecting', 'injected')}")
     return int(result.exit_code)
 
 

@@ -11,6 +11,7 @@ from typing import BinaryIO, Callable, List, Optional
 from launcher.attempt import AttemptRunner
 from launcher.cluster.rendezvous import Rendezvous, host_job_store
 from launcher.config import LaunchConfig
+from launcher.console import say as say_on_stderr
 from launcher.errors import ExitCode, Interrupted, JoinTimeout, StartFailed, UsageError
 from launcher.events import EventLog, RunEnd, RunStart
 from launcher.hangs.monitor import HangMonitor
@@ -32,10 +33,6 @@ from launcher.runs.directory import RunDir
 from launcher.runs.run import Run
 
 __all__ = ["RunResult", "run_attempts", "supervise"]
-
-
-def _to_stderr(line: str) -> None:
-    print(f"[ftlaunch] {line}", file=sys.stderr)
 
 
 def run_attempts(role: Role, runner: AttemptRunner) -> RunResult:
@@ -65,7 +62,7 @@ def run_attempts(role: Role, runner: AttemptRunner) -> RunResult:
 def supervise(
     config: LaunchConfig,
     signals: SignalInbox,
-    say: Callable[[str], None] = _to_stderr,
+    say: Callable[[str], None] = say_on_stderr,
     spawner: Optional[Spawner] = None,
     console_out: Optional[BinaryIO] = None,
     console_err: Optional[BinaryIO] = None,

@@ -101,6 +101,22 @@ def test_a_closed_console_does_not_stall_the_workers(launcher):
     assert launch.survivors() == []
 
 
+def test_a_closed_stderr_does_not_stop_the_training_or_its_restarts(launcher):
+    """`ftlaunch ... 2>&1 | head -2`: ftlaunch's own lines hit a closed pipe (EPIPE) from the third
+    on. A failure then restarts the group as without the pipe, and the run ends as it should
+    (before, the first write after the close raised, and the run was left RUNNING and unended)."""
+    launch = launcher.start(
+        "--nproc", "2", "--max-failures", "1", str(ACTOR), "--fail", "exit", "--fail-after", "1",
+        "--run-for", "1",
+    )  # fmt: skip
+    launch.wait_for_event(lambda e: e["event"] == "transition" and e["new"] == "RUNNING")
+    launch.proc.stderr.close()  # the reader is gone: every later line of ftlaunch's fails
+    assert launch.proc.wait(timeout=90) == 0
+    transitions = [(e["attempt"], e["new"]) for e in launch.events("transition")]
+    assert (0, "FAILED") in transitions and (1, "SUCCEEDED") in transitions
+    assert launch.survivors() == []
+
+
 def test_a_process_that_stops_itself_again_when_continued_is_stopped_by_sigterm():
     """A stopped worker gets SIGTERM before SIGCONT, so it is already pending when the process
     resumes: continued first, one that stops itself again (a chaos fault at a save, a loop of
