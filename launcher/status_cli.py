@@ -68,7 +68,8 @@ def run_status(url: str) -> Dict[str, Any]:
     judged = holder.judge(now) if holder is not None else None
     live = judged is HolderState.ALIVE
     if state.status is RunStatus.RUNNING:  # workers commit while it runs: storage is newer than run.json
-        newest = CheckpointDir(state.config.get("checkpoint_url")).newest()
+        size = int(state.config.get("nproc") or 1) * int(state.config.get("nnodes") or 1)
+        newest = CheckpointDir(state.config.get("checkpoint_url"), size).newest()
         if newest.known:
             state.latest_step, state.latest_step_at = newest.step, newest.committed_at
     return {

@@ -47,13 +47,8 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from worker_lib.checkpoint import (  # noqa: E402
-    REPLICATED,
-    CheckpointManager,
-    LocalChannel,
-    committed_steps,
-    step_dir,
-)
+from worker_lib.checkpoint import CheckpointManager, LocalChannel  # noqa: E402
+from worker_lib.marker import REPLICATED, committed_steps, read_verified, step_dir  # noqa: E402
 from worker_lib.storage import Storage  # noqa: E402
 
 MARKER = "FTLAUNCH_CHAOS_MATRIX_MARKER"
@@ -232,7 +227,7 @@ class Subject:
         return len(left)
 
     def committed(self) -> List[int]:
-        return [step for step, _ in committed_steps(self.storage())]
+        return [marker.step for marker in committed_steps(self.storage())]
 
     def logged(self, text: str) -> bool:
         """Some worker of some launch wrote ``text`` to its log."""
@@ -270,15 +265,13 @@ def final_state(storage: Storage, save_as: str) -> Optional[dict]:
     if save_as == "state":
         found = manager.load()
         return None if found is None else {"step": found.step, **found.state}
-    newest = next(committed_steps(storage), None)
-    if newest is None:
+    marker = next(committed_steps(storage), None)
+    if marker is None:
         return None
-    step, marker = newest
     state = {}
     for name in ("step", "model", "optimizer"):
-        data, problem = manager.read_verified(
-            step, f"files/{name}.pt", marker["parts"].get(f"files/{name}.pt")
-        )
+        part = f"files/{name}.pt"
+        data, problem = read_verified(storage, marker.step, part, marker.parts.get(part))
         if problem:
             return None
         state[name] = torch.load(io.BytesIO(data))
@@ -299,13 +292,12 @@ def same(a, b) -> bool:
 
 def unreadable(storage: Storage, spared: Optional[int] = None) -> int:
     """Committed steps that do not verify (``spared``: one damaged on purpose)."""
-    manager = CheckpointManager(storage, 0, 1, LocalChannel(), save_rng=False)
     bad = 0
-    for step, marker in committed_steps(manager.storage):
-        if step == spared:
+    for marker in committed_steps(storage):
+        if marker.step == spared:
             continue
-        for name, expected in marker["parts"].items():
-            if manager.read_verified(step, name, expected)[1]:
+        for name, expected in marker.parts.items():
+            if read_verified(storage, marker.step, name, expected)[1]:
                 bad += 1
                 break
     return bad

@@ -13,7 +13,8 @@ import time
 import pytest
 import torch
 
-from worker_lib.checkpoint import MARKER, CheckpointError, CheckpointManager, LocalChannel, step_dir
+from worker_lib.checkpoint import CheckpointError, CheckpointManager, LocalChannel
+from worker_lib.marker import MARKER, step_dir, step_numbers
 from worker_lib.retention import RetentionPolicy
 from worker_lib.storage import Storage, StorageError
 
@@ -90,14 +91,14 @@ def test_retention_keeps_the_last_k_and_the_best(storage):
     for step, loss in losses.items():
         manager.save(step, _state(float(step)), metrics={"loss": loss})
     manager.wait()
-    assert sorted(manager._steps()) == [20, 40, 50]
+    assert step_numbers(manager.storage) == [20, 40, 50]
 
 
 def test_uncommitted_leftovers_are_cleaned_up_later(storage):
     manager = _manager(storage.url)
     manager.storage.write_bytes(f"{step_dir(5)}/rank_0.pt", b"half a save from a crashed run")
     manager.save(10, _state(1.0), blocking=True)
-    assert manager._steps() == [10]
+    assert step_numbers(manager.storage) == [10]
 
 
 def test_rng_states_are_restored_with_the_checkpoint(storage):

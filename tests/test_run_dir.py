@@ -583,3 +583,30 @@ def test_a_run_relaunched_at_another_nproc_says_so(launcher, tmp_path):
     again = launcher.run("--nproc", "1", *base)
     assert "goes on at another size (--nproc 2 then, 1 now)" in again.stderr, again.stderr
     assert again.survivors() == []
+
+
+def test_a_relaunch_at_another_nproc_keeps_the_old_steps_and_never_claims_them(launcher, tmp_path):
+    """Issue 22.4: per-rank steps 25 and 30 of a 2-rank job cannot be loaded by 1 rank. The 1-rank
+    relaunch starts from scratch (said), retention keeps its own steps (the 2-rank steps neither
+    count as newer nor go), and neither the resume line nor run.json claims step 30."""
+    runs, ckpt = tmp_path / "runs", tmp_path / "ckpt"
+    train = str(SCRIPTS / "ckpt_train.py")
+    common = ["--run-dir", str(runs), "--run-name", "chg", "--checkpoint-dir", str(ckpt)]
+    first = launcher.run(
+        "--nproc", "2", "--max-failures", "0", *common, train,
+        "--steps", "40", "--crash", "32:0", "--out", str(tmp_path / "first.pt"), timeout=180,
+    )  # fmt: skip
+    assert first.proc.returncode == 1, first.stderr
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step_25", "step_30"]
+
+    again = launcher.run(
+        "--nproc", "1", *common, train, "--steps", "20", "--out", str(tmp_path / "again.pt"), timeout=180
+    )  # fmt: skip
+    assert again.proc.returncode == 0, again.stderr
+    assert "no checkpoint yet; step(s) 25, 30 were saved at another size" in again.stderr, again.stderr
+    assert "rank 0 attempt 1 starts at step 0" in again.stdout  # nothing loadable at 1 rank
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step_15", "step_20", "step_25", "step_30"]
+    state = json.loads((runs / "chg" / "run.json").read_text())
+    assert state["status"] == "SUCCEEDED" and state["latest_step"] == 20
+    assert state["attempts"][-1]["resumed_from_step"] is None
+    assert again.survivors() == []

@@ -23,7 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Tuple
 
-from worker_lib.checkpoint import CheckpointError, CheckpointManager, step_dir
+from worker_lib.checkpoint import CheckpointError, CheckpointManager
+from worker_lib.marker import CommitMarker, read_verified, step_dir
 
 __all__ = ["save_directory", "latest_directory", "node_cache_root"]
 
@@ -61,10 +62,10 @@ def _copier(path: Path):
 def latest_directory(manager: CheckpointManager, run_id: str, attempt: int) -> Optional[str]:
     """A local directory with the newest committed step's files, or None on a fresh run."""
     cache = node_cache_root(run_id) / f"attempt_{attempt}"
-    found = manager.newest_agreed(lambda step, marker: _read_files(manager, cache, step, marker))
+    found = manager.newest_agreed(lambda marker: _read_files(manager, cache, marker))
     if found is None:
         return None
-    _, _, payload = found
+    _, payload = found
     manager.restore_rng(payload["own"])
     return payload["folder"]
 
@@ -96,31 +97,31 @@ def node_cache_root(run_id: str) -> Path:
     )
 
 
-def _read_files(
-    manager, cache: Path, step: int, marker: Dict[str, Any]
-) -> Tuple[Dict[str, Any], Optional[str]]:
-    own, problem = manager.read_own_part(step, marker)
+def _read_files(manager, cache: Path, marker: CommitMarker) -> Tuple[Dict[str, Any], Optional[str]]:
+    step = marker.step
+    own, problem = manager.read_own_part(marker)
     if problem:
         return {}, problem
     # Keyed by the commit marker's digest: a cache left by another run that reused this run id
     # (or a step committed again after a restart) is never taken for this one.
-    digest = hashlib.sha256(json.dumps(marker, sort_keys=True).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(marker.to_bytes()).hexdigest()[:16]
     folder = cache / f"{step_dir(step)}-{digest}"
     folder.parent.mkdir(parents=True, exist_ok=True)
     with _locked(folder.with_suffix(".lock")):
         status = folder.with_suffix(".status")
         if not status.exists():  # the first rank of this node to get here does the work
-            status.write_text(json.dumps(_fetch_and_verify(manager, folder, step, marker)))
+            status.write_text(json.dumps(_fetch_and_verify(manager, folder, marker)))
         verdict = json.loads(status.read_text())
     if verdict["problem"]:
         return {}, verdict["problem"]
     return {"own": own, "folder": verdict["folder"]}, None
 
 
-def _fetch_and_verify(manager, folder: Path, step: int, marker: Dict[str, Any]) -> Dict[str, Any]:
-    names = sorted(n for n in marker["parts"] if n.startswith(f"{_FILES}/"))
+def _fetch_and_verify(manager, folder: Path, marker: CommitMarker) -> Dict[str, Any]:
+    step = marker.step
+    names = sorted(n for n in marker.parts if n.startswith(f"{_FILES}/"))
     for name in names:
-        data, problem = manager.read_verified(step, name, marker["parts"][name])
+        data, problem = read_verified(manager.storage, step, name, marker.parts[name])
         if problem:
             return {"problem": problem, "folder": None}
         if not manager.storage.is_local:

@@ -5,7 +5,7 @@ and after each attempt), the run (on resume) and ``ftlaunch status`` all ask her
 """
 
 import dataclasses
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 __all__ = ["CheckpointDir", "NewestCheckpoint"]
 
@@ -18,27 +18,34 @@ class NewestCheckpoint:
     step: Optional[int] = None  # None while known: nothing committed yet
     committed_at: Optional[float] = None  # wall clock of the commit
     error: str = ""
+    other_size: Tuple[int, ...] = ()  # newer committed steps that this world size cannot load
 
 
 class CheckpointDir:
-    """Lists committed steps under ``url`` (None: the run has no checkpoint dir)."""
+    """Lists committed steps under ``url`` (None: the run has no checkpoint dir) that a job of
+    ``world_size`` ranks can load: a step saved by one rank each at another size is not the
+    run's newest for this job (its ranks cannot resume from it), though it stays in storage."""
 
-    def __init__(self, url: Optional[str]) -> None:
+    def __init__(self, url: Optional[str], world_size: int) -> None:
         self.url = url
+        self.world_size = world_size
         self._storage = None  # opened on first use: storage libraries are slow to import
 
     def newest(self) -> NewestCheckpoint:
         if not self.url:
             return NewestCheckpoint(known=False)
-        from worker_lib.checkpoint import committed_steps
+        from worker_lib.marker import committed_steps
         from worker_lib.storage import Storage, StorageError
 
         try:
             if self._storage is None:
                 self._storage = Storage(self.url)
-            for step, marker in committed_steps(self._storage):
-                return NewestCheckpoint(True, step, float(marker.get("time", 0.0)))
-            return NewestCheckpoint(known=True)
+            other_size = []
+            for marker in committed_steps(self._storage):
+                if marker.loads_at(self.world_size):
+                    return NewestCheckpoint(True, marker.step, marker.time, other_size=tuple(other_size))
+                other_size.append(marker.step)
+            return NewestCheckpoint(known=True, other_size=tuple(other_size))
         except (StorageError, OSError) as err:
             return NewestCheckpoint(known=False, error=str(err))
 
@@ -48,13 +55,13 @@ class CheckpointDir:
         (a save cut off, or one whose peers failed, a full disk) can never be committed."""
         if not self.url:
             return []
-        from worker_lib.checkpoint import committed_steps, step_dir, step_numbers
+        from worker_lib.marker import committed_steps, step_dir, step_numbers
         from worker_lib.storage import Storage, StorageError
 
         try:
             if self._storage is None:
                 self._storage = Storage(self.url)
-            committed = {step for step, _ in committed_steps(self._storage)}
+            committed = {marker.step for marker in committed_steps(self._storage)}
             doomed = [step for step in step_numbers(self._storage) if step not in committed]
             for step in doomed:
                 self._storage.remove_tree(step_dir(step))

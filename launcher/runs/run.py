@@ -41,7 +41,7 @@ class Run:
     ) -> None:
         self.config = config
         self.dir = directory
-        self.checkpoints = CheckpointDir(config.checkpoint_url)
+        self.checkpoints = CheckpointDir(config.checkpoint_url, config.world_size)
         self._events = events
         self._say = say
         self._earlier_events: List[Logged] = []  # what earlier supervisors of the run logged
@@ -108,13 +108,17 @@ class Run:
         state.status, state.reason, state.exit_code = RunStatus.RUNNING, "", None
         state.config = self.config.to_json()
         newest = self.newest_checkpoint()  # the lost supervisor may have seen later commits
-        if newest.step is not None:
+        if newest.known:  # at this world size: the newest a rank of this job can load
             state.latest_step, state.latest_step_at = newest.step, newest.committed_at
         step = (
             f"newest committed step {state.latest_step}"
             if state.latest_step is not None
             else "no checkpoint yet"
         )
+        if newest.other_size:
+            steps = ", ".join(map(str, sorted(newest.other_size)))
+            size = self.config.world_size
+            step += f"; step(s) {steps} were saved at another size: kept, not loadable at {size} ranks"
         why = "the same command" if self.config.has_default_name else f"--run-name {self.config.run_name}"
         self._say(
             f"run {self.config.run_url}: resuming ({was.value}, {len(state.attempts)} attempt(s), {step}; "

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import worker_lib as ft
-from worker_lib.checkpoint import CheckpointManager
+from worker_lib.commit import Commits
 from worker_lib.storage import Storage
 
 
@@ -45,7 +45,7 @@ def inject_storage_faults(args, rank: int, attempt: int) -> None:
     if attempt != 0:
         return
     if args.die_before_commit is not None and rank == 0:
-        commit = CheckpointManager._commit
+        commit = Commits._write_marker
 
         def commit_or_die(self, step, *rest):
             if step == args.die_before_commit:
@@ -53,7 +53,7 @@ def inject_storage_faults(args, rank: int, attempt: int) -> None:
                 die()
             commit(self, step, *rest)
 
-        CheckpointManager._commit = commit_or_die
+        Commits._write_marker = commit_or_die
     if args.die_mid_write is not None and rank == 1:
         write = Storage.write_stream
 

@@ -1,0 +1,74 @@
+"""The COMMITTED marker as one typed record, and what retention makes of markers of another world
+size; on a real local directory, with the commit channel of a single rank."""
+
+import hashlib
+import json
+
+import pytest
+
+from worker_lib.commit import Commits, LocalChannel
+from worker_lib.marker import MARKER, CommitMarker, PartEntry, committed_steps, step_dir, step_numbers
+from worker_lib.retention import RetentionPolicy
+from worker_lib.storage import Storage
+
+_PART = {"rank_0.pt": PartEntry(12, "ab" * 32)}
+
+
+def test_a_marker_reads_back_as_written():
+    marker = CommitMarker(20, 2, "state", _PART, {"loss": 0.5}, 1795557623.5)
+    assert CommitMarker.parse(marker.to_bytes(), 20) == marker
+    # the file keeps the shape earlier versions wrote and read
+    raw = json.loads(marker.to_bytes())
+    assert raw["parts"] == {"rank_0.pt": {"size": 12, "sha256": "ab" * 32}} and raw["world_size"] == 2
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        b"",
+        b"{",
+        b"[]",
+        b'{"step": 21, "world_size": 2, "parts": {}}',  # another step's marker
+        b'{"step": 20, "world_size": "2", "parts": {}}',
+        b'{"step": 20, "world_size": 2, "parts": []}',
+        b'{"step": 20, "world_size": 2, "parts": {"rank_0.pt": {"size": 12}}}',
+        b'{"step": 20, "world_size": 2, "parts": {"rank_0.pt": {"size": "12", "sha256": "x"}}}',
+        b'{"step": 20, "world_size": 2, "parts": {}, "time": "now"}',
+        b'{"step": 20, "world_size": 2, "parts": {}, "metrics": [1]}',
+    ],
+)
+def test_a_damaged_or_foreign_marker_is_no_commit(damage):
+    assert CommitMarker.parse(damage, 20) is None
+
+
+def test_an_older_marker_without_kind_metrics_or_time_is_read_with_defaults():
+    older = b'{"step": 5, "world_size": 1, "parts": {"rank_0.pt": {"size": 1, "sha256": "00"}}}'
+    marker = CommitMarker.parse(older, 5)
+    assert (marker.kind, marker.metrics, marker.time) == ("state", {}, 0.0)
+
+
+def test_which_world_sizes_can_load_a_step():
+    assert CommitMarker(5, 2, "state", _PART).loads_at(2)
+    assert not CommitMarker(5, 2, "state", _PART).loads_at(1)
+    assert not CommitMarker(5, 2, "directory", _PART).loads_at(1)  # its RNG parts are per rank
+    assert CommitMarker(5, 2, "replicated", _PART).loads_at(1)
+
+
+def _part(storage: Storage, step: int) -> PartEntry:
+    data = f"step {step}".encode()
+    storage.write_bytes(f"{step_dir(step)}/rank_0.pt", data)
+    return PartEntry(len(data), hashlib.sha256(data).hexdigest())
+
+
+def test_retention_never_deletes_usable_steps_for_steps_of_another_world_size(tmp_path):
+    """Issue 22.4: steps 55 and 60 were saved by 2 ranks; a relaunch with 1 rank saves 5..30.
+    Its own steps are kept by keep_last, and the 2-rank steps are neither counted nor deleted."""
+    storage = Storage(str(tmp_path / "ckpt"))
+    for step in (55, 60):  # as a 2-rank job's rank 0 wrote them
+        marker = CommitMarker(step, 2, "state", {"rank_0.pt": _part(storage, step)})
+        storage.write_bytes(f"{step_dir(step)}/{MARKER}", marker.to_bytes())
+    commits = Commits(storage, 0, 1, LocalChannel(), RetentionPolicy(keep_last=2), timeout=5.0)
+    for step in (5, 10, 15, 20, 25, 30):
+        commits.commit(step, [("rank_0.pt", _part(storage, step))], {}, "state")
+    assert step_numbers(storage) == [25, 30, 55, 60]
+    assert [m.step for m in committed_steps(storage)] == [60, 55, 30, 25]

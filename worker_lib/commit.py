@@ -1,0 +1,164 @@
+"""The ranks' agreement: the two-phase commit of a step and the vote on which step to load.
+
+Ranks tell rank 0 about their written parts through a ``CommitChannel`` (the job's c10d store,
+never a collective: the background save thread must not interleave collectives with the training
+loop's); rank 0 writes the step's marker once every rank's parts are durable, then applies the
+retention policy. A load is a vote per committed step, newest first: every rank loads the same
+step, the newest one that every rank can read and verify.
+"""
+
+import json
+import logging
+import threading
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
+
+from worker_lib.marker import MARKER, CommitMarker, PartEntry, committed_steps, step_dir, step_numbers
+from worker_lib.retention import CommittedStep, RetentionPolicy
+from worker_lib.storage import Storage
+
+__all__ = ["CheckpointError", "CommitChannel", "Commits", "LocalChannel", "StoreChannel", "REFUSED"]
+
+log = logging.getLogger(__name__)
+
+# The problem every rank stops at instead of falling back to an older step (which would only hide
+# the cause): a part that torch's weights-only loader refuses.
+REFUSED = "holds objects the weights-only loader refuses"
+
+
+class CommitChannel(Protocol):
+    """How ranks exchange small messages outside collectives."""
+
+    def share(self, key: str, rank: int, value: str) -> None: ...
+
+    def gather(self, key: str, world_size: int, timeout: float) -> List[str]: ...
+
+
+class LocalChannel:
+    """A world of one rank: nothing to exchange."""
+
+    def __init__(self) -> None:
+        self._values: Dict[str, str] = {}
+
+    def share(self, key: str, rank: int, value: str) -> None:
+        self._values[key] = value
+
+    def gather(self, key: str, world_size: int, timeout: float) -> List[str]:
+        return [self._values[key]]
+
+
+class StoreChannel:
+    """Messages through a c10d store, under a prefix unique to this run and attempt."""
+
+    def __init__(self, store: Any, prefix: str) -> None:
+        from torch.distributed import PrefixStore
+
+        self._store = PrefixStore(prefix, store)
+        self._lock = threading.Lock()  # one store client, used by the save thread and the caller
+
+    def share(self, key: str, rank: int, value: str) -> None:
+        with self._lock:
+            self._store.set(f"{key}/{rank}", value)
+
+    def gather(self, key: str, world_size: int, timeout: float) -> List[str]:
+        from datetime import timedelta
+
+        keys = [f"{key}/{r}" for r in range(world_size)]
+        with self._lock:
+            self._store.wait(keys, timedelta(seconds=timeout))
+            return [self._store.get(k).decode() for k in keys]
+
+
+class CheckpointError(RuntimeError):
+    """A save failed in the background, or a checkpoint cannot be read as asked."""
+
+
+class Commits:
+    """This rank's side of the commit and the load vote."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        rank: int,
+        world_size: int,
+        channel: CommitChannel,
+        retention: RetentionPolicy,
+        timeout: float,
+    ) -> None:
+        self.storage = storage
+        self.rank = rank
+        self.world_size = world_size
+        self._channel = channel
+        self._retention = retention
+        self._timeout = timeout
+        self._loads = 0
+
+    def commit(
+        self, step: int, written: List[Tuple[str, PartEntry]], metrics: Dict[str, Any], kind: str
+    ) -> None:
+        """Tell rank 0 this rank's parts are written; rank 0 waits for every rank's, writes the
+        marker and applies retention."""
+        listed = [{"name": name, "size": e.size, "sha256": e.sha256} for name, e in written]
+        self._channel.share(f"commit/{step}", self.rank, json.dumps(listed))
+        if self.rank != 0:
+            return
+        gathered = self._channel.gather(f"commit/{step}", self.world_size, self._timeout)
+        self._write_marker(step, [p for value in gathered for p in json.loads(value)], metrics, kind)
+        self._apply_retention(step)
+
+    def _write_marker(
+        self, step: int, parts: List[Dict[str, Any]], metrics: Dict[str, Any], kind: str
+    ) -> None:
+        """Rank 0, once every rank's parts are written: the step exists from now on."""
+        names = [p["name"] for p in parts]
+        clashes = sorted({n for n in names if names.count(n) > 1})
+        if clashes:  # two ranks wrote the same file: neither copy can be trusted to be "the" one
+            raise CheckpointError(f"step {step} not committed: several ranks wrote {', '.join(clashes)}")
+        entries = {p["name"]: PartEntry(p["size"], p["sha256"]) for p in parts}
+        marker = CommitMarker(step, self.world_size, kind, entries, metrics)
+        self.storage.write_bytes(f"{step_dir(step)}/{MARKER}", marker.to_bytes())
+        log.info("checkpoint step %d committed (%d parts)", step, len(parts))
+
+    def _apply_retention(self, newest: int) -> None:
+        """Delete what the policy lets go, and uncommitted leftovers older than ``newest``
+        (crashed saves); newer uncommitted steps may be a restarted run's next save. Only the
+        steps this world size can load take part: steps of another world size (a relaunch with
+        another --nproc) are neither counted as the newest nor deleted, so that going back to
+        that size still finds them."""
+        markers = list(committed_steps(self.storage))
+        usable = [CommittedStep(m.step, m.metrics) for m in markers if m.loads_at(self.world_size)]
+        doomed = set(self._retention.to_delete(usable))
+        committed = {m.step for m in markers}
+        doomed |= {s for s in step_numbers(self.storage) if s < newest and s not in committed}
+        for step in sorted(doomed):
+            self.storage.remove_tree(step_dir(step))
+            log.info("checkpoint step %d deleted (retention)", step)
+
+    def barrier(self, name: str) -> None:
+        """Return once every rank has called ``barrier(name)``."""
+        self._channel.share(f"barrier/{name}", self.rank, "")
+        self._channel.gather(f"barrier/{name}", self.world_size, self._timeout)
+
+    def newest_agreed(
+        self, read: Callable[[CommitMarker], Tuple[Any, Optional[str]]]
+    ) -> Optional[Tuple[CommitMarker, Any]]:
+        """(marker, payload) of the newest committed step that ``read`` accepts on every rank;
+        None when there is none."""
+        self._loads += 1
+        for round_, marker in enumerate(committed_steps(self.storage)):
+            step = marker.step
+            payload, problem = read(marker)
+            key = f"load/{self._loads}/{round_}"
+            self._channel.share(key, self.rank, f"{step}:{problem or 'ok'}")
+            votes = self._channel.gather(key, self.world_size, self._timeout)
+            if all(v == f"{step}:ok" for v in votes):
+                return marker, payload
+            reasons = sorted({v.split(":", 1)[1] for v in votes if v != f"{step}:ok"})
+            refused = [r for r in reasons if REFUSED in r]
+            if refused:  # every rank stops here: an older step would only hide the cause
+                raise CheckpointError(f"checkpoint step {step}: {refused[0]}")
+            log.warning(
+                "checkpoint step %d is not usable (%s): falling back to the previous committed step",
+                step,
+                "; ".join(reasons),
+            )
+        return None

@@ -1,0 +1,147 @@
+"""A step's layout in storage and its COMMITTED marker: the one record that worker_lib writes and
+the launcher reads (the run's newest step, the clean-up of uncommitted parts, ``status``).
+
+Layout under the storage root::
+
+    step_<n>/rank_<r>.pt      each rank's part: its RNG states, and its state unless replicated
+    step_<n>/replicated.pt    replicated mode: the state, written once by rank 0
+    step_<n>/files/...        directory mode: the files the script wrote
+    step_<n>/COMMITTED        JSON, written by rank 0 once every part is durable: the parts with
+                              sizes and SHA-256 checksums, the world size, the metrics
+
+A step without COMMITTED does not exist for readers; nor does one whose marker is damaged or
+not of the shape ``CommitMarker`` writes.
+"""
+
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+from worker_lib.storage import Storage, StorageError
+
+__all__ = [
+    "MARKER",
+    "REPLICATED",
+    "CommitMarker",
+    "PartEntry",
+    "committed_steps",
+    "part_name",
+    "read_verified",
+    "step_dir",
+    "step_numbers",
+]
+
+log = logging.getLogger(__name__)
+
+MARKER = "COMMITTED"
+REPLICATED = "replicated.pt"
+_STEP_PREFIX = "step_"
+
+
+def step_dir(step: int) -> str:
+    return f"{_STEP_PREFIX}{step}"
+
+
+def part_name(rank: int) -> str:
+    return f"rank_{rank}.pt"
+
+
+@dataclasses.dataclass(frozen=True)
+class PartEntry:
+    """One written file of a step, as the marker lists it."""
+
+    size: int
+    sha256: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CommitMarker:
+    step: int
+    world_size: int
+    kind: str  # "state" (per-rank parts), "replicated" (one copy by rank 0) or "directory"
+    parts: Mapping[str, PartEntry]
+    metrics: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    time: float = dataclasses.field(default_factory=time.time)  # wall clock of the commit
+
+    def loads_at(self, world_size: int) -> bool:
+        """Whether ranks of a job of ``world_size`` can load this step: per-rank parts (and RNG
+        streams) belong to the world size that wrote them; a replicated state fits any."""
+        return self.world_size == world_size or self.kind == "replicated"
+
+    def to_bytes(self) -> bytes:
+        record = dataclasses.asdict(self)
+        return json.dumps(record, indent=1).encode()
+
+    @classmethod
+    def parse(cls, data: bytes, step: int) -> Optional["CommitMarker"]:
+        """The marker of ``step``; None for anything not of the shape ``to_bytes`` writes (a
+        damaged or foreign file): such a step is as if it had never been committed."""
+        try:
+            raw = json.loads(data)
+        except ValueError:
+            return None
+        if not isinstance(raw, dict) or raw.get("step") != step or not isinstance(raw.get("world_size"), int):
+            return None
+        parts, when, metrics = raw.get("parts"), raw.get("time", 0.0), raw.get("metrics", {})
+        if not isinstance(parts, dict) or not isinstance(when, (int, float)) or not isinstance(metrics, dict):
+            return None
+        entries = {}
+        for name, entry in parts.items():
+            if not (
+                isinstance(entry, dict)
+                and isinstance(entry.get("size"), int)
+                and isinstance(entry.get("sha256"), str)
+            ):
+                return None
+            entries[name] = PartEntry(entry["size"], entry["sha256"])
+        kind = raw.get("kind", "state")
+        return cls(step, raw["world_size"], str(kind), entries, metrics, float(when))
+
+
+def step_numbers(storage: Storage) -> List[int]:
+    """Every step folder, committed or not, oldest first."""
+    names = storage.list_names()
+    return sorted(
+        int(n[len(_STEP_PREFIX) :])
+        for n in names
+        if n.startswith(_STEP_PREFIX) and n[len(_STEP_PREFIX) :].isdigit()
+    )
+
+
+def committed_steps(storage: Storage) -> Iterator[CommitMarker]:
+    """The committed steps' markers, newest first."""
+    for step in reversed(step_numbers(storage)):
+        try:
+            data = storage.read_bytes(f"{step_dir(step)}/{MARKER}")
+        except FileNotFoundError:
+            continue  # not committed: does not exist for readers
+        except StorageError as err:
+            log.warning("checkpoint step %d: unreadable commit marker (%s); skipped", step, err)
+            continue
+        marker = CommitMarker.parse(data, step)
+        if marker is None:
+            log.warning("checkpoint step %d: its commit marker is not one ftlaunch wrote; skipped", step)
+            continue
+        yield marker
+
+
+def read_verified(
+    storage: Storage, step: int, name: str, expected: Optional[PartEntry]
+) -> Tuple[bytes, Optional[str]]:
+    """A part's bytes and None, or no bytes and what is wrong with it."""
+    if expected is None:
+        return b"", f"{name} is not listed in the commit marker"
+    try:
+        data = storage.read_bytes(f"{step_dir(step)}/{name}")
+    except FileNotFoundError:
+        return b"", f"{name} is missing"
+    except StorageError as err:
+        return b"", f"{name} cannot be read: {err}"
+    if len(data) != expected.size:
+        return b"", f"{name} has {len(data)} bytes, the marker says {expected.size}"
+    if hashlib.sha256(data).hexdigest() != expected.sha256:
+        return b"", f"{name} fails its checksum"
+    return data, None
