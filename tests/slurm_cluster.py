@@ -6,6 +6,8 @@ its own free port, and stopped by PID. Root only: slurmd starts jobs as their us
 names must resolve (``127.0.0.1 node1 node2`` is added to /etc/hosts, and taken out again).
 """
 
+import contextlib
+import fcntl
 import os
 import random
 import shutil
@@ -14,7 +16,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import psutil
 
@@ -22,6 +24,29 @@ PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 NODES = ("node1", "node2")
 _HOSTS_LINE = "127.0.0.1 " + " ".join(NODES) + "  # ftlaunch tests"
 _RDZV_BASE = 29400  # ftlaunch's endpoint under SLURM: first host, 29400 + job id % 1000
+_LOCK = Path(tempfile.gettempdir()) / "ftlaunch-tests-slurm.lock"
+
+
+@contextlib.contextmanager
+def one_cluster_at_a_time(timeout: float = 500.0) -> Iterator[None]:
+    """Two clusters on one machine fight (over /etc/hosts, and a cluster's clean-up kills every
+    slurmstepd younger than itself: the other cluster's, whose srun then aborts the job). make
+    test keeps the SLURM tests on one worker; this holds even where that grouping fails (it did
+    with pytest 9.2, pytest-xdist#1386) or two test runs share the machine: the second waits."""
+    with open(_LOCK, "a") as handle:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"another SLURM cluster held {_LOCK} for {timeout:g} s") from None
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def free_port() -> int:

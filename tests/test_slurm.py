@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers import MARKER, ROOT, SCRIPTS, processes_with_marker, wait_for_files
-from slurm_cluster import start_cluster, why_not_here
+from slurm_cluster import one_cluster_at_a_time, start_cluster, why_not_here
 
 WRAPPER = str(ROOT / "scripts" / "ftlaunch_sbatch.sh")
 BEATER = str(SCRIPTS / "beater.py")
@@ -31,9 +31,10 @@ def slurm():
     reason = why_not_here()
     if reason:
         pytest.skip(reason)
-    cluster = start_cluster()
-    yield cluster
-    cluster.stop()
+    with one_cluster_at_a_time():
+        cluster = start_cluster()
+        yield cluster
+        cluster.stop()
 
 
 class BatchJob:

@@ -274,3 +274,30 @@ def test_the_start_loop_asks_before_each_rank(tmp_path):
         pump.close()
     assert len(asked) == 3 and len(started) == 2
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in started)
+
+
+def test_stopping_never_signals_a_group_that_is_no_longer_ours():
+    """A listed group whose processes are all gone frees its number, and the kernel may give it to
+    a stranger's new group: after a success every worker is reaped before the sweep of leftover
+    grandchildren, which signalled each worker's group id. Here the stranger is a `sleep` outside
+    our process tree, in a group whose id we pass as a leader: it must not be signalled."""
+    import subprocess
+
+    from launcher.process.tree import stop_tree
+
+    started = subprocess.run(
+        ["setsid", "sh", "-c", "sleep 1000 >/dev/null 2>&1 & echo $!"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    stranger = psutil.Process(int(started.stdout))
+    try:
+        group = os.getpgid(stranger.pid)
+        assert stranger.pid not in {p.pid for p in psutil.Process().children(recursive=True)}  # not ours
+        report = stop_tree([group], signal.SIGTERM, 0.2, abort=lambda: False)
+        assert stranger.is_running() and stranger.status() != psutil.STATUS_ZOMBIE
+        assert report.survivors == []
+    finally:
+        stranger.kill()
+        _wait_dead(stranger)  # its parent (init) reaps it

@@ -3,7 +3,8 @@
 Workers get PR_SET_PDEATHSIG and die with the supervisor by themselves, but their own children
 (DataLoader workers, compilers, shells) do not. The supervisor writes "+PGID" / "-PGID" lines to
 this guard's stdin as groups start and end; when the supervisor dies, by any signal, the kernel
-closes that pipe, the guard reads EOF and kills every group still listed.
+closes that pipe, the guard reads EOF and kills every group still listed, unless its number has
+passed to another process meanwhile.
 
 Run as ``python -m launcher.process.orphan_guard``; it imports nothing heavy, so it starts in ~20 ms.
 """
@@ -12,7 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-from typing import IO, Optional, Set
+from typing import IO, Dict, Optional, Set
 
 from launcher.process.linux import ignoring
 from launcher.process.signals import NOTICE_SIGNALS
@@ -97,19 +98,40 @@ class OrphanGuard:
 
 
 def _guard(lines: IO[str]) -> int:
-    pgids: Set[int] = set()
+    # pgid → its leader's start time when the group was listed (None: the leader had gone)
+    groups: Dict[int, Optional[str]] = {}
     for line in lines:
         op, pgid = line[:1], int(line[1:])
         if op == "+":
-            pgids.add(pgid)
+            groups[pgid] = _started(pgid)
         else:
-            pgids.discard(pgid)
-    for pgid in pgids:
+            groups.pop(pgid, None)
+    for pgid, started in groups.items():
+        if _reused(started, _started(pgid)):
+            continue
         try:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
     return 0
+
+
+def _reused(then: Optional[str], now: Optional[str]) -> bool:
+    """Whether a listed group's number belongs to another process now: the kernel gives a pid
+    out again only once no group uses it as its id, so a process with the group's number that
+    is not the leader listed means the listed group is gone and the new owner is a stranger."""
+    return now is not None and now != then
+
+
+def _started(pid: int) -> Optional[str]:
+    """When ``pid`` started (clock ticks since boot, /proc/PID/stat's 22nd field); None if no
+    process has that pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[19] if len(fields) > 19 else None
 
 
 if __name__ == "__main__":

@@ -67,19 +67,22 @@ def stop_tree(
 def _signal_all(leaders: Iterable[int], sig: int, exclude: Collection[int]) -> Set[int]:
     """Signal each group (catches processes born since the last look) and each descendant that
     left the groups; return the pids signalled. Each process gets the signal once: a script's
-    SIGTERM handler that ran twice, nested, cut its own save short."""
-    groups = set(leaders)
-    for pgid in groups:
-        _quietly(os.killpg, pgid, sig)
-    pids = {p.pid for p in descendants(exclude)}
-    for pid in pids:
+    SIGTERM handler that ran twice, nested, cut its own save short. A group is signalled only
+    while one of our descendants is in it: a group whose last process is gone frees its number,
+    and the kernel may give it to a stranger's new group."""
+    groups_of = {}
+    for proc in descendants(exclude):
         try:
-            in_a_group = os.getpgid(pid) in groups
+            groups_of[proc.pid] = os.getpgid(proc.pid)
         except ProcessLookupError:
             continue
-        if not in_a_group:
+    groups = set(leaders) & set(groups_of.values())
+    for pgid in groups:
+        _quietly(os.killpg, pgid, sig)
+    for pid, pgid in groups_of.items():
+        if pgid not in groups:
             _quietly(os.kill, pid, sig)
-    return pids | groups
+    return set(groups_of)
 
 
 def _quietly(send: Callable[[int, int], None], target: int, sig: int) -> None:

@@ -2,11 +2,13 @@
 
 import io
 import json
+import os
 import re
 import signal
 from pathlib import Path
 
 import pytest
+from helpers import dead_pid
 
 from launcher.config import EntryKind, LaunchConfig, resolve_backend
 from launcher.errors import UsageError
@@ -128,3 +130,13 @@ def test_console_buffer_stays_small_for_output_without_newlines():
     pieces = re.split(rb"[\r\n]+", console.getvalue())
     assert all(p.startswith(b"[3] ") for p in pieces if p)
     assert console.getvalue().count(b"[3]  step ") == data.count(b"\r step ")
+
+
+def test_the_orphan_guard_leaves_a_group_number_that_passed_to_a_stranger():
+    from launcher.process.orphan_guard import _reused, _started
+
+    assert not _reused("100", "100")  # the listed leader, alive: its group is killed
+    assert not _reused("100", None) and not _reused(None, None)  # leader gone: its members may not be
+    assert _reused("100", "200") and _reused(None, "200")  # the number is a new process's
+    assert _started(os.getpid()) == _started(os.getpid()) is not None
+    assert _started(dead_pid()) is None
