@@ -12,10 +12,15 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, List, Optional, Union
+from typing import Callable, List, Optional, Type, TypeVar, Union
 
 import psutil
 
+from launcher.events import Logged, parse_logged
+from launcher.runs.directory import RunDir
+from launcher.runs.records import RunState
+
+E = TypeVar("E")  # an event record type of launcher.events
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 ACTOR = SCRIPTS / "actor.py"
@@ -93,16 +98,22 @@ class Launch:
                 break
         raise AssertionError(f"no matching {stream} line after {timeout}s:\n{''.join(early)[-2000:]}")
 
-    def events(self, kind: Optional[str] = None) -> List[dict]:
-        lines = (self.log_dir / "events.jsonl").read_text().splitlines()
-        events = [json.loads(line) for line in lines]
-        return [e for e in events if kind is None or e["event"] == kind]
+    def logged(self, kind: Type[E]) -> List[Logged]:
+        """This node's events of ``kind`` (an event record type of launcher.events), with their
+        times, read back by ftlaunch's own reader."""
+        return [found for found in read_logged(self.log_dir / "events.jsonl") if type(found.event) is kind]
+
+    def events(self, kind: Type[E]) -> List[E]:
+        return [found.event for found in self.logged(kind)]
 
     def run_url(self) -> str:
         """The run this launch started or resumed, as ftlaunch said on the console."""
         found = re.search(r"\[ftlaunch\] run (\S+): (?:new|resuming)", self.stderr)
         assert found, f"no run named on the console:\n{self.stderr}"
         return found.group(1)
+
+    def run_state(self) -> RunState:
+        return run_state(self.run_url())
 
     def survivors(self) -> List[psutil.Process]:
         return processes_with_marker(self.marker)
@@ -112,18 +123,27 @@ class Launch:
         (after a kill -9 of the supervisor, the orphan guard and PDEATHSIG act asynchronously)."""
         return _wait_for_none(self.marker, timeout)
 
-    def wait_for_event(self, match: Callable[[dict], bool], timeout: float = 30.0) -> dict:
-        """Bounded wait until this node's event log holds an event that ``match`` accepts."""
+    def wait_for_event(
+        self, kind: Type[E], match: Callable[[E], bool] = lambda _: True, timeout: float = 30.0
+    ) -> E:
+        """Bounded wait until this node's event log holds an event of ``kind`` that ``match``
+        accepts."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            path = self.log_dir / "events.jsonl"
-            text = path.read_text() if path.exists() else ""
-            complete = text[: text.rfind("\n") + 1]  # a line being written is not read half
-            found = [e for e in map(json.loads, complete.splitlines()) if match(e)]
+            found = [e for e in self.events(kind) if match(e)]
             if found:
                 return found[0]
             time.sleep(0.05)
-        raise AssertionError(f"no matching event in {self.log_dir / 'events.jsonl'} after {timeout}s")
+        raise AssertionError(
+            f"no matching {kind.__name__} in {self.log_dir / 'events.jsonl'} after {timeout}s"
+        )
+
+
+def read_logged(path: Path) -> List[Logged]:
+    """The typed events of an events.jsonl; a line being written is not read half."""
+    text = path.read_text() if path.exists() else ""
+    complete = text[: text.rfind("\n") + 1]
+    return [found for found in map(parse_logged, map(json.loads, complete.splitlines())) if found is not None]
 
 
 class Launcher:
@@ -217,6 +237,13 @@ def wait_for_files(folder: Path, pattern: str, count: int, timeout: float = 30) 
             return found
         time.sleep(0.05)
     raise AssertionError(f"only {len(found)} of {count} {pattern} in {folder} after {timeout}s")
+
+
+def run_state(where: Union[Path, str]) -> RunState:
+    """A run's run.json, read as ftlaunch reads it (``where``: the run's folder, or its URL)."""
+    state = RunDir(str(where)).read_state()
+    assert state is not None, f"no run.json in {where}"
+    return state
 
 
 def dead_pid() -> int:

@@ -2,20 +2,14 @@
 (events, run.json, the summary), do not spend the failure budget unless asked, and the run ends
 as it would have without them."""
 
-import json
-from pathlib import Path
-
 import torch
 from helpers import SCRIPTS
 
+from launcher.events import ChaosInjected, RunStart
 from worker_lib import contract
 
 TRAIN = str(SCRIPTS / "ckpt_train.py")
 BEATER = str(SCRIPTS / "beater.py")
-
-
-def _run_state(launch) -> dict:
-    return json.loads((Path(launch.run_url()) / "run.json").read_text())
 
 
 def _train(launcher, tmp_path, name, *extra):
@@ -31,18 +25,16 @@ def test_injected_kill_and_segv_do_not_spend_the_budget_and_the_run_ends_bit_ide
     spec = "kill:rank=1,at=step:7;segv:rank=0,at=step:13"
     launch, out = _train(launcher, tmp_path, "chaos", "--max-failures", "0", "--chaos", spec)
     assert launch.proc.returncode == 0, launch.stderr  # two failures, none counted
-    injected = launch.events("chaos_injected")
-    assert [(e["rank"], e["signal"]) for e in injected] == [(1, "SIGKILL"), (0, "SIGSEGV")]
-    assert injected[0]["step"] >= 7 and injected[1]["step"] >= 13
-    assert "seed=" in launch.events("run_start")[0]["config"]["chaos"]  # the plan, to replay it
+    injected = launch.events(ChaosInjected)
+    assert [(e.rank, e.signal) for e in injected] == [(1, "SIGKILL"), (0, "SIGSEGV")]
+    assert injected[0].step >= 7 and injected[1].step >= 13
+    assert "seed=" in launch.events(RunStart)[0].config["chaos"]  # the plan, to replay it
     # Steps take milliseconds: both faults may land in one attempt, or in two.
-    attempts = _run_state(launch)["attempts"]
-    outcomes = [a["outcome"] for a in attempts]
+    attempts = launch.run_state().attempts
+    outcomes = [a.outcome for a in attempts]
     assert outcomes[-1] == "SUCCEEDED" and set(outcomes[:-1]) == {"FAILED"} and len(outcomes) in (2, 3)
-    assert all(a["injected"] for a in attempts[:-1])
-    marked = {
-        (f["rank"], f["detail"].split(": ", 1)[1]) for a in attempts for f in a["failures"] if f["injected"]
-    }
+    assert all(a.injected for a in attempts[:-1])
+    marked = {(f.rank, f.detail.split(": ", 1)[1]) for a in attempts for f in a.failures if f.injected}
     assert marked == {
         (1, "Signal 9 (SIGKILL) [injected by --chaos]"),
         (0, "Signal 11 (SIGSEGV) [injected by --chaos]"),
@@ -68,7 +60,7 @@ def test_with_chaos_counts_an_injected_failure_spends_the_budget(launcher, tmp_p
     )
     assert launch.proc.returncode == 1, launch.stderr
     assert "no failures allowed" in launch.stderr
-    assert [a["injected"] for a in _run_state(launch)["attempts"]] == [True]
+    assert [a.injected for a in launch.run_state().attempts] == [True]
     assert launch.survivors() == []
 
 
@@ -80,18 +72,18 @@ def test_worker_lib_carries_out_faults_at_save_points_and_in_the_training_thread
     spec = "kill:rank=1,at=save;segv:rank=0,at=commit;raise:rank=1,at=step:17"
     launch, out = _train(launcher, tmp_path, "chaos", "--max-failures", "0", "--chaos", spec)
     assert launch.proc.returncode == 0, launch.stderr
-    injected = launch.events("chaos_injected")
+    injected = launch.events(ChaosInjected)
     # A request whose rank was stopped before it was carried out (a peer died first in the same
     # save) is asked again in the next attempt: each fault is asked for until it lands, once.
-    asked = list(dict.fromkeys((e["signal"], e["via"]) for e in injected))
+    asked = list(dict.fromkeys((e.signal, e.via) for e in injected))
     assert asked == [("SIGKILL", "worker_lib"), ("SIGSEGV", "worker_lib"), ("raise", "worker_lib")]
     assert len(injected) - 3 == launch.stderr.count("; asked again"), launch.stderr
     # The save and commit requests wait in the slots from the start: both may land in the first
     # save, or one after the other.
-    attempts = _run_state(launch)["attempts"]
-    outcomes = [a["outcome"] for a in attempts]
+    attempts = launch.run_state().attempts
+    outcomes = [a.outcome for a in attempts]
     assert outcomes[-1] == "SUCCEEDED" and set(outcomes[:-1]) == {"FAILED"} and len(outcomes) in (3, 4)
-    assert all(a["injected"] for a in attempts[:-1])
+    assert all(a.injected for a in attempts[:-1])
     logs = "".join(p.read_text() for p in launch.log_dir.glob("attempt_*/rank_*.log"))
     assert "SIGKILL half-way through writing its checkpoint part" in logs
     assert "SIGSEGV after writing its part of step" in logs
@@ -118,18 +110,14 @@ def test_injected_hangs_a_stopped_rank_and_a_sleeping_one_are_found_as_hangs(lau
         timeout=120,
     )
     assert launch.proc.returncode == 0, launch.stderr
-    injected = launch.events("chaos_injected")
-    assert [(e["rank"], e["signal"]) for e in injected] == [(1, "SIGSTOP"), (0, "sleep")]
-    attempts = _run_state(launch)["attempts"]
-    assert [a["outcome"] for a in attempts] == ["FAILED", "FAILED", "SUCCEEDED"]
-    stopped = [f for f in attempts[0]["failures"] if f["rank"] == 1]
-    assert (
-        stopped[0]["cause"] == "hang" and stopped[0]["injected"] and "process stopped" in stopped[0]["detail"]
-    )
-    asleep = [f for f in attempts[1]["failures"] if f["rank"] == 0]
-    assert (
-        asleep[0]["cause"] == "hang" and asleep[0]["injected"] and "in act (chaos.py" in asleep[0]["detail"]
-    )
+    injected = launch.events(ChaosInjected)
+    assert [(e.rank, e.signal) for e in injected] == [(1, "SIGSTOP"), (0, "sleep")]
+    attempts = launch.run_state().attempts
+    assert [a.outcome for a in attempts] == ["FAILED", "FAILED", "SUCCEEDED"]
+    stopped = [f for f in attempts[0].failures if f.rank == 1]
+    assert stopped[0].cause == "hang" and stopped[0].injected and "process stopped" in stopped[0].detail
+    asleep = [f for f in attempts[1].failures if f.rank == 0]
+    assert asleep[0].cause == "hang" and asleep[0].injected and "in act (chaos.py" in asleep[0].detail
     assert launch.survivors() == []
 
 

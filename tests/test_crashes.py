@@ -6,6 +6,8 @@ import json
 import pytest
 from helpers import ACTOR
 
+from launcher.events import InternalError, Transition, WorkerExit
+
 ROOT_CAUSES = {
     "exit": "exit code 1",
     "sigkill": "Signal 9 (SIGKILL)",
@@ -23,10 +25,10 @@ def test_crash_restarts_whole_group_then_succeeds(launcher, how):
     assert ROOT_CAUSES[how] in launch.stderr
     assert launch.survivors() == []
     # The whole group was stopped: ranks 0 and 2 of attempt 0 were still running when rank 1 died.
-    exits = [(e["attempt"], e["rank"]) for e in launch.events("worker_exit")]
+    exits = [(e.attempt, e.rank) for e in launch.events(WorkerExit)]
     assert (0, 0) not in exits and (0, 2) not in exits
     assert sorted(r for a, r in exits if a == 1) == [0, 1, 2]
-    states = [(e["attempt"], e["new"]) for e in launch.events("transition")]
+    states = [(e.attempt, e.new) for e in launch.events(Transition)]
     assert states == [
         (0, "STARTING"),
         (0, "RUNNING"),
@@ -100,7 +102,7 @@ def test_ranks_that_succeed_while_another_fails_still_fail_the_group(launcher):
     )
 
     assert launch.proc.returncode == 0, launch.stderr
-    exits = [(e["attempt"], e["rank"], e["exitcode"]) for e in launch.events("worker_exit")]
+    exits = [(e.attempt, e.rank, e.exitcode) for e in launch.events(WorkerExit)]
     assert (0, 0, 0) in exits and (0, 1, 1) in exits
     assert {(a, r) for a, r, _ in exits if a == 1} == {(1, 0), (1, 1)}
 
@@ -144,7 +146,7 @@ def test_a_defect_in_ftlaunch_stops_the_workers_shows_its_traceback_and_exits_70
     assert "RuntimeError: a defect planted by the test" in launch.stderr  # the traceback
     assert "attempt 0: internal error (RuntimeError: a defect planted by the test)" in launch.stderr
     assert "ftlaunch: internal error (exit 70)" in launch.stderr.splitlines()[-1]
-    assert any(e["new"] == "RUNNING" for e in launch.events("transition"))  # workers had started
-    [recorded] = launch.events("internal_error")
-    assert recorded["attempt"] == 0 and "_defect" in recorded["traceback"]
+    assert any(e.new == "RUNNING" for e in launch.events(Transition))  # workers had started
+    [recorded] = launch.events(InternalError)
+    assert recorded.attempt == 0 and "_defect" in recorded.traceback
     assert launch.survivors_after() == []

@@ -6,20 +6,22 @@ import re
 import pytest
 from helpers import SCRIPTS, wait_for_files
 
+from launcher.events import FirstStep, Hang, HeartbeatDeadline, Transition
+
 BEATER = str(SCRIPTS / "beater.py")
 
 
 def _transitions(launch, attempt):
-    return [e["new"] for e in launch.events("transition") if e["attempt"] == attempt]
+    return [e.new for e in launch.events(Transition) if e.attempt == attempt]
 
 
 def test_a_sleeping_rank_is_detected_with_its_stack_and_the_group_restarts(launcher):
     launch = launcher.run("--nproc", "2", "--heartbeat-timeout", "2", BEATER, "--hang", "sleep")
 
     assert launch.proc.returncode == 0, launch.stderr
-    (hang,) = launch.events("hang")
-    assert hang["rank"] == 1 and hang["last_step"] == 9 and hang["phase"] == "stepping"
-    assert 2.0 < hang["silent_for"] < 3.0  # detected within the timeout plus 1 s
+    (hang,) = launch.events(Hang)
+    assert hang.rank == 1 and hang.last_step == 9 and hang.phase == "stepping"
+    assert 2.0 < hang.silent_for < 3.0  # detected within the timeout plus 1 s
     assert _transitions(launch, 0) == ["STARTING", "RUNNING", "HUNG", "STOPPING", "STOPPED"]
     rank_1 = (launch.log_dir / "attempt_0" / "rank_1.log").read_text()
     assert re.search(
@@ -38,8 +40,8 @@ def test_a_stopped_rank_is_detected_and_cleaned_up(launcher):
     launch = launcher.run("--nproc", "2", "--heartbeat-timeout", "1", BEATER, "--hang", "stop")
 
     assert launch.proc.returncode == 0, launch.stderr
-    (hang,) = launch.events("hang")
-    assert hang["rank"] == 1
+    (hang,) = launch.events(Hang)
+    assert hang.rank == 1
     assert "process stopped" in launch.stderr
     assert "[1] rank 1 done after 30 steps" in launch.stdout
     assert launch.survivors() == []
@@ -63,7 +65,7 @@ def test_peers_blocked_in_a_collective_are_stopped_and_the_hung_rank_is_blamed(l
     # Every rank went silent at about the same step: each is named, though on a busy machine one
     # passes its deadline a few beats before the others; the blame goes to the one that is not
     # waiting in a collective.
-    assert sorted(h["rank"] for h in launch.events("hang")) == [0, 1, 2]
+    assert sorted(h.rank for h in launch.events(Hang)) == [0, 1, 2]
     assert "root cause: rank 1 (pid" in launch.stderr and "in sleep_forever" in launch.stderr
     for rank in (0, 2):  # the peers' stacks show where they waited
         log = (launch.log_dir / "attempt_0" / f"rank_{rank}.log").read_text()
@@ -92,7 +94,7 @@ def test_a_save_longer_than_the_deadline_is_not_a_hang(launcher, storage):
     assert launch.proc.returncode == 0, launch.stderr
     took = [float(s) for s in re.findall(r"saved 96 MB in ([\d.]+) s", launch.stdout)]
     assert len(took) == 2 and min(took) > 1.0, launch.stdout  # twice the deadline, at least
-    assert launch.events("hang") == [] and "attempt 1" not in launch.stderr
+    assert launch.events(Hang) == [] and "attempt 1" not in launch.stderr
     assert launch.survivors() == []
 
 
@@ -113,7 +115,7 @@ def test_a_script_that_never_beats_is_never_killed_for_silence(launcher):
     )
 
     assert launch.proc.returncode == 0, launch.stderr
-    assert launch.events("hang") == []
+    assert launch.events(Hang) == []
     assert launch.stderr.count("crashes are detected, hangs are not") == 1
     assert launch.survivors() == []
 
@@ -128,9 +130,9 @@ def test_a_rank_frozen_inside_a_save_is_blamed_not_the_peer_that_waits_for_it(la
     )  # fmt: skip
 
     assert launch.proc.returncode == 0, launch.stderr
-    hangs = {h["rank"]: h for h in launch.events("hang")}
-    assert hangs[0]["phase"] == "paused" and hangs[1]["phase"] == "stepping", hangs
-    assert hangs[1]["silent_for"] > hangs[1]["deadline"] and hangs[0]["deadline"] > 2.0
+    hangs = {h.rank: h for h in launch.events(Hang)}
+    assert hangs[0].phase == "paused" and hangs[1].phase == "stepping", hangs
+    assert hangs[1].silent_for > hangs[1].deadline and hangs[0].deadline > 2.0
     failed = re.search(r"attempt 0 failed: (.*)", launch.stderr)
     assert failed and failed.group(1).startswith("rank 0 (pid"), launch.stderr
     assert "stuck in a save/load/pause" in failed.group(1) and "process stopped" in failed.group(1)
@@ -159,12 +161,12 @@ def test_auto_deadline_follows_steps_that_slow_down_3x(launcher):
     )
 
     assert launch.proc.returncode == 1, launch.stderr
-    learned = [e["seconds"] for e in launch.events("heartbeat_deadline")]
-    (hang,) = launch.events("hang")
-    assert hang["rank"] == 0 and hang["last_step"] == 114  # no false alarm before the real hang
+    learned = [e.seconds for e in launch.events(HeartbeatDeadline)]
+    (hang,) = launch.events(Hang)
+    assert hang.rank == 0 and hang.last_step == 114  # no false alarm before the real hang
     # 10x the 50 ms step, then 10x the 150 ms step (each a little more: sleeps overshoot).
-    assert 0.5 <= learned[0] < 1.0 and 1.5 <= hang["deadline"] < 2.5, learned
-    assert hang["silent_for"] < hang["deadline"] + 1.0
+    assert 0.5 <= learned[0] < 1.0 and 1.5 <= hang.deadline < 2.5, learned
+    assert hang.silent_for < hang.deadline + 1.0
     assert launch.survivors() == []
 
 
@@ -175,8 +177,8 @@ def test_with_heartbeat_timeout_off_silence_is_never_a_hang(launcher):
 
     assert launch.proc.returncode == 0, launch.stderr
     assert "[1] rank 1 hangs at step 10 (stall)" in launch.stdout  # 3 s without a beat
-    assert launch.events("hang") == [] and "attempt 1" not in launch.stderr
-    assert [e["attempt"] for e in launch.events("first_step")] == [0]  # beats still time the run
+    assert launch.events(Hang) == [] and "attempt 1" not in launch.stderr
+    assert [e.attempt for e in launch.events(FirstStep)] == [0]  # beats still time the run
     assert launch.survivors() == []
 
 
@@ -208,6 +210,6 @@ def test_a_relaunch_knows_the_script_beats_from_the_runs_history(launcher, tmp_p
 
     second = launcher.run(*options, *script, timeout=120)  # attempt 1 hangs before it beats
     assert second.proc.returncode == 0, second.stderr
-    (hang,) = second.events("hang")
-    assert hang["attempt"] == 1 and hang["phase"] == "starting"
+    (hang,) = second.events(Hang)
+    assert hang.attempt == 1 and hang.phase == "starting"
     assert second.survivors() == []

@@ -9,6 +9,7 @@ import time
 import psutil
 from helpers import ACTOR, SCRIPTS
 
+from launcher.events import Transition
 from launcher.process.tree import stop_tree
 
 
@@ -109,10 +110,10 @@ def test_a_closed_stderr_does_not_stop_the_training_or_its_restarts(launcher):
         "--nproc", "2", "--max-failures", "1", str(ACTOR), "--fail", "exit", "--fail-after", "1",
         "--run-for", "1",
     )  # fmt: skip
-    launch.wait_for_event(lambda e: e["event"] == "transition" and e["new"] == "RUNNING")
+    launch.wait_for_event(Transition, lambda e: e.new == "RUNNING")
     launch.proc.stderr.close()  # the reader is gone: every later line of ftlaunch's fails
     assert launch.proc.wait(timeout=90) == 0
-    transitions = [(e["attempt"], e["new"]) for e in launch.events("transition")]
+    transitions = [(e.attempt, e.new) for e in launch.events(Transition)]
     assert (0, "FAILED") in transitions and (1, "SUCCEEDED") in transitions
     assert launch.survivors() == []
 

@@ -12,7 +12,9 @@ import time
 import uuid
 
 import torch
-from helpers import ACTOR, MARKER, ROOT, SCRIPTS, Launch, processes_with_marker, wait_for_files
+from helpers import ACTOR, MARKER, ROOT, SCRIPTS, Launch, processes_with_marker, run_state, wait_for_files
+
+from launcher.events import Hang, NodesMet, PeerInterrupt, Transition
 
 TRAIN = str(SCRIPTS / "ckpt_train.py")
 BEATER = str(SCRIPTS / "beater.py")
@@ -64,10 +66,6 @@ class Job:
 
     def survivors(self):
         return [p for launch in self.nodes.values() for p in launch.survivors()]
-
-
-def _run_state(tmp_path, name):
-    return json.loads((tmp_path / "runs" / name / "run.json").read_text())
 
 
 def _status_table(tmp_path, name) -> str:
@@ -122,15 +120,15 @@ def test_a_crash_on_one_node_restarts_every_node_and_ends_bit_identical(launcher
     # (saves are asynchronous: step 5 may or may not have been committed before the crash at 7).
     starts = {re.search(r"attempt 1 starts at step (\d+)", job.nodes[r].stdout).group(1) for r in range(2)}
     assert starts in ({"0"}, {"5"}), starts
-    interrupts = job.nodes[0].events("peer_interrupt")
-    assert [(e["node"], e["kind"]) for e in interrupts] == [(1, "failure")]
+    interrupts = job.nodes[0].events(PeerInterrupt)
+    assert [(e.node, e.kind) for e in interrupts] == [(1, "failure")]
     # The same nodes restarting at once keep torch's rendezvous round (it costs about a second).
     for r in range(2):
-        assert [e["new_round"] for e in job.nodes[r].events("nodes_met")] == [True, False]
-    state = _run_state(tmp_path, "two")
-    assert [a["outcome"] for a in state["attempts"]] == ["FAILED", "SUCCEEDED"]  # counted once, globally
-    assert state["attempts"][0]["failures"][0]["node"] == 1
-    assert "rank 1 (node 1" in state["attempts"][0]["failures"][0]["detail"]
+        assert [e.new_round for e in job.nodes[r].events(NodesMet)] == [True, False]
+    state = run_state(tmp_path / "runs" / "two")
+    assert [a.outcome for a in state.attempts] == ["FAILED", "SUCCEEDED"]  # counted once, globally
+    assert state.attempts[0].failures[0].node == 1
+    assert "rank 1 (node 1" in state.attempts[0].failures[0].detail
     a, b = torch.load(clean_out), torch.load(out)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert job.survivors() == [] and clean.survivors() == []
@@ -236,13 +234,13 @@ def test_a_hang_on_the_third_node_restarts_all_three(launcher, tmp_path):
         host="127.0.0.2",
     ).start_all()
     assert job.wait(180) == {0: 0, 1: 0, 2: 0}, job.nodes[2].stderr
-    hangs = job.nodes[2].events("hang")
-    assert [h["rank"] for h in hangs] == [2]
+    hangs = job.nodes[2].events(Hang)
+    assert [h.rank for h in hangs] == [2]
     for rank in (0, 1):
-        assert [(e["node"], e["kind"]) for e in job.nodes[rank].events("peer_interrupt")] == [(2, "failure")]
-    state = _run_state(tmp_path, "hang")
-    assert [a["outcome"] for a in state["attempts"]] == ["FAILED", "SUCCEEDED"]
-    assert state["attempts"][0]["failures"][0]["cause"] == "hang"
+        assert [(e.node, e.kind) for e in job.nodes[rank].events(PeerInterrupt)] == [(2, "failure")]
+    state = run_state(tmp_path / "runs" / "hang")
+    assert [a.outcome for a in state.attempts] == ["FAILED", "SUCCEEDED"]
+    assert state.attempts[0].failures[0].cause == "hang"
     assert job.survivors() == []
 
 
@@ -273,13 +271,13 @@ def test_the_failure_budget_is_counted_once_per_job(launcher, tmp_path):
         "--beat",  # every attempt beats step 0: the 1st made progress, the others are known not to
     ).start_all()
     assert job.wait() == {0: 1, 1: 1}
-    state = _run_state(tmp_path, "budget")
-    assert [a["outcome"] for a in state["attempts"]] == ["FAILED"] * 4  # not nnodes x budget
+    state = run_state(tmp_path / "runs" / "budget")
+    assert [a.outcome for a in state.attempts] == ["FAILED"] * 4  # not nnodes x budget
     assert "FAILED after 4 attempt(s)" in job.nodes[1].stderr  # node 1 says what node 0 decided
     # Two restarts at once keep the round; the 2nd failure in a row without progress waits out a
     # backoff, and the nodes meet anew.
     for r in range(2):
-        assert [e["new_round"] for e in job.nodes[r].events("nodes_met")] == [True, False, False, True]
+        assert [e.new_round for e in job.nodes[r].events(NodesMet)] == [True, False, False, True]
     assert job.survivors() == []
 
 
@@ -311,19 +309,19 @@ def test_a_dead_node_supervisor_stops_the_others_and_its_relaunch_resumes_the_jo
     os.kill(job.nodes[1].proc.pid, signal.SIGKILL)
     job.nodes[1].wait(10)
     # Node 0 declares node 1 lost (--node-timeout 3 s) and every node stops its workers.
-    lost = job.nodes[0].wait_for_event(lambda e: e["event"] == "transition" and e["new"] == "STOPPED", 60)
-    assert lost["attempt"] == 0
-    job.nodes[2].wait_for_event(lambda e: e["event"] == "peer_interrupt" and e["kind"] == "lost", 30)
+    lost = job.nodes[0].wait_for_event(Transition, lambda e: e.new == "STOPPED", 60)
+    assert lost.attempt == 0
+    job.nodes[2].wait_for_event(PeerInterrupt, lambda e: e.kind == "lost", 30)
     first = job.nodes[1]
     assert first.survivors_after(10) == []
     job.start(1)  # the same command, relaunched on node 1
     codes = job.wait(120)
     assert codes == {0: 0, 1: 0, 2: 0}, job.nodes[0].stderr
-    state = _run_state(tmp_path, "lost")
-    assert [a["outcome"] for a in state["attempts"]] == ["FAILED", "SUCCEEDED"]
-    assert state["attempts"][0]["failures"][0]["cause"] == "node_lost"
-    assert "node 1" in state["attempts"][0]["failures"][0]["detail"]
-    assert [e["new_round"] for e in job.nodes[0].events("nodes_met")] == [True, True]  # a lost node: anew
+    state = run_state(tmp_path / "runs" / "lost")
+    assert [a.outcome for a in state.attempts] == ["FAILED", "SUCCEEDED"]
+    assert state.attempts[0].failures[0].cause == "node_lost"
+    assert "node 1" in state.attempts[0].failures[0].detail
+    assert [e.new_round for e in job.nodes[0].events(NodesMet)] == [True, True]  # a lost node: anew
     assert job.survivors() == []
 
 
@@ -331,12 +329,12 @@ def test_a_dead_node_0_is_waited_for_and_its_relaunch_resumes_the_job(launcher, 
     job = _stepping_job(launcher, tmp_path, 2, "leader")
     os.kill(job.nodes[0].proc.pid, signal.SIGKILL)
     job.nodes[0].wait(10)
-    job.nodes[1].wait_for_event(lambda e: e["event"] == "transition" and e["new"] == "STOPPED", 30)
+    job.nodes[1].wait_for_event(Transition, lambda e: e.new == "STOPPED", 30)
     assert job.nodes[0].survivors_after(10) == []
     job.start(0)
     assert job.wait(120) == {0: 0, 1: 0}, (job.nodes[0].stderr, job.nodes[1].stderr)
-    state = _run_state(tmp_path, "leader")
-    assert [a["outcome"] for a in state["attempts"]] == ["SUPERVISOR_LOST", "SUCCEEDED"]
+    state = run_state(tmp_path / "runs" / "leader")
+    assert [a.outcome for a in state.attempts] == ["SUPERVISOR_LOST", "SUCCEEDED"]
     assert "lost node 0" in job.nodes[1].stderr
     assert job.survivors() == []
 
@@ -389,7 +387,7 @@ def test_a_preemption_stops_every_node_at_one_step_and_the_relaunch_resumes_ther
     assert len(stopped) == 4 and len(set(stopped)) == 1, (stopped, job.nodes[0].stderr, job.nodes[1].stderr)
     step = stopped[0]
     assert (tmp_path / "runs" / "preempt" / "checkpoints" / f"step_{step}" / "COMMITTED").exists()
-    nodes = _run_state(tmp_path, "preempt")["attempts"][0]["nodes"]
+    nodes = run_state(tmp_path / "runs" / "preempt").attempts[0].nodes
     assert [(n["node"], n["pid"]) for n in nodes] == [(r, job.nodes[r].proc.pid) for r in (0, 1)]
     assert job.survivors() == []
     # The same command on both nodes resumes from that step: nothing lost.
@@ -444,7 +442,7 @@ def test_a_second_node_with_a_taken_node_rank_is_refused_and_the_job_goes_on(lau
     command = ["--nproc", "1", "--run-name", "twice", str(ACTOR), "--go-file", str(go), "--run-for", "0"]
     job = Job(launcher, tmp_path, 2, *command).start_all()
     for rank in range(2):  # both nodes claimed their ranks and met
-        job.nodes[rank].wait_for_event(lambda e: e["event"] == "nodes_met", 90)
+        job.nodes[rank].wait_for_event(NodesMet, timeout=90)
     duplicate = job.launcher.start(
         "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", job.endpoint, "--node-timeout", "3s",
         *command, log_dir=tmp_path / "dup", env=job.env,
@@ -454,8 +452,8 @@ def test_a_second_node_with_a_taken_node_rank_is_refused_and_the_job_goes_on(lau
     assert "which is alive" in duplicate.stderr
     go.touch()
     assert job.wait(120) == {0: 0, 1: 0}, (job.nodes[0].stderr, job.nodes[1].stderr)
-    state = _run_state(tmp_path, "twice")
-    assert [a["outcome"] for a in state["attempts"]] == ["SUCCEEDED"]  # the job never noticed
+    state = run_state(tmp_path / "runs" / "twice")
+    assert [a.outcome for a in state.attempts] == ["SUCCEEDED"]  # the job never noticed
     assert job.survivors() == [] and duplicate.survivors() == []
 
 
@@ -482,12 +480,12 @@ def test_a_node_that_joins_a_closed_rendezvous_ends_at_once(launcher, tmp_path, 
     job = Job(
         launcher, tmp_path, 2, "--nproc", "1", "--rdzv-id", "closed", "--join-timeout", "10m", str(ACTOR)
     )
-    leader = LaunchConfig(
+    leader = LaunchConfig.of(
         entrypoint=str(ACTOR), nnodes=2, node_rank=0, rdzv_endpoint=job.endpoint, rdzv_id="closed"
     )
     monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # Rendezvous sets it: undone after
-    store = host_job_store(leader)
-    Rendezvous(leader, store).close()
+    store = host_job_store(leader.cluster)
+    Rendezvous(leader.cluster, leader.run.run_id, store).close()
     job.start(1)
     assert job.wait(60) == {1: 6}, job.nodes[1].stderr
     assert "the job has ended: its rendezvous is closed" in job.nodes[1].stderr

@@ -9,6 +9,8 @@ import torch
 from helpers import SCRIPTS, wait_for_files
 from test_many_nodes import Job
 
+from launcher.events import Decision, NodesMet, Transition
+
 DDP = str(SCRIPTS / "ddp_plain.py")
 
 
@@ -54,12 +56,12 @@ def test_a_follower_supervisor_killed_during_ddp_is_a_failure_and_its_relaunch_r
     os.kill(job.nodes[1].proc.pid, signal.SIGKILL)
     job.nodes[1].wait(10)
     assert job.nodes[1].survivors_after(10) == []
-    job.nodes[0].wait_for_event(lambda e: e["event"] == "decision" and e["verdict"] == "RESTART", 60)
+    job.nodes[0].wait_for_event(Decision, lambda e: e.verdict == "RESTART", 60)
     job.start(1)
     assert job.wait(180) == {0: 0, 1: 0}, job.nodes[0].stderr
-    failed = [e for e in job.nodes[0].events("decision")]
+    failed = [e for e in job.nodes[0].events(Decision)]
     assert len(failed) == 1, failed
-    assert job.nodes[0].events("nodes_met")[-1]["new_round"] is True
+    assert job.nodes[0].events(NodesMet)[-1].new_round is True
     starts = _starts(job.nodes[0])
     assert len(starts) == 2 and starts[1] > 0, job.nodes[0].stdout  # the script's own save was used
     assert torch.load(tmp_path / "follower.pt").keys()
@@ -72,7 +74,7 @@ def test_node_0_answers_sigterm_while_a_killed_follower_is_being_found_lost(laun
     job.nodes[1].wait(10)
     # Node 0's rank has failed in its collective; node 1 is not lost yet (30 s): node 0 waits for
     # its report. A signal must end that wait.
-    job.nodes[0].wait_for_event(lambda e: e["event"] == "transition" and e["new"] == "STOPPED", 60)
+    job.nodes[0].wait_for_event(Transition, lambda e: e.new == "STOPPED", 60)
     os.kill(job.nodes[0].proc.pid, signal.SIGTERM)
     assert job.nodes[0].wait(20) == 143, job.nodes[0].stderr
     assert "interrupted by SIGTERM" in job.nodes[0].stderr
@@ -85,7 +87,7 @@ def test_node_0_stopped_past_the_node_timeout_is_waited_for_and_the_job_resumes(
     job = _ddp_job(launcher, tmp_path, "paused")
     os.kill(job.nodes[0].proc.pid, signal.SIGSTOP)
     try:
-        job.nodes[1].wait_for_event(lambda e: e["event"] == "transition" and e["new"] == "STOPPED", 60)
+        job.nodes[1].wait_for_event(Transition, lambda e: e.new == "STOPPED", 60)
     finally:
         os.kill(job.nodes[0].proc.pid, signal.SIGCONT)
     assert job.wait(180) == {0: 0, 1: 0}, (job.nodes[0].stderr, job.nodes[1].stderr)

@@ -12,13 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ACTOR, SCRIPTS, wait_for_files
+from helpers import ACTOR, SCRIPTS, read_logged, run_state, wait_for_files
+
+from launcher.events import RunStart, Transition
 
 BEATER = str(SCRIPTS / "beater.py")
-
-
-def _state(run_dir, name):
-    return json.loads((run_dir / name / "run.json").read_text())
 
 
 def test_relaunch_after_kill_9_of_the_supervisor_resumes_the_run(launcher, tmp_path):
@@ -42,15 +40,15 @@ def test_relaunch_after_kill_9_of_the_supervisor_resumes_the_run(launcher, tmp_p
     assert "resuming (RUNNING, 1 attempt(s), newest committed step" in second.stderr
     resumed = [int(s) for s in _starts(second.stdout, attempt=1)]
     assert len(resumed) == 2 and resumed[0] == resumed[1] >= 41  # from a step committed before the kill
-    state = _state(runs, "beater")
-    assert state["status"] == "SUCCEEDED"
-    assert [(a["attempt"], a["outcome"]) for a in state["attempts"]] == [
+    state = run_state(runs / "beater")
+    assert state.status == "SUCCEEDED"
+    assert [(a.attempt, a.outcome) for a in state.attempts] == [
         (0, "SUPERVISOR_LOST"),
         (1, "SUCCEEDED"),
     ]
-    assert state["takeovers"][0]["why"] == "dead"
-    events = [json.loads(line) for line in (runs / "beater" / "events.jsonl").read_text().splitlines()]
-    assert [e["event"] for e in events].count("run_start") == 2  # both supervisors' history is kept
+    assert state.takeovers[0]["why"] == "dead"
+    logged = read_logged(runs / "beater" / "events.jsonl")
+    assert [type(found.event) for found in logged].count(RunStart) == 2  # both supervisors' history is kept
     assert not (runs / "beater" / "lock.json").exists()
     assert second.survivors() == []
 
@@ -70,7 +68,7 @@ def test_a_preempted_run_saves_one_step_on_every_rank_and_resumes_from_it(launch
     step = int(stops[0][1])
     assert "asking the workers to save and stop at step" in first.stderr
     assert (runs / "beater" / "checkpoints" / f"step_{step}" / "COMMITTED").exists()
-    assert _state(runs, "beater")["status"] == "PREEMPTED"
+    assert run_state(runs / "beater").status == "PREEMPTED"
 
     second = launcher.run(*command, timeout=120)
     assert second.proc.returncode == 0, second.stderr
@@ -101,7 +99,7 @@ def test_a_second_supervisor_on_a_live_run_is_refused(launcher, tmp_path):
     assert f"{socket.gethostname()} pid {live.proc.pid}" in line
     live.proc.send_signal(signal.SIGTERM)  # as a scheduler preempting the job
     assert live.wait() == 143
-    assert _state(runs, "actor")["status"] == "PREEMPTED"
+    assert run_state(runs / "actor").status == "PREEMPTED"
     assert live.survivors() == [] and refused.survivors() == []
 
     # Preemptions are not failures (--max-failures 0 would have stopped at one), and are limited apart.
@@ -109,7 +107,7 @@ def test_a_second_supervisor_on_a_live_run_is_refused(launcher, tmp_path):
     assert limited.proc.returncode == 1 and "preempted 1 time(s), --max-preemptions 0" in limited.stderr
     resumed = launcher.run(*named, "--max-failures", "0", str(ACTOR))
     assert resumed.proc.returncode == 0, resumed.stderr
-    assert [a["outcome"] for a in _state(runs, "actor")["attempts"]] == ["PREEMPTED", "SUCCEEDED"]
+    assert [a.outcome for a in run_state(runs / "actor").attempts] == ["PREEMPTED", "SUCCEEDED"]
 
 
 def test_a_stopped_supervisor_on_this_host_is_never_taken_over(launcher, tmp_path):
@@ -121,17 +119,17 @@ def test_a_stopped_supervisor_on_this_host_is_never_taken_over(launcher, tmp_pat
     os.kill(live.proc.pid, signal.SIGSTOP)
     lock = json.loads((runs / "actor" / "lock.json").read_text())
     _write_lock(runs / "actor", **{**lock, "renewed_at": time.time() - 600})  # as if it slept 10 min
-    attempts_before = _state(runs, "actor")["attempts"]
+    attempts_before = run_state(runs / "actor").attempts
 
     second = launcher.run(*named, str(ACTOR))
     assert second.proc.returncode == 2, second.stderr
     assert f"is held by another ftlaunch: {socket.gethostname()} pid {live.proc.pid}" in second.stderr
-    assert _state(runs, "actor")["attempts"] == attempts_before  # nothing written by the refused one
+    assert run_state(runs / "actor").attempts == attempts_before  # nothing written by the refused one
 
     os.kill(live.proc.pid, signal.SIGCONT)
     live.proc.send_signal(signal.SIGTERM)
     assert live.wait() == 143, live.stderr
-    assert [a["outcome"] for a in _state(runs, "actor")["attempts"]] == ["PREEMPTED"]
+    assert [a.outcome for a in run_state(runs / "actor").attempts] == ["PREEMPTED"]
     assert live.survivors() == [] and second.survivors() == []
 
 
@@ -151,7 +149,12 @@ def test_a_supervisor_that_lost_its_run_to_another_host_stops_and_writes_nothing
         str(ready),
     )
     wait_for_files(ready, "*.pid", 1)
-    live.wait_for_event(lambda e: e.get("new") == "RUNNING")  # its run.json is written by now
+    # run.json is written once the group runs, just after the RUNNING event: wait for the write
+    # itself, or it could land after the new holder's.
+    deadline = time.monotonic() + 30
+    while not (runs / "actor" / "run.json").exists() or not run_state(runs / "actor").attempts:
+        assert time.monotonic() < deadline, "run.json never listed the running attempt"
+        time.sleep(0.05)
     taken = runs / "actor" / "run.json"
     taken.write_text('{"taken over": "by the other host"}')  # what the new holder writes is kept
     _write_lock(runs / "actor", host="elsewhere", token="theirs")
@@ -282,7 +285,7 @@ def test_a_succeeded_run_is_not_run_again_unless_fresh(launcher, tmp_path):
     assert "moved to" in fresh.stderr
     archived = list((run / "archive").glob("*/run.json"))
     assert len(archived) == 1 and json.loads(archived[0].read_text())["status"] == "SUCCEEDED"
-    assert _state(run.parent, run.name)["attempts"][0]["outcome"] == "SUCCEEDED"
+    assert run_state(run).attempts[0].outcome == "SUCCEEDED"
     assert fresh.survivors() == []
 
 
@@ -344,7 +347,7 @@ def test_a_crash_loop_stops_early_with_its_own_exit_code(launcher, tmp_path):
 
     assert launch.proc.returncode == 3, launch.stderr
     assert "crash loop: 3 attempts in a row failed without progress (the last: ended 0." in launch.stderr
-    assert _state(tmp_path / "runs", Path(launch.run_url()).name)["status"] == "FAILED"
+    assert launch.run_state().status == "FAILED"
     assert launch.survivors() == []
 
 
@@ -361,8 +364,8 @@ def test_a_script_with_its_own_checkpoints_is_restarted_like_torchrun_would(laun
     assert "goodput unknown" in launch.stderr
     assert [(own / f"rank_{r}.step").read_text() for r in (0, 1)] == ["20", "20"]
     name = Path(launch.run_url()).name
-    attempts = _state(tmp_path / "runs", name)["attempts"]
-    assert [(a["outcome"], a["progress"]) for a in attempts] == [("FAILED", "unknown")] * 3 + [
+    attempts = run_state(tmp_path / "runs" / name).attempts
+    assert [(a.outcome, a.progress) for a in attempts] == [("FAILED", "unknown")] * 3 + [
         ("SUCCEEDED", "unknown")
     ]
     code, table = _status("--run-dir", str(tmp_path / "runs"), name)
@@ -383,8 +386,8 @@ def test_backoff_waits_between_restarts_that_make_no_progress(launcher):
 
     assert launch.proc.returncode == 0, launch.stderr
     assert "waiting 1 s first (backoff)" in launch.stderr
-    running = [e["t_mono"] for e in launch.events("transition") if e["new"] == "RUNNING"]
-    stopped = [e["t_mono"] for e in launch.events("transition") if e["new"] == "STOPPED"]
+    running = [found.t_mono for found in launch.logged(Transition) if found.event.new == "RUNNING"]
+    stopped = [found.t_mono for found in launch.logged(Transition) if found.event.new == "STOPPED"]
     assert running[1] - stopped[0] < 1.0  # the first restart is immediate
     assert running[2] - stopped[1] >= 1.0  # the second waits
     assert launch.survivors() == []
@@ -414,13 +417,13 @@ def test_the_whole_run_dir_on_a_gcs_emulator(launcher, storage, tmp_path):
 
     fs = fsspec.filesystem("gcs")
     run = storage.url.replace("gcs://", "") + "/beater"
-    state = json.loads(fs.cat_file(f"{run}/run.json"))
-    assert state["status"] == "SUCCEEDED" and [a["outcome"] for a in state["attempts"]] == [
+    state = run_state(f"{storage.url}/beater")
+    assert state.status == "SUCCEEDED" and [a.outcome for a in state.attempts] == [
         "FAILED",
         "SUCCEEDED",
     ]
-    assert state["attempts"][0]["failures"][0]["cause"] == "hang"
-    assert state["latest_step"] == 25 and fs.exists(f"{run}/checkpoints/step_25/COMMITTED")
+    assert state.attempts[0].failures[0].cause == "hang"
+    assert state.latest_step == 25 and fs.exists(f"{run}/checkpoints/step_25/COMMITTED")
     assert b'"event": "hang"' in fs.cat_file(f"{run}/events.jsonl")
     assert not fs.exists(f"{run}/lock.json")
 
@@ -522,7 +525,7 @@ def test_a_full_run_dir_disk_is_said_once_and_the_training_goes_on(launcher, tmp
         launch.read_console_until(lambda line: "cannot write" in line, timeout=60, stream="stderr")
         filler.unlink()
         assert launch.wait(120) == 0, launch.stderr
-        assert _state(runs, "full")["status"] == "SUCCEEDED"  # written again once there was room
+        assert run_state(runs / "full").status == "SUCCEEDED"  # written again once there was room
     finally:
         subprocess.run(["umount", "-l", str(runs)], check=True)
     assert "Traceback" not in launch.stderr
@@ -606,7 +609,7 @@ def test_a_relaunch_at_another_nproc_keeps_the_old_steps_and_never_claims_them(l
     assert "no checkpoint yet; step(s) 25, 30 were saved at another size" in again.stderr, again.stderr
     assert "rank 0 attempt 1 starts at step 0" in again.stdout  # nothing loadable at 1 rank
     assert sorted(p.name for p in ckpt.iterdir()) == ["step_15", "step_20", "step_25", "step_30"]
-    state = json.loads((runs / "chg" / "run.json").read_text())
-    assert state["status"] == "SUCCEEDED" and state["latest_step"] == 20
-    assert state["attempts"][-1]["resumed_from_step"] is None
+    state = run_state(runs / "chg")
+    assert state.status == "SUCCEEDED" and state.latest_step == 20
+    assert state.attempts[-1].resumed_from_step is None
     assert again.survivors() == []

@@ -2,7 +2,6 @@
 the supervisor itself is SIGKILLed."""
 
 import io
-import json
 import os
 import re
 import signal
@@ -13,6 +12,7 @@ import pytest
 from helpers import ACTOR, wait_for_files
 
 from launcher.config import EntryKind, LaunchConfig
+from launcher.events import GroupsGuarded, GuardRestarted, Transition
 from launcher.process.logs import LogPump
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.plan import plan_workers
@@ -46,7 +46,7 @@ def test_supervisor_sigkill_leaves_no_worker_nor_grandchild(launcher, tmp_path, 
     # Actor writes its ready file after starting its grandchild, so all of them exist now.
     assert len(launch.survivors()) >= 1 + 1 + 3 * 2  # supervisor, orphan guard, workers, sleeps
     if grandchild == "session":  # the supervisor has told the guard of the three new groups
-        _wait_for(lambda: sum(len(e["pgids"]) for e in _events(launch, "groups_guarded")) >= 3, 30)
+        _wait_for(lambda: sum(len(e.pgids) for e in launch.events(GroupsGuarded)) >= 3, 30)
 
     os.kill(launch.proc.pid, signal.SIGKILL)
     launch.wait()
@@ -57,12 +57,6 @@ def test_supervisor_sigkill_leaves_no_worker_nor_grandchild(launcher, tmp_path, 
             _wait_dead(psutil.Process(pid), timeout=10)
         except psutil.NoSuchProcess:
             pass
-
-
-def _events(launch, kind):
-    path = launch.log_dir / "events.jsonl"
-    text = path.read_text() if path.exists() else ""
-    return [e for e in map(json.loads, text[: text.rfind("\n") + 1].splitlines()) if e["event"] == kind]
 
 
 def _wait_for(ready, timeout):
@@ -93,8 +87,8 @@ def test_a_dead_orphan_guard_is_replaced_at_once(launcher, tmp_path):
     launch, pids = _start_sleepers(launcher, tmp_path, ["--grace-period", "30"], ["--grandchild", "group"], 2)
     guard = _guard_of(launch)
     guard.kill()
-    restarted = launch.wait_for_event(lambda e: e["event"] == "orphan_guard_restarted")
-    assert restarted["dead_pid"] == guard.pid and _guard_of(launch).pid == restarted["new_pid"]
+    restarted = launch.wait_for_event(GuardRestarted)
+    assert restarted.dead_pid == guard.pid and _guard_of(launch).pid == restarted.new_pid
 
     os.kill(launch.proc.pid, signal.SIGKILL)
     launch.wait()
@@ -173,9 +167,9 @@ def test_the_preemption_notice_to_every_process_is_one_sigterm(launcher, tmp_pat
     assert launch.wait() == 143
     assert "[0] rank 0 got SIGTERM" in launch.stdout and "[1] rank 1 got SIGTERM" in launch.stdout
     assert "interrupted by SIGTERM" in launch.stderr
-    stopped = launch.events("transition")[-1]
-    assert stopped["new"] == "STOPPED" and stopped["killed"] is False  # not cut short
-    assert not any(e["event"] == "orphan_guard_restarted" for e in launch.events())
+    stopped = launch.events(Transition)[-1]
+    assert stopped.new == "STOPPED" and stopped.killed is False  # not cut short
+    assert launch.events(GuardRestarted) == []
     assert launch.survivors() == []
 
 
@@ -185,9 +179,9 @@ def test_workers_that_ignore_signals_are_killed_after_the_grace_period(launcher,
     os.kill(launch.proc.pid, signal.SIGTERM)
 
     assert launch.wait() == 143
-    stopped = launch.events("transition")[-1]
-    assert stopped["new"] == "STOPPED" and stopped["killed"] is True
-    assert 1.0 <= stopped["seconds"] < 10
+    stopped = launch.events(Transition)[-1]
+    assert stopped.new == "STOPPED" and stopped.killed is True
+    assert 1.0 <= stopped.seconds < 10
     assert launch.survivors() == []
 
 
@@ -195,12 +189,12 @@ def test_second_ctrl_c_stops_at_once(launcher, tmp_path):
     launch, _ = _start_sleepers(launcher, tmp_path, ["--grace-period", "300"], ["--trap", "ignore"])
 
     os.kill(launch.proc.pid, signal.SIGINT)
-    launch.wait_for_event(lambda e: e.get("new") == "STOPPING")  # the first one is being acted on
+    launch.wait_for_event(Transition, lambda e: e.new == "STOPPING")  # the first one is being acted on
     os.kill(launch.proc.pid, signal.SIGINT)
 
     assert launch.wait(timeout=30) == 130  # not 300 s later
-    stopped = launch.events("transition")[-1]
-    assert stopped["killed"] is True and stopped["seconds"] < 30
+    stopped = launch.events(Transition)[-1]
+    assert stopped.killed is True and stopped.seconds < 30
     assert launch.survivors() == []
 
 
@@ -262,7 +256,9 @@ def test_a_signal_while_many_ranks_start_stops_the_rest_from_starting(launcher, 
 
 def test_the_start_loop_asks_before_each_rank(tmp_path):
     """The mechanism, deterministically: the group starts ranks only while it is told to go on."""
-    config = LaunchConfig("sleep", ("1000",), EntryKind.EXECUTABLE, nproc=5, log_dir=tmp_path)
+    config = LaunchConfig.of(
+        entrypoint="sleep", script_args=("1000",), entry_kind=EntryKind.EXECUTABLE, nproc=5, log_dir=tmp_path
+    )
     specs = plan_workers(config, attempt=0, master_port=1)
     asked = []
     with OrphanGuard() as guard:
