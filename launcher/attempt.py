@@ -87,12 +87,12 @@ class AttemptRunner:
         self._role = role
         attempt = plan.attempt
         machine = GroupStateMachine(attempt, self._on_transition)
-        board = HeartbeatBoard(self.config.nproc, attempt, first_rank=self.config.global_rank(0))
+        board = HeartbeatBoard(self.config.group.nproc, attempt, first_rank=self.config.global_rank(0))
         pump = LogPump(*self._console)
         specs = plan_workers(
             self.config, attempt, plan.master_port, heartbeat_file=board.path, master_addr=plan.master_addr
         )
-        group = WorkerGroup(specs, self._spawner, pump, self._guard, self.config.shows_on_console)
+        group = WorkerGroup(specs, self._spawner, pump, self._guard, self.config.group.shows_on_console)
         self._spawner.prepare(specs[0], self._spawning_may_go_on)
         started = time.monotonic()
         self._chaos.attempt_started()
@@ -121,8 +121,8 @@ class AttemptRunner:
         if self._signals.first is not None:  # interrupted between two attempts
             return self._stopped_by_signal(machine.attempt, self._signals.first)
         self._say(
-            f"attempt {machine.attempt}: starting {self.config.nproc} worker(s), "
-            f"backend {self.config.backend}, logs in {group.specs[0].log_file.parent}"
+            f"attempt {machine.attempt}: starting {self.config.group.nproc} worker(s), "
+            f"backend {self.config.group.backend}, logs in {group.specs[0].log_file.parent}"
         )
         try:
             group.spawn(go_on=self._spawning_may_go_on)
@@ -202,7 +202,7 @@ class AttemptRunner:
             return False
 
         stop = CooperativeStop(
-            self.config.grace_period, self._role.agree_stop_step, self._stop_cut_short, self._say
+            self.config.group.grace_period, self._role.agree_stop_step, self._stop_cut_short, self._say
         )
         stop.ask(group, board, rate, lambda step: self._events.emit(StopRequested(attempt, step)), turn)
 
@@ -228,7 +228,7 @@ class AttemptRunner:
                     observed_at=exited.observed_at,
                     error=read_error_file(exited.spec.error_file),
                     log_file=exited.spec.log_file,
-                    node=self.config.node_rank if self.config.many_nodes else None,
+                    node=self.config.cluster.node_rank if self.config.cluster.many_nodes else None,
                 )
             )
 
@@ -238,7 +238,7 @@ class AttemptRunner:
         if not succeeded:
             machine.transition(GroupState.STOPPING)
         first_signal = result.signum if result.outcome.stopped_by_signal else signal.SIGTERM
-        report = group.stop(first_signal, self.config.grace_period, abort=self._stop_cut_short)
+        report = group.stop(first_signal, self.config.group.grace_period, abort=self._stop_cut_short)
         if report.survivors:
             self._say(f"could not stop pids {report.survivors} (uninterruptible?); left behind")
         if not succeeded:

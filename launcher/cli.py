@@ -18,7 +18,20 @@ import click
 from click.core import ParameterSource
 
 from launcher.cluster.slurm import slurm_step
-from launcher.config import EntryKind, LaunchConfig, default_run_name, resolve_backend, visible_gpu_count
+from launcher.config import (
+    ChaosSection,
+    ClusterSection,
+    EntryKind,
+    EntrySection,
+    GroupSection,
+    HangSection,
+    LaunchConfig,
+    RestartSection,
+    RunSection,
+    default_run_name,
+    resolve_backend,
+    visible_gpu_count,
+)
 from launcher.console import say
 from launcher.durations import parse_duration
 from launcher.errors import ExitCode, FtlaunchError, UsageError
@@ -249,7 +262,7 @@ def cli(signals: SignalInbox, verbose: bool, **options) -> int:
     """
     _configure_logging(verbose)
     config = config_from_options(**options)
-    signals.preempt_signal = config.preempt_signal
+    signals.preempt_signal = config.group.preempt_signal
     preflight(config, signals.raise_if_received)
     signals.raise_if_received()
     from launcher.summary import summary_lines
@@ -258,7 +271,7 @@ def cli(signals: SignalInbox, verbose: bool, **options) -> int:
     chaos = _chaos_banner(config)
     if chaos:  # a forgotten FTLAUNCH_CHAOS must not inject faults unannounced
         say(
-            f"{chaos}; injected failures {'count' if config.chaos_counts else 'do not count'} "
+            f"{chaos}; injected failures {'count' if config.chaos.counts else 'do not count'} "
             "against --max-failures"
         )
     result = supervise(config, signals, say=say)
@@ -271,11 +284,11 @@ def cli(signals: SignalInbox, verbose: bool, **options) -> int:
 
 def _chaos_banner(config: LaunchConfig) -> str:
     """'' without chaos; else where it came from and what it injects."""
-    if config.chaos is None:
+    if config.chaos.plan is None:
         return ""
     source = click.get_current_context().get_parameter_source("chaos")
     where = f"{ENV_PREFIX}_CHAOS in the environment" if source is ParameterSource.ENVIRONMENT else "--chaos"
-    return f"chaos ({where}): injecting {config.chaos} into this run"
+    return f"chaos ({where}): injecting {config.chaos.plan} into this run"
 
 
 def _configure_logging(verbose: bool) -> None:
@@ -355,43 +368,50 @@ def config_from_options(
     if master_addr is None:
         master_addr = rdzv_endpoint.rpartition(":")[0].strip("[]") if nodes > 1 else "127.0.0.1"
     return LaunchConfig(
-        entrypoint=script,
-        script_args=tuple(script_args),
-        entry_kind=kind,
-        nproc=procs,
-        max_failures=max_failures,
-        backend=resolve_backend(backend, procs, gpus),
-        log_dir=log_dir,
-        grace_period=grace_period,
-        fork_server=fork_server and kind is not EntryKind.EXECUTABLE,
-        preempt_signal=int(signal.Signals[f"SIG{preempt_signal.upper()}"]),
-        run_id=run_id,
-        master_addr=master_addr,
-        master_port=master_port,
-        console_ranks=_parse_ranks(console_ranks),
-        checkpoint_url=checkpoint_dir or f"{run_url}/checkpoints",
-        run_url=run_url,
-        run_name=name,
-        fresh=fresh,
-        failure_window=parse_duration(failure_window, "--failure-window") if failure_window else None,
-        crash_loop=crash_loop,
-        max_preemptions=max_preemptions,
-        backoff=parse_duration(backoff, "--backoff"),
-        backoff_cap=parse_duration(max_backoff, "--max-backoff"),
-        init_timeout=parse_duration(init_timeout, "--init-timeout"),
-        heartbeat_timeout=_parse_heartbeat_timeout(heartbeat_timeout),
-        heartbeat_floor=parse_duration(heartbeat_floor, "--heartbeat-floor"),
-        storage_timeout=parse_duration(storage_timeout, "--storage-timeout"),
-        lease=parse_duration(lease, "--lease"),
-        nnodes=nodes,
-        node_rank=node_rank,
-        rdzv_endpoint=rdzv_endpoint if nodes > 1 else "",
-        rdzv_id=rdzv_id or "",
-        rdzv_conf=_parse_rdzv_conf(rdzv_conf),
-        join_timeout=parse_duration(join_timeout, "--join-timeout"),
-        node_timeout=parse_duration(node_timeout, "--node-timeout"),
-        chaos=_parse_chaos(chaos, run_id, nodes) if chaos else None,
-        chaos_counts=chaos_counts,
+        entry=EntrySection(script, tuple(script_args), kind),
+        group=GroupSection(
+            nproc=procs,
+            backend=resolve_backend(backend, procs, gpus),
+            log_dir=log_dir,
+            grace_period=grace_period,
+            fork_server=fork_server and kind is not EntryKind.EXECUTABLE,
+            preempt_signal=int(signal.Signals[f"SIG{preempt_signal.upper()}"]),
+            master_addr=master_addr,
+            master_port=master_port,
+            console_ranks=_parse_ranks(console_ranks),
+            checkpoint_url=checkpoint_dir or f"{run_url}/checkpoints",
+        ),
+        restart=RestartSection(
+            max_failures=max_failures,
+            failure_window=parse_duration(failure_window, "--failure-window") if failure_window else None,
+            crash_loop=crash_loop,
+            max_preemptions=max_preemptions,
+            backoff=parse_duration(backoff, "--backoff"),
+            backoff_cap=parse_duration(max_backoff, "--max-backoff"),
+        ),
+        hangs=HangSection(
+            init_timeout=parse_duration(init_timeout, "--init-timeout"),
+            heartbeat_timeout=_parse_heartbeat_timeout(heartbeat_timeout),
+            heartbeat_floor=parse_duration(heartbeat_floor, "--heartbeat-floor"),
+        ),
+        run=RunSection(
+            url=run_url,
+            name=name,
+            run_id=run_id,
+            fresh=fresh,
+            lease=parse_duration(lease, "--lease"),
+            storage_timeout=parse_duration(storage_timeout, "--storage-timeout"),
+        ),
+        cluster=ClusterSection(
+            nnodes=nodes,
+            node_rank=node_rank,
+            rdzv_endpoint=rdzv_endpoint if nodes > 1 else "",
+            rdzv_id=rdzv_id or "",
+            rdzv_conf=_parse_rdzv_conf(rdzv_conf),
+            join_timeout=parse_duration(join_timeout, "--join-timeout"),
+            node_timeout=parse_duration(node_timeout, "--node-timeout"),
+        ),
+        chaos=ChaosSection(_parse_chaos(chaos, run_id, nodes) if chaos else None, chaos_counts),
     )
 
 

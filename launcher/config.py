@@ -1,5 +1,5 @@
-"""LaunchConfig: built once by the CLI, validated, frozen, passed down (``launcher.preflight``
-checks it against the world)."""
+"""LaunchConfig: built once by the CLI, validated, frozen, passed down in sections
+(``launcher.preflight`` checks it against the world)."""
 
 import dataclasses
 import enum
@@ -17,7 +17,20 @@ from launcher.chaos.spec import ChaosPlan
 from launcher.errors import UsageError
 from worker_lib.backend import choose_backend
 
-__all__ = ["EntryKind", "LaunchConfig", "default_run_name", "resolve_backend", "visible_gpu_count"]
+__all__ = [
+    "ChaosSection",
+    "ClusterSection",
+    "EntryKind",
+    "EntrySection",
+    "GroupSection",
+    "HangSection",
+    "LaunchConfig",
+    "RestartSection",
+    "RunSection",
+    "default_run_name",
+    "resolve_backend",
+    "visible_gpu_count",
+]
 
 
 class EntryKind(str, enum.Enum):
@@ -28,107 +41,156 @@ class EntryKind(str, enum.Enum):
     EXECUTABLE = "executable"  # --no-python
 
 
-# Every duration field and the option that sets it.
-_DURATION_OPTIONS = {
-    "grace_period": "--grace-period",
-    "init_timeout": "--init-timeout",
-    "heartbeat_timeout": "--heartbeat-timeout",
-    "heartbeat_floor": "--heartbeat-floor",
-    "failure_window": "--failure-window",
-    "backoff": "--backoff",
-    "backoff_cap": "--max-backoff",
-    "storage_timeout": "--storage-timeout",
-    "lease": "--lease",
-    "join_timeout": "--join-timeout",
-    "node_timeout": "--node-timeout",
-}
+def _finite(value: Optional[float], option: str) -> None:
+    if value is not None and not math.isfinite(value):  # nan compares false with everything
+        raise UsageError(f"{option} must be a finite number of seconds, got {value}")
 
 
 @dataclasses.dataclass(frozen=True)
-class LaunchConfig:
-    """Everything one ftlaunch run needs; invariants are checked in ``__post_init__``."""
+class EntrySection:
+    """What every rank runs: ``python SCRIPT``, ``python -m MODULE`` or ``SCRIPT`` itself."""
 
     entrypoint: str
     script_args: Tuple[str, ...] = ()
-    entry_kind: EntryKind = EntryKind.SCRIPT
+    kind: EntryKind = EntryKind.SCRIPT
+    python: str = sys.executable
+
+    @property
+    def command(self) -> Tuple[str, ...]:
+        """What makes a run this run: how and what it runs, with which arguments."""
+        return (self.kind.value, self.entrypoint, *self.script_args)
+
+    @property
+    def default_run_name(self) -> str:
+        return default_run_name(self.kind, self.entrypoint, self.script_args)
+
+    def worker_argv(self) -> Tuple[str, ...]:
+        """The command line every rank runs."""
+        if self.kind is EntryKind.MODULE:
+            return (self.python, "-u", "-m", self.entrypoint, *self.script_args)
+        if self.kind is EntryKind.EXECUTABLE:
+            return (self.entrypoint, *self.script_args)
+        return (self.python, "-u", self.entrypoint, *self.script_args)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupSection:
+    """This node's worker group: how many, how they are started, stopped and heard."""
+
     nproc: int = 1
-    max_failures: int = 3  # failed groups tolerated; -1: unlimited, 0: none
     backend: str = "gloo"  # resolved: "nccl" or "gloo", never "auto"
     log_dir: Path = Path("ftlaunch_logs")
     grace_period: float = 5.0  # seconds between SIGTERM and SIGKILL
     fork_server: bool = True  # fork workers from a process that has imported torch (not --no-python)
     preempt_signal: int = int(signal.SIGUSR1)  # means what SIGTERM means; workers start with it ignored
-    run_id: str = "ftlaunch"
     master_addr: str = "127.0.0.1"
     master_port: int = 0  # 0: the OS picks a free port for each attempt's store
     console_ranks: Optional[FrozenSet[int]] = None  # None: every rank on the console
     checkpoint_url: Optional[str] = None  # fsspec URL handed to workers (worker_lib's storage root)
-    init_timeout: float = 900.0  # seconds from start (or a pause) to a beat, once the script beats
-    heartbeat_timeout: Optional[float] = None  # seconds between beats; None: auto; 0: off
-    heartbeat_floor: float = 120.0  # the smallest deadline auto sets
-    run_url: str = "ftlaunch_runs/run"  # fsspec URL of the run directory: <--run-dir>/<--run-name>
-    run_name: str = "run"
-    fresh: bool = False  # archive a finished run and start it again
-    lease: float = 60.0  # seconds the run lock lasts without renewal
-    failure_window: Optional[float] = None  # seconds; None: every failure counts
-    crash_loop: int = 3  # failed attempts in a row known to have made no progress; 0: off
-    max_preemptions: int = -1  # preempted attempts a run may resume from; -1: unlimited
-    backoff: float = 1.0  # seconds before the second restart in a row; doubles after
-    backoff_cap: float = 60.0
-    storage_timeout: float = 20.0  # seconds the storage probes before start may take
-    python: str = sys.executable
-    # Many nodes (one ftlaunch each). Node 0 leads: it hosts the job's store at rdzv_endpoint and
-    # the workers' store at master_addr, holds the run, and decides for the job.
-    nnodes: int = 1
-    node_rank: int = 0
-    rdzv_endpoint: str = ""  # HOST:PORT of node 0's job store; "" for one node
-    rdzv_id: str = ""  # the rendezvous' run id (torchrun's --rdzv-id); "" → run_id
-    rdzv_conf: Tuple[Tuple[str, str], ...] = ()  # extra RendezvousParameters, as torchrun's --rdzv-conf
-    join_timeout: float = 600.0  # seconds every node has to (re)join before the job gives up
-    node_timeout: float = 15.0  # seconds of silence after which a node's supervisor counts as lost
-    chaos: Optional[ChaosPlan] = None  # faults to inject into the run (--chaos); None: none
-    chaos_counts: bool = False  # injected failures count against --max-failures
 
     def __post_init__(self) -> None:
-        for name, option in _DURATION_OPTIONS.items():
-            value = getattr(self, name)
-            if value is not None and not math.isfinite(value):  # nan compares false with everything
-                raise UsageError(f"{option} must be a finite number of seconds, got {value}")
-        if self.lease <= 0:
-            raise UsageError(f"--lease must be more than 0 seconds, got {self.lease}")
-        if self.storage_timeout <= 0:
-            raise UsageError(f"--storage-timeout must be more than 0 seconds, got {self.storage_timeout}")
+        _finite(self.grace_period, "--grace-period")
         if self.nproc < 1:
             raise UsageError(f"--nproc must be at least 1, got {self.nproc}")
-        if self.max_failures < -1:
-            raise UsageError(f"--max-failures must be -1 (unlimited) or more, got {self.max_failures}")
         if self.backend not in ("nccl", "gloo"):
             raise UsageError(f"backend must be resolved to nccl or gloo, got {self.backend!r}")
         if self.grace_period < 0:
             raise UsageError(f"--grace-period must be 0 or more seconds, got {self.grace_period}")
         if not 0 <= self.master_port < 65536:
             raise UsageError(f"--master-port must be in 0..65535, got {self.master_port}")
-        if self.init_timeout <= 0 or self.heartbeat_floor <= 0:
-            raise UsageError("--init-timeout and --heartbeat-floor must be more than 0 seconds")
-        if self.heartbeat_timeout is not None and self.heartbeat_timeout < 0:
-            raise UsageError(
-                f"--heartbeat-timeout must be auto, off or seconds, got {self.heartbeat_timeout}"
-            )
+
+    def shows_on_console(self, rank: int) -> bool:
+        return self.console_ranks is None or rank in self.console_ranks
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartSection:
+    """The failure budget and the pauses between restarts (``launcher.policy``)."""
+
+    max_failures: int = 3  # failed groups tolerated; -1: unlimited, 0: none
+    failure_window: Optional[float] = None  # seconds; None: every failure counts
+    crash_loop: int = 3  # failed attempts in a row known to have made no progress; 0: off
+    max_preemptions: int = -1  # preempted attempts a run may resume from; -1: unlimited
+    backoff: float = 1.0  # seconds before the second restart in a row; doubles after
+    backoff_cap: float = 60.0
+
+    def __post_init__(self) -> None:
+        for value, option in (
+            (self.failure_window, "--failure-window"),
+            (self.backoff, "--backoff"),
+            (self.backoff_cap, "--max-backoff"),
+        ):
+            _finite(value, option)
+        if self.max_failures < -1:
+            raise UsageError(f"--max-failures must be -1 (unlimited) or more, got {self.max_failures}")
         if self.max_preemptions < -1:
             raise UsageError(f"--max-preemptions must be -1 (unlimited) or more, got {self.max_preemptions}")
         if self.crash_loop < 0:
             raise UsageError(f"--crash-loop must be 0 (off) or more, got {self.crash_loop}")
         if self.failure_window is not None and self.failure_window <= 0:
             raise UsageError("--failure-window must be more than 0 seconds")
-        if self.console_ranks is not None:
-            outside = sorted(r for r in self.console_ranks if not 0 <= r < self.world_size)
-            if outside:
-                raise UsageError(f"--console-ranks names ranks {outside} outside 0..{self.world_size - 1}")
-        self._check_nodes()
-        if self.chaos is not None:
-            self.chaos.check_ranks(self.world_size)
 
-    def _check_nodes(self) -> None:
+
+@dataclasses.dataclass(frozen=True)
+class HangSection:
+    """When silence is a hang (``launcher.hangs``)."""
+
+    init_timeout: float = 900.0  # seconds from start (or a pause) to a beat, once the script beats
+    heartbeat_timeout: Optional[float] = None  # seconds between beats; None: auto; 0: off
+    heartbeat_floor: float = 120.0  # the smallest deadline auto sets
+
+    def __post_init__(self) -> None:
+        _finite(self.init_timeout, "--init-timeout")
+        _finite(self.heartbeat_timeout, "--heartbeat-timeout")
+        _finite(self.heartbeat_floor, "--heartbeat-floor")
+        if self.init_timeout <= 0 or self.heartbeat_floor <= 0:
+            raise UsageError("--init-timeout and --heartbeat-floor must be more than 0 seconds")
+        if self.heartbeat_timeout is not None and self.heartbeat_timeout < 0:
+            raise UsageError(
+                f"--heartbeat-timeout must be auto, off or seconds, got {self.heartbeat_timeout}"
+            )
+
+    @property
+    def detects(self) -> bool:
+        return self.heartbeat_timeout != 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSection:
+    """The run directory that holds the run (``launcher.runs``)."""
+
+    url: str = "ftlaunch_runs/run"  # fsspec URL of the run directory: <--run-dir>/<--run-name>
+    name: str = "run"
+    run_id: str = "ftlaunch"  # TORCHELASTIC_RUN_ID, and the rendezvous' id unless --rdzv-id
+    fresh: bool = False  # archive a finished run and start it again
+    lease: float = 60.0  # seconds the run lock lasts without renewal
+    storage_timeout: float = 20.0  # seconds the storage probes before start may take
+
+    def __post_init__(self) -> None:
+        _finite(self.lease, "--lease")
+        _finite(self.storage_timeout, "--storage-timeout")
+        if self.lease <= 0:
+            raise UsageError(f"--lease must be more than 0 seconds, got {self.lease}")
+        if self.storage_timeout <= 0:
+            raise UsageError(f"--storage-timeout must be more than 0 seconds, got {self.storage_timeout}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSection:
+    """Many nodes, one ftlaunch each. Node 0 leads: it hosts the job's store at ``rdzv_endpoint``
+    and the workers' store at the group's master address, holds the run, and decides for the job."""
+
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str = ""  # HOST:PORT of node 0's job store; "" for one node
+    rdzv_id: str = ""  # the rendezvous' run id (torchrun's --rdzv-id); "" → the run id
+    rdzv_conf: Tuple[Tuple[str, str], ...] = ()  # extra RendezvousParameters, as torchrun's --rdzv-conf
+    join_timeout: float = 600.0  # seconds every node has to (re)join before the job gives up
+    node_timeout: float = 15.0  # seconds of silence after which a node's supervisor counts as lost
+
+    def __post_init__(self) -> None:
+        _finite(self.join_timeout, "--join-timeout")
+        _finite(self.node_timeout, "--node-timeout")
         if self.nnodes < 1:
             raise UsageError(f"--nnodes must be at least 1, got {self.nnodes}")
         if not 0 <= self.node_rank < self.nnodes:
@@ -142,10 +204,6 @@ class LaunchConfig:
                     f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address and a free "
                     f"port), got {self.rdzv_endpoint!r}"
                 )
-
-    @property
-    def world_size(self) -> int:
-        return self.nproc * self.nnodes
 
     @property
     def many_nodes(self) -> bool:
@@ -164,45 +222,101 @@ class LaunchConfig:
     def rdzv_port(self) -> int:
         return int(self.rdzv_endpoint.rpartition(":")[2])
 
-    def global_rank(self, local_rank: int) -> int:
-        return self.node_rank * self.nproc + local_rank
+
+@dataclasses.dataclass(frozen=True)
+class ChaosSection:
+    plan: Optional[ChaosPlan] = None  # faults to inject into the run (--chaos); None: none
+    counts: bool = False  # injected failures count against --max-failures
+
+
+# Where each field of run.json's flat "config" record lives now: section, field.
+_FLAT = {
+    "entrypoint": ("entry", "entrypoint"),
+    "script_args": ("entry", "script_args"),
+    "entry_kind": ("entry", "kind"),
+    "python": ("entry", "python"),
+    **{f.name: ("group", f.name) for f in dataclasses.fields(GroupSection)},
+    **{f.name: ("restart", f.name) for f in dataclasses.fields(RestartSection)},
+    **{f.name: ("hangs", f.name) for f in dataclasses.fields(HangSection)},
+    "run_url": ("run", "url"),
+    "run_name": ("run", "name"),
+    "run_id": ("run", "run_id"),
+    "fresh": ("run", "fresh"),
+    "lease": ("run", "lease"),
+    "storage_timeout": ("run", "storage_timeout"),
+    **{f.name: ("cluster", f.name) for f in dataclasses.fields(ClusterSection)},
+    "chaos": ("chaos", "plan"),
+    "chaos_counts": ("chaos", "counts"),
+}
+_SECTIONS = {
+    "entry": EntrySection,
+    "group": GroupSection,
+    "restart": RestartSection,
+    "hangs": HangSection,
+    "run": RunSection,
+    "cluster": ClusterSection,
+    "chaos": ChaosSection,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """Everything one ftlaunch run needs, in frozen sections; each component is handed the
+    sections it works with. Each section checks its own values; checks across sections here."""
+
+    entry: EntrySection
+    group: GroupSection = GroupSection()
+    restart: RestartSection = RestartSection()
+    hangs: HangSection = HangSection()
+    run: RunSection = RunSection()
+    cluster: ClusterSection = ClusterSection()
+    chaos: ChaosSection = ChaosSection()
+
+    def __post_init__(self) -> None:
+        ranks = self.group.console_ranks
+        if ranks is not None:
+            outside = sorted(r for r in ranks if not 0 <= r < self.world_size)
+            if outside:
+                raise UsageError(f"--console-ranks names ranks {outside} outside 0..{self.world_size - 1}")
+        if self.chaos.plan is not None:
+            self.chaos.plan.check_ranks(self.world_size)
+
+    @classmethod
+    def of(cls, **flat) -> "LaunchConfig":
+        """From run.json's flat field names (``nproc=2, run_url=...``): for tests and tools."""
+        parts: dict = {name: {} for name in _SECTIONS}
+        for key, value in flat.items():
+            section, field = _FLAT[key]
+            parts[section][field] = value
+        return cls(**{name: _SECTIONS[name](**fields) for name, fields in parts.items()})
 
     @property
-    def detects_hangs(self) -> bool:
-        return self.heartbeat_timeout != 0
+    def world_size(self) -> int:
+        return self.group.nproc * self.cluster.nnodes
+
+    def global_rank(self, local_rank: int) -> int:
+        return self.cluster.node_rank * self.group.nproc + local_rank
 
     @property
     def checkpoints_in_run_dir(self) -> bool:
-        return self.checkpoint_url == f"{self.run_url}/checkpoints"
-
-    def to_json(self) -> dict:
-        """The configuration as run.json records it."""
-        data = dataclasses.asdict(self)
-        data["log_dir"] = str(self.log_dir)
-        data["console_ranks"] = sorted(self.console_ranks) if self.console_ranks is not None else None
-        data["rdzv_conf"] = dict(self.rdzv_conf)
-        data["chaos"] = str(self.chaos) if self.chaos is not None else None
-        return data
-
-    @property
-    def command(self) -> Tuple[str, ...]:
-        """What makes a run this run: how and what it runs, with which arguments."""
-        return (self.entry_kind.value, self.entrypoint, *self.script_args)
+        return self.group.checkpoint_url == f"{self.run.url}/checkpoints"
 
     @property
     def has_default_name(self) -> bool:
-        return self.run_name == default_run_name(self.entry_kind, self.entrypoint, self.script_args)
+        return self.run.name == self.entry.default_run_name
 
-    def shows_on_console(self, rank: int) -> bool:
-        return self.console_ranks is None or rank in self.console_ranks
-
-    def worker_argv(self) -> Tuple[str, ...]:
-        """The command line every rank runs."""
-        if self.entry_kind is EntryKind.MODULE:
-            return (self.python, "-u", "-m", self.entrypoint, *self.script_args)
-        if self.entry_kind is EntryKind.EXECUTABLE:
-            return (self.entrypoint, *self.script_args)
-        return (self.python, "-u", self.entrypoint, *self.script_args)
+    def to_json(self) -> dict:
+        """The configuration as run.json records it: one flat record (the names are what
+        readers of older run.json files know)."""
+        data = {key: getattr(getattr(self, section), field) for key, (section, field) in _FLAT.items()}
+        data["entry_kind"] = self.entry.kind.value
+        data["log_dir"] = str(self.group.log_dir)
+        ranks = self.group.console_ranks
+        data["console_ranks"] = sorted(ranks) if ranks is not None else None
+        data["script_args"] = list(self.entry.script_args)
+        data["rdzv_conf"] = dict(self.cluster.rdzv_conf)
+        data["chaos"] = str(self.chaos.plan) if self.chaos.plan is not None else None
+        return data
 
 
 def default_run_name(kind: EntryKind, entrypoint: str, script_args: Sequence[str]) -> str:

@@ -22,22 +22,24 @@ def preflight(config: LaunchConfig, interrupted: Callable[[], None] = lambda: No
     """Checks against the world (files, directories) that must pass before any worker starts.
     ``interrupted()`` raises when a signal came meanwhile: a slow check does not delay a Ctrl+C."""
     _check_entrypoint(config)
-    _check_node_can_hold(config.nproc)
-    _check_store_address(config.master_addr, config.master_port)
-    _probe_storage("run dir", config.run_url, config.storage_timeout, interrupted)
-    if config.checkpoint_url:
-        _probe_storage("checkpoint storage", config.checkpoint_url, config.storage_timeout, interrupted)
-    _check_log_dir_writable(config.log_dir)  # last: it creates the folder, which a failure would leave
+    _check_node_can_hold(config.group.nproc)
+    _check_store_address(config.group.master_addr, config.group.master_port)
+    _probe_storage("run dir", config.run.url, config.run.storage_timeout, interrupted)
+    if config.group.checkpoint_url:
+        _probe_storage(
+            "checkpoint storage", config.group.checkpoint_url, config.run.storage_timeout, interrupted
+        )
+    _check_log_dir_writable(config.group.log_dir)  # last: it creates the folder, which a failure would leave
 
 
 def _check_entrypoint(config: LaunchConfig) -> None:
     """What would fail in every rank of every attempt fails here, once, before any worker starts."""
-    if config.entry_kind is EntryKind.SCRIPT:
-        _check_script(Path(config.entrypoint))
-    elif config.entry_kind is EntryKind.MODULE:
-        _check_module(config.python, config.entrypoint)
-    elif shutil.which(config.entrypoint) is None:
-        raise UsageError(f"executable not found or not executable: {config.entrypoint}")
+    if config.entry.kind is EntryKind.SCRIPT:
+        _check_script(Path(config.entry.entrypoint))
+    elif config.entry.kind is EntryKind.MODULE:
+        _check_module(config.entry.python, config.entry.entrypoint)
+    elif shutil.which(config.entry.entrypoint) is None:
+        raise UsageError(f"executable not found or not executable: {config.entry.entrypoint}")
 
 
 def _check_script(path: Path) -> None:

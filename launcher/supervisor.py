@@ -74,7 +74,7 @@ def supervise(
     own_spawner = spawner is None
     spawner = spawner or _spawner_for(config, say)
     try:
-        if config.many_nodes and not config.leads:
+        if config.cluster.many_nodes and not config.cluster.leads:
             return _follow(config, signals, say, spawner, console)
         return _lead(config, signals, say, spawner, console)
     finally:
@@ -84,21 +84,22 @@ def supervise(
 
 def _spawner_for(config: LaunchConfig, say: Callable[[str], None]) -> Spawner:
     """Plain spawning, or forks of a warm fork server that falls back to it."""
-    plain = PopenSpawner(ignored=(config.preempt_signal,))
-    if not config.fork_server:
+    plain = PopenSpawner(ignored=(config.group.preempt_signal,))
+    if not config.group.fork_server:
         return plain
-    server = ForkServer(config, config.log_dir / "forkserver.log", ignored=(config.preempt_signal,))
+    log_file = config.group.log_dir / "forkserver.log"
+    server = ForkServer(config.entry, log_file, ignored=(config.group.preempt_signal,))
     return ForkServerSpawner(server, plain, say)
 
 
 def _follow(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, console) -> RunResult:
     """A node other than node 0: it holds nothing of the run."""
     become_subreaper()
-    with EventLog(config.log_dir / "events.jsonl") as events:
-        events.emit(RunStart(run_id=config.run_id, config=config.to_json(), pid=os.getpid()))
+    with EventLog(config.group.log_dir / "events.jsonl") as events:
+        events.emit(RunStart(run_id=config.run.run_id, config=config.to_json(), pid=os.getpid()))
         with OrphanGuard() as guard:
             # Whether the script beats is node 0's knowledge (run.json); here it is learned afresh.
-            hangs = HangMonitor(config, events, say, lambda: None, False)
+            hangs = HangMonitor(config.hangs, events, say, lambda: None, False)
             runner = AttemptRunner(config, events, signals, guard, say, spawner, console, hangs)
             role = Follower(config, events, signals, say)
             try:
@@ -111,30 +112,32 @@ def _follow(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, c
 
 def _lead(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, console) -> RunResult:
     """Node 0, or the only node: hold the run and supervise it."""
-    job_store = host_job_store(config) if config.many_nodes else None  # the others may already wait
-    directory = RunDir(config.run_url)
-    taken_from = directory.acquire(config.lease)  # before anything is written, logs included
+    job_store = (
+        host_job_store(config.cluster) if config.cluster.many_nodes else None
+    )  # the others may already wait
+    directory = RunDir(config.run.url)
+    taken_from = directory.acquire(config.run.lease)  # before anything is written, logs included
     try:
         become_subreaper()
-        with EventLog(config.log_dir / "events.jsonl") as events:
-            events.emit(RunStart(run_id=config.run_id, config=config.to_json(), pid=os.getpid()))
+        with EventLog(config.group.log_dir / "events.jsonl") as events:
+            events.emit(RunStart(run_id=config.run.run_id, config=config.to_json(), pid=os.getpid()))
             with OrphanGuard() as guard:
                 run = Run(config, directory, events, say, taken_from)
                 policy = RestartPolicy(
-                    config.max_failures,
-                    config.failure_window,
-                    config.crash_loop,
-                    config.backoff,
-                    config.backoff_cap,
-                    count_injected=config.chaos_counts,
+                    config.restart.max_failures,
+                    config.restart.failure_window,
+                    config.restart.crash_loop,
+                    config.restart.backoff,
+                    config.restart.backoff_cap,
+                    count_injected=config.chaos.counts,
                 )
                 if job_store is None:
                     role: RunHolder = SingleNode(config, run, events, signals, say, policy)
                 else:
-                    rendezvous = Rendezvous(config, job_store)
+                    rendezvous = Rendezvous(config.cluster, config.run.run_id, job_store)
                     role = Leader(config, run, events, signals, say, policy, rendezvous)
                 beat_before = any(a.beat for a in run.state.attempts)  # e.g. before a kill -9 of ftlaunch
-                hangs = HangMonitor(config, events, say, run.mark_first_step, beat_before)
+                hangs = HangMonitor(config.hangs, events, say, run.mark_first_step, beat_before)
                 runner = AttemptRunner(config, events, signals, guard, say, spawner, console, hangs)
                 return _hold(role, runner, run, events, say)
     finally:
@@ -146,8 +149,8 @@ def _hold(role: RunHolder, runner: AttemptRunner, run: Run, events: EventLog, sa
     try:
         if run.already_succeeded:
             result = _already_succeeded(run)
-        elif 0 <= role.config.max_preemptions < run.preemptions:
-            limit = role.config.max_preemptions
+        elif 0 <= role.config.restart.max_preemptions < run.preemptions:
+            limit = role.config.restart.max_preemptions
             reason = f"preempted {run.preemptions} time(s), --max-preemptions {limit}"
             result = RunResult(ExitCode.FAILED, RunStatus.FAILED, [], reason)
         else:

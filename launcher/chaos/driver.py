@@ -81,8 +81,8 @@ class ChaosDriver(NoChaos):
 
 
 def chaos_for(config: LaunchConfig, events: EventLog, say: Callable[[str], None]) -> NoChaos:
-    if config.chaos is None:
+    if config.chaos.plan is None:
         return NoChaos()
-    local = {config.global_rank(i) for i in range(config.nproc)}  # the global ranks this node runs
-    injector = ChaosInjector(config.chaos, config.world_size, local, time.monotonic())
+    local = {config.global_rank(i) for i in range(config.group.nproc)}  # the global ranks this node runs
+    injector = ChaosInjector(config.chaos.plan, config.world_size, local, time.monotonic())
     return ChaosDriver(injector, events, say)

@@ -14,6 +14,7 @@ from typing import Dict, List, Optional
 from launcher.cluster.alive import BEAT_EVERY_S, AliveCounter
 from launcher.cluster.rendezvous import LeaderUnreachable
 from launcher.cluster.wire import Interrupt, InterruptKind, reading_from_json, reading_to_json
+from launcher.config import ClusterSection
 from launcher.errors import Interrupted, UsageError
 from launcher.process.signals import SignalInbox
 from launcher.stopping import StopReading, stop_step
@@ -32,6 +33,10 @@ class ChannelSpec:
     nnodes: int
     node_timeout: float
     endpoint: str  # node 0's --rdzv-endpoint, for what a follower says when it is gone
+
+    @classmethod
+    def of(cls, cluster: ClusterSection) -> "ChannelSpec":
+        return cls(cluster.node_rank, cluster.nnodes, cluster.node_timeout, cluster.rdzv_endpoint)
 
 
 class AttemptChannel:

@@ -11,7 +11,7 @@ import time
 from datetime import timedelta
 from typing import Callable, Optional
 
-from launcher.config import LaunchConfig
+from launcher.config import ClusterSection
 from launcher.errors import Interrupted, JobOver, JoinTimeout, UsageError
 from launcher.process.signals import SignalInbox
 from launcher.process.store import listen
@@ -28,30 +28,34 @@ class LeaderUnreachable(Exception):
     """The job's store (node 0's supervisor) cannot be reached: it died, or its machine did."""
 
 
-def host_job_store(config: LaunchConfig):
+def host_job_store(cluster: ClusterSection):
     """Node 0: the store every node meets on, bound to exactly the endpoint's address."""
     from torch.distributed import TCPStore
 
     try:
-        listener = listen(config.rdzv_host, config.rdzv_port)
+        listener = listen(cluster.rdzv_host, cluster.rdzv_port)
     except OSError as err:
         raise UsageError(
-            f"node 0 cannot listen on --rdzv-endpoint {config.rdzv_endpoint}: {err.strerror or err} "
+            f"node 0 cannot listen on --rdzv-endpoint {cluster.rdzv_endpoint}: {err.strerror or err} "
             "(the endpoint must be this node's address and a free port)"
         ) from None
     return TCPStore(
-        config.rdzv_host,
-        config.rdzv_port,
+        cluster.rdzv_host,
+        cluster.rdzv_port,
         None,
         True,
-        timedelta(seconds=config.node_timeout),
+        timedelta(seconds=cluster.node_timeout),
         wait_for_workers=False,
         master_listen_fd=listener.detach(),
     )
 
 
 def connect_job_store(
-    config: LaunchConfig, deadline: float, signals: SignalInbox, say: Callable, ended: Callable[[], str] = str
+    cluster: ClusterSection,
+    deadline: float,
+    signals: SignalInbox,
+    say: Callable,
+    ended: Callable[[], str] = str,
 ):
     """The other nodes: connect to node 0's store, trying until ``deadline`` (monotonic): node 0
     may start later than us, or be on its way back after a restart. The port is probed with a
@@ -61,13 +65,13 @@ def connect_job_store(
     while True:
         signals.raise_if_received()
         left = deadline - time.monotonic()
-        if _listening(config.rdzv_host, config.rdzv_port, min(_CONNECT_TRY_S, max(left, 0.1))):
+        if _listening(cluster.rdzv_host, cluster.rdzv_port, min(_CONNECT_TRY_S, max(left, 0.1))):
             from torch.distributed import TCPStore  # only now: importing torch takes seconds
 
             try:
                 store = TCPStore(
-                    config.rdzv_host,
-                    config.rdzv_port,
+                    cluster.rdzv_host,
+                    cluster.rdzv_port,
                     None,
                     False,
                     timedelta(seconds=min(_CONNECT_TRY_S, max(left, 1.0))),
@@ -75,13 +79,13 @@ def connect_job_store(
             except (RuntimeError, OSError):  # torch's DistNetworkError / DistStoreError: going away
                 pass
             else:
-                store.set_timeout(timedelta(seconds=config.node_timeout))
+                store.set_timeout(timedelta(seconds=cluster.node_timeout))
                 return store
         now = time.monotonic()
         if now >= deadline:
             raise JoinTimeout(
-                f"node 0 did not answer at {config.rdzv_endpoint} within --join-timeout "
-                f"({config.join_timeout:g} s); relaunching the same command resumes the job"
+                f"node 0 did not answer at {cluster.rdzv_endpoint} within --join-timeout "
+                f"({cluster.join_timeout:g} s); relaunching the same command resumes the job"
             )
         if now >= next_look:  # node 0 gone for good: its run may say the job is over
             next_look = now + _SAY_EVERY_S / 6
@@ -89,9 +93,9 @@ def connect_job_store(
             if why:
                 raise JobOver(why)
         if now >= next_word:
-            waited = config.join_timeout - (deadline - now)
-            limit = f"--join-timeout {config.join_timeout:g} s"
-            say(f"waiting for node 0 at {config.rdzv_endpoint} ({waited:.0f} s of {limit})")
+            waited = cluster.join_timeout - (deadline - now)
+            limit = f"--join-timeout {cluster.join_timeout:g} s"
+            say(f"waiting for node 0 at {cluster.rdzv_endpoint} ({waited:.0f} s of {limit})")
             next_word = now + _SAY_EVERY_S
         signals.wait(min(0.2, max(0.0, deadline - time.monotonic())))
 
@@ -129,7 +133,8 @@ class Round:
 class Rendezvous:
     """One node's handle on the job's rendezvous (all nodes must give the same --nnodes)."""
 
-    def __init__(self, config: LaunchConfig, store) -> None:
+    def __init__(self, cluster: ClusterSection, run_id: str, store) -> None:
+        """``run_id``: the run's id, the rendezvous' unless --rdzv-id names another."""
         from torch.distributed.elastic.rendezvous import RendezvousParameters
         from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
         from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
@@ -138,21 +143,21 @@ class Rendezvous:
         # that outlives the attempts (pytorch #135712); our workers' store is ours, fresh per
         # attempt. Set here, not at import: a single-node run's workers never see it.
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-        self.config = config
+        self.cluster = cluster
         self.store = store  # the job's store (node 0's): the lobby's keys live there too
-        run_id = config.rdzv_id or config.run_id
+        run_id = cluster.rdzv_id or run_id
         conf = {
-            "join_timeout": config.join_timeout,
-            "keep_alive_interval": _keep_alive_interval(config.node_timeout),
+            "join_timeout": cluster.join_timeout,
+            "keep_alive_interval": _keep_alive_interval(cluster.node_timeout),
             "keep_alive_max_attempt": 3,
-            **dict(config.rdzv_conf),
+            **dict(cluster.rdzv_conf),
         }
         params = RendezvousParameters(
             backend="c10d",
-            endpoint=config.rdzv_endpoint,
+            endpoint=cluster.rdzv_endpoint,
             run_id=run_id,
-            min_nodes=config.nnodes,
-            max_nodes=config.nnodes,
+            min_nodes=cluster.nnodes,
+            max_nodes=cluster.nnodes,
             **conf,
         )
         try:
@@ -187,7 +192,7 @@ class Rendezvous:
         next_watch = started
         # torch's own join timeout ends the wait; ours is the backstop for a handler stuck on
         # a store that no longer answers (a node 0 stopped, not dead).
-        deadline = started + self.config.join_timeout + _ROUND_SLACK_S
+        deadline = started + self.cluster.join_timeout + _ROUND_SLACK_S
         while thread.is_alive():
             signals.wait(0.05)
             if signals.first is not None:
@@ -201,8 +206,8 @@ class Rendezvous:
             if time.monotonic() >= next_word:
                 waited = time.monotonic() - started
                 say(
-                    f"waiting for all {self.config.nnodes} nodes to join ({waited:.0f} s of "
-                    f"--join-timeout {self.config.join_timeout:g} s)"
+                    f"waiting for all {self.cluster.nnodes} nodes to join ({waited:.0f} s of "
+                    f"--join-timeout {self.cluster.join_timeout:g} s)"
                 )
                 next_word += 30.0
         error: Optional[BaseException] = outcome.get("error")
@@ -210,8 +215,9 @@ class Rendezvous:
             raise JobOver("the job has ended: its rendezvous is closed (node 0 finished or gave up)")
         if isinstance(error, RendezvousTimeoutError):
             raise JoinTimeout(
-                f"not every one of the {self.config.nnodes} nodes joined within --join-timeout "
-                f"({self.config.join_timeout:g} s); the same command relaunched on every node resumes the job"
+                f"not every one of the {self.cluster.nnodes} nodes joined within --join-timeout "
+                f"({self.cluster.join_timeout:g} s); the same command relaunched on every node resumes "
+                "the job"
             )
         if error is not None:
             raise LeaderUnreachable(f"{type(error).__name__}: {error}")

@@ -9,7 +9,7 @@ from typing import Callable, Dict, List, Optional
 import psutil
 
 from launcher.beats import BeatReading, Phase, ProgressRow
-from launcher.config import LaunchConfig
+from launcher.config import HangSection
 from launcher.events import CheckpointLoaded, EventLog, FirstStep, Hang, HeartbeatDeadline, Laggard
 from launcher.failures import Failure, HangFailure, seconds
 from launcher.hangs.deadlines import HangLimits, HangWatch, Overdue
@@ -29,7 +29,7 @@ class HangMonitor:
 
     def __init__(
         self,
-        config: LaunchConfig,
+        hangs: HangSection,
         events: EventLog,
         say: Callable[[str], None],
         on_first_step: Callable[[], None] = lambda: None,
@@ -37,8 +37,8 @@ class HangMonitor:
     ) -> None:
         """``known_to_beat``: an attempt of an earlier supervisor of this run saw a beat."""
         self._on_first_step = on_first_step
-        self._judges = config.detects_hangs
-        self._limits = HangLimits(config.init_timeout, config.heartbeat_timeout, config.heartbeat_floor)
+        self._judges = hangs.detects
+        self._limits = HangLimits(hangs.init_timeout, hangs.heartbeat_timeout, hangs.heartbeat_floor)
         self._events = events
         self._say = say
         self._known_to_beat = known_to_beat  # some rank of this run has called ft.heartbeat()

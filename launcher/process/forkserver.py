@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Tuple
 
-from launcher.config import EntryKind, LaunchConfig
+from launcher.config import EntryKind, EntrySection
 from launcher.process.linux import die_with_parent
 from launcher.process.plan import WorkerSpec
 from launcher.process.workers import PopenSpawner, Spawned, with_output_pipes
@@ -78,8 +78,8 @@ class ForkServer:
     """One zygote per supervisor, started before the first attempt with the first rank's
     environment, less what differs between ranks and attempts."""
 
-    def __init__(self, config: LaunchConfig, log_file: Path, ignored=()) -> None:
-        self._config = config
+    def __init__(self, entry: EntrySection, log_file: Path, ignored=()) -> None:
+        self._entry = entry
         self._log_file = log_file
         self._ignored = tuple(ignored)
         self._sock: Optional[socket.socket] = None
@@ -94,15 +94,15 @@ class ForkServer:
         from launcher.process.zygote import SINGLE_THREADED
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        module = self._config.entry_kind is EntryKind.MODULE
+        module = self._entry.kind is EntryKind.MODULE
         spec = {
-            "script": "" if module else self._config.entrypoint,
-            "module": self._config.entrypoint if module else "",
+            "script": "" if module else self._entry.entrypoint,
+            "module": self._entry.entrypoint if module else "",
             "supervisor": os.getpid(),
         }
         self._log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self._log_file, "ab") as out, theirs:
-            argv = [self._config.python, "-u", "-m", "launcher.process.zygote", str(theirs.fileno())]
+            argv = [self._entry.python, "-u", "-m", "launcher.process.zygote", str(theirs.fileno())]
             self._proc = subprocess.Popen(
                 [*argv, json.dumps(spec)],
                 env={**{k: v for k, v in env.items() if k not in _PER_WORKER}, **SINGLE_THREADED},

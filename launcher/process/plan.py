@@ -22,7 +22,7 @@ class WorkerSpec:
 
 
 def attempt_dir(config: LaunchConfig, attempt: int) -> Path:
-    return config.log_dir / f"attempt_{attempt}"
+    return config.group.log_dir / f"attempt_{attempt}"
 
 
 def plan_workers(
@@ -37,9 +37,9 @@ def plan_workers(
     ``master_addr`` (default: --master-addr) is where the workers' store listens."""
     base = dict(os.environ if base_env is None else base_env)
     folder = attempt_dir(config, attempt)
-    argv = config.worker_argv()
+    argv = config.entry.worker_argv()
     specs = []
-    for local_rank in range(config.nproc):
+    for local_rank in range(config.group.nproc):
         error_file = folder / f"rank_{config.global_rank(local_rank)}.error.json"
         env = worker_env(config, local_rank, attempt, master_port, error_file, base)
         if master_addr is not None:
@@ -75,29 +75,29 @@ def worker_env(
             c.RANK: str(rank),
             c.LOCAL_RANK: str(local_rank),
             c.WORLD_SIZE: str(config.world_size),
-            c.LOCAL_WORLD_SIZE: str(config.nproc),
-            c.GROUP_RANK: str(config.node_rank),
-            c.GROUP_WORLD_SIZE: str(config.nnodes),
+            c.LOCAL_WORLD_SIZE: str(config.group.nproc),
+            c.GROUP_RANK: str(config.cluster.node_rank),
+            c.GROUP_WORLD_SIZE: str(config.cluster.nnodes),
             c.ROLE_RANK: str(rank),
             c.ROLE_NAME: "default",
             c.ROLE_WORLD_SIZE: str(config.world_size),
-            c.MASTER_ADDR: config.master_addr,
+            c.MASTER_ADDR: config.group.master_addr,
             c.MASTER_PORT: str(master_port),
             c.RESTART_COUNT: str(attempt),
-            c.MAX_RESTARTS: str(config.max_failures),
-            c.RUN_ID: config.run_id,
+            c.MAX_RESTARTS: str(config.restart.max_failures),
+            c.RUN_ID: config.run.run_id,
             c.USE_AGENT_STORE: "True",
             c.ERROR_FILE: str(error_file.resolve()),
             c.NCCL_ASYNC_ERROR_HANDLING: base.get(c.NCCL_ASYNC_ERROR_HANDLING, "1"),
             c.FT_ATTEMPT: str(attempt),
-            c.FT_BACKEND: config.backend,
+            c.FT_BACKEND: config.group.backend,
         }
     )
-    if config.checkpoint_url:
-        env[c.FT_CHECKPOINT_URL] = config.checkpoint_url
-    if config.chaos is not None:
+    if config.group.checkpoint_url:
+        env[c.FT_CHECKPOINT_URL] = config.group.checkpoint_url
+    if config.chaos.plan is not None:
         env[c.FT_CHAOS] = "1"
-    if config.nproc > 1 and "OMP_NUM_THREADS" not in base:
+    if config.group.nproc > 1 and "OMP_NUM_THREADS" not in base:
         # As torchrun does: N ranks each using every core oversubscribe the CPU badly.
         env["OMP_NUM_THREADS"] = "1"
     return env

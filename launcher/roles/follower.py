@@ -35,19 +35,19 @@ class Follower(Role):
 
     def __init__(self, config, events: EventLog, signals: SignalInbox, say) -> None:
         self.config = config
-        self.node = config.node_rank
+        self.node = config.cluster.node_rank
         self._events = events
         self._signals = signals
         self._say = say
-        self._spec = ChannelSpec(self.node, config.nnodes, config.node_timeout, config.rdzv_endpoint)
+        self._spec = ChannelSpec.of(config.cluster)
         self._rendezvous: Optional[Rendezvous] = None
         self._kept: Optional[Round] = None  # node 0 said the next attempt keeps this round
         self._deadline: Optional[float] = None  # to reach node 0: set when the wait begins
         self._round: Optional[Round] = None  # the round of the attempt in progress
         self._channel: Optional[FollowerChannel] = None
         self._verdict: Optional[JobVerdict] = None  # None after an attempt: node 0 was lost
-        rdzv_id = config.rdzv_id or config.run_id
-        hello = Hello(self.node, socket.gethostname(), os.getpid(), rdzv_id, list(config.command))
+        rdzv_id = config.cluster.rdzv_id or config.run.run_id
+        hello = Hello(self.node, socket.gethostname(), os.getpid(), rdzv_id, list(config.entry.command))
         self._claim = NodeClaim(self.node, hello)
         self._lobby_store = None  # node 0's store, each call with a deadline
 
@@ -66,17 +66,21 @@ class Follower(Role):
     def _join(self, started: float, new_round: bool) -> AttemptPlan:
         if self._rendezvous is None:
             if self._deadline is None:  # the first meeting: the time to warm up is not waiting
-                self._deadline = time.monotonic() + self.config.join_timeout
-            store = connect_job_store(self.config, self._deadline, self._signals, self._say, self._job_ended)
-            self._lobby_store = DeadlineStore(store, self.config.node_timeout)
+                self._deadline = time.monotonic() + self.config.cluster.join_timeout
+            store = connect_job_store(
+                self.config.cluster, self._deadline, self._signals, self._say, self._job_ended
+            )
+            self._lobby_store = DeadlineStore(store, self.config.cluster.node_timeout)
             self._in_lobby(lambda: self._claim.take(self._lobby_store, store, self._wait))
-            self._rendezvous = Rendezvous(self.config, store)
+            self._rendezvous = Rendezvous(self.config.cluster, self.config.run.run_id, store)
         round_ = self._kept or self._rendezvous.next_round(self._signals, self._say, watch=self._refused)
         self._kept = None
         self._channel = FollowerChannel(round_.next_attempt_store(), self._spec, self._signals)
         self._round = round_
         try:
-            self._channel.announce(NodeInfo.here(self.node, self.config.nproc, self.config.command))
+            self._channel.announce(
+                NodeInfo.here(self.node, self.config.group.nproc, self.config.entry.command)
+            )
             plan = self._channel.read_plan(report_timeout(self.config))
         except BaseException:
             self._channel.close()
@@ -85,23 +89,23 @@ class Follower(Role):
             self._channel.close()
             raise UsageError(plan.refused)
         waited = round(time.monotonic() - started, 3)
-        self._events.emit(NodesMet(plan.attempt, self.config.nnodes, waited, new_round))
+        self._events.emit(NodesMet(plan.attempt, self.config.cluster.nnodes, waited, new_round))
         return AttemptPlan(plan.attempt, plan.master_addr, plan.master_port)
 
     def _job_ended(self) -> str:
         """Node 0 does not answer: if the run dir (shared storage, as under SLURM) says the run
         succeeded, node 0 will not run it again, and this node came too late (unless --fresh
         starts it again). Unknown: ''."""
-        if self.config.fresh:
+        if self.config.run.fresh:
             return ""
         try:
-            state = RunDir(self.config.run_url).read_state()
+            state = RunDir(self.config.run.url).read_state()
         except Exception:  # noqa: BLE001 - not reachable from here, damaged: nothing is known
             return ""
         if state is None or state.status is not RunStatus.SUCCEEDED:
             return ""
         ended = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.updated_at))
-        return f"the job has ended: run {self.config.run_url} succeeded at {ended} (node 0's record)"
+        return f"the job has ended: run {self.config.run.url} succeeded at {ended} (node 0's record)"
 
     def _refused(self) -> None:
         """While it waits for a round: node 0 may have refused this node (another command)."""
@@ -114,7 +118,7 @@ class Follower(Role):
         try:
             return call()
         except (StoreTimeout, RuntimeError) as err:  # torch's DistError family too
-            raise LeaderUnreachable(f"node 0's store at {self.config.rdzv_endpoint}: {err}") from None
+            raise LeaderUnreachable(f"node 0's store at {self.config.cluster.rdzv_endpoint}: {err}") from None
 
     def _wait(self, seconds: float) -> None:
         self._signals.wait(seconds)
@@ -137,7 +141,7 @@ class Follower(Role):
             self._channel.close()
         verdict = self._verdict
         self._kept = self._round if verdict.restart and verdict.same_round else None
-        self._deadline = time.monotonic() + self.config.join_timeout
+        self._deadline = time.monotonic() + self.config.cluster.join_timeout
         return dataclasses.replace(local, outcome=AttemptOutcome(verdict.outcome), failures=verdict.failures)
 
     def decide(
@@ -173,13 +177,13 @@ class Follower(Role):
         self._say(
             f"lost node 0 ({lost}); this node's workers are stopped; waiting for node 0 to come "
             f"back (the same command relaunched there resumes the job), up to --join-timeout "
-            f"{self.config.join_timeout:g} s"
+            f"{self.config.cluster.join_timeout:g} s"
         )
         self._rendezvous, self._kept = None, None
         self._claim.release()
         if self._lobby_store is not None:
             self._lobby_store.close()  # its thread ends once free (it may be stuck in a call)
-        self._deadline = time.monotonic() + self.config.join_timeout
+        self._deadline = time.monotonic() + self.config.cluster.join_timeout
 
     # -- during an attempt -------------------------------------------------------------------
 

@@ -52,9 +52,9 @@ class RunHolder(Role):
 
     def _open_store(self) -> AttemptStore:
         try:
-            return AttemptStore(self.config.master_addr, self.config.master_port)
+            return AttemptStore(self.config.group.master_addr, self.config.group.master_port)
         except OSError as err:
-            where = f"{self.config.master_addr}:{self.config.master_port}"
+            where = f"{self.config.group.master_addr}:{self.config.group.master_port}"
             message = f"cannot listen on {where} for the workers' store: {err.strerror or err}"
             raise StartFailed(message) from None
 

@@ -26,7 +26,7 @@ __all__ = ["Leader", "node_report", "report_timeout"]
 def report_timeout(config) -> float:
     """How long a node may take, after its attempt ended, to say so: stopping its ranks (the
     grace period, twice: a cooperative stop, then the signals) and a node timeout's slack."""
-    return 2 * config.grace_period + config.node_timeout + 10.0
+    return 2 * config.group.grace_period + config.cluster.node_timeout + 10.0
 
 
 def node_report(node: int, result: AttemptResult) -> NodeReport:
@@ -43,13 +43,13 @@ class Leader(RunHolder):
         self._rendezvous = rendezvous
         self._round: Optional[Round] = None  # the rendezvous round the next attempt may keep
         self._channel: Optional[LeaderChannel] = None  # the attempt's, from meet to decide
-        self._spec = ChannelSpec(0, config.nnodes, config.node_timeout, config.rdzv_endpoint)
+        self._spec = ChannelSpec.of(config.cluster)
         self._lobby = Lobby(
             rendezvous.store,
-            config.rdzv_id or config.run_id,
-            config.nnodes,
-            config.command,
-            config.node_timeout,
+            config.cluster.rdzv_id or config.run.run_id,
+            config.cluster.nnodes,
+            config.entry.command,
+            config.cluster.node_timeout,
         )
         self._planned = 0  # attempts this launch has planned
 
@@ -62,7 +62,7 @@ class Leader(RunHolder):
             self._round = self._rendezvous.next_round(self._signals, self._say, watch=self._refuse_strangers)
         channel = LeaderChannel(self._round.next_attempt_store(), self._spec, self._signals)
         self._channel = channel
-        channel.announce(NodeInfo.here(0, self.config.nproc, self.config.command))
+        channel.announce(NodeInfo.here(0, self.config.group.nproc, self.config.entry.command))
         problem = _disagreement(self.config, channel.node_infos(report_timeout(self.config)))
         if problem:
             channel.publish_plan(WirePlan(0, "", 0, refused=problem))
@@ -72,9 +72,9 @@ class Leader(RunHolder):
         number = self._open_attempt(channel.members())
         self._planned += 1
         waited = round(time.monotonic() - started, 3)
-        self._events.emit(NodesMet(number, self.config.nnodes, waited, new_round))
-        channel.publish_plan(WirePlan(number, self.config.master_addr, self._store.port))
-        return AttemptPlan(number, self.config.master_addr, self._store.port)
+        self._events.emit(NodesMet(number, self.config.cluster.nnodes, waited, new_round))
+        channel.publish_plan(WirePlan(number, self.config.group.master_addr, self._store.port))
+        return AttemptPlan(number, self.config.group.master_addr, self._store.port)
 
     def _refuse_strangers(self) -> None:
         """While waiting for a round: a node that came with another command (another rendezvous
@@ -92,7 +92,9 @@ class Leader(RunHolder):
         channel = self._channel
         channel.report(node_report(0, local))
         reports = channel.gather(report_timeout(self.config))
-        result = _merge(local, reports, channel.lost_failures(), channel.interrupted_by, self.config.nnodes)
+        result = _merge(
+            local, reports, channel.lost_failures(), channel.interrupted_by, self.config.cluster.nnodes
+        )
         self._record_end(result)
         return result
 
@@ -201,8 +203,9 @@ def _merge(
 def _disagreement(config, infos: Dict[int, NodeInfo]) -> str:
     """Nodes started with other commands or other --nproc cannot form one job."""
     for node, info in sorted(infos.items()):
-        if info.nproc != config.nproc:
-            return f"node {node} ({info.host}) runs --nproc {info.nproc}, node 0 runs --nproc {config.nproc}"
-        if tuple(info.command) != config.command:
+        ours = config.group.nproc
+        if info.nproc != ours:
+            return f"node {node} ({info.host}) runs --nproc {info.nproc}, node 0 runs --nproc {ours}"
+        if tuple(info.command) != config.entry.command:
             return f"node {node} ({info.host}) runs another command than node 0: {' '.join(info.command[1:])}"
     return ""

@@ -14,7 +14,7 @@ __all__ = ["SingleNode"]
 class SingleNode(RunHolder):
     def meet(self) -> AttemptPlan:
         number = self._open_attempt(members=None)
-        return AttemptPlan(number, self.config.master_addr, self._store.port)
+        return AttemptPlan(number, self.config.group.master_addr, self._store.port)
 
     def conclude(self, local: AttemptResult) -> AttemptResult:
         self._close_store()

@@ -41,7 +41,7 @@ class Run:
     ) -> None:
         self.config = config
         self.dir = directory
-        self.checkpoints = CheckpointDir(config.checkpoint_url, config.world_size)
+        self.checkpoints = CheckpointDir(config.group.checkpoint_url, config.world_size)
         self._events = events
         self._say = say
         self._earlier_events: List[Logged] = []  # what earlier supervisors of the run logged
@@ -50,7 +50,7 @@ class Run:
 
     def _load(self, taken_from: Optional[Holder]) -> RunState:
         """The run's state, resumed, or created when there is none (or --fresh)."""
-        if self.config.fresh and self.dir.has_state():
+        if self.config.run.fresh and self.dir.has_state():
             try:
                 _check_owner(self.dir.read_state(), self.config)
             except UsageError as err:
@@ -60,15 +60,15 @@ class Run:
         prior = self.dir.read_state()
         if prior is None:
             state = RunState(
-                name=self.config.run_name,
-                url=self.config.run_url,
+                name=self.config.run.name,
+                url=self.config.run.url,
                 status=RunStatus.RUNNING,
                 created_at=time.time(),
                 config=self.config.to_json(),
                 user=_user(),
             )
             named = " (named after the script and its arguments)" if self.config.has_default_name else ""
-            self._say(f"run {self.config.run_url}: new{named}")
+            self._say(f"run {self.config.run.url}: new{named}")
         else:
             _check_owner(prior, self.config)
             self._earlier_events = self.dir.read_events()
@@ -119,9 +119,9 @@ class Run:
             steps = ", ".join(map(str, sorted(newest.other_size)))
             size = self.config.world_size
             step += f"; step(s) {steps} were saved at another size: kept, not loadable at {size} ranks"
-        why = "the same command" if self.config.has_default_name else f"--run-name {self.config.run_name}"
+        why = "the same command" if self.config.has_default_name else f"--run-name {self.config.run.name}"
         self._say(
-            f"run {self.config.run_url}: resuming ({was.value}, {len(state.attempts)} attempt(s), {step}; "
+            f"run {self.config.run.url}: resuming ({was.value}, {len(state.attempts)} attempt(s), {step}; "
             f"found by {why})"
         )
         self._events.emit(Resume(previous_status=was.value, attempts=len(state.attempts)))
@@ -131,12 +131,12 @@ class Run:
         recorded = state.config
         self._compare_sizes(recorded)
         before = (recorded.get("entry_kind"), recorded.get("entrypoint"), *recorded.get("script_args", ()))
-        if tuple(before) == self.config.command:
+        if tuple(before) == self.config.entry.command:
             return
         for line in (
-            f"run {self.config.run_url} was started by another command:",
+            f"run {self.config.run.url} was started by another command:",
             f"  then: {_shell(before)}",
-            f"  now:  {_shell(self.config.command)}",
+            f"  now:  {_shell(self.config.entry.command)}",
             "it goes on with the new command and the run's checkpoints and history; --fresh starts the "
             "run anew (the old one is archived), another --run-name makes a new run",
         ):
@@ -145,14 +145,15 @@ class Run:
     def _compare_sizes(self, recorded: dict) -> None:
         """Another --nproc or --nnodes: checkpoints of one rank each (not replicated) saved at the
         old size cannot be loaded at the new one. Said before anything starts."""
+        now = {"nproc": self.config.group.nproc, "nnodes": self.config.cluster.nnodes}
         changed = [
-            f"--{name} {recorded.get(name)} then, {getattr(self.config, name)} now"
-            for name in ("nproc", "nnodes")
-            if recorded.get(name) is not None and recorded.get(name) != getattr(self.config, name)
+            f"--{name} {recorded.get(name)} then, {value} now"
+            for name, value in now.items()
+            if recorded.get(name) is not None and recorded.get(name) != value
         ]
         if changed:
             self._say(
-                f"WARNING: run {self.config.run_url} goes on at another size ({'; '.join(changed)}): "
+                f"WARNING: run {self.config.run.url} goes on at another size ({'; '.join(changed)}): "
                 "checkpoints saved by one rank each (not replicated) load only at the size that saved them"
             )
 
@@ -302,7 +303,7 @@ def _check_owner(state: Optional[RunState], config: LaunchConfig) -> None:
     this user's to resume or to skip as already succeeded."""
     if state is not None and state.user is not None and state.user != _user():
         raise UsageError(
-            f"run {config.run_url} was started by user {state.user}: it is not yours to resume; "
+            f"run {config.run.url} was started by user {state.user}: it is not yours to resume; "
             "--run-name NAME (or another --run-dir) makes a run of your own"
         )
 

@@ -100,11 +100,15 @@ def _options(**overrides):
 def test_under_srun_no_flag_is_needed(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     config = config_from_options(**_options(environ=STEP))
-    assert (config.nnodes, config.node_rank, config.rdzv_endpoint) == (3, 2, "gpu007:29642")
-    assert config.run_name == "train-job4242"  # stable across requeues of the job
-    assert config.master_addr == "gpu007" and str(config.log_dir).endswith("logs/node2")
+    assert (config.cluster.nnodes, config.cluster.node_rank, config.cluster.rdzv_endpoint) == (
+        3,
+        2,
+        "gpu007:29642",
+    )
+    assert config.run.name == "train-job4242"  # stable across requeues of the job
+    assert config.group.master_addr == "gpu007" and str(config.group.log_dir).endswith("logs/node2")
     explicit = config_from_options(**_options(environ=STEP, nnodes="1", run_name="mine"))
-    assert explicit.nnodes == 1 and explicit.run_name == "mine"  # flags win over SLURM
+    assert explicit.cluster.nnodes == 1 and explicit.run.name == "mine"  # flags win over SLURM
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,7 @@ def test_state_machine_follows_the_table_and_reports_every_transition():
 
 
 def test_plan_gives_each_rank_torchrun_variables(tmp_path):
-    config = LaunchConfig(
+    config = LaunchConfig.of(
         entrypoint="train.py",
         script_args=("--lr", "1"),
         nproc=2,
@@ -64,7 +64,7 @@ def test_plan_gives_each_rank_torchrun_variables(tmp_path):
 
 
 def test_plan_keeps_the_users_thread_count(tmp_path):
-    config = LaunchConfig(
+    config = LaunchConfig.of(
         entrypoint="m", entry_kind=EntryKind.MODULE, nproc=2, log_dir=tmp_path, python="/py"
     )
     spec = plan_workers(config, 0, 1, base_env={"OMP_NUM_THREADS": "4"})[0]
@@ -80,9 +80,9 @@ def test_backend_choice():
 
 
 def test_config_is_frozen():
-    config = LaunchConfig(entrypoint="x.py")
+    config = LaunchConfig.of(entrypoint="x.py")
     with pytest.raises(AttributeError):
-        config.nproc = 3
+        config.group.nproc = 3
 
 
 def test_exit_descriptions():
