@@ -2,23 +2,21 @@
 attempt and the end, and keep the lease fresh. Storage and the lock live in ``runs.directory``;
 the records in ``runs.records``; this module decides what goes into them and when."""
 
-import getpass
 import os
-import shlex
 import socket
 import time
 from typing import Callable, List, Optional, Set
 
 from launcher.beats import BeatSummary, NodeRow, ProgressRow
 from launcher.config import LaunchConfig
-from launcher.errors import UsageError
-from launcher.events import EventLog, Logged, Resume, Takeover
+from launcher.events import EventLog
 from launcher.evidence import ProgressEvidence, judge_progress
 from launcher.failures import Failure, root_cause
 from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.runs.checkpoints import CheckpointDir, NewestCheckpoint
 from launcher.runs.directory import PROGRESS_FILE, Holder, RunDir
-from launcher.runs.records import AttemptEntry, FailureEntry, RunState
+from launcher.runs.opening import RunOpening
+from launcher.runs.records import AttemptEntry, FailureEntry
 from worker_lib.storage import StorageError
 
 __all__ = ["Run"]
@@ -44,41 +42,10 @@ class Run:
         self.checkpoints = CheckpointDir(config.group.checkpoint_url, config.world_size)
         self._events = events
         self._say = say
-        self._earlier_events: List[Logged] = []  # what earlier supervisors of the run logged
         self._unwritten: Set[str] = set()  # run dir files whose last write failed (said once)
-        self.state = self._load(taken_from)
-
-    def _load(self, taken_from: Optional[Holder]) -> RunState:
-        """The run's state, resumed, or created when there is none (or --fresh)."""
-        if self.config.run.fresh and self.dir.has_state():
-            try:
-                _check_owner(self.dir.read_state(), self.config)
-            except UsageError as err:
-                if "not yours" in str(err):
-                    raise
-            self._archive()  # before reading it: --fresh is also the way out of a damaged run.json
-        prior = self.dir.read_state()
-        if prior is None:
-            state = RunState(
-                name=self.config.run.name,
-                url=self.config.run.url,
-                status=RunStatus.RUNNING,
-                created_at=time.time(),
-                config=self.config.to_json(),
-                user=_user(),
-            )
-            named = " (named after the script and its arguments)" if self.config.has_default_name else ""
-            self._say(f"run {self.config.run.url}: new{named}")
-        else:
-            _check_owner(prior, self.config)
-            self._earlier_events = self.dir.read_events()
-            state = prior
-            self._compare_commands(state)
-        if taken_from is not None:
-            self._report_takeover(state, taken_from)
-        if prior is not None:
-            self._resume(state)
-        return state
+        opening = RunOpening(config, directory, events, say, self.newest_checkpoint)
+        # and what earlier supervisors of the run logged, kept in the run's events.jsonl
+        self.state, self._earlier_events = opening.open(taken_from)
 
     @property
     def already_succeeded(self) -> bool:
@@ -87,87 +54,6 @@ class Run:
     @property
     def preemptions(self) -> int:
         return self.state.count(AttemptOutcome.PREEMPTED)
-
-    def _report_takeover(self, state: RunState, previous: Holder) -> None:
-        now = time.time()
-        how = previous.judge(now).value
-        state.takeovers.append({"at": now, "from": previous.describe(now), "why": how})
-        self._events.emit(Takeover(previous=previous.describe(now), why=how))
-        self._say(f"took the run over from {previous.describe(now)}: {how}")
-
-    def _resume(self, state: RunState) -> None:
-        now = time.time()
-        was = state.status
-        for entry in state.attempts:
-            if entry.outcome is None:  # its supervisor died with it running
-                entry.outcome, entry.ended_at = AttemptOutcome.SUPERVISOR_LOST, now
-        if was is RunStatus.SUCCEEDED:
-            return
-        if was is RunStatus.FAILED:  # a person relaunched a run that gave up: a fresh budget
-            state.budget_from = state.next_attempt
-        state.status, state.reason, state.exit_code = RunStatus.RUNNING, "", None
-        state.config = self.config.to_json()
-        newest = self.newest_checkpoint()  # the lost supervisor may have seen later commits
-        if newest.known:  # at this world size: the newest a rank of this job can load
-            state.latest_step, state.latest_step_at = newest.step, newest.committed_at
-        step = (
-            f"newest committed step {state.latest_step}"
-            if state.latest_step is not None
-            else "no checkpoint yet"
-        )
-        if newest.other_size:
-            steps = ", ".join(map(str, sorted(newest.other_size)))
-            size = self.config.world_size
-            step += f"; step(s) {steps} were saved at another size: kept, not loadable at {size} ranks"
-        why = "the same command" if self.config.has_default_name else f"--run-name {self.config.run.name}"
-        self._say(
-            f"run {self.config.run.url}: resuming ({was.value}, {len(state.attempts)} attempt(s), {step}; "
-            f"found by {why})"
-        )
-        self._events.emit(Resume(previous_status=was.value, attempts=len(state.attempts)))
-
-    def _compare_commands(self, state: RunState) -> None:
-        """A run resumed by another command takes on the first one's checkpoints: say so loudly."""
-        recorded = state.config
-        self._compare_sizes(recorded)
-        before = (recorded.get("entry_kind"), recorded.get("entrypoint"), *recorded.get("script_args", ()))
-        if tuple(before) == self.config.entry.command:
-            return
-        for line in (
-            f"run {self.config.run.url} was started by another command:",
-            f"  then: {_shell(before)}",
-            f"  now:  {_shell(self.config.entry.command)}",
-            "it goes on with the new command and the run's checkpoints and history; --fresh starts the "
-            "run anew (the old one is archived), another --run-name makes a new run",
-        ):
-            self._say(f"WARNING: {line}")
-
-    def _compare_sizes(self, recorded: dict) -> None:
-        """Another --nproc or --nnodes: checkpoints of one rank each (not replicated) saved at the
-        old size cannot be loaded at the new one. Said before anything starts."""
-        now = {"nproc": self.config.group.nproc, "nnodes": self.config.cluster.nnodes}
-        changed = [
-            f"--{name} {recorded.get(name)} then, {value} now"
-            for name, value in now.items()
-            if recorded.get(name) is not None and recorded.get(name) != value
-        ]
-        if changed:
-            self._say(
-                f"WARNING: run {self.config.run.url} goes on at another size ({'; '.join(changed)}): "
-                "checkpoints saved by one rank each (not replicated) load only at the size that saved them"
-            )
-
-    def _archive(self) -> None:
-        """--fresh: the old run's state, history and (default) checkpoints move aside, kept."""
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        fs, storage = self.dir.storage.fs, self.dir.storage
-        moved = []
-        fs.makedirs(storage.path("archive", stamp), exist_ok=True)
-        for name in ("run.json", "events.jsonl", "checkpoints"):
-            if storage.exists(name) and (name != "checkpoints" or self.config.checkpoints_in_run_dir):
-                fs.mv(storage.path(name), storage.path("archive", stamp, name), recursive=True)
-                moved.append(name)
-        self._say(f"--fresh: the previous run's {', '.join(moved)} moved to {storage.path('archive', stamp)}")
 
     # -- attempts ---------------------------------------------------------------------------
 
@@ -289,27 +175,3 @@ class Run:
             self._unwritten.discard(name)
             self._say(f"{self.dir.url}/{name} is written again")
         return True
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no name for this uid (a container): the number is still ours
-        return str(os.getuid())
-
-
-def _check_owner(state: Optional[RunState], config: LaunchConfig) -> None:
-    """In a shared run dir, the same command of another user finds that user's run: it is not
-    this user's to resume or to skip as already succeeded."""
-    if state is not None and state.user is not None and state.user != _user():
-        raise UsageError(
-            f"run {config.run.url} was started by user {state.user}: it is not yours to resume; "
-            "--run-name NAME (or another --run-dir) makes a run of your own"
-        )
-
-
-def _shell(command: tuple) -> str:
-    """('module', 'pkg.train', '--lr', '1') → 'python -m pkg.train --lr 1'."""
-    kind, entrypoint, *args = command
-    runner = {"module": "python -m ", "script": "python "}.get(kind, "")
-    return runner + " ".join(shlex.quote(str(part)) for part in (entrypoint, *args))
