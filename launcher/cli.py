@@ -4,7 +4,6 @@ Every option can also be set as ``FTLAUNCH_<OPTION>`` (``FTLAUNCH_NPROC=8``), as
 ``PET_*``; the command line wins over the environment.
 """
 
-import hashlib
 import logging
 import os
 import secrets
@@ -12,7 +11,7 @@ import signal
 import sys
 import zlib
 from pathlib import Path
-from typing import Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import click
 from click.core import ParameterSource
@@ -28,7 +27,7 @@ from launcher.config import (
     LaunchConfig,
     RestartSection,
     RunSection,
-    default_run_name,
+    place,
     resolve_backend,
     visible_gpu_count,
 )
@@ -37,7 +36,6 @@ from launcher.durations import parse_duration
 from launcher.errors import ExitCode, FtlaunchError, UsageError
 from launcher.preflight import preflight
 from launcher.process.signals import SignalInbox
-from launcher.runs.directory import join_run_url
 from worker_lib.backend import BACKENDS
 
 __all__ = ["cli", "main"]
@@ -261,7 +259,7 @@ def cli(signals: SignalInbox, verbose: bool, **options) -> int:
     Everything after SCRIPT is passed to SCRIPT.
     """
     _configure_logging(verbose)
-    config = config_from_options(**options)
+    config = config_from_options(options)
     signals.preempt_signal = config.group.preempt_signal
     preflight(config, signals.raise_if_received)
     signals.raise_if_received()
@@ -303,116 +301,89 @@ def _configure_logging(verbose: bool) -> None:
 
 
 def config_from_options(
-    nproc: str,
-    module: bool,
-    no_python: bool,
-    max_failures: int,
-    backend: str,
-    log_dir: Optional[Path],
-    grace_period: float,
-    fork_server: bool,
-    preempt_signal: str,
-    run_id: Optional[str],
-    master_addr: Optional[str],
-    master_port: int,
-    console_ranks: Optional[str],
-    checkpoint_dir: Optional[str],
-    heartbeat_timeout: str,
-    init_timeout: str,
-    heartbeat_floor: str,
-    run_dir: str,
-    run_name: Optional[str],
-    fresh: bool,
-    failure_window: Optional[str],
-    crash_loop: int,
-    max_preemptions: int,
-    backoff: str,
-    max_backoff: str,
-    lease: str,
-    storage_timeout: str,
-    nnodes: Optional[str],
-    node_rank: Optional[int],
-    rdzv_endpoint: Optional[str],
-    rdzv_id: Optional[str],
-    rdzv_backend: str,
-    rdzv_conf: Optional[str],
-    join_timeout: str,
-    node_timeout: str,
-    script: str,
-    script_args: Sequence[str],
-    chaos: Optional[str] = None,
-    chaos_counts: bool = False,
-    environ: Optional[Mapping[str, str]] = None,
+    options: Mapping[str, Any], environ: Optional[Mapping[str, str]] = None
 ) -> LaunchConfig:
-    if module and no_python:
+    """``options``: the command's parameters as click parsed them (named as declared above);
+    what they leave unsaid is derived in ``config.place``."""
+    o = options
+    if o["module"] and o["no_python"]:
         raise UsageError("--module and --no-python exclude each other")
     gpus = visible_gpu_count()
-    procs = _parse_nproc(nproc, gpus)
-    kind = EntryKind.MODULE if module else EntryKind.EXECUTABLE if no_python else EntryKind.SCRIPT
-    slurm = slurm_step(os.environ if environ is None else environ)
-    nodes = _parse_nnodes(nnodes) if nnodes is not None else slurm.nnodes if slurm else 1
-    if node_rank is None:
-        node_rank = slurm.node_rank if slurm and nodes > 1 else 0
-    if rdzv_endpoint is None:
-        rdzv_endpoint = slurm.rdzv_endpoint if slurm and nodes > 1 else ""
-    if run_name is None and slurm is not None:  # the job id survives requeues; the command may not
-        run_name = f"{default_run_name(kind, script, script_args).rsplit('-', 1)[0]}-job{slurm.job_id}"
-    name = _check_run_name(run_name or default_run_name(kind, script, script_args))
-    run_url = join_run_url(run_dir, name)
-    local = "://" not in run_url or run_url.startswith("file://")
-    run_id = run_id or f"{name}-{hashlib.sha1(run_url.encode()).hexdigest()[:8]}"
-    if log_dir is None:  # logs are written by this node: on the run dir only when it is local
-        log_dir = Path(run_url.replace("file://", "")) / "logs" if local else Path("ftlaunch_logs") / name
-    if nodes > 1:  # each node's logs and events under its own name
-        log_dir = log_dir / f"node{node_rank}"
-    if master_addr is None:
-        master_addr = rdzv_endpoint.rpartition(":")[0].strip("[]") if nodes > 1 else "127.0.0.1"
+    procs = _parse_nproc(o["nproc"], gpus)
+    kind = EntryKind.MODULE if o["module"] else EntryKind.EXECUTABLE if o["no_python"] else EntryKind.SCRIPT
+    entry = EntrySection(o["script"], tuple(o["script_args"]), kind)
+    at = place(
+        entry,
+        o["run_dir"],
+        run_name=o["run_name"],
+        run_id=o["run_id"],
+        log_dir=o["log_dir"],
+        nnodes=_parse_nnodes(o["nnodes"]) if o["nnodes"] is not None else None,
+        node_rank=o["node_rank"],
+        rdzv_endpoint=o["rdzv_endpoint"],
+        master_addr=o["master_addr"],
+        slurm=slurm_step(os.environ if environ is None else environ),
+    )
     return LaunchConfig(
-        entry=EntrySection(script, tuple(script_args), kind),
+        entry=entry,
         group=GroupSection(
             nproc=procs,
-            backend=resolve_backend(backend, procs, gpus),
-            log_dir=log_dir,
-            grace_period=grace_period,
-            fork_server=fork_server and kind is not EntryKind.EXECUTABLE,
-            preempt_signal=int(signal.Signals[f"SIG{preempt_signal.upper()}"]),
-            master_addr=master_addr,
-            master_port=master_port,
-            console_ranks=_parse_ranks(console_ranks),
-            checkpoint_url=checkpoint_dir or f"{run_url}/checkpoints",
+            backend=resolve_backend(o["backend"], procs, gpus),
+            log_dir=at.log_dir,
+            grace_period=o["grace_period"],
+            fork_server=o["fork_server"] and kind is not EntryKind.EXECUTABLE,
+            preempt_signal=int(signal.Signals[f"SIG{o['preempt_signal'].upper()}"]),
+            master_addr=at.master_addr,
+            master_port=o["master_port"],
+            console_ranks=_parse_ranks(o["console_ranks"]),
+            checkpoint_url=o["checkpoint_dir"] or f"{at.run_url}/checkpoints",
         ),
         restart=RestartSection(
-            max_failures=max_failures,
-            failure_window=parse_duration(failure_window, "--failure-window") if failure_window else None,
-            crash_loop=crash_loop,
-            max_preemptions=max_preemptions,
-            backoff=parse_duration(backoff, "--backoff"),
-            backoff_cap=parse_duration(max_backoff, "--max-backoff"),
+            max_failures=o["max_failures"],
+            failure_window=_duration(o, "failure_window", "--failure-window"),
+            crash_loop=o["crash_loop"],
+            max_preemptions=o["max_preemptions"],
+            backoff=_duration(o, "backoff", "--backoff"),
+            backoff_cap=_duration(o, "max_backoff", "--max-backoff"),
         ),
         hangs=HangSection(
-            init_timeout=parse_duration(init_timeout, "--init-timeout"),
-            heartbeat_timeout=_parse_heartbeat_timeout(heartbeat_timeout),
-            heartbeat_floor=parse_duration(heartbeat_floor, "--heartbeat-floor"),
+            init_timeout=_duration(o, "init_timeout", "--init-timeout"),
+            heartbeat_timeout=_parse_heartbeat_timeout(o["heartbeat_timeout"]),
+            heartbeat_floor=_duration(o, "heartbeat_floor", "--heartbeat-floor"),
         ),
         run=RunSection(
-            url=run_url,
-            name=name,
-            run_id=run_id,
-            fresh=fresh,
-            lease=parse_duration(lease, "--lease"),
-            storage_timeout=parse_duration(storage_timeout, "--storage-timeout"),
+            url=at.run_url,
+            name=at.run_name,
+            run_id=at.run_id,
+            fresh=o["fresh"],
+            lease=_duration(o, "lease", "--lease"),
+            storage_timeout=_duration(o, "storage_timeout", "--storage-timeout"),
         ),
         cluster=ClusterSection(
-            nnodes=nodes,
-            node_rank=node_rank,
-            rdzv_endpoint=rdzv_endpoint if nodes > 1 else "",
-            rdzv_id=rdzv_id or "",
-            rdzv_conf=_parse_rdzv_conf(rdzv_conf),
-            join_timeout=parse_duration(join_timeout, "--join-timeout"),
-            node_timeout=parse_duration(node_timeout, "--node-timeout"),
+            nnodes=at.nnodes,
+            node_rank=at.node_rank,
+            rdzv_endpoint=at.rdzv_endpoint,
+            rdzv_id=o["rdzv_id"] or "",
+            rdzv_conf=_parse_rdzv_conf(o["rdzv_conf"]),
+            join_timeout=_duration(o, "join_timeout", "--join-timeout"),
+            node_timeout=_duration(o, "node_timeout", "--node-timeout"),
         ),
-        chaos=ChaosSection(_parse_chaos(chaos, run_id, nodes) if chaos else None, chaos_counts),
+        chaos=ChaosSection(
+            _parse_chaos(o["chaos"], at.run_id, at.nnodes) if o["chaos"] else None, o["chaos_counts"]
+        ),
     )
+
+
+def options_of(argv: Sequence[str]) -> Dict[str, Any]:
+    """The parameters click parses from a command line (defaults and FTLAUNCH_* included): what
+    ``config_from_options`` takes, for tools and tests."""
+    with cli.make_context("ftlaunch", list(argv), auto_envvar_prefix=ENV_PREFIX) as context:
+        return dict(context.params)
+
+
+def _duration(options: Mapping[str, Any], name: str, option: str) -> Optional[float]:
+    value = options[name]
+    return parse_duration(value, option) if value is not None else None
 
 
 def _parse_chaos(spec: str, run_id: str, nnodes: int):
@@ -421,12 +392,6 @@ def _parse_chaos(spec: str, run_id: str, nnodes: int):
 
     seed = zlib.crc32(run_id.encode()) if nnodes > 1 else secrets.randbelow(2**31)
     return parse_chaos(spec, seed)
-
-
-def _check_run_name(name: str) -> str:
-    if not name or name in (".", "..") or "/" in name or any(ch.isspace() for ch in name):
-        raise UsageError(f"--run-name must be a plain name (no '/', no spaces), got {name!r}")
-    return name
 
 
 def _parse_heartbeat_timeout(value: str) -> Optional[float]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import FrozenSet, Optional, Sequence, Tuple
 
 from launcher.chaos.spec import ChaosPlan
+from launcher.cluster.slurm import SlurmStep
 from launcher.errors import UsageError
 from worker_lib.backend import choose_backend
 
@@ -25,9 +26,12 @@ __all__ = [
     "GroupSection",
     "HangSection",
     "LaunchConfig",
+    "Placement",
     "RestartSection",
     "RunSection",
     "default_run_name",
+    "join_run_url",
+    "place",
     "resolve_backend",
     "visible_gpu_count",
 ]
@@ -317,6 +321,68 @@ class LaunchConfig:
         data["rdzv_conf"] = dict(self.cluster.rdzv_conf)
         data["chaos"] = str(self.chaos.plan) if self.chaos.plan is not None else None
         return data
+
+
+def join_run_url(run_dir: str, name: str) -> str:
+    """<run-dir>/<name>; a local run dir becomes absolute, so a relaunch from elsewhere finds it."""
+    if "://" in run_dir:
+        return f"{run_dir.rstrip('/')}/{name}"
+    return str(Path(run_dir).expanduser().resolve() / name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """What the options left unsaid, derived: which run this is, where its logs go, and how this
+    node joins the others (from SLURM's environment under srun)."""
+
+    run_name: str
+    run_url: str
+    run_id: str
+    log_dir: Path
+    nnodes: int
+    node_rank: int
+    rdzv_endpoint: str  # "" for one node
+    master_addr: str
+
+
+def place(
+    entry: EntrySection,
+    run_dir: str,
+    run_name: Optional[str] = None,
+    run_id: Optional[str] = None,
+    log_dir: Optional[Path] = None,
+    nnodes: Optional[int] = None,
+    node_rank: Optional[int] = None,
+    rdzv_endpoint: Optional[str] = None,
+    master_addr: Optional[str] = None,
+    slurm: Optional[SlurmStep] = None,
+) -> Placement:
+    """Each argument left None is derived; flags always win over SLURM's environment."""
+    nodes = nnodes if nnodes is not None else slurm.nnodes if slurm else 1
+    if node_rank is None:
+        node_rank = slurm.node_rank if slurm and nodes > 1 else 0
+    if rdzv_endpoint is None:
+        rdzv_endpoint = slurm.rdzv_endpoint if slurm and nodes > 1 else ""
+    if run_name is None and slurm is not None:  # the job id survives requeues; the command may not
+        run_name = f"{entry.default_run_name.rsplit('-', 1)[0]}-job{slurm.job_id}"
+    name = _check_run_name(run_name or entry.default_run_name)
+    run_url = join_run_url(run_dir, name)
+    local = "://" not in run_url or run_url.startswith("file://")
+    run_id = run_id or f"{name}-{hashlib.sha1(run_url.encode()).hexdigest()[:8]}"
+    if log_dir is None:  # logs are written by this node: on the run dir only when it is local
+        log_dir = Path(run_url.replace("file://", "")) / "logs" if local else Path("ftlaunch_logs") / name
+    if nodes > 1:  # each node's logs and events under its own name
+        log_dir = log_dir / f"node{node_rank}"
+    if master_addr is None:
+        master_addr = rdzv_endpoint.rpartition(":")[0].strip("[]") if nodes > 1 else "127.0.0.1"
+    endpoint = rdzv_endpoint if nodes > 1 else ""
+    return Placement(name, run_url, run_id, log_dir, nodes, node_rank, endpoint, master_addr)
+
+
+def _check_run_name(name: str) -> str:
+    if not name or name in (".", "..") or "/" in name or any(ch.isspace() for ch in name):
+        raise UsageError(f"--run-name must be a plain name (no '/', no spaces), got {name!r}")
+    return name
 
 
 def default_run_name(kind: EntryKind, entrypoint: str, script_args: Sequence[str]) -> str:

@@ -13,11 +13,12 @@ from typing import Any, Dict, List, Optional
 import click
 
 from launcher.beats import NodeRow, ProgressRow
+from launcher.config import join_run_url
 from launcher.errors import UsageError
 from launcher.failures import seconds
 from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.runs.checkpoints import CheckpointDir
-from launcher.runs.directory import PROGRESS_FILE, HolderState, RunDir, join_run_url
+from launcher.runs.directory import PROGRESS_FILE, HolderState, RunDir
 from launcher.runs.records import RunState
 
 __all__ = ["status_cli", "run_status"]

@@ -16,7 +16,6 @@ import os
 import socket
 import time
 import uuid
-from pathlib import Path
 from typing import Any, List, Optional
 
 import psutil
@@ -30,7 +29,6 @@ __all__ = [
     "Holder",
     "HolderState",
     "RunDir",
-    "join_run_url",
     "STATE_FILE",
     "EVENTS_FILE",
     "LOCK_FILE",
@@ -110,13 +108,6 @@ class Holder:
     def describe(self, now: float) -> str:
         age = now - self.renewed_at
         return f"{self.host} pid {self.pid} (lease renewed {age:.0f} s ago, lasts {self.lease:g} s)"
-
-
-def join_run_url(run_dir: str, name: str) -> str:
-    """<run-dir>/<name>; a local run dir becomes absolute, so a relaunch from elsewhere finds it."""
-    if "://" in run_dir:
-        return f"{run_dir.rstrip('/')}/{name}"
-    return str(Path(run_dir).expanduser().resolve() / name)
 
 
 class RunDir:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from launcher.cli import config_from_options
+from launcher.cli import config_from_options, options_of
 from launcher.cluster.slurm import expand_hostlist, slurm_step
 from launcher.errors import UsageError
 
@@ -54,52 +54,14 @@ def test_more_than_one_task_per_node_is_refused():
         slurm_step({**STEP, "SLURM_STEP_NUM_TASKS": "24"})
 
 
-def _options(**overrides):
-    options = dict(
-        nproc="1",
-        module=False,
-        no_python=False,
-        max_failures=3,
-        backend="auto",
-        log_dir=None,
-        grace_period=5.0,
-        fork_server=True,
-        preempt_signal="USR1",
-        run_id=None,
-        master_addr=None,
-        master_port=0,
-        console_ranks=None,
-        checkpoint_dir=None,
-        heartbeat_timeout="auto",
-        init_timeout="15m",
-        heartbeat_floor="2m",
-        run_dir="runs",
-        run_name=None,
-        fresh=False,
-        failure_window=None,
-        crash_loop=3,
-        max_preemptions=-1,
-        backoff="1s",
-        max_backoff="1m",
-        lease="60s",
-        storage_timeout="20s",
-        nnodes=None,
-        node_rank=None,
-        rdzv_endpoint=None,
-        rdzv_id=None,
-        rdzv_backend="c10d",
-        rdzv_conf=None,
-        join_timeout="10m",
-        node_timeout="15s",
-        script="train.py",
-        script_args=("--lr", "1"),
-    )
-    return {**options, **overrides}
+def _options(*flags: str) -> dict:
+    """The command's parameters for ``ftlaunch FLAGS train.py --lr 1``, as click parses them."""
+    return options_of([*flags, "--run-dir", "runs", "train.py", "--lr", "1"])
 
 
 def test_under_srun_no_flag_is_needed(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    config = config_from_options(**_options(environ=STEP))
+    config = config_from_options(_options(), environ=STEP)
     assert (config.cluster.nnodes, config.cluster.node_rank, config.cluster.rdzv_endpoint) == (
         3,
         2,
@@ -107,20 +69,20 @@ def test_under_srun_no_flag_is_needed(monkeypatch):
     )
     assert config.run.name == "train-job4242"  # stable across requeues of the job
     assert config.group.master_addr == "gpu007" and str(config.group.log_dir).endswith("logs/node2")
-    explicit = config_from_options(**_options(environ=STEP, nnodes="1", run_name="mine"))
+    explicit = config_from_options(_options("--nnodes", "1", "--run-name", "mine"), environ=STEP)
     assert explicit.cluster.nnodes == 1 and explicit.run.name == "mine"  # flags win over SLURM
 
 
 @pytest.mark.parametrize(
-    "overrides, message",
+    "flags, message",
     [
-        ({"nnodes": "2"}, "--rdzv-endpoint HOST:PORT"),
-        ({"nnodes": "1:4"}, "not supported"),
-        ({"nnodes": "2", "node_rank": 2, "rdzv_endpoint": "h:1"}, "--node-rank must be in 0..1"),
-        ({"nnodes": "2", "rdzv_endpoint": "h:1", "rdzv_conf": "color=red"}, "--rdzv-conf takes"),
-        ({"nnodes": "2", "rdzv_endpoint": "h:1", "join_timeout": "0"}, "--join-timeout"),
+        (["--nnodes", "2"], "--rdzv-endpoint HOST:PORT"),
+        (["--nnodes", "1:4"], "not supported"),
+        (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "--node-rank must be in 0..1"),
+        (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-conf", "color=red"], "--rdzv-conf takes"),
+        (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--join-timeout", "0"], "--join-timeout"),
     ],
 )
-def test_bad_node_options_are_usage_errors(overrides, message):
+def test_bad_node_options_are_usage_errors(flags, message):
     with pytest.raises(UsageError, match=message):
-        config_from_options(**_options(environ={}, **overrides))
+        config_from_options(_options(*flags), environ={})
