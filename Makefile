@@ -42,9 +42,11 @@ bench: install
 	$(PY) scripts/bench_checkpoint.py
 	$(PY) scripts/bench_heartbeat.py
 
-# The reliability matrix: every fault, 10 times, against examples/train.py (docs/reliability.md).
+# The reliability matrix: every fault, 10 times, against examples/train.py, and on 2 and 3 nodes
+# against a plain DDP script (docs/reliability.md).
 chaos: install
 	$(PY) scripts/chaos_matrix.py --trials 10
+	$(PY) scripts/chaos_nodes.py --trials 10
 
 lint: install
 	$(VENV)/bin/ruff check $(LINTED)

@@ -1,0 +1,371 @@
+"""The reliability matrix on many nodes: a node's supervisor killed or stopped at any moment of the
+protocol, on loopback, while every rank is in real DDP collectives.
+
+    python scripts/chaos_nodes.py [--trials 10] [--seed N] [--nodes 2,3] [--faults follower-kill,...]
+
+The subject is tests/scripts/ddp_plain.py (no worker_lib: what a torchrun user brings), one rank
+per node, each step a real all-reduce over gloo, its own torch.save checkpoint every 10 steps;
+one ftlaunch per node, --node-timeout 3 s. Each trial draws its moment from the seed: anywhere
+from the launch (the nodes still meeting) to well into the training. A trial passes when every
+node exits 0 (after the relaunch the fault calls for), the final weights equal a fault-free run's
+bit for bit, and no process is left. A trial that does not end within its time is stopped with
+SIGTERM, and the table says whether every node answered it (``deaf``: one did not).
+"""
+
+import argparse
+import dataclasses
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+DDP = ROOT / "tests" / "scripts" / "ddp_plain.py"
+MARKER = "FTLAUNCH_CHAOS_NODES_MARKER"
+NODE_TIMEOUT_S = 3.0
+STEPS = 300  # 0.03 s each: about 10 s of training after 3-4 s of start-up
+_TRIAL_TIMEOUT_S = 240.0
+_ANSWER_S = 30.0  # how long a node may take to end on SIGTERM
+
+
+@dataclasses.dataclass
+class Trial:
+    landed: bool = False  # the fault was delivered while the job ran
+    recovered: bool = False  # every node exited 0
+    identical: bool = False  # the final weights equal the fault-free run's
+    left: int = 0  # processes of the trial alive after it
+    deaf: int = 0  # nodes that did not end on SIGTERM (only asked when the trial did not end)
+    note: str = ""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class NodeJob:
+    """One job: ``nnodes`` ftlaunch processes on loopback, each in a session of its own."""
+
+    def __init__(self, work: Path, nnodes: int) -> None:
+        self.work, self.nnodes = work, nnodes
+        self.work.mkdir(parents=True)
+        self.endpoint = f"127.0.0.1:{_free_port()}"
+        self.marker = uuid.uuid4().hex
+        self.procs: Dict[int, subprocess.Popen] = {}
+        self.launches = 0
+
+    @property
+    def out(self) -> Path:
+        return self.work / "out.pt"
+
+    def start(self, node: int) -> subprocess.Popen:
+        self.launches += 1
+        argv = [
+            sys.executable, "-m", "launcher", "--nproc", "1", "--nnodes", str(self.nnodes),
+            "--node-rank", str(node), "--rdzv-endpoint", self.endpoint,
+            "--node-timeout", f"{NODE_TIMEOUT_S:g}s", "--max-failures", "10",
+            "--run-dir", str(self.work / "runs"), "--run-name", "job",
+            "--log-dir", str(self.work / f"logs_{self.launches}"),
+            str(DDP), "--steps", str(STEPS), "--step-time", "0.03", "--ckpt", str(self.work / "own.ckpt"),
+            "--out", str(self.out),
+        ]  # fmt: skip
+        env = {**os.environ, MARKER: self.marker, "PYTHONPATH": str(ROOT)}
+        with open(self.work / f"node{node}_{self.launches}.log", "w") as log:
+            proc = subprocess.Popen(
+                argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.procs[node] = proc
+        return proc
+
+    def start_all(self) -> "NodeJob":
+        for node in range(self.nnodes):
+            self.start(node)
+        return self
+
+    def wait(self, deadline: float) -> Dict[int, Optional[int]]:
+        """Each node's exit code; None for one still running at ``deadline`` (monotonic)."""
+        codes = {}
+        for node, proc in self.procs.items():
+            try:
+                codes[node] = proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                codes[node] = None
+        return codes
+
+    def stop_the_rest(self) -> int:
+        """SIGTERM to every node still running; the number of nodes that did not end within
+        ``_ANSWER_S`` (those are killed)."""
+        running = [proc for proc in self.procs.values() if proc.poll() is None]
+        for proc in running:
+            os.kill(proc.pid, signal.SIGCONT)  # a stopped one acts on SIGTERM only once continued
+            proc.send_signal(signal.SIGTERM)
+        deaf = 0
+        for proc in running:
+            try:
+                proc.wait(_ANSWER_S)
+            except subprocess.TimeoutExpired:
+                deaf += 1
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        return deaf
+
+    def worker_of(self, node: int) -> Optional[psutil.Process]:
+        """The rank process under ``node``'s supervisor, once there is one."""
+        try:
+            for child in psutil.Process(self.procs[node].pid).children(recursive=True):
+                if str(DDP) in " ".join(child.cmdline()) or "zygote" in " ".join(child.cmdline()):
+                    if child.environ().get("RANK") is not None or child.ppid() != self.procs[node].pid:
+                        return child
+        except psutil.Error:
+            return None
+        return None
+
+    def left_after(self, timeout: float = 10.0) -> int:
+        deadline = time.monotonic() + timeout
+        while self._processes() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = self._processes()
+        for proc in left:
+            proc.kill()
+        return len(left)
+
+    def _processes(self) -> List[psutil.Process]:
+        found = []
+        for proc in psutil.process_iter(["pid"]):
+            try:
+                if proc.environ().get(MARKER) == self.marker and proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(proc)
+            except psutil.Error:
+                pass
+        return found
+
+
+# -- the faults: each acts on a running job and says whether it landed ----------------------------
+
+
+def _moment(rng: random.Random) -> float:
+    """Seconds after the launch: from the nodes' meeting (the first 2-4 s) well into the training."""
+    return rng.uniform(0.0, 9.0)
+
+
+def _kill_supervisor(
+    node_of: Callable[[NodeJob, random.Random], int], relaunch_after: Callable[[random.Random], float]
+):
+    def fault(job: NodeJob, rng: random.Random) -> Trial:
+        node = node_of(job, rng)
+        time.sleep(_moment(rng))
+        proc = job.procs[node]
+        landed = proc.poll() is None
+        if landed:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        time.sleep(relaunch_after(rng))
+        job.start(node)
+        return Trial(landed=landed, note="" if landed else "the node had ended before the kill")
+
+    return fault
+
+
+def _stop_supervisor(low: float, high: float):
+    """SIGSTOP of a random node's supervisor for ``low``..``high`` x --node-timeout, then SIGCONT."""
+
+    def fault(job: NodeJob, rng: random.Random) -> Trial:
+        node = rng.randrange(job.nnodes)
+        time.sleep(_moment(rng))
+        proc = job.procs[node]
+        landed = proc.poll() is None
+        if landed:
+            os.kill(proc.pid, signal.SIGSTOP)
+            time.sleep(rng.uniform(low, high) * NODE_TIMEOUT_S)
+            os.kill(proc.pid, signal.SIGCONT)
+        return Trial(landed=landed, note="" if landed else "the node had ended before the stop")
+
+    return fault
+
+
+def _kill_worker(job: NodeJob, rng: random.Random) -> Trial:
+    """kill -9 of the rank on a follower, once it runs."""
+    node = rng.randrange(1, job.nnodes)
+    time.sleep(_moment(rng))
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        worker = job.worker_of(node)
+        if worker is not None:
+            try:
+                worker.kill()
+                return Trial(landed=True)
+            except psutil.Error:
+                pass
+        time.sleep(0.05)
+    return Trial(note="no worker of the follower was found to kill")
+
+
+def _follower(job: NodeJob, rng: random.Random) -> int:
+    return rng.randrange(1, job.nnodes)
+
+
+def _leader(job: NodeJob, rng: random.Random) -> int:
+    return 0
+
+
+def _at_once(rng: random.Random) -> float:
+    return 0.0
+
+
+def _late(rng: random.Random) -> float:
+    return rng.uniform(2.0, 4.0) * NODE_TIMEOUT_S  # long after the others found it lost
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    words: str
+    trial: Callable[[NodeJob, random.Random], Trial]
+
+
+FAULTS = {
+    "follower-kill": Fault(
+        "a follower's supervisor kill -9, relaunched at once", _kill_supervisor(_follower, _at_once)
+    ),
+    "follower-kill-late": Fault(
+        "a follower's supervisor kill -9, relaunched late", _kill_supervisor(_follower, _late)
+    ),
+    "leader-kill": Fault(
+        "node 0's supervisor kill -9, relaunched at once", _kill_supervisor(_leader, _at_once)
+    ),
+    "leader-kill-late": Fault(
+        "node 0's supervisor kill -9, relaunched late", _kill_supervisor(_leader, _late)
+    ),
+    "stop-short": Fault("a supervisor stopped for less than --node-timeout", _stop_supervisor(0.2, 0.6)),
+    "stop-long": Fault("a supervisor stopped for more than --node-timeout", _stop_supervisor(1.5, 3.0)),
+    "worker-kill": Fault("a follower's worker kill -9", _kill_worker),
+}
+
+
+class Matrix:
+    """The trials of one job size: its fault-free run, its folder."""
+
+    def __init__(self, nnodes: int, work: Path) -> None:
+        self.nnodes = nnodes
+        self.work = work / f"{nnodes}-nodes"
+
+    def __enter__(self) -> "Matrix":
+        import torch
+
+        reference = NodeJob(self.work / "reference", self.nnodes).start_all()
+        codes = reference.wait(time.monotonic() + _TRIAL_TIMEOUT_S)
+        deaf = reference.stop_the_rest()
+        left = reference.left_after()
+        if any(code != 0 for code in codes.values()) or left or deaf or not reference.out.exists():
+            raise RuntimeError(
+                f"the fault-free run failed (exit codes {codes}, {left} left); see {reference.work}"
+            )
+        self.expected = torch.load(reference.out)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def run_fault(self, fault: str, trials: int, seed: int, say=print) -> List[Trial]:
+        import torch
+
+        rng = random.Random(f"{seed}/{self.nnodes}/{fault}")
+        results = []
+        for number in range(trials):
+            job = NodeJob(self.work / f"{fault}_{number}", self.nnodes).start_all()
+            try:
+                trial = FAULTS[fault].trial(job, rng)
+                codes = job.wait(time.monotonic() + _TRIAL_TIMEOUT_S)
+                trial.recovered = all(code == 0 for code in codes.values())
+                if None in codes.values():
+                    trial.note = (
+                        trial.note + "; " if trial.note else ""
+                    ) + f"still running after {_TRIAL_TIMEOUT_S:g} s"
+            finally:
+                trial.deaf = job.stop_the_rest()
+                trial.left = job.left_after()
+            if trial.recovered and job.out.exists():
+                got = torch.load(job.out)
+                trial.identical = got.keys() == self.expected.keys() and all(
+                    torch.equal(got[k], self.expected[k]) for k in got
+                )
+            if trial.recovered and not trial.note:
+                trial.note = f"exit codes {codes}" if not trial.identical else ""
+            results.append(trial)
+            if passed([trial]):
+                shutil.rmtree(job.work, ignore_errors=True)
+            else:
+                say(f"  {FAULTS[fault].words}, trial {number + 1}: {trial} (kept: {job.work})")
+        return results
+
+
+def passed(trials: List[Trial]) -> bool:
+    return all(t.landed and t.recovered and t.identical and t.left == 0 and t.deaf == 0 for t in trials)
+
+
+def table(results: Dict[str, List[Trial]]) -> List[str]:
+    lines = [
+        "| fault | trials | landed | recovered | identical | left | deaf |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, trials in results.items():
+        n = len(trials)
+        recovered, identical = (
+            100 * sum(getattr(t, k) for t in trials) // n for k in ("recovered", "identical")
+        )
+        lines.append(
+            f"| {name} | {n} | {sum(t.landed for t in trials)} | {recovered}% | {identical}% | "
+            f"{sum(t.left for t in trials)} | {sum(t.deaf for t in trials)} |"
+        )
+    return lines
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trials", type=int, default=10)
+    p.add_argument("--seed", type=int, default=None, help="default: a random one (printed)")
+    p.add_argument("--nodes", default="2,3", help="job sizes, comma-separated")
+    p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {','.join(FAULTS)}")
+    args = p.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(2**31)
+    faults = [f.strip() for f in args.faults.split(",") if f.strip()]
+    unknown = [f for f in faults if f not in FAULTS]
+    if unknown:
+        raise SystemExit(f"unknown fault(s) {', '.join(unknown)}; known: {','.join(FAULTS)}")
+    trials = f"{args.trials} trial(s) per fault"
+    print(f"chaos matrix on many nodes: seed {seed}, {trials}, ddp_plain.py --steps {STEPS}")
+    work = Path(tempfile.mkdtemp(prefix="ftlaunch-chaos-nodes-"))
+    ok = True
+    for nnodes in (int(n) for n in args.nodes.split(",")):
+        started, results = time.monotonic(), {}
+        print(f"\n## {nnodes} nodes x 1 rank, tests/scripts/ddp_plain.py on loopback", flush=True)
+        with Matrix(nnodes, work) as matrix:
+            for fault in faults:
+                results[FAULTS[fault].words] = trials = matrix.run_fault(fault, args.trials, seed)
+                print(
+                    f"{FAULTS[fault].words}: {sum(passed([t]) for t in trials)}/{args.trials} passed",
+                    flush=True,
+                )
+        took = time.monotonic() - started
+        print(f"\n{time.strftime('%Y-%m-%d')}, seed {seed}, {nnodes} nodes, {took:.0f} s\n")
+        print("\n".join(table(results)), flush=True)
+        ok = ok and all(passed(t) for t in results.values())
+    if ok:
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        print(f"\nnot every row passed; failed trials are kept under {work}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
