@@ -34,9 +34,12 @@ def test_a_forked_worker_sees_what_a_new_interpreter_sees(launcher, tmp_path):
     assert "fork server off" not in fork_run.stderr
     for ours, theirs in zip(_probes(forked, 0), _probes(spawned, 0)):
         assert ours["forked"] and not theirs["forked"]  # the fork server really served
-        assert ours["gc_frozen"]
         same = ["name", "path0", "cwd", "own_session", "stdin", "usr1", "sigint", "stdout", "torch_threads"]
+        same += ["file", "loader", "spec"]  # an absolute __file__, a source loader, no spec
         assert {k: ours[k] for k in same} == {k: theirs[k] for k in same}
+        # ps shows the script's command line, and /proc/PID/environ the rank's variables
+        for probe in (ours, theirs):
+            assert probe["cmdline"][1:] == ["-u", PROBE, *probe["argv"][1:]] and probe["environ_rank"]
         assert ours["argv"][0] == theirs["argv"][0] == PROBE and ours["argv"][2:] == args
         assert ours["ppid"] == fork_run.proc.pid  # the supervisor's child, as a spawned worker is
     assert ours["name"] == "__main__" and ours["usr1"] == "ignored" and ours["stdin"] == "/dev/null"
@@ -105,24 +108,27 @@ def test_an_import_that_leaves_a_thread_falls_back(launcher, tmp_path):
 
 def test_a_module_that_reads_its_rank_at_import_sees_its_own(launcher, tmp_path):
     """The script's own modules are not run in the zygote (their imports are), and a library
-    that reads a rank's variable at import finds none there: no rank ever sees rank 0's value."""
+    that reads a rank's variable at import, with or without a default (Lightning's
+    rank_zero_only reads RANK with one), turns the fork server off, said in one line: no rank
+    ever sees rank 0's value, or the default, for its own."""
     lib = tmp_path / "lib"
     lib.mkdir()
-    reads = "import os\nRANK = os.environ['RANK']\n"
-    (lib / "lib_reads_rank.py").write_text(reads)
-    (tmp_path / "own_reads_rank.py").write_text("import json\n" + reads)
-    show = "print('{0}', {0}_reads_rank.RANK, 'env', os.environ['RANK'], flush=True)\n"
-    for kind in ("own", "lib"):
-        source = f"import os\nimport {kind}_reads_rank\n" + show.format(kind)
-        (tmp_path / f"show_{kind}.py").write_text(source)
+    reads = {"own": "os.environ['RANK']", "lib": "os.environ['RANK']", "dflt": "os.environ.get('RANK', '0')"}
+    for kind, read in reads.items():
+        folder = tmp_path if kind == "own" else lib
+        (folder / f"{kind}_reads_rank.py").write_text(f"import os\nRANK = {read}\n")
+        show = f"print('{kind}', {kind}_reads_rank.RANK, 'env', os.environ['RANK'], flush=True)\n"
+        (tmp_path / f"show_{kind}.py").write_text(f"import os\nimport {kind}_reads_rank\n" + show)
     own = launcher.run("--nproc", "2", "--run-name", "own", str(tmp_path / "show_own.py"))
     assert own.proc.returncode == 0 and "fork server off" not in own.stderr, own.stderr
     assert "[0] own 0 env 0" in own.stdout and "[1] own 1 env 1" in own.stdout
-    lib_run = launcher.run("--nproc", "2", str(tmp_path / "show_lib.py"), env={"PYTHONPATH": str(lib)})
-    assert lib_run.proc.returncode == 0, lib_run.stderr
-    assert "fork server off: it could not import lib_reads_rank (KeyError: 'RANK')" in lib_run.stderr
-    assert "[0] lib 0 env 0" in lib_run.stdout and "[1] lib 1 env 1" in lib_run.stdout
-    assert own.survivors() == [] and lib_run.survivors() == []
+    for kind in ("lib", "dflt"):
+        run = launcher.run("--nproc", "2", str(tmp_path / f"show_{kind}.py"), env={"PYTHONPATH": str(lib)})
+        assert run.proc.returncode == 0, run.stderr
+        said = f"fork server off: importing {kind}_reads_rank reads RANK (a rank's own) at import"
+        assert said in run.stderr, run.stderr
+        assert f"[0] {kind} 0 env 0" in run.stdout and f"[1] {kind} 1 env 1" in run.stdout
+    assert all(launch.survivors() == [] for launch in launcher.launches)
 
 
 def test_a_dead_zygote_falls_back_and_the_run_goes_on(launcher, tmp_path):
@@ -164,3 +170,73 @@ def test_a_command_line_and_environment_too_large_for_the_fork_server_are_said_a
     assert launch.proc.returncode == 0, launch.stderr
     assert "more than one request to it can carry" in launch.stderr, launch.stderr
     assert launch.survivors() == []
+
+
+def test_a_librarys_random_stream_made_at_import_differs_per_rank_and_attempt(launcher, tmp_path):
+    """`_rng = random.Random()` in a library, made while the zygote imports it: a new interpreter
+    would seed each rank's from the OS, and so must each fork."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "lib_rng.py").write_text("import random\nRNG = random.Random()\nSEEDED = random.Random(7)\n")
+    script = tmp_path / "draw.py"
+    script.write_text(
+        "import os, sys\nimport lib_rng\n"
+        "rank, attempt = os.environ['RANK'], os.environ['TORCHELASTIC_RESTART_COUNT']\n"
+        "print('draw', rank, attempt, lib_rng.RNG.random(), lib_rng.SEEDED.random(), flush=True)\n"
+        "sys.exit(1 if (rank, attempt) == ('1', '0') else 0)\n"
+    )
+    launch = launcher.run("--nproc", "2", "--max-failures", "1", str(script), env={"PYTHONPATH": str(lib)})
+    assert launch.proc.returncode == 0 and "fork server off" not in launch.stderr, launch.stderr
+    draws = re.findall(r"draw (\d) (\d) (\S+) (\S+)", launch.stdout)
+    assert len(draws) == 4, launch.stdout
+    assert len({d[2] for d in draws}) == 4  # no two ranks or attempts share the OS-seeded stream
+    assert len({d[3] for d in draws}) == 1  # a seeded one is the same everywhere, as it would be
+    assert launch.survivors() == []
+
+
+def test_a_package_of_the_scripts_own_tree_is_never_taken_from_an_installed_copy(launcher, tmp_path):
+    """repo/scripts/train.py puts repo on sys.path and imports repo/mypkg, while an older mypkg
+    is installed: warm, the zygote would import the installed one for every worker. Without the
+    installed copy, the same layout keeps the fork server on."""
+    repo, installed = tmp_path / "repo", tmp_path / "site"
+    for folder, version in ((repo / "mypkg", "new"), (installed / "mypkg", "old")):
+        folder.mkdir(parents=True)
+        (folder / "__init__.py").write_text(f"VERSION = {version!r}\n")
+    (repo / "scripts").mkdir()
+    script = repo / "scripts" / "train.py"
+    script.write_text(
+        "import os, sys\nsys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))\n"
+        "import mypkg\nprint('version', mypkg.VERSION, flush=True)\n"
+    )
+    stale = launcher.run(
+        "--nproc", "2", "--run-name", "stale", str(script), env={"PYTHONPATH": str(installed)}
+    )
+    alone = launcher.run("--nproc", "2", "--run-name", "alone", str(script))
+    for launch in (stale, alone):
+        assert launch.proc.returncode == 0 and "fork server off" not in launch.stderr, launch.stderr
+        assert launch.stdout.count("version new") == 2, launch.stdout
+    assert all(launch.survivors() == [] for launch in launcher.launches)
+
+
+def test_a_forked_scripts_traceback_is_the_one_a_new_interpreter_prints(launcher, tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text("def inner():\n    raise ValueError('from the script')\n\n\ninner()\n")
+    frames = {}
+    for mode in ("--fork-server", "--no-fork-server"):
+        launch = launcher.run(
+            "--nproc", "1", "--max-failures", "0", "--run-name", mode[2:], mode, str(script)
+        )
+        assert launch.proc.returncode == 1, launch.stderr
+        assert "fork server off" not in launch.stderr, launch.stderr
+        log = (launch.log_dir / "attempt_0" / "rank_0.log").read_text()
+        frames[mode] = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', log)
+        assert "ValueError: from the script" in log
+    assert (
+        frames["--fork-server"]
+        == frames["--no-fork-server"]
+        == [
+            (str(script), "5", "<module>"),
+            (str(script), "2", "inner"),
+        ]
+    )
+    assert all(launch.survivors() == [] for launch in launcher.launches)

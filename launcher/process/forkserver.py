@@ -99,6 +99,7 @@ class ForkServer:
             "script": "" if module else self._entry.entrypoint,
             "module": self._entry.entrypoint if module else "",
             "supervisor": os.getpid(),
+            "rank_vars": list(_PER_WORKER),
         }
         self._log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self._log_file, "ab") as out, theirs:
@@ -119,6 +120,12 @@ class ForkServer:
         """Wait until the launched zygote has imported everything; ForkServerUnavailable when it
         cannot serve (a module that fails to import, a thread left behind, a death)."""
         ready = self._receive(timeout, "start", go_on)
+        if ready.get("reads"):  # first: a failed import of such a module says less
+            name, read = next(iter(ready["reads"].items()))
+            raise ForkServerUnavailable(
+                f"importing {name} reads {', '.join(read)} (a rank's own) at import: made once for "
+                "every rank, it would keep one value for all"
+            )
         if ready["failed"]:
             name, why = next(iter(ready["failed"].items()))
             raise ForkServerUnavailable(f"it could not import {name} ({why})")

@@ -1,4 +1,4 @@
-"""The two Linux process controls ftlaunch relies on, through prctl(2)."""
+"""The Linux process controls ftlaunch relies on: prctl(2), and what a process shows of itself."""
 
 import ctypes
 import ctypes.util
@@ -6,10 +6,13 @@ import os
 import signal
 from typing import Callable, Sequence
 
-__all__ = ["become_subreaper", "die_with_parent", "ignoring", "set_parent_death_signal"]
+__all__ = ["become_subreaper", "die_with_parent", "ignoring", "set_parent_death_signal", "show_as"]
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 _PR_SET_CHILD_SUBREAPER = 36
+# /proc/PID/stat's fields (counted from 1) that bound the command line and the environment.
+_ARG_START, _ENV_END = 48, 51
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _prctl = _libc.prctl
@@ -58,3 +61,36 @@ def die_with_parent(sig: int = signal.SIGKILL, ignore: Sequence[int] = ()) -> Ca
             os._exit(1)
 
     return _in_child
+
+
+def show_as(name: str, argv: Sequence[str], environ: Sequence[str]) -> None:
+    """What ps, top and /proc/PID/{comm,cmdline,environ} show of this process: a worker forked
+    from the fork server looks like the script it runs, with its rank's variables, not like the
+    fork server. The command line and the environment are written over the memory the kernel
+    shows them from (as setproctitle does), each cut at a whole entry to the room it has;
+    ``environ``: ``KEY=VALUE`` entries, those to keep first. Cosmetic: where the kernel refuses
+    (a hardened /proc), nothing changes."""
+    buffer = ctypes.create_string_buffer(name.encode()[:15])
+    _prctl(_PR_SET_NAME, ctypes.cast(buffer, ctypes.c_void_p).value or 0, 0, 0, 0)
+    try:
+        with open("/proc/self/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        # fields[0] is field 3 (the state): field N is fields[N - 3]
+        arg_start, arg_end, env_start, env_end = (int(f) for f in fields[_ARG_START - 3 : _ENV_END - 2])
+        with open("/proc/self/mem", "r+b", buffering=0) as memory:
+            for start, end, entries in ((arg_start, arg_end, argv), (env_start, env_end, environ)):
+                memory.seek(start)
+                memory.write(_fitted(entries, end - start))
+    except (OSError, ValueError, IndexError):
+        pass
+
+
+def _fitted(entries: Sequence[str], room: int) -> bytes:
+    """NUL-terminated entries, as many whole ones as fit in ``room`` bytes, NUL-padded to it."""
+    data = b""
+    for entry in entries:
+        piece = entry.encode(errors="replace") + b"\0"
+        if len(data) + len(piece) > room:
+            break
+        data += piece
+    return data.ljust(room, b"\0")

@@ -28,9 +28,10 @@ import socket
 import sys
 import time
 import traceback
-from typing import Dict, List, Optional, Tuple
+import weakref
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from launcher.process.linux import set_parent_death_signal
+from launcher.process.linux import set_parent_death_signal, show_as
 
 # What every training script imports, directly or lazily at its first DDP step or process group.
 BASE_PRELOAD = (
@@ -77,17 +78,40 @@ def _imports_of(spec: dict) -> List[str]:
     if spec["script"]:
         entry = os.path.realpath(spec["script"])
         home = os.path.dirname(entry)  # sys.path[0] of `python SCRIPT`
-    else:
-        import importlib.util
+        return [name for name in warm_imports(entry, home) if not shadowable(name, home)]
+    import importlib.util
 
-        try:
-            found = importlib.util.find_spec(spec["module"])
-        except (ImportError, ValueError):
-            return []  # the worker's own `python -m` says why
-        if found is None or not found.origin:
-            return []
-        entry, home = os.path.realpath(found.origin), os.getcwd()  # sys.path[0] of `python -m`
+    try:
+        found = importlib.util.find_spec(spec["module"])
+    except (ImportError, ValueError):
+        return []  # the worker's own `python -m` says why
+    if found is None or not found.origin:
+        return []
+    entry, home = os.path.realpath(found.origin), os.getcwd()  # sys.path[0] of `python -m`
     return warm_imports(entry, home)
+
+
+_SHADOW_LEVELS = 4
+
+
+def shadowable(name: str, home: str) -> bool:
+    """Whether the script's own tree holds a package or module of that name: in a folder above
+    the script's (or its src/), where a script that puts its repository on sys.path
+    (``sys.path.insert(0, repo)``) imports it from. Warm, an installed copy of the same name
+    would be the one imported, and every worker would run it instead of the tree's."""
+    top = name.split(".")[0]
+    folder = home
+    for _ in range(_SHADOW_LEVELS):
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+        for base in (folder, os.path.join(folder, "src")):
+            if os.path.isfile(os.path.join(base, top + ".py")) or os.path.isfile(
+                os.path.join(base, top, "__init__.py")
+            ):
+                return True
+    return False
 
 
 def warm_imports(entry: str, home: str) -> List[str]:
@@ -118,17 +142,75 @@ def _local_file(name: str, home: str) -> Optional[str]:
     return None
 
 
-def preload(modules: List[str]) -> Dict[str, str]:
-    """Import each module; returns the ones that failed, with why (one line each)."""
+def preload(modules: List[str], rank_vars: Sequence[str] = ()) -> Tuple[Dict[str, str], Dict[str, List[str]]]:
+    """Import each module. Returns the ones that failed, with why (one line each), and those that
+    read one of ``rank_vars`` (a rank's own variables, absent here) while they were imported:
+    warm, such a module would keep what it read for every rank."""
     import importlib
 
-    failed = {}
+    failed, reads = {}, {}
     for name in modules:
-        try:
-            importlib.import_module(name)
-        except BaseException as err:  # noqa: BLE001 - a script's import may raise anything, even SystemExit
-            failed[name] = f"{type(err).__name__}: {err}".splitlines()[0]
-    return failed
+        with _ReadsOf(rank_vars) as read, _RandomsMade():
+            try:
+                importlib.import_module(name)
+            except BaseException as err:  # noqa: BLE001 - a script's import may raise anything, even SystemExit
+                failed[name] = f"{type(err).__name__}: {err}".splitlines()[0]
+        if read.names:
+            reads[name] = sorted(read.names)
+    return failed, reads
+
+
+# random.Random instances the zygote's imports seeded from the OS (weak references): a fresh
+# interpreter would have seeded each differently, so every worker reseeds them after the fork.
+_OS_SEEDED: List["weakref.ref"] = []
+
+
+class _RandomsMade:
+    """Records the random.Random instances seeded from the OS while it is entered (a library's
+    ``_rng = random.Random()`` at import); one with a seed of its own is the same in any process."""
+
+    def __enter__(self) -> "_RandomsMade":
+        import random
+
+        self._original = original = random.Random.__init__
+
+        def init(rng, x=None, *args, **kwargs):
+            original(rng, x, *args, **kwargs)
+            if x is None:
+                _OS_SEEDED.append(weakref.ref(rng))
+
+        random.Random.__init__ = init
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        import random
+
+        random.Random.__init__ = self._original
+
+
+class _ReadsOf:
+    """Records the reads of ``names`` in os.environ (``environ[k]``, ``.get``, ``in``,
+    ``os.getenv``) while it is entered. The class's method is wrapped, not the mapping: a module
+    that did ``from os import environ`` reads through it too."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self._watched = frozenset(names)
+        self.names: Set[str] = set()
+        self._original = os._Environ.__getitem__
+
+    def __enter__(self) -> "_ReadsOf":
+        original, watched, names = self._original, self._watched, self.names
+
+        def getitem(environ, key):
+            if key in watched:
+                names.add(key)
+            return original(environ, key)
+
+        os._Environ.__getitem__ = getitem
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        os._Environ.__getitem__ = self._original
 
 
 def _cuda_initialized() -> bool:
@@ -224,8 +306,9 @@ def _detach(supervisor: int, middle: int, ready_w: int) -> None:
         _leave(f"its parent is pid {os.getppid()}, not the supervisor {supervisor}")
 
 
-def become_worker(request: dict, fds: List[int], sock: socket.socket) -> None:
-    """The rank's stdio, environment and working directory, and fresh random streams."""
+def become_worker(request: dict, fds: List[int], sock: socket.socket, rank_vars: Sequence[str] = ()) -> None:
+    """The rank's stdio, environment and working directory, fresh random streams, and what ps
+    shows: the script's command line, the rank's variables first in its environment."""
     sock.close()
     _wire_stdio(fds)
     os.chdir(request["cwd"])
@@ -233,6 +316,10 @@ def become_worker(request: dict, fds: List[int], sock: socket.socket) -> None:
     os.environ.update(request["env"])
     _reseed()
     _apply_thread_settings()
+    env = request["env"]
+    first = [k for k in rank_vars if k in env] + [k for k in env if k not in rank_vars]
+    argv = request["argv"]
+    show_as(os.path.basename(argv[0]), argv, [f"{k}={env[k]}" for k in first])
 
 
 def _wait_for_parent_to_be(supervisor: int, middle: int) -> None:
@@ -260,8 +347,13 @@ def _wire_stdio(fds: List[int]) -> None:
 
 
 def _reseed() -> None:
-    """A fresh interpreter seeds torch's and numpy's global generators from the OS; a fork would
-    share the zygote's. Python's ``random`` reseeds itself after a fork."""
+    """A fresh interpreter seeds torch's and numpy's global generators from the OS, and so every
+    random.Random a module made at import without a seed; a fork would share the zygote's.
+    Python's own global ``random`` reseeds itself after a fork."""
+    for made in _OS_SEEDED:
+        rng = made()
+        if rng is not None:
+            rng.seed()
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.seed()
@@ -292,12 +384,33 @@ def run_main(argv: List[str]) -> None:
         if module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
-            runpy.run_path(target, run_name="__main__")
+            _run_script(target)
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as err:  # noqa: BLE001 - as the interpreter does: print it, exit 1
-        sys.excepthook(type(err), err, _script_frames(err.__traceback__))
+        # Printed from the script's first frame, as a new interpreter would; the exception itself
+        # is cut too (3.11 prints the exception's own traceback, not the one passed along).
+        trimmed = _script_frames(err.__traceback__)
+        sys.excepthook(type(err), err.with_traceback(trimmed), trimmed)
         sys.exit(1)
+
+
+def _run_script(path: str) -> None:
+    """As ``python SCRIPT`` runs it (runpy.run_path does not quite): the code compiled from the
+    absolute path, in a fresh ``__main__`` whose ``__file__`` is absolute (a script that changes
+    directory still finds its own folder), with a source loader and no spec."""
+    import builtins
+    import importlib.machinery
+    import types
+
+    path = os.path.abspath(path)
+    main = types.ModuleType("__main__")
+    main.__file__, main.__cached__, main.__builtins__ = path, None, builtins
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    sys.modules["__main__"] = main
+    with open(path, "rb") as source:
+        code = compile(source.read(), path, "exec", dont_inherit=True)
+    exec(code, main.__dict__)
 
 
 def _parse_argv(argv: List[str]) -> Tuple[bool, str, List[str]]:
@@ -313,7 +426,7 @@ def _parse_argv(argv: List[str]) -> Tuple[bool, str, List[str]]:
 def _script_frames(tb):
     """The traceback from the first frame outside runpy and this module: what the script's own
     traceback would show."""
-    here = (__file__, getattr(sys.modules.get("runpy"), "__file__", ""))
+    here = (__file__, getattr(sys.modules.get("runpy"), "__file__", ""), "<frozen runpy>")
     while tb is not None and tb.tb_frame.f_code.co_filename in here:
         tb = tb.tb_next
     return tb
@@ -325,14 +438,15 @@ def main(argv: Optional[List[str]] = None) -> None:
     spec = json.loads(args[1])
     if spec["script"]:  # sys.path[0] as `python SCRIPT` has it: the script's folder
         sys.path[0] = os.path.dirname(os.path.realpath(spec["script"]))
-    failed = preload(list(BASE_PRELOAD) + _imports_of(spec))
+    failed, reads = preload(list(BASE_PRELOAD) + _imports_of(spec), spec.get("rank_vars", ()))
     gc.freeze()
-    sock.send(json.dumps({"failed": failed, "threads": thread_count(), "cuda": _cuda_initialized()}).encode())
+    ready = {"failed": failed, "reads": reads, "threads": thread_count(), "cuda": _cuda_initialized()}
+    sock.send(json.dumps(ready).encode())
     job = serve(sock, spec["supervisor"])
     if job is None:
         return
     try:
-        become_worker(*job, sock)
+        become_worker(*job, sock, spec.get("rank_vars", ()))
     except BaseException:  # noqa: BLE001 - a worker that cannot be set up says why and leaves
         traceback.print_exc()
         os._exit(1)

@@ -40,9 +40,14 @@ def seen() -> dict:
         "numpy_draw": float(numpy.random.random()),
         "random_draw": random.random(),
         "leaked": hasattr(worker_lib, "_probe_leak"),
-        "forked": b"launcher.process.zygote" in open("/proc/self/cmdline", "rb").read(),
-        "gc_frozen": __import__("gc").get_freeze_count() > 0,
+        "forked": __import__("gc").get_freeze_count() > 0,  # the fork server froze its objects
         "env_rank": os.environ["RANK"],
+        "file": __file__,
+        "loader": type(__loader__).__name__,
+        "spec": repr(__spec__),
+        # what ps and monitoring tools see of this process
+        "cmdline": [a.decode() for a in open("/proc/self/cmdline", "rb").read().split(b"\0") if a],
+        "environ_rank": f"RANK={RANK}".encode() in open("/proc/self/environ", "rb").read().split(b"\0"),
     }
 
 
