@@ -121,12 +121,13 @@ class NodeJob:
         return deaf
 
     def worker_of(self, node: int) -> Optional[psutil.Process]:
-        """The rank process under ``node``'s supervisor, once there is one."""
+        """The rank process under ``node``'s supervisor, once there is one: a forked worker shows
+        the script's command line too (the fork server itself shows its own)."""
         try:
             for child in psutil.Process(self.procs[node].pid).children(recursive=True):
-                if str(DDP) in " ".join(child.cmdline()) or "zygote" in " ".join(child.cmdline()):
-                    if child.environ().get("RANK") is not None or child.ppid() != self.procs[node].pid:
-                        return child
+                cmdline = " ".join(child.cmdline())
+                if str(DDP) in cmdline and "launcher.process.zygote" not in cmdline:
+                    return child
         except psutil.Error:
             return None
         return None
