@@ -2,14 +2,14 @@
 
 The first thing the entry point does is to record signals instead of raising them: a Ctrl+C
 while modules still load (torch, fsspec, libraries whose imports swallow exceptions) is acted on
-like one at any later moment, never lost and never a traceback.
+like one at any later moment, never lost and never a traceback. So this module imports nothing at
+its top that is not loaded already (logging compiles regular expressions as it loads: a Ctrl+C
+there, before the inbox is open, would be a traceback).
 """
 
 import gc
-import logging
 import os
 import sys
-import traceback
 
 _INTERNAL = 70  # ExitCode.INTERNAL; launcher.errors may be what failed to import
 
@@ -32,7 +32,9 @@ def entry() -> None:
     # still inside a torch store call (a node 0 that stopped answering) would abort the process
     # when finalization ends it (SIGABRT, seen as exit -6).
     gc.freeze()
-    logging.shutdown()
+    logging = sys.modules.get("logging")  # loaded by now if anything logged (not at the top: see above)
+    if logging is not None:
+        logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -42,6 +44,8 @@ def entry() -> None:
 
 
 def _report_defect() -> None:
+    import traceback
+
     try:
         sys.stderr.write(traceback.format_exc())
         sys.stderr.write(
