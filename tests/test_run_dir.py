@@ -110,12 +110,22 @@ def test_a_second_supervisor_on_a_live_run_is_refused(launcher, tmp_path):
     assert [a.outcome for a in run_state(runs / "actor").attempts] == ["PREEMPTED", "SUCCEEDED"]
 
 
+def _wait_for_the_attempt_in_run_json(run: Path, timeout: float = 30.0) -> None:
+    """run.json is written once the group runs, just after its RUNNING event (and after the workers
+    started): wait for the write itself."""
+    deadline = time.monotonic() + timeout
+    while not (run / "run.json").exists() or not run_state(run).attempts:
+        assert time.monotonic() < deadline, "run.json never listed the running attempt"
+        time.sleep(0.05)
+
+
 def test_a_stopped_supervisor_on_this_host_is_never_taken_over(launcher, tmp_path):
     """Ctrl+Z (SIGSTOP) for longer than the lease: the pid is alive, so the run is still its."""
     ready, runs = tmp_path / "ready", tmp_path / "runs"
     named = ["--run-dir", str(runs), "--run-name", "actor"]
     live = launcher.start(*named, str(ACTOR), "--others", "sleep", "--ready-dir", str(ready))
     wait_for_files(ready, "*.pid", 1)
+    _wait_for_the_attempt_in_run_json(runs / "actor")  # workers may start before it is written
     os.kill(live.proc.pid, signal.SIGSTOP)
     lock = json.loads((runs / "actor" / "lock.json").read_text())
     _write_lock(runs / "actor", **{**lock, "renewed_at": time.time() - 600})  # as if it slept 10 min
@@ -149,12 +159,7 @@ def test_a_supervisor_that_lost_its_run_to_another_host_stops_and_writes_nothing
         str(ready),
     )
     wait_for_files(ready, "*.pid", 1)
-    # run.json is written once the group runs, just after the RUNNING event: wait for the write
-    # itself, or it could land after the new holder's.
-    deadline = time.monotonic() + 30
-    while not (runs / "actor" / "run.json").exists() or not run_state(runs / "actor").attempts:
-        assert time.monotonic() < deadline, "run.json never listed the running attempt"
-        time.sleep(0.05)
+    _wait_for_the_attempt_in_run_json(runs / "actor")  # or its write could land after the new holder's
     taken = runs / "actor" / "run.json"
     taken.write_text('{"taken over": "by the other host"}')  # what the new holder writes is kept
     _write_lock(runs / "actor", host="elsewhere", token="theirs")
