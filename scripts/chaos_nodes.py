@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import psutil
+from chaos_matrix import _chosen  # the same --faults parsing as the one-node matrix
 
 ROOT = Path(__file__).resolve().parent.parent
 DDP = ROOT / "tests" / "scripts" / "ddp_plain.py"
@@ -339,10 +340,7 @@ def main() -> int:
     p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {','.join(FAULTS)}")
     args = p.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(2**31)
-    faults = [f.strip() for f in args.faults.split(",") if f.strip()]
-    unknown = [f for f in faults if f not in FAULTS]
-    if unknown:
-        raise SystemExit(f"unknown fault(s) {', '.join(unknown)}; known: {','.join(FAULTS)}")
+    faults = _chosen(args.faults, FAULTS, "fault")
     trials = f"{args.trials} trial(s) per fault"
     print(f"chaos matrix on many nodes: seed {seed}, {trials}, ddp_plain.py --steps {STEPS}")
     work = Path(tempfile.mkdtemp(prefix="ftlaunch-chaos-nodes-"))
