@@ -119,6 +119,7 @@ class AttemptRunner:
         self, machine: GroupStateMachine, group: WorkerGroup, board: HeartbeatBoard
     ) -> AttemptResult:
         if self._signals.first is not None:  # interrupted between two attempts
+            self._signals.answer_first()
             return self._stopped_by_signal(machine.attempt, self._signals.first)
         self._say(
             f"attempt {machine.attempt}: starting {self.config.group.nproc} worker(s), "
@@ -142,6 +143,7 @@ class AttemptRunner:
         while True:
             if self._signals.first is not None:
                 signum = self._signals.first
+                self._signals.answer_first()
                 role.interrupt(InterruptKind.STOP, "signal", signum)
                 self._ask_to_stop(attempt, group, board, rate)
                 return self._stopped_by_signal(attempt, signum)
@@ -183,6 +185,8 @@ class AttemptRunner:
         if remote.kind is InterruptKind.STOP:
             self._say(f"attempt {attempt}: node {remote.node} was asked to stop; stopping with it")
             self._ask_to_stop(attempt, group, board, rate)
+            # A signal of this node's own meanwhile is the same request (SLURM signals every node).
+            self._signals.answer_first()
             return self._stopped_by_signal(attempt, remote.signum)
         cause = f"node {remote.node}: {remote.detail}"
         self._say(f"attempt {attempt}: stopping this node's workers ({cause})")

@@ -69,8 +69,9 @@ class FollowerChannel(AttemptChannel):
 
     def await_verdict(self, limit: float) -> JobVerdict:
         """Node 0's decision: LeaderUnreachable when node 0 goes silent first or decides nothing
-        within ``limit`` seconds; Interrupted when a signal arrives meanwhile."""
-        since = len(self._signals.received)
+        within ``limit`` seconds; Interrupted by a signal the attempt did not act on (one that
+        came while this node's ranks stopped, or during this wait)."""
+        since = self._signals.answered
         deadline = time.monotonic() + limit
         while not self._has("verdict"):
             self.answer_stop_if_asked()

@@ -85,9 +85,10 @@ class LeaderChannel(AttemptChannel):
 
     def gather(self, limit: float) -> List[NodeReport]:
         """Every node's report. A node that goes silent before reporting is lost; one still
-        beating but with no report after ``limit`` seconds is lost too. A signal that arrives
-        while it waits ends the wait with the reports so far."""
-        since = len(self._signals.received)
+        beating but with no report after ``limit`` seconds is lost too. A signal the attempt did
+        not act on (it came while this node's ranks stopped for a failure, or during this wait)
+        ends the wait with the reports so far."""
+        since = self._signals.answered
         deadline = time.monotonic() + limit
         reports: Dict[int, NodeReport] = {}
         while True:

@@ -28,6 +28,10 @@ class SignalInbox:
 
     def __init__(self) -> None:
         self.received: List[int] = []
+        # How many of ``received`` the attempt has acted on (it stopped its ranks for them): a
+        # wait after the attempt (a report, a verdict) ends for any later one, including one that
+        # came between the attempt's end and the wait's start.
+        self.answered = 0
         self.preempt_signal = signal.SIGUSR1  # the one of NOTICE_SIGNALS that means "preempted"
         self._noticed = False
         self._read_fd = self._write_fd = -1
@@ -72,6 +76,10 @@ class SignalInbox:
         for fd in (self._read_fd, self._write_fd):
             os.close(fd)
         self._read_fd = self._write_fd = -1
+
+    def answer_first(self) -> None:
+        """The attempt stops its ranks for the first signal (if one came)."""
+        self.answered = max(self.answered, min(1, len(self.received)))
 
     def raise_if_received(self) -> None:
         """Before any worker started, a signal simply ends the launch."""

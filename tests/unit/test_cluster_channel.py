@@ -23,8 +23,9 @@ class Inbox:
     """The supervisor's signal inbox as the channel uses it: signals received so far, and a
     short sleep (a real SignalInbox needs the main thread's handlers)."""
 
-    def __init__(self) -> None:
-        self.received = []
+    def __init__(self, *received: int, answered: int = 0) -> None:
+        self.received = list(received)
+        self.answered = answered  # how many of them the attempt stopped its ranks for
 
     def wait(self, seconds: float) -> None:
         time.sleep(seconds)
@@ -88,6 +89,26 @@ def test_a_signal_ends_node_0s_wait_for_reports(store):
     leader.close(), follower.close()
 
 
+def test_a_signal_that_came_before_node_0_began_to_wait_for_reports_ends_the_wait(store):
+    """The CI failure: node 0's rank failed (its peer's supervisor was killed), and SIGTERM came
+    while node 0 stopped its ranks, before gather began. No one acted on it: gather must not
+    wait out the follower's --node-timeout for it."""
+    leader, follower = _ends(store, 0, Inbox(15)), _ends(store, 1)
+    started = time.monotonic()
+    assert leader.gather(limit=30) == []
+    assert time.monotonic() - started < 1
+    leader.close(), follower.close()
+
+
+def test_a_signal_the_attempt_stopped_for_leaves_node_0_waiting_for_the_reports(store):
+    """A preemption: every node stops at the agreed step and reports; node 0 waits for them."""
+    leader, follower = _ends(store, 0, Inbox(15, answered=1)), _ends(store, 1)
+    leader.report(NodeReport(0, "PREEMPTED", [], True, 7))
+    threading.Timer(0.3, lambda: follower.report(NodeReport(1, "PREEMPTED", [], True, 7))).start()
+    assert [r.node for r in leader.gather(limit=30)] == [0, 1]
+    leader.close(), follower.close()
+
+
 def test_the_verdict_reaches_the_follower_and_is_acknowledged(store):
     leader, follower = _ends(store, 0), _ends(store, 1)
     verdict = JobVerdict(False, 0, "SUCCEEDED", "every rank exited 0", "SUCCEEDED", [])
@@ -113,6 +134,13 @@ def test_a_follower_waiting_for_the_verdict_answers_a_signal(store):
     inbox = Inbox()
     leader, follower = _ends(store, 0), _ends(store, 1, inbox)
     threading.Timer(0.2, lambda: inbox.received.append(2)).start()
+    with pytest.raises(Interrupted):
+        follower.await_verdict(limit=30)
+    leader.close(), follower.close()
+
+
+def test_a_follower_leaves_at_once_for_a_signal_it_did_not_stop_for(store):
+    leader, follower = _ends(store, 0), _ends(store, 1, Inbox(2))
     with pytest.raises(Interrupted):
         follower.await_verdict(limit=30)
     leader.close(), follower.close()
