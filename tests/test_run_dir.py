@@ -535,7 +535,10 @@ def test_a_full_run_dir_disk_is_said_once_and_the_training_goes_on(launcher, tmp
         subprocess.run(["umount", "-l", str(runs)], check=True)
     assert "Traceback" not in launch.stderr
     assert launch.stderr.count("cannot write") == len(set(re.findall(r"cannot write (\S+)", launch.stderr)))
-    assert re.search(r"cannot write \S+/full/(progress|run)\.json .*No space left", launch.stderr)
+    # Whichever the full disk fails first: progress.json, run.json or the lease (lock.json).
+    assert re.search(r"cannot write \S+/full/(progress|run|lock)\.json .*No space left", launch.stderr), (
+        launch.stderr
+    )
     assert launch.survivors() == []
 
 
@@ -605,15 +608,20 @@ def test_a_relaunch_at_another_nproc_keeps_the_old_steps_and_never_claims_them(l
         "--steps", "40", "--crash", "32:0", "--out", str(tmp_path / "first.pt"), timeout=180,
     )  # fmt: skip
     assert first.proc.returncode == 1, first.stderr
-    assert sorted(p.name for p in ckpt.iterdir()) == ["step_25", "step_30"]
+    # The newest two committed (retention): 25 and 30, or 20 and 25 when rank 1 died before it had
+    # shared its part of 30 (the commit is asynchronous; seen under a loaded machine).
+    old = sorted(int(p.name[len("step_") :]) for p in ckpt.iterdir())
+    assert old in ([25, 30], [20, 25]), old
 
     again = launcher.run(
         "--nproc", "1", *common, train, "--steps", "20", "--out", str(tmp_path / "again.pt"), timeout=180
     )  # fmt: skip
     assert again.proc.returncode == 0, again.stderr
-    assert "no checkpoint yet; step(s) 25, 30 were saved at another size" in again.stderr, again.stderr
+    said = f"no checkpoint yet; step(s) {old[0]}, {old[1]} were saved at another size"
+    assert said in again.stderr, again.stderr
     assert "rank 0 attempt 1 starts at step 0" in again.stdout  # nothing loadable at 1 rank
-    assert sorted(p.name for p in ckpt.iterdir()) == ["step_15", "step_20", "step_25", "step_30"]
+    kept = sorted(int(p.name[len("step_") :]) for p in ckpt.iterdir())
+    assert kept == sorted({15, 20, *old}), kept  # its own two, and the 2-rank steps untouched
     state = run_state(runs / "chg")
     assert state.status == "SUCCEEDED" and state.latest_step == 20
     assert state.attempts[-1].resumed_from_step is None
