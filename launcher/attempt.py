@@ -112,7 +112,7 @@ class AttemptRunner:
         finally:
             pump.close()
             board.close()
-        result = self._with_log_tails(result)
+        result = _with_log_tails(result)
         return dataclasses.replace(result, failures=self._chaos.mark(result.failures))
 
     def _start_and_watch(
@@ -285,24 +285,25 @@ class AttemptRunner:
         """A second Ctrl+C (or any second signal) skips the rest of the grace period."""
         return len(self._signals.received) >= 2
 
-    def _with_log_tails(self, result: AttemptResult) -> AttemptResult:
-        """Attach each failed rank's last log lines (and a hung rank's stack), now that the log
-        pump has drained."""
-        failures = []
-        for f in result.failures:
-            f = dataclasses.replace(
-                f, log_tail=tuple(tail_lines(f.log_file, _LOG_TAIL_LINES) if f.log_file else ())
-            )
-            if isinstance(f, HangFailure) and f.log_file:
-                f = dataclasses.replace(f, stack=main_thread_stack(f.log_file, f.thread_id))
-            failures.append(f)
-        return dataclasses.replace(result, failures=failures)
-
     def _on_transition(self, attempt: int, old: Optional[GroupState], new: GroupState, **details) -> None:
         self._events.emit(Transition(attempt, old, new, **details))
         log.info("attempt %s: %s -> %s", attempt, old and old.value, new.value)
         if new is GroupState.RUNNING:
             self._role.group_running()
+
+
+def _with_log_tails(result: AttemptResult) -> AttemptResult:
+    """Attach each failed rank's last log lines (and a hung rank's stack), now that the log
+    pump has drained."""
+    failures = []
+    for f in result.failures:
+        f = dataclasses.replace(
+            f, log_tail=tuple(tail_lines(f.log_file, _LOG_TAIL_LINES) if f.log_file else ())
+        )
+        if isinstance(f, HangFailure) and f.log_file:
+            f = dataclasses.replace(f, stack=main_thread_stack(f.log_file, f.thread_id))
+        failures.append(f)
+    return dataclasses.replace(result, failures=failures)
 
 
 def _one_line(err: BaseException) -> str:
