@@ -14,7 +14,7 @@ install: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test,examples]'
+	$(PY) -m pip install --quiet -e '.[test,examples,lightning,transformers,accelerate]'
 	touch $(STAMP)
 
 # Most tests wait (for deadlines, steps, other nodes) rather than compute: twice as many test

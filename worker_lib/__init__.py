@@ -32,6 +32,8 @@ __all__ = [
     "wait_for_checkpoint",
     "checkpoint_dir",
     "latest_checkpoint_dir",
+    "newest_checkpoint_dir",
+    "is_initialized",
     "shutdown",
 ]
 
@@ -117,6 +119,13 @@ def checkpoint_dir(step: int, metrics: Optional[Dict[str, float]] = None):
 def latest_checkpoint_dir() -> Optional[str]:
     """A local directory holding the newest committed directory-mode step (every rank's files),
     or None on a fresh run. Remote files are fetched once per node."""
+    found = newest_checkpoint_dir()
+    return None if found is None else found.path
+
+
+def newest_checkpoint_dir():
+    """As ``latest_checkpoint_dir``, with the step: a ``CommittedDir`` (``.step``, ``.path``), or
+    None on a fresh run. Every rank calls it (the ranks agree on the step)."""
     from worker_lib.directory import latest_directory
 
     session = _require_session()
@@ -124,6 +133,11 @@ def latest_checkpoint_dir() -> Optional[str]:
         found = latest_directory(_checkpoints(), session.info.run_id, session.info.attempt)
     mark_loaded()
     return found
+
+
+def is_initialized() -> bool:
+    """Whether ``init`` was called in this process (and ``shutdown`` not yet)."""
+    return _session is not None
 
 
 def wait_for_checkpoint() -> None:

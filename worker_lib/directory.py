@@ -21,12 +21,12 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, NamedTuple, Optional, Tuple
 
 from worker_lib.checkpoint import CheckpointError, CheckpointManager
 from worker_lib.marker import CommitMarker, read_verified, step_dir
 
-__all__ = ["save_directory", "latest_directory", "node_cache_root"]
+__all__ = ["CommittedDir", "save_directory", "latest_directory", "node_cache_root"]
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +59,22 @@ def _copier(path: Path):
     return copy
 
 
-def latest_directory(manager: CheckpointManager, run_id: str, attempt: int) -> Optional[str]:
-    """A local directory with the newest committed step's files, or None on a fresh run."""
+class CommittedDir(NamedTuple):
+    """The newest committed directory-mode step: its number and a local folder with its files."""
+
+    step: int
+    path: str
+
+
+def latest_directory(manager: CheckpointManager, run_id: str, attempt: int) -> Optional[CommittedDir]:
+    """The newest committed step's files in a local directory, or None on a fresh run."""
     cache = node_cache_root(run_id) / f"attempt_{attempt}"
     found = manager.newest_agreed(lambda marker: _read_files(manager, cache, marker))
     if found is None:
         return None
-    _, payload = found
+    marker, payload = found
     manager.restore_rng(payload["own"])
-    return payload["folder"]
+    return CommittedDir(marker.step, payload["folder"])
 
 
 def node_cache_root(run_id: str) -> Path:

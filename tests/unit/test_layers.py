@@ -107,3 +107,20 @@ def test_the_vocabulary_never_imports_its_users():
 
 def test_the_circle_finder_finds_a_circle():
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+_FRAMEWORKS = ("lightning", "pytorch_lightning", "transformers", "accelerate")
+
+
+def test_only_the_adapters_import_a_framework_and_nothing_imports_the_adapters():
+    """``import worker_lib`` (or the launcher) never pays for, or needs, a framework."""
+    for name, path in _modules().items():
+        if name.startswith("worker_lib.integrations"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for imported in names:
+                assert imported.split(".")[0] not in _FRAMEWORKS, f"{name} imports {imported}"
+                assert not imported.startswith("worker_lib.integrations"), f"{name} imports {imported}"

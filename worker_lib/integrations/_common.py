@@ -1,0 +1,85 @@
+"""What the adapters share: joining worker_lib beside a framework that owns the process group,
+and committing a folder a framework wrote, with each rank's files uploaded once."""
+
+import os
+import shutil
+from pathlib import Path
+from typing import Dict, Optional, Pattern
+
+import worker_lib as ft
+
+__all__ = ["BeatPause", "join", "is_own", "commit_folder", "keep_own_files", "finite_metrics"]
+
+
+def join(checkpoint_dir: Optional[str], **options) -> None:
+    """``ft.init`` unless the script called it: the framework initializes the process group
+    itself, so worker_lib only opens checkpoint storage (its ranks agree through the launcher's
+    store, which needs no process group)."""
+    if not ft.is_initialized():
+        ft.init(checkpoint_dir, init_process_group=False, **options)
+
+
+class BeatPause:
+    """A pause of the heartbeat deadline that spans two hooks (a validation pass begins in one
+    and ends in another): ``--init-timeout`` applies to it, not the step deadline."""
+
+    def __init__(self) -> None:
+        self._pause = None
+
+    def begin(self) -> None:
+        if self._pause is None:
+            self._pause = ft.pause_heartbeat()
+            self._pause.__enter__()
+
+    def end(self) -> None:
+        if self._pause is not None:
+            pause, self._pause = self._pause, None
+            pause.__exit__(None, None, None)
+
+
+def is_own(name: str, rank: int, per_rank: Pattern) -> bool:
+    """Frameworks write the shared files (weights, optimizer) from rank 0 and a file per rank
+    (its RNG streams) named by ``per_rank`` (one group: the rank). Each rank uploads its own
+    per-rank file; rank 0 uploads the shared ones, which the others may have written too."""
+    found = per_rank.fullmatch(os.path.basename(name))
+    return int(found.group(1)) == rank if found else rank == 0
+
+
+def keep_own_files(folder: str, rank: int, per_rank: Pattern) -> None:
+    """Remove from ``folder`` what another rank uploads."""
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file() and not is_own(path.relative_to(folder).as_posix(), rank, per_rank):
+            path.unlink()
+
+
+def commit_folder(
+    step: int, source: str, rank: int, per_rank: Pattern, metrics: Optional[Dict[str, float]] = None
+) -> None:
+    """Commit this rank's share of the files in ``source`` (a checkpoint the framework wrote) as
+    ``step``. Files are linked, not copied, where the file system allows: the framework writes a
+    new folder for each step, so a linked file is not written again while it is uploaded."""
+    if not os.path.isdir(source):  # e.g. a hyperparameter search's trial folder: not supported
+        raise FileNotFoundError(f"step {step}: the framework's checkpoint folder {source} does not exist")
+    with ft.checkpoint_dir(step, metrics) as target:
+        for path in sorted(Path(source).rglob("*")):
+            name = path.relative_to(source).as_posix()
+            if path.is_file() and is_own(name, rank, per_rank):
+                destination = Path(target, name)
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(path, destination)
+                except OSError:  # another file system (or no links): a copy
+                    shutil.copyfile(path, destination)
+
+
+def finite_metrics(values: Dict[str, object]) -> Dict[str, float]:
+    """The scalar, finite values of a framework's logged metrics (tensors included)."""
+    metrics = {}
+    for key, value in values.items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError, RuntimeError):  # a tensor of many values, a string
+            continue
+        if number == number and abs(number) != float("inf"):
+            metrics[str(key)] = number
+    return metrics
