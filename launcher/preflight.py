@@ -17,6 +17,10 @@ from launcher.errors import UsageError
 
 __all__ = ["preflight"]
 
+# The most a storage library (gcsfs, s3fs) may take to import and build its filesystem before the
+# probe's --storage-timeout starts: a bound, not an expectation (seconds on a busy machine).
+_LIBRARY_LOAD_S = 120.0
+
 
 def preflight(config: LaunchConfig, interrupted: Callable[[], None] = lambda: None) -> None:
     """Checks against the world (files, directories) that must pass before any worker starts.
@@ -128,24 +132,33 @@ def _probe_storage(label: str, url: str, timeout: float, interrupted: Callable[[
     """Write and delete a probe object within ``timeout`` seconds: a malformed URL, a missing bucket,
     no permission or no answer at all is one line now, not a stack of retries once per restart.
     Storage libraries retry for a minute on their own; the probe runs in a daemon thread, and the
-    last error they logged while it ran is the cause given when it does not finish."""
+    last error they logged while it ran is the cause given when it does not finish. The timeout
+    counts from when the filesystem is built: importing its library (seconds for gcsfs on a busy
+    machine) is not the storage's silence."""
     from worker_lib.storage import Storage, StorageError
 
     failure: List[BaseException] = []
+    built = threading.Event()
 
     def probe() -> None:
         try:
-            Storage(url, label=label).check_writable("supervisor")
+            storage = Storage(url, label=label)
+            built.set()
+            storage.check_writable("supervisor")
         except BaseException as err:  # reported by the caller's thread
             failure.append(err)
 
-    deadline = time.monotonic() + timeout
     with _LastError() as last:
         thread = threading.Thread(target=probe, name="ftlaunch-storage-probe", daemon=True)
         thread.start()
+        deadline, counting = time.monotonic() + _LIBRARY_LOAD_S, False
         while thread.is_alive() and time.monotonic() < deadline:
+            if not counting and built.is_set():
+                deadline, counting = time.monotonic() + timeout, True
             interrupted()
             thread.join(min(0.1, max(0.0, deadline - time.monotonic())))
+    if thread.is_alive() and not counting:
+        raise UsageError(f"{label} {url!r}: its filesystem library did not load within {_LIBRARY_LOAD_S:g} s")
     if thread.is_alive():
         cause = f"; last error: {last.message}" if last.message else ""
         raise UsageError(f"{label} {url!r} did not answer within {timeout:g} s (--storage-timeout){cause}")

@@ -176,9 +176,12 @@ class Launcher:
             if up_file is not None:
                 # Ctrl+C as in a terminal: a harness started in the background (`cmd &` in a script)
                 # hands its children SIGINT ignored, and one sent before ftlaunch's inbox is open
-                # would be lost to that, not to ftlaunch.
+                # would be lost to that, not to ftlaunch. The file is made once the entry module
+                # is found and loaded: while CPython's import machinery looks for it (as while it
+                # imports site), no code of ftlaunch's runs that could answer a signal.
                 lines += [
                     "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)",
+                    "from launcher.__main__ import entry",
                     f"open({str(up_file)!r}, 'w').close()",
                 ]
             argv[1:3] = ["-c", "\n".join([*lines, "from launcher.__main__ import entry; entry()"])]

@@ -20,13 +20,16 @@ def test_files_round_trip_and_a_damaged_file_falls_back(storage, tmp_path, caplo
             Path(folder, "sub", "info.txt").write_text(f"step {step}")
     manager.wait()
 
-    found = Path(latest_directory(manager, run_id, attempt=0))
+    newest = latest_directory(manager, run_id, attempt=0)
+    assert newest.step == 2
+    found = Path(newest.path)
     assert (found / "weights.bin").read_bytes() == bytes([2]) * 5000
     assert (found / "sub" / "info.txt").read_text() == "step 2"
 
     manager.storage.write_bytes("step_2/files/weights.bin", b"torn")
-    found = Path(latest_directory(manager, run_id, attempt=1))
-    assert (found / "sub" / "info.txt").read_text() == "step 1"
+    fallback = latest_directory(manager, run_id, attempt=1)
+    assert fallback.step == 1
+    assert (Path(fallback.path) / "sub" / "info.txt").read_text() == "step 1"
     assert "weights.bin has 4 bytes" in caplog.text
 
 

@@ -15,6 +15,9 @@ from conftest import use_emulator
 from helpers import ROOT
 
 EXAMPLES = ROOT / "examples"
+# Each test starts a framework 3-5 times on 2 ranks (Lightning's import alone is seconds of CPU):
+# on a loaded 2-core machine, past the suite's 120 s.
+pytestmark = pytest.mark.timeout(600)
 
 # (example, its arguments: 40 optimizer steps in all, a save every 10, and the final step count)
 JOBS = {
