@@ -3,6 +3,8 @@
     ft.init()                                       # process group from the environment
     ckpt = ft.load_checkpoint()                     # None on a fresh run; else .step .state .metrics
     ft.save_checkpoint(step, state, metrics=None)   # every rank; copied now, written in background
+    ft.save_checkpoint(step, state, format="dcp")   # sharded (torch.distributed.checkpoint)...
+    ft.load_checkpoint(into=state)                  # ...loaded in place at any world size
     ft.heartbeat(step)                              # every step: progress, for hang detection
     if ft.should_stop(step): save, then break       # Ctrl+C or a preemption: same step on all ranks
     ft.shutdown()                                   # last: waits for the save, leaves the group
@@ -87,22 +89,45 @@ def save_checkpoint(
     *,
     replicated: bool = False,
     blocking: bool = False,
+    format: str = "parts",
 ) -> None:
     """Save this rank's ``state`` for ``step``; every rank calls it.
 
     ``replicated=True``: the state is the same on every rank (plain DDP); rank 0 writes it once,
-    every rank loads it. The state is copied to CPU memory before this returns; writing and the
-    commit happen in the background unless ``blocking``. The next save waits for this one, and
-    a background failure is raised there.
+    every rank loads it, at any world size. Otherwise each rank's state is its own part, loaded
+    by the same rank at the same world size. ``format="dcp"``: torch.distributed.checkpoint saves
+    each rank's shards (DTensors, sharded tensors, ``Stateful`` objects) and
+    ``load_checkpoint(into=...)`` reshards them at any world size.
+
+    The state is copied to CPU memory before this returns; writing and the commit happen in the
+    background unless ``blocking``. The next save waits for this one, and a background failure
+    is raised there.
     """
+    if format not in ("parts", "dcp"):
+        raise ValueError(f"format must be 'parts' or 'dcp', not {format!r}")
+    if format == "dcp" and replicated:
+        raise ValueError("format='dcp' saves each rank's shards: replicated=True does not apply")
     with pause_heartbeat():  # waiting for the previous save, or a blocking save, is not a hang
-        _checkpoints().save(step, state, metrics, replicated=replicated, blocking=blocking)
+        if format == "dcp":
+            from worker_lib.dcp import save_dcp
+
+            save_dcp(_checkpoints(), step, state, dict(metrics or {}), blocking)
+        else:
+            _checkpoints().save(step, state, metrics, replicated=replicated, blocking=blocking)
 
 
-def load_checkpoint():
-    """The newest checkpoint every rank completed and can verify, or None on a fresh run."""
+def load_checkpoint(into: Any = None):
+    """The newest checkpoint every rank completed and can verify, or None on a fresh run.
+
+    ``into``: the script's current state dict (sharded or not): the newest ``format="dcp"`` step
+    is loaded into it in place, resharded to this world size; the record's ``.state`` is it."""
     with pause_heartbeat():
-        found = _checkpoints().load()
+        if into is not None:
+            from worker_lib.dcp import load_dcp
+
+            found = load_dcp(_checkpoints(), into)
+        else:
+            found = _checkpoints().load()
     mark_loaded()
     return found
 

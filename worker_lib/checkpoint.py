@@ -15,7 +15,15 @@ from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
 from worker_lib import contract as c
 from worker_lib.chaos import act, dying_half_way
 from worker_lib.commit import REFUSED, CheckpointError, CommitChannel, Commits, LocalChannel, StoreChannel
-from worker_lib.marker import REPLICATED, CommitMarker, PartEntry, part_name, read_verified, step_dir
+from worker_lib.marker import (
+    REPLICATED,
+    RESHARDABLE,
+    CommitMarker,
+    PartEntry,
+    part_name,
+    read_verified,
+    step_dir,
+)
 from worker_lib.progress import chaos_request
 from worker_lib.retention import RetentionPolicy
 from worker_lib.rng import capture_rng, restore_rng
@@ -110,13 +118,17 @@ class CheckpointManager:
         kind: str,
         blocking: bool = False,
         cleanup: Callable[[], None] = lambda: None,
+        written_elsewhere: Callable[[], List[Tuple[str, PartEntry]]] = list,
     ) -> None:
         """Write ``parts`` (name, writer into a stream) for ``step``, commit once every rank has;
-        ``cleanup`` runs once the parts are written, whether or not that worked."""
+        ``cleanup`` runs once the parts are written, whether or not that worked.
+        ``written_elsewhere`` waits for files another writer makes for the step (DCP's) and lists
+        this rank's share of them; called first, in the background too."""
 
         def job() -> None:
             try:
-                written = [self._write_part(step, name, fill) for name, fill in parts]
+                written = written_elsewhere()
+                written += [self._write_part(step, name, fill) for name, fill in parts]
             finally:
                 cleanup()
             self._share_and_commit(step, written, metrics, kind)
@@ -204,7 +216,7 @@ class CheckpointManager:
 
     def read_own_part(self, marker: CommitMarker) -> Tuple[Dict[str, Any], Optional[str]]:
         if marker.world_size != self.world_size:
-            if marker.kind == "replicated":  # the state fits any world size; RNG streams do not
+            if marker.kind in RESHARDABLE:  # the state fits any world size; RNG streams do not
                 return {"rng": None, "state": None}, None
             return {}, f"saved by {marker.world_size} ranks, now {self.world_size}"
         return self._read_part(marker, part_name(self.rank))

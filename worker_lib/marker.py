@@ -6,6 +6,8 @@ Layout under the storage root::
     step_<n>/rank_<r>.pt      each rank's part: its RNG states, and its state unless replicated
     step_<n>/replicated.pt    replicated mode: the state, written once by rank 0
     step_<n>/files/...        directory mode: the files the script wrote
+    step_<n>/dcp/...          format="dcp": torch.distributed.checkpoint's files (.metadata and
+                              each rank's shards), the state resharded at the load
     step_<n>/COMMITTED        JSON, written by rank 0 once every part is durable: the parts with
                               sizes and SHA-256 checksums, the world size, the metrics
 
@@ -25,6 +27,7 @@ from worker_lib.storage import Storage, StorageError
 __all__ = [
     "MARKER",
     "REPLICATED",
+    "RESHARDABLE",
     "CommitMarker",
     "PartEntry",
     "committed_steps",
@@ -37,6 +40,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MARKER = "COMMITTED"
+RESHARDABLE = ("replicated", "dcp")  # kinds that load at any world size
 REPLICATED = "replicated.pt"
 _STEP_PREFIX = "step_"
 
@@ -61,15 +65,16 @@ class PartEntry:
 class CommitMarker:
     step: int
     world_size: int
-    kind: str  # "state" (per-rank parts), "replicated" (one copy by rank 0) or "directory"
+    kind: str  # "state" (per-rank parts), "replicated" (one copy by rank 0), "directory" or "dcp"
     parts: Mapping[str, PartEntry]
     metrics: Dict[str, Any] = dataclasses.field(default_factory=dict)
     time: float = dataclasses.field(default_factory=time.time)  # wall clock of the commit
 
     def loads_at(self, world_size: int) -> bool:
         """Whether ranks of a job of ``world_size`` can load this step: per-rank parts (and RNG
-        streams) belong to the world size that wrote them; a replicated state fits any."""
-        return self.world_size == world_size or self.kind == "replicated"
+        streams) belong to the world size that wrote them; a replicated state fits any, and a
+        DCP step is resharded by torch.distributed.checkpoint at the load."""
+        return self.world_size == world_size or self.kind in RESHARDABLE
 
     def to_bytes(self) -> bytes:
         record = dataclasses.asdict(self)

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _RETRY_DELAYS_S = (0.5, 1.0, 2.0)  # then give up: the previous committed step stays loadable
+_CHUNK = 8 * 2**20
 
 
 class StorageError(RuntimeError):
@@ -37,6 +38,7 @@ class Storage:
     def __init__(self, url: str, label: str = "checkpoint storage", **storage_options) -> None:
         self.url = url
         self.label = label
+        self.options = dict(storage_options)  # for another fsspec user of the same storage (DCP)
         try:
             self.fs, self.root = fsspec.core.url_to_fs(url, **storage_options)
         except (ValueError, ImportError) as err:
@@ -45,6 +47,10 @@ class Storage:
 
     def path(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts)
+
+    def url_of(self, *parts: str) -> str:
+        """The full URL (with its protocol) of a path under the root, for another fsspec user."""
+        return self.fs.unstrip_protocol(self.path(*parts))
 
     def check_writable(self, name: str) -> None:
         """Write and delete a probe object, so bad storage fails before training starts."""
@@ -74,6 +80,21 @@ class Storage:
     def read_bytes(self, rel: str) -> bytes:
         target = self.path(rel)
         return self._retrying(lambda: self.fs.cat_file(target), f"reading {target}", True)
+
+    def digest(self, rel: str) -> Tuple[int, str]:
+        """The size and SHA-256 of a file another writer made (torch.distributed.checkpoint's),
+        read in chunks: no copy of it in memory."""
+        target = self.path(rel)
+
+        def read() -> Tuple[int, str]:
+            sha256, size = hashlib.sha256(), 0
+            with self.fs.open(target, "rb") as handle:
+                for chunk in iter(lambda: handle.read(_CHUNK), b""):
+                    sha256.update(chunk)
+                    size += len(chunk)
+            return size, sha256.hexdigest()
+
+        return self._retrying(read, f"reading {target}", True)
 
     def exists(self, rel: str) -> bool:
         return self.fs.exists(self.path(rel))
