@@ -22,7 +22,8 @@ def _starts(stdout: str) -> list:
 
 def _reshard(launcher, tmp_path, url: str, sizes, env=None) -> None:
     saved = launcher.run(
-        "--nproc", "2", "--checkpoint-dir", url, FSDP, "--out", str(tmp_path / "saved.pt"), env=env, timeout=180
+        "--nproc", "2", "--checkpoint-dir", url, FSDP, "--out", str(tmp_path / "saved.pt"),
+        env=env, timeout=180,
     )  # fmt: skip
     assert saved.proc.returncode == 0, saved.stderr[-3000:]
     expected = torch.load(tmp_path / "saved.pt")
@@ -59,7 +60,7 @@ def test_a_kill_between_the_shard_writes_and_the_commit_never_loads_the_torn_ste
         "--out", str(tmp_path / "out.pt"), timeout=180,
     )  # fmt: skip
     assert launch.proc.returncode == 0, launch.stderr[-3000:]
-    assert "before the commit" in launch.stdout + launch.stderr or "[injected by --chaos]" in launch.stderr
+    assert "[injected by --chaos]" in launch.stderr, launch.stderr
     # attempt 0 died with step 10's shards written and no marker: attempt 1 starts afresh
     assert sorted(_starts(launch.stdout)) == [(2, 0, 0), (2, 0, 0), (2, 1, 0), (2, 1, 0)], launch.stdout
     assert sorted(p.parent.name for p in ckpt.glob("step_*/COMMITTED")) == ["step_10", "step_20"]

@@ -597,9 +597,10 @@ def test_a_run_relaunched_at_another_nproc_says_so(launcher, tmp_path):
 
 
 def test_a_relaunch_at_another_nproc_keeps_the_old_steps_and_never_claims_them(launcher, tmp_path):
-    """Issue 22.4: per-rank steps 25 and 30 of a 2-rank job cannot be loaded by 1 rank. The 1-rank
-    relaunch starts from scratch (said), retention keeps its own steps (the 2-rank steps neither
-    count as newer nor go), and neither the resume line nor run.json claims step 30."""
+    """Issues 22.4 and 24.3: per-rank steps of a 2-rank job cannot be loaded by 1 rank. The 1-rank
+    relaunch is an error on the rank naming the way out, never a silent fresh start; nothing of
+    the 2-rank steps is deleted, and neither the resume line nor run.json claims them. Relaunched
+    at 2 ranks, the job goes on from its newest step."""
     runs, ckpt = tmp_path / "runs", tmp_path / "ckpt"
     train = str(SCRIPTS / "ckpt_train.py")
     common = ["--run-dir", str(runs), "--run-name", "chg", "--checkpoint-dir", str(ckpt)]
@@ -614,15 +615,22 @@ def test_a_relaunch_at_another_nproc_keeps_the_old_steps_and_never_claims_them(l
     assert old in ([25, 30], [20, 25]), old
 
     again = launcher.run(
-        "--nproc", "1", *common, train, "--steps", "20", "--out", str(tmp_path / "again.pt"), timeout=180
+        "--nproc", "1", "--max-failures", "0", *common, train, "--steps", "40",
+        "--out", str(tmp_path / "again.pt"), timeout=180,
     )  # fmt: skip
-    assert again.proc.returncode == 0, again.stderr
+    assert again.proc.returncode == 1, again.stderr
     said = f"no checkpoint yet; step(s) {old[0]}, {old[1]} were saved at another size"
     assert said in again.stderr, again.stderr
-    assert "rank 0 attempt 1 starts at step 0" in again.stdout  # nothing loadable at 1 rank
-    kept = sorted(int(p.name[len("step_") :]) for p in ckpt.iterdir())
-    assert kept == sorted({15, 20, *old}), kept  # its own two, and the 2-rank steps untouched
+    error = (
+        f"checkpoint step {old[1]}: saved by 2 ranks as per-rank parts, which only that many ranks can load"
+    )
+    assert error in again.stderr, again.stderr  # the rank's error, in the summary's log tail
+    assert "replicated=True" in again.stderr and "format='dcp'" in again.stderr
+    assert sorted(int(p.name[len("step_") :]) for p in ckpt.iterdir()) == old  # nothing deleted
     state = run_state(runs / "chg")
-    assert state.status == "SUCCEEDED" and state.latest_step == 20
     assert state.attempts[-1].resumed_from_step is None
-    assert again.survivors() == []
+
+    back = launcher.run("--nproc", "2", *common, train, "--steps", "40", "--out", str(tmp_path / "back.pt"))
+    assert back.proc.returncode == 0, back.stderr
+    assert f"rank 0 attempt 2 starts at step {old[1]}" in back.stdout, back.stdout
+    assert again.survivors() == [] and back.survivors() == []

@@ -14,7 +14,15 @@ from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
 
 from worker_lib import contract as c
 from worker_lib.chaos import act, dying_half_way
-from worker_lib.commit import REFUSED, CheckpointError, CommitChannel, Commits, LocalChannel, StoreChannel
+from worker_lib.commit import (
+    OTHER_SIZE,
+    REFUSED,
+    CheckpointError,
+    CommitChannel,
+    Commits,
+    LocalChannel,
+    StoreChannel,
+)
 from worker_lib.marker import (
     REPLICATED,
     RESHARDABLE,
@@ -218,6 +226,12 @@ class CheckpointManager:
         if marker.world_size != self.world_size:
             if marker.kind in RESHARDABLE:  # the state fits any world size; RNG streams do not
                 return {"rng": None, "state": None}, None
+            if marker.kind == "state":  # never a silent fresh start: the way out, on every rank
+                return {}, (
+                    f"saved by {marker.world_size} ranks {OTHER_SIZE} (now {self.world_size}): relaunch "
+                    f"with {marker.world_size} ranks, or save with replicated=True (plain DDP) or "
+                    "format='dcp' (sharded) to change sizes"
+                )
             return {}, f"saved by {marker.world_size} ranks, now {self.world_size}"
         return self._read_part(marker, part_name(self.rank))
 

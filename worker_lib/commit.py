@@ -16,13 +16,24 @@ from worker_lib.marker import MARKER, CommitMarker, PartEntry, committed_steps, 
 from worker_lib.retention import CommittedStep, RetentionPolicy
 from worker_lib.storage import Storage
 
-__all__ = ["CheckpointError", "CommitChannel", "Commits", "LocalChannel", "StoreChannel", "REFUSED"]
+__all__ = [
+    "CheckpointError",
+    "CommitChannel",
+    "Commits",
+    "LocalChannel",
+    "StoreChannel",
+    "OTHER_SIZE",
+    "REFUSED",
+]
 
 log = logging.getLogger(__name__)
 
-# The problem every rank stops at instead of falling back to an older step (which would only hide
-# the cause): a part that torch's weights-only loader refuses.
+# The problems every rank stops at instead of falling back to an older step (which would only hide
+# the cause, or silently start afresh): a part that torch's weights-only loader refuses, and
+# per-rank parts saved at another world size.
 REFUSED = "holds objects the weights-only loader refuses"
+OTHER_SIZE = "as per-rank parts, which only that many ranks can load"
+_STOPS = (REFUSED, OTHER_SIZE)
 
 
 class CommitChannel(Protocol):
@@ -153,9 +164,9 @@ class Commits:
             if all(v == f"{step}:ok" for v in votes):
                 return marker, payload
             reasons = sorted({v.split(":", 1)[1] for v in votes if v != f"{step}:ok"})
-            refused = [r for r in reasons if REFUSED in r]
-            if refused:  # every rank stops here: an older step would only hide the cause
-                raise CheckpointError(f"checkpoint step {step}: {refused[0]}")
+            stopped = [r for r in reasons if any(stop in r for stop in _STOPS)]
+            if stopped:  # every rank stops here: an older step would only hide the cause
+                raise CheckpointError(f"checkpoint step {step}: {stopped[0]}")
             log.warning(
                 "checkpoint step %d is not usable (%s): falling back to the previous committed step",
                 step,

@@ -52,6 +52,7 @@ def test_which_world_sizes_can_load_a_step():
     assert not CommitMarker(5, 2, "state", _PART).loads_at(1)
     assert not CommitMarker(5, 2, "directory", _PART).loads_at(1)  # its RNG parts are per rank
     assert CommitMarker(5, 2, "replicated", _PART).loads_at(1)
+    assert CommitMarker(5, 2, "dcp", _PART).loads_at(3)  # resharded by torch.distributed.checkpoint
 
 
 def _part(storage: Storage, step: int) -> PartEntry:
@@ -72,3 +73,17 @@ def test_retention_never_deletes_usable_steps_for_steps_of_another_world_size(tm
         commits.commit(step, [("rank_0.pt", _part(storage, step))], {}, "state")
     assert step_numbers(storage) == [25, 30, 55, 60]
     assert [m.step for m in committed_steps(storage)] == [60, 55, 30, 25]
+
+
+def test_per_rank_parts_of_another_world_size_are_an_error_naming_the_way_out(tmp_path):
+    """Issue 24.3: never a silent fresh start. Per-rank parts saved by 2 ranks, loaded by 1: an
+    error (on every rank: each votes it, and the vote stops there) that names the way out."""
+    from worker_lib.checkpoint import CheckpointError, CheckpointManager
+
+    storage = Storage(str(tmp_path))
+    entry = _part(storage, 5)  # rank 0's part (rank 1's is not read: rank 0 votes first)
+    parts = {"rank_0.pt": entry, "rank_1.pt": entry}
+    storage.write_bytes(f"{step_dir(5)}/{MARKER}", CommitMarker(5, 2, "state", parts).to_bytes())
+    alone = CheckpointManager(storage, 0, 1, LocalChannel())
+    with pytest.raises(CheckpointError, match="step 5: saved by 2 ranks as per-rank parts.*replicated=True"):
+        alone.load()
