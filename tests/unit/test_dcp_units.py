@@ -66,3 +66,15 @@ def test_a_state_that_does_not_match_the_step_is_a_clear_error(tmp_path):
     save_dcp(manager, 10, _state(1.0), {}, blocking=True)
     with pytest.raises(Exception, match="step 10 does not load into this state"):
         load_dcp(manager, {"model": {"other": torch.zeros(2)}})
+
+
+def test_an_asynchronous_save_keeps_the_state_as_it_was_at_the_call(tmp_path):
+    """The training loop changes the weights in place right after the call: the step holds the
+    values of the call (DCP's staging copy), not a mix."""
+    manager = _manager(tmp_path)
+    state = {"w": torch.ones(1_000_000)}
+    save_dcp(manager, 10, state, {}, blocking=False)
+    state["w"].mul_(5)
+    manager.wait()
+    into = {"w": torch.zeros(1_000_000)}
+    assert load_dcp(manager, into).step == 10 and torch.equal(into["w"], torch.ones(1_000_000))
