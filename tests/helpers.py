@@ -196,7 +196,11 @@ class Launcher:
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
-            preexec_fn=(lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if ignore_sighup else None,
+            # SIGHUP as a terminal's shell leaves it (default), or as nohup does (ignored): never as
+            # the test run happened to inherit it (a CI started under nohup ignores it).
+            preexec_fn=lambda: signal.signal(
+                signal.SIGHUP, signal.SIG_IGN if ignore_sighup else signal.SIG_DFL
+            ),
         )
         launch = Launch(proc, log_dir, marker)
         self.launches.append(launch)
