@@ -34,6 +34,11 @@ def parse() -> argparse.Namespace:
         "--beat", action="store_true", help="ft.heartbeat(0) first: no attempt gets past step 0 (no progress)"
     )
     p.add_argument("--run-for", type=float, default=1.0, help="seconds the others run before exit0")
+    p.add_argument(
+        "--exit-file",
+        type=Path,
+        help="the others create it as they exit 0; the failing rank waits (up to 120 s) for it first",
+    )
     p.add_argument("--ready-dir", type=Path, help="write <dir>/rank_<r>.attempt_<a>.pid once started")
     p.add_argument("--env-dir", type=Path, help="dump the environment to <dir>/rank_<r>.attempt_<a>.json")
     p.add_argument("--trap", choices=["report", "ignore"], help="INT/TERM/HUP: print and exit 0, or ignore")
@@ -129,6 +134,9 @@ def main() -> None:
 
         ft.heartbeat(0)
     if fails_now(args):
+        deadline = time.monotonic() + 120
+        while args.exit_file and not args.exit_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
         time.sleep(args.fail_after)
         die(args.fail)
     if args.others == "sleep" or (args.others == "wait" and attempt_fails(args)):
@@ -136,6 +144,8 @@ def main() -> None:
     time.sleep(args.run_for)
     if args.no_newline:
         print(f"rank {RANK} last words", end="", flush=True)
+    if args.exit_file:
+        args.exit_file.touch()
 
 
 if __name__ == "__main__":
