@@ -96,11 +96,12 @@ def test_exception_root_cause_shows_the_traceback(launcher):
 
 
 def test_ranks_that_succeed_while_another_fails_still_fail_the_group(launcher, tmp_path):
-    # Rank 0 exits 0 at once; rank 1 fails a second after rank 0 said it exits (on a loaded
-    # machine rank 0 may take longer than that to start). The group failed: both run again.
+    # Rank 0 exits 0 at once; rank 1 fails once ftlaunch has reaped rank 0 (on a loaded machine
+    # rank 0 may take seconds to start, or to exit with torch loaded). The group failed: both run
+    # again.
     exited = tmp_path / "rank0_exits"
     launch = launcher.run(
-        "--nproc", "2", str(ACTOR), "--fail", "exit", "--fail-after", "1.0", "--run-for", "0",
+        "--nproc", "2", str(ACTOR), "--fail", "exit", "--fail-after", "0.1", "--run-for", "0",
         "--exit-file", str(exited),
     )  # fmt: skip
 

@@ -37,7 +37,8 @@ def parse() -> argparse.Namespace:
     p.add_argument(
         "--exit-file",
         type=Path,
-        help="the others create it as they exit 0; the failing rank waits (up to 120 s) for it first",
+        help="the others write their pid to it as they exit 0; the failing rank waits (up to 120 s) "
+        "until that process is gone (reaped by ftlaunch, so its exit is recorded) before --fail-after",
     )
     p.add_argument("--ready-dir", type=Path, help="write <dir>/rank_<r>.attempt_<a>.pid once started")
     p.add_argument("--env-dir", type=Path, help="dump the environment to <dir>/rank_<r>.attempt_<a>.json")
@@ -106,6 +107,20 @@ def start_grandchild(mode: str) -> None:
     print(f"rank {RANK} grandchild {child.pid}", flush=True)
 
 
+def wait_until_gone(exit_file: Path) -> None:
+    """Until the process named in ``exit_file`` is gone (a zombie still answers kill 0: only the
+    supervisor's reaping, which records the exit, ends the wait); bounded."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            os.kill(int(exit_file.read_text()), 0)
+        except FileNotFoundError:
+            pass
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+
+
 def main() -> None:
     args = parse()
     if args.trap:
@@ -134,9 +149,8 @@ def main() -> None:
 
         ft.heartbeat(0)
     if fails_now(args):
-        deadline = time.monotonic() + 120
-        while args.exit_file and not args.exit_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        if args.exit_file:
+            wait_until_gone(args.exit_file)
         time.sleep(args.fail_after)
         die(args.fail)
     if args.others == "sleep" or (args.others == "wait" and attempt_fails(args)):
@@ -145,7 +159,8 @@ def main() -> None:
     if args.no_newline:
         print(f"rank {RANK} last words", end="", flush=True)
     if args.exit_file:
-        args.exit_file.touch()
+        args.exit_file.with_suffix(".tmp").write_text(str(os.getpid()))
+        args.exit_file.with_suffix(".tmp").rename(args.exit_file)  # whole, or not there at all
 
 
 if __name__ == "__main__":
