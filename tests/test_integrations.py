@@ -34,7 +34,7 @@ EXACT = {"lightning", "transformers", "accelerate"}
 PREEMPT = {"lightning": signal.SIGUSR1, "transformers": signal.SIGTERM, "accelerate": signal.SIGTERM}
 
 
-def _command(tmp_path, framework, *extra):
+def _command(framework, *extra):
     script, args, _ = JOBS[framework]
     return ["--nproc", "2", "--run-name", framework, *extra, str(EXAMPLES / script), *args]
 
@@ -61,7 +61,7 @@ def test_a_torn_save_and_a_hang_are_survived_from_the_newest_committed_step(fram
     restarts from step 20, the newest committed."""
     chaos = "kill:at=save;hang:at=step:23;seed=3"
     faulty = launcher.run(
-        *_command(tmp_path, framework, "--chaos", chaos, "--heartbeat-timeout", "4s", "--max-failures", "3"),
+        *_command(framework, "--chaos", chaos, "--heartbeat-timeout", "4s", "--max-failures", "3"),
         "--out",
         str(tmp_path / "faulty.pt"),
         "--step-time",
@@ -74,7 +74,7 @@ def test_a_torn_save_and_a_hang_are_survived_from_the_newest_committed_step(fram
     assert _final_step(faulty.stdout) == JOBS[framework][2]
     if framework in EXACT:
         clean = launcher.run(
-            *_command(tmp_path, framework, "--run-name", f"{framework}-clean"),
+            *_command(framework, "--run-name", f"{framework}-clean"),
             "--out",
             str(tmp_path / "clean.pt"),
             timeout=180,
@@ -94,7 +94,7 @@ def test_a_preemption_saves_one_agreed_step_on_gcs_and_the_relaunch_goes_on_from
     use_emulator("gcs", gcs_env, monkeypatch)
     bucket = f"integrations-{framework}"
     fsspec.filesystem("gcs").mkdir(bucket)
-    command = _command(tmp_path, framework, "--checkpoint-dir", f"gcs://{bucket}/run", "--grace-period", "60")
+    command = _command(framework, "--checkpoint-dir", f"gcs://{bucket}/run", "--grace-period", "60")
     first = launcher.start(*command, "--step-time", "0.1", env=gcs_env)
     first.read_console_until(lambda line: "attempt 0 " in line, timeout=120)
     _wait_for_commit(f"{bucket}/run", first)

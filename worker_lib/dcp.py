@@ -40,7 +40,7 @@ def save_dcp(
 
     manager.wait()
     folder = manager.storage.url_of(step_dir(step), FOLDER)
-    writer = FsspecWriter(folder, **_options(manager))
+    writer = FsspecWriter(folder, **manager.storage.options)
     group, alone = _checkpoint_group()
     if blocking:
         dcp.save(state, storage_writer=writer, process_group=group, no_dist=alone)
@@ -75,7 +75,7 @@ def load_dcp(manager: CheckpointManager, into: Any) -> Optional[Checkpoint]:
     marker, own = found
     group, alone = _checkpoint_group()
     folder = manager.storage.url_of(step_dir(marker.step), FOLDER)
-    reader = FsspecReader(folder, **_options(manager))
+    reader = FsspecReader(folder, **manager.storage.options)
     try:
         dcp.load(into, storage_reader=reader, process_group=group, no_dist=alone)
     except CheckpointException as err:  # a BaseException, carrying every rank's failure
@@ -122,8 +122,3 @@ def _checkpoint_group():
     if _group is None:
         _group = dist.new_group(backend="gloo")
     return _group, False
-
-
-def _options(manager: CheckpointManager) -> Dict[str, Any]:
-    """The storage options ``worker_lib.init`` got, for DCP's own fsspec filesystem."""
-    return manager.storage.options
