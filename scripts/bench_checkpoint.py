@@ -4,11 +4,12 @@ GCS emulator (fake-gcs-server on 127.0.0.1, through gcsfs).
     python scripts/bench_checkpoint.py [--mb 256] [--repeats 3]
 
 One rank, a state of --mb megabytes of float32 tensors. Rows:
-- save, sync: worker_lib's blocking save (serialize, SHA-256, write, fsync, rename, commit)
+- save, sync: worker_lib's blocking save (serialize, CRC32C, write, fsync, rename, commit)
   beside torch.save of the same state to the same storage
 - save, async: how long the training loop is blocked by ft.save_checkpoint (the copy to CPU
   memory), and how long until the background save is committed
-- load: worker_lib's load (read, verify SHA-256, deserialize) beside reading the same bytes raw
+- load: worker_lib's load (verify CRC32C, deserialize) beside reading the same bytes raw
+- DCP save and load: format="dcp" beside torch.distributed.checkpoint's save and load alone
 """
 
 import argparse
@@ -57,24 +58,34 @@ def bench_target(name: str, url: str, state, mb: float, repeats: int) -> List[Li
     written: List[str] = []
 
     def torch_save(durable: bool = False):
-        # A fresh file each time, the previous one deleted, as checkpoints are: rewriting one
-        # file in place reuses its disk blocks and flatters the baseline on this machine's disk.
+        # A fresh file each time, as checkpoints are: rewriting one file in place reuses its disk
+        # blocks and flatters the baseline on this machine's disk.
         path = next(plain_names)
         with fs.open(path, "wb") as handle:
             torch.save(state, handle)
             if durable:  # what a save that survives a power cut also pays (local disk only)
                 handle.flush()
                 os.fsync(handle.fileno())
-        for old in written:
+        written.append(path)
+
+    def forget_old() -> None:
+        """Untimed, on both sides: the previous baseline file deleted; worker_lib's retention
+        deleting the step that fell out of keep_last, in the background (the save returns at
+        its commit)."""
+        manager.wait()
+        for old in written[:-1]:
             fs.rm_file(old)
-        written[:] = [path]
+        del written[:-1]
 
     sync, baseline, durable = [], [], []
     for _ in range(repeats):  # interleaved, so that disk and cache drift hit every column alike
         sync += timed(lambda: manager.save(next(steps), state, blocking=True), 1)
+        forget_old()
         baseline += timed(torch_save, 1)
+        forget_old()
         if manager.storage.is_local:
             durable += timed(lambda: torch_save(durable=True), 1)
+            forget_old()
     plain = written[0]
     blocked, committed = [], []
     for _ in range(repeats):
@@ -101,6 +112,58 @@ def bench_target(name: str, url: str, state, mb: float, repeats: int) -> List[Li
     ]
 
 
+def bench_dcp(name: str, url: str, state, mb: float, repeats: int) -> List[List[str]]:
+    """format="dcp" beside torch.distributed.checkpoint alone, writing and reading the same
+    state through the same fsspec writer and reader: what ftlaunch's commit adds (the checksums,
+    the RNG part, the marker) and its load adds (the verification and the vote)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+
+    from worker_lib.dcp import load_dcp, save_dcp
+
+    manager = CheckpointManager(Storage(url), 0, 1, LocalChannel(), save_rng=False)
+    steps = iter(range(1, 10_000))
+    folders = (manager.storage.url_of(f"plain_dcp_{i}") for i in range(10_000))
+    written: List[str] = []
+
+    def dcp_alone() -> None:
+        folder = next(folders)
+        dcp.save(state, storage_writer=FsspecWriter(folder), no_dist=True)
+        written.append(folder)
+
+    def forget_old() -> None:
+        manager.wait()
+        for old in written[:-1]:
+            fsspec.core.url_to_fs(old)[0].rm(old, recursive=True)
+        del written[:-1]
+
+    ours, alone = [], []
+    for _ in range(repeats):
+        ours += timed(lambda: save_dcp(manager, next(steps), state, {}, blocking=True), 1)
+        forget_old()
+        alone += timed(dcp_alone, 1)
+        forget_old()
+    into = {key: torch.empty_like(value) for key, value in state.items()}
+    load_ours, load_alone = [], []
+    for _ in range(repeats):
+        load_ours += timed(lambda: load_dcp(manager, into), 1)
+        load_alone += timed(lambda: dcp.load(into, storage_reader=FsspecReader(written[-1]), no_dist=True), 1)
+    assert all(torch.equal(into[key], state[key]) for key in state)
+    return [
+        _beside(name, "DCP save, sync", mb, ours, "dcp.save alone", alone),
+        _beside(name, "DCP load", mb, load_ours, "dcp.load alone", load_alone),
+    ]
+
+
+def _beside(name: str, what: str, mb: float, ours: List[float], label: str, alone: List[float]) -> List[str]:
+    med = statistics.median
+    return [name, what, _rate(mb, med(ours)), f"{label}: {_rate(mb, med(alone))} ({_over(ours, alone)})"]
+
+
+def _over(ours: List[float], alone: List[float]) -> str:
+    return f"ftlaunch adds {100 * (statistics.median(ours) / statistics.median(alone) - 1):+.0f}%"
+
+
 def _rate(mb: float, seconds: float) -> str:
     return f"{mb / seconds:.0f} MB/s ({seconds:.2f} s)"
 
@@ -118,7 +181,9 @@ def main() -> None:
         fsspec.config.conf["gcs"] = {"token": "anon", "endpoint_url": env["FSSPEC_GCS_ENDPOINT_URL"]}
         fsspec.filesystem("gcs").mkdir("bench")
         rows = bench_target("local disk", str(work / "local"), state, mb, args.repeats)
+        rows += bench_dcp("local disk", str(work / "local-dcp"), state, mb, args.repeats)
         rows += bench_target("GCS emulator", "gcs://bench/run", state, mb, args.repeats)
+        rows += bench_dcp("GCS emulator", "gcs://bench/dcp", state, mb, args.repeats)
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)

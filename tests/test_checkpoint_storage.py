@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 
+import google_crc32c
 import pytest
 import torch
 
@@ -39,7 +40,28 @@ def test_save_commit_and_load(storage):
     assert torch.equal(loaded.state["model"]["w"], torch.full((4, 4), 2.0))
     marker = json.loads(manager.storage.read_bytes(f"{step_dir(20)}/{MARKER}"))
     part = manager.storage.read_bytes(f"{step_dir(20)}/rank_0.pt")
-    assert marker["parts"]["rank_0.pt"] == {"size": len(part), "sha256": hashlib.sha256(part).hexdigest()}
+    assert marker["parts"]["rank_0.pt"] == {"size": len(part), "crc32c": f"{google_crc32c.value(part):08x}"}
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_a_step_of_an_earlier_version_listing_sha256_still_loads_and_is_still_checked(storage, flip):
+    """Markers written before CRC32C list SHA-256: a run saved by them resumes, and damage to
+    such a step is still found."""
+    manager = _manager(storage.url)
+    manager.save(10, _state(1.0), blocking=True)
+    name = f"{step_dir(10)}/rank_0.pt"
+    data = bytearray(manager.storage.read_bytes(name))
+    marker = json.loads(manager.storage.read_bytes(f"{step_dir(10)}/{MARKER}"))
+    marker["parts"]["rank_0.pt"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manager.storage.write_bytes(f"{step_dir(10)}/{MARKER}", json.dumps(marker).encode())
+    if flip:
+        data[len(data) // 2] ^= 0x01
+        manager.storage.write_bytes(name, bytes(data))
+    loaded = _manager(storage.url).load()
+    if flip:
+        assert loaded is None
+    else:
+        assert loaded.step == 10 and torch.equal(loaded.state["model"]["w"], torch.full((4, 4), 1.0))
 
 
 def test_a_step_without_its_marker_does_not_exist(storage):
@@ -98,6 +120,7 @@ def test_uncommitted_leftovers_are_cleaned_up_later(storage):
     manager = _manager(storage.url)
     manager.storage.write_bytes(f"{step_dir(5)}/rank_0.pt", b"half a save from a crashed run")
     manager.save(10, _state(1.0), blocking=True)
+    manager.wait()  # retention deletes in the background, after the commit
     assert step_numbers(manager.storage) == [10]
 
 
@@ -234,6 +257,7 @@ def test_a_storage_outage_during_a_save_is_retried(tmp_path, monkeypatch, caplog
         fsspec.filesystem("gcs").mkdir("outage")
         manager = _manager("gcs://outage/run")
         manager.save(1, _state(1.0), blocking=True)
+        manager.wait()  # retention's deletions too: they must not meet the outage
         server.stop()
         caplog.set_level(logging.DEBUG, logger="gcsfs")
         manager.save(2, _state(2.0))  # in the background, against a storage that is down
@@ -261,7 +285,8 @@ class _Planted:
 
 def _plant(manager, step: int, payload) -> None:
     """Replace the step's part with ``payload`` and re-sign the marker, as an attacker with write
-    access to the storage would: checksums cannot help against that."""
+    access to the storage would: checksums cannot help against that. (Signed with SHA-256, as
+    markers of earlier versions are.)"""
     import io
 
     buffer = io.BytesIO()
@@ -332,3 +357,19 @@ def test_the_node_cache_is_private_and_this_users_own(tmp_path, monkeypatch, mak
     else:
         with pytest.raises(CheckpointError, match=f"refusing the node cache {base}"):
             node_cache_root("run")
+
+
+def test_a_loaded_state_does_not_depend_on_its_file(tmp_path):
+    """A local part is mapped for the load; its objects are copied out, so what the file becomes
+    afterwards (overwritten in place, deleted by retention or another node) cannot reach the
+    state. Tensors that shared storage when saved still share it."""
+    manager = _manager(str(tmp_path / "ckpt"))
+    tied = torch.arange(1024, dtype=torch.float32)
+    manager.save(1, {"a": tied, "b": tied, "c": torch.ones(7)}, blocking=True)
+    loaded = _manager(str(tmp_path / "ckpt")).load().state
+    part = tmp_path / "ckpt" / step_dir(1) / "rank_0.pt"
+    with open(part, "r+b") as handle:  # the same inode: a shared mapping of it would see this
+        handle.write(b"\0" * part.stat().st_size)
+    assert torch.equal(loaded["a"], torch.arange(1024, dtype=torch.float32))
+    assert torch.equal(loaded["c"], torch.ones(7))
+    assert loaded["a"].data_ptr() == loaded["b"].data_ptr()

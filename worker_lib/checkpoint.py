@@ -7,7 +7,6 @@ agree on a commit and on the step to load: ``worker_lib.commit``.
 import atexit
 import collections
 import dataclasses
-import io
 import logging
 import threading
 from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
@@ -28,8 +27,9 @@ from worker_lib.marker import (
     RESHARDABLE,
     CommitMarker,
     PartEntry,
+    VerifiedPart,
+    opened_verified,
     part_name,
-    read_verified,
     step_dir,
 )
 from worker_lib.progress import chaos_request
@@ -159,10 +159,12 @@ class CheckpointManager:
         return part_name(self.rank), _writer(own)
 
     def wait(self) -> None:
-        """Block until the save in flight is done; raise its error, if it failed."""
+        """Block until the save in flight is done and retention has deleted what it let go;
+        raise the save's error, if it failed."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self._commits.settle()
         if self._error is not None:
             error, self._error = self._error, None
             self._failed = f"an earlier save failed ({error})"
@@ -191,8 +193,7 @@ class CheckpointManager:
         action = chaos_request(c.CHAOS_AT_SAVE)
         if action is not None:
             fill = dying_half_way(fill, action)
-        size, sha256 = self.storage.write_stream(f"{step_dir(step)}/{name}", fill)
-        return name, PartEntry(size, sha256)
+        return name, PartEntry(*self.storage.write_stream(f"{step_dir(step)}/{name}", fill))
 
     def _wait_at_exit(self) -> None:
         try:
@@ -243,26 +244,37 @@ class CheckpointManager:
         return ({}, problem) if problem else ({"own": own, "replicated": state}, None)
 
     def _read_part(self, marker: CommitMarker, name: str) -> Tuple[Any, Optional[str]]:
-        data, problem = read_verified(self.storage, marker.step, name, marker.parts.get(name))
-        if problem:
-            return {}, f"rank {self.rank}: {problem}"
-        return self._deserialize(name, data)
+        with opened_verified(self.storage, marker.step, name, marker.parts.get(name)) as (part, problem):
+            if problem:
+                return {}, f"rank {self.rank}: {problem}"
+            return self._deserialize(name, part)
 
-    def _deserialize(self, name: str, data: bytes) -> Tuple[Any, Optional[str]]:
+    def _deserialize(self, name: str, part: VerifiedPart) -> Tuple[Any, Optional[str]]:
         """The part's objects; a part that torch's weights-only loader refuses (an object outside
         its allow-list: a class of the script's, a numpy array, or a planted pickle) is a problem
-        every rank stops at, with the way out."""
+        every rank stops at, with the way out.
+
+        A mapped part is loaded without a read into memory, then its objects are copied out
+        (tensors sharing storage stay sharing): the state must not depend on a file that
+        retention, or another node, may delete."""
+        import copy
         import pickle
 
         import torch
 
+        def load(weights_only: bool) -> Any:
+            loaded = torch.load(part.source, map_location="cpu", weights_only=weights_only, mmap=part.mapped)
+            return copy.deepcopy(loaded) if part.mapped else loaded
+
         if self._trusted:
-            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False), None
+            return load(weights_only=False), None
         try:
-            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True), None
+            return load(weights_only=True), None
         except pickle.UnpicklingError as err:
             lister = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)  # torch 2.5+
-            unsafe = lister(io.BytesIO(data)) if lister is not None else []
+            if not part.mapped:
+                part.source.seek(0)
+            unsafe = lister(part.source) if lister is not None else []
             return {}, (
                 f"rank {self.rank}: {name} {REFUSED} ({', '.join(unsafe) or str(err).splitlines()[0]}): "
                 "allow them with torch.serialization.add_safe_globals([...]) before ft.init(), or, if "

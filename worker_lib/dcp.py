@@ -7,7 +7,9 @@ adds on top:
 
 - **The commit.** Once DCP is done on every rank (its ``.metadata`` is written last, by rank 0),
   the files are checksummed, each rank a share of them, and rank 0 writes the COMMITTED marker
-  listing every file with its size and SHA-256, as for parts. A step without it is never loaded.
+  listing every file with its size and CRC32C, as for parts (where the object store keeps a
+  CRC32C of every object, GCS, it is taken from there: nothing is read back). A step without it
+  is never loaded.
 - **The vote.** At the load every rank verifies its share of the newest committed step's files;
   the ranks agree through the job's store and fall back step by step on damage, as for parts.
 - **Asynchronous by default.** ``dcp.async_save`` copies the state to CPU memory on the caller's
@@ -59,7 +61,7 @@ def _share(manager: CheckpointManager, step: int, done: Callable[[], object]) ->
     if ".metadata" not in names:
         raise CheckpointError(f"step {step}: torch.distributed.checkpoint wrote no .metadata (found {names})")
     mine = [f"{FOLDER}/{name}" for name in names[manager.rank :: manager.world_size]]
-    return [(name, PartEntry(*manager.storage.digest(f"{step_dir(step)}/{name}"))) for name in mine]
+    return [(name, PartEntry(*manager.storage.checksum_of(f"{step_dir(step)}/{name}"))) for name in mine]
 
 
 def load_dcp(manager: CheckpointManager, into: Any) -> Optional[Checkpoint]:
@@ -99,14 +101,14 @@ def _verify_share(manager: CheckpointManager, marker: CommitMarker) -> Tuple[Dic
     for name in names[manager.rank :: manager.world_size]:
         expected = marker.parts[name]
         try:
-            size, sha256 = manager.storage.digest(f"{step_dir(marker.step)}/{name}")
+            size, found = manager.storage.checksum_of(f"{step_dir(marker.step)}/{name}", expected.algorithm)
         except FileNotFoundError:
             return {}, f"rank {manager.rank}: {name} is missing"
         except Exception as err:  # noqa: BLE001 - storage errors of any backend: a vote against
             return {}, f"rank {manager.rank}: {name} cannot be read: {err}"
         if size != expected.size:
             return {}, f"rank {manager.rank}: {name} has {size} bytes, the marker says {expected.size}"
-        if sha256 != expected.sha256:
+        if found != expected.checksum:
             return {}, f"rank {manager.rank}: {name} fails its checksum"
     return own, None
 

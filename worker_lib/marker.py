@@ -9,19 +9,21 @@ Layout under the storage root::
     step_<n>/dcp/...          format="dcp": torch.distributed.checkpoint's files (.metadata and
                               each rank's shards), the state resharded at the load
     step_<n>/COMMITTED        JSON, written by rank 0 once every part is durable: the parts with
-                              sizes and SHA-256 checksums, the world size, the metrics
+                              sizes and CRC32C checksums, the world size, the metrics
 
 A step without COMMITTED does not exist for readers; nor does one whose marker is damaged or
 not of the shape ``CommitMarker`` writes.
 """
 
+import contextlib
 import dataclasses
-import hashlib
+import io
 import json
 import logging
 import time
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
+from worker_lib import checksum
 from worker_lib.storage import Storage, StorageError
 
 __all__ = [
@@ -30,8 +32,10 @@ __all__ = [
     "RESHARDABLE",
     "CommitMarker",
     "PartEntry",
+    "VerifiedPart",
     "committed_steps",
     "part_name",
+    "opened_verified",
     "read_verified",
     "step_dir",
     "step_numbers",
@@ -55,10 +59,34 @@ def part_name(rank: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class PartEntry:
-    """One written file of a step, as the marker lists it."""
+    """One written file of a step, as the marker lists it: ``{"size": n, "crc32c": "..."}``
+    (markers of earlier versions: ``"sha256"``)."""
 
     size: int
-    sha256: str
+    checksum: str
+    algorithm: str = checksum.CRC32C
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"size": self.size, self.algorithm: self.checksum}
+
+    @classmethod
+    def from_json(cls, entry: Any) -> Optional["PartEntry"]:
+        """None for anything ``to_json`` does not write."""
+        if not isinstance(entry, dict) or not isinstance(entry.get("size"), int):
+            return None
+        for algorithm in checksum.ALGORITHMS:
+            if isinstance(entry.get(algorithm), str):
+                return cls(entry["size"], entry[algorithm], algorithm)
+        return None
+
+    def problem_with(self, name: str, size: int, summer: "checksum.Checksum") -> Optional[str]:
+        """What is wrong with a file of ``size`` bytes whose checksum ``summer`` holds; None if
+        it is the one listed."""
+        if size != self.size:
+            return f"{name} has {size} bytes, the marker says {self.size}"
+        if summer.hexdigest() != self.checksum:
+            return f"{name} fails its checksum"
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +106,7 @@ class CommitMarker:
 
     def to_bytes(self) -> bytes:
         record = dataclasses.asdict(self)
+        record["parts"] = {name: entry.to_json() for name, entry in self.parts.items()}
         return json.dumps(record, indent=1).encode()
 
     @classmethod
@@ -93,15 +122,9 @@ class CommitMarker:
         parts, when, metrics = raw.get("parts"), raw.get("time", 0.0), raw.get("metrics", {})
         if not isinstance(parts, dict) or not isinstance(when, (int, float)) or not isinstance(metrics, dict):
             return None
-        entries = {}
-        for name, entry in parts.items():
-            if not (
-                isinstance(entry, dict)
-                and isinstance(entry.get("size"), int)
-                and isinstance(entry.get("sha256"), str)
-            ):
-                return None
-            entries[name] = PartEntry(entry["size"], entry["sha256"])
+        entries = {name: PartEntry.from_json(entry) for name, entry in parts.items()}
+        if None in entries.values():
+            return None
         kind = raw.get("kind", "state")
         return cls(step, raw["world_size"], str(kind), entries, metrics, float(when))
 
@@ -145,8 +168,44 @@ def read_verified(
         return b"", f"{name} is missing"
     except StorageError as err:
         return b"", f"{name} cannot be read: {err}"
-    if len(data) != expected.size:
-        return b"", f"{name} has {len(data)} bytes, the marker says {expected.size}"
-    if hashlib.sha256(data).hexdigest() != expected.sha256:
-        return b"", f"{name} fails its checksum"
-    return data, None
+    summer = checksum.new(expected.algorithm)
+    summer.update(data)
+    problem = expected.problem_with(name, len(data), summer)
+    return (b"", problem) if problem else (data, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifiedPart:
+    """A part checked against its marker entry, ready for ``torch.load``: on local storage a
+    path to the open, mapped file (``mapped``: load it with ``mmap=True``, nothing copied twice);
+    elsewhere the bytes read."""
+
+    source: Union[str, io.BytesIO]
+    mapped: bool
+
+
+@contextlib.contextmanager
+def opened_verified(
+    storage: Storage, step: int, name: str, expected: Optional[PartEntry]
+) -> Iterator[Tuple[Optional[VerifiedPart], Optional[str]]]:
+    """(The part, None) or (None, what is wrong with it); the part is valid inside the context."""
+    if not storage.is_local:
+        data, problem = read_verified(storage, step, name, expected)
+        yield (None, problem) if problem else (VerifiedPart(io.BytesIO(data), mapped=False), None)
+        return
+    if expected is None:
+        yield None, f"{name} is not listed in the commit marker"
+        return
+    with contextlib.ExitStack() as stack:
+        try:
+            view, path = stack.enter_context(storage.mapped(f"{step_dir(step)}/{name}"))
+        except FileNotFoundError:
+            yield None, f"{name} is missing"
+            return
+        except OSError as err:
+            yield None, f"{name} cannot be read: {err}"
+            return
+        summer = checksum.new(expected.algorithm)
+        summer.update(view)
+        problem = expected.problem_with(name, len(view), summer)
+        yield (None, problem) if problem else (VerifiedPart(path, mapped=True), None)

@@ -7,16 +7,18 @@ at all, so their objects are written in place.
 """
 
 import contextlib
-import hashlib
 import logging
+import mmap
 import os
 import posixpath
 import time
 import uuid
-from typing import BinaryIO, Callable, List, Optional, Tuple, TypeVar
+from typing import BinaryIO, Callable, Iterator, List, Optional, Tuple, TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+
+from worker_lib import checksum
 
 __all__ = ["Storage", "StorageError"]
 
@@ -68,7 +70,7 @@ class Storage:
     def write_stream(
         self, rel: str, fill: Callable[[BinaryIO], object], retries: bool = True
     ) -> Tuple[int, str]:
-        """Write what ``fill(handle)`` writes, atomically; return its size and SHA-256.
+        """Write what ``fill(handle)`` writes, atomically; return its size and CRC32C.
 
         The checksum is computed as the bytes go by: no second pass, no copy in memory.
         ``fill`` may be called again on a retry, so it must be able to write everything again.
@@ -81,20 +83,47 @@ class Storage:
         target = self.path(rel)
         return self._retrying(lambda: self.fs.cat_file(target), f"reading {target}", True)
 
-    def digest(self, rel: str) -> Tuple[int, str]:
-        """The size and SHA-256 of a file another writer made (torch.distributed.checkpoint's),
-        read in chunks: no copy of it in memory."""
+    def checksum_of(self, rel: str, algorithm: str = checksum.CRC32C) -> Tuple[int, str]:
+        """The size and checksum of a stored file another writer made (DCP's): the CRC32C the
+        object store keeps for it where it keeps one (GCS), so nothing is read back; else the
+        file read through once (mapped, where it is local: no copy of it in memory)."""
         target = self.path(rel)
 
         def read() -> Tuple[int, str]:
-            sha256, size = hashlib.sha256(), 0
+            self.fs.invalidate_cache(target)
+            info = self.fs.info(target)
+            stored = checksum.from_object_info(info) if algorithm == checksum.CRC32C else None
+            if stored is not None:
+                return int(info["size"]), stored
+            summer = checksum.new(algorithm)
+            if self.is_local:
+                with self.mapped(rel) as (view, _):
+                    summer.update(view)
+                    return len(view), summer.hexdigest()
+            size = 0
             with self.fs.open(target, "rb") as handle:
                 for chunk in iter(lambda: handle.read(_CHUNK), b""):
-                    sha256.update(chunk)
+                    summer.update(chunk)
                     size += len(chunk)
-            return size, sha256.hexdigest()
+            return size, summer.hexdigest()
 
         return self._retrying(read, f"reading {target}", True)
+
+    @contextlib.contextmanager
+    def mapped(self, rel: str) -> Iterator[Tuple[memoryview, str]]:
+        """A local file mapped read-only, and a path to that same open file (for
+        ``torch.load(mmap=True)``): valid until the context ends, even if the file is replaced."""
+        with open(self.path(rel), "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size == 0:  # mmap refuses an empty file
+                yield memoryview(b""), f"/proc/self/fd/{handle.fileno()}"
+                return
+            with mmap.mmap(handle.fileno(), 0, prot=mmap.PROT_READ) as region:
+                view = memoryview(region)
+                try:
+                    yield view, f"/proc/self/fd/{handle.fileno()}"
+                finally:
+                    view.release()
 
     def exists(self, rel: str) -> bool:
         return self.fs.exists(self.path(rel))
@@ -130,13 +159,13 @@ class Storage:
                 os.unlink(tmp)  # a half-written file must not keep a full disk full
             raise
         _fsync_dir(folder)  # the rename itself must survive a power cut
-        return hashing.size, hashing.sha256.hexdigest()
+        return hashing.size, hashing.checksum.hexdigest()
 
     def _write_object(self, target: str, fill: Callable[[BinaryIO], object]) -> Tuple[int, str]:
         with self.fs.open(target, "wb") as handle:  # the object appears whole, on close
             hashing = _HashingWriter(handle)
             _fill(fill, hashing)
-        return hashing.size, hashing.sha256.hexdigest()
+        return hashing.size, hashing.checksum.hexdigest()
 
     def _retrying(self, action: Callable[[], _T], what: str, retries: bool) -> _T:
         delays = _RETRY_DELAYS_S if retries else ()
@@ -158,12 +187,12 @@ class _HashingWriter:
 
     def __init__(self, handle: BinaryIO) -> None:
         self._handle = handle
-        self.sha256 = hashlib.sha256()
+        self.checksum = checksum.new()
         self.size = 0
         self.error: Optional[OSError] = None
 
     def write(self, data) -> int:
-        self.sha256.update(data)
+        self.checksum.update(data)
         self.size += len(data)
         try:
             return self._handle.write(data)

@@ -1,9 +1,9 @@
 """The COMMITTED marker as one typed record, and what retention makes of markers of another world
 size; on a real local directory, with the commit channel of a single rank."""
 
-import hashlib
 import json
 
+import google_crc32c
 import pytest
 
 from worker_lib.commit import Commits, LocalChannel
@@ -11,15 +11,21 @@ from worker_lib.marker import MARKER, CommitMarker, PartEntry, committed_steps, 
 from worker_lib.retention import RetentionPolicy
 from worker_lib.storage import Storage
 
-_PART = {"rank_0.pt": PartEntry(12, "ab" * 32)}
+_PART = {"rank_0.pt": PartEntry(12, "0a1b2c3d")}
 
 
 def test_a_marker_reads_back_as_written():
     marker = CommitMarker(20, 2, "state", _PART, {"loss": 0.5}, 1795557623.5)
     assert CommitMarker.parse(marker.to_bytes(), 20) == marker
-    # the file keeps the shape earlier versions wrote and read
     raw = json.loads(marker.to_bytes())
-    assert raw["parts"] == {"rank_0.pt": {"size": 12, "sha256": "ab" * 32}} and raw["world_size"] == 2
+    assert raw["parts"] == {"rank_0.pt": {"size": 12, "crc32c": "0a1b2c3d"}} and raw["world_size"] == 2
+
+
+def test_a_marker_of_an_earlier_version_lists_sha256_and_keeps_it():
+    older = b'{"step": 5, "world_size": 1, "parts": {"rank_0.pt": {"size": 1, "sha256": "00ff"}}}'
+    marker = CommitMarker.parse(older, 5)
+    assert marker.parts["rank_0.pt"] == PartEntry(1, "00ff", "sha256")
+    assert json.loads(marker.to_bytes())["parts"] == {"rank_0.pt": {"size": 1, "sha256": "00ff"}}
 
 
 @pytest.mark.parametrize(
@@ -33,6 +39,8 @@ def test_a_marker_reads_back_as_written():
         b'{"step": 20, "world_size": 2, "parts": []}',
         b'{"step": 20, "world_size": 2, "parts": {"rank_0.pt": {"size": 12}}}',
         b'{"step": 20, "world_size": 2, "parts": {"rank_0.pt": {"size": "12", "sha256": "x"}}}',
+        b'{"step": 20, "world_size": 2, "parts": {"rank_0.pt": {"size": 12, "md5": "x"}}}',
+        b'{"step": 20, "world_size": 2, "parts": {"rank_0.pt": {"size": 12, "crc32c": 7}}}',
         b'{"step": 20, "world_size": 2, "parts": {}, "time": "now"}',
         b'{"step": 20, "world_size": 2, "parts": {}, "metrics": [1]}',
     ],
@@ -58,7 +66,7 @@ def test_which_world_sizes_can_load_a_step():
 def _part(storage: Storage, step: int) -> PartEntry:
     data = f"step {step}".encode()
     storage.write_bytes(f"{step_dir(step)}/rank_0.pt", data)
-    return PartEntry(len(data), hashlib.sha256(data).hexdigest())
+    return PartEntry(len(data), f"{google_crc32c.value(data):08x}")
 
 
 def test_retention_never_deletes_usable_steps_for_steps_of_another_world_size(tmp_path):
@@ -71,6 +79,7 @@ def test_retention_never_deletes_usable_steps_for_steps_of_another_world_size(tm
     commits = Commits(storage, 0, 1, LocalChannel(), RetentionPolicy(keep_last=2), timeout=5.0)
     for step in (5, 10, 15, 20, 25, 30):
         commits.commit(step, [("rank_0.pt", _part(storage, step))], {}, "state")
+    commits.settle()  # retention deletes in the background
     assert step_numbers(storage) == [25, 30, 55, 60]
     assert [m.step for m in committed_steps(storage)] == [60, 55, 30, 25]
 

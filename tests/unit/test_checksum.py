@@ -1,0 +1,52 @@
+"""CRC32C, the checksum of checkpoint files: incremental over any buffer, and the form GCS keeps."""
+
+import base64
+import hashlib
+import mmap
+import os
+
+import google_crc32c
+import pytest
+
+from worker_lib import checksum
+
+
+def test_crc32c_over_pieces_and_buffers_equals_the_one_of_the_whole():
+    data = os.urandom(3 * 2**20 + 17)  # more than one of the megabyte pieces buffers are cut into
+    whole = f"{google_crc32c.value(data):08x}"
+    for feed in (
+        [data],
+        [data[:5], data[5:]],
+        [memoryview(data)],
+        [bytearray(data)],
+        [memoryview(data)[: 2**20 + 1], memoryview(data)[2**20 + 1 :]],
+    ):
+        summer = checksum.new()
+        for piece in feed:
+            summer.update(piece)
+        assert summer.hexdigest() == whole
+
+
+def test_crc32c_of_a_mapped_file(tmp_path):
+    data = os.urandom(2**20 + 3)
+    path = tmp_path / "part"
+    path.write_bytes(data)
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, prot=mmap.PROT_READ) as region:
+        summer = checksum.new()
+        summer.update(region)
+    assert summer.hexdigest() == f"{google_crc32c.value(data):08x}"
+
+
+def test_sha256_for_markers_of_earlier_versions_and_nothing_else():
+    summer = checksum.new(checksum.SHA256)
+    summer.update(memoryview(b"abc"))
+    assert summer.hexdigest() == hashlib.sha256(b"abc").hexdigest()
+    with pytest.raises(ValueError, match="unknown checksum 'md5'"):
+        checksum.new("md5")
+
+
+def test_the_crc32c_an_object_store_keeps():
+    stored = base64.b64encode(google_crc32c.value(b"hello").to_bytes(4, "big")).decode()
+    assert checksum.from_object_info({"crc32c": stored}) == f"{google_crc32c.value(b'hello'):08x}"
+    for info in ({}, {"crc32c": None}, {"crc32c": "not base64!"}, {"crc32c": "AAAA"}, {"crc32c": 5}):
+        assert checksum.from_object_info(info) is None  # keeps none we can use: the file is read
