@@ -86,7 +86,7 @@ class Storage:
     def checksum_of(self, rel: str, algorithm: str = checksum.CRC32C) -> Tuple[int, str]:
         """The size and checksum of a stored file another writer made (DCP's): the CRC32C the
         object store keeps for it where it keeps one (GCS), so nothing is read back; else the
-        file read through once (mapped, where it is local: no copy of it in memory)."""
+        file read through once."""
         target = self.path(rel)
 
         def read() -> Tuple[int, str]:
@@ -95,11 +95,9 @@ class Storage:
             stored = checksum.from_object_info(info) if algorithm == checksum.CRC32C else None
             if stored is not None:
                 return int(info["size"]), stored
-            summer = checksum.new(algorithm)
             if self.is_local:
-                with self.mapped(rel) as (view, _):
-                    summer.update(view)
-                    return len(view), summer.hexdigest()
+                return checksum.of_file(target, algorithm)
+            summer = checksum.new(algorithm)
             size = 0
             with self.fs.open(target, "rb") as handle:
                 for chunk in iter(lambda: handle.read(_CHUNK), b""):

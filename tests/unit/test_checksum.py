@@ -50,3 +50,12 @@ def test_the_crc32c_an_object_store_keeps():
     assert checksum.from_object_info({"crc32c": stored}) == f"{google_crc32c.value(b'hello'):08x}"
     for info in ({}, {"crc32c": None}, {"crc32c": "not base64!"}, {"crc32c": "AAAA"}, {"crc32c": 5}):
         assert checksum.from_object_info(info) is None  # keeps none we can use: the file is read
+
+
+@pytest.mark.parametrize("size", [0, 1, 2**20 - 1, 3 * 2**20 + 3])
+def test_the_checksum_of_a_file_read_in_pieces(tmp_path, size):
+    data = os.urandom(size)
+    path = tmp_path / "shard"
+    path.write_bytes(data)
+    assert checksum.of_file(str(path)) == (size, f"{google_crc32c.value(data):08x}")
+    assert checksum.of_file(str(path), checksum.SHA256) == (size, hashlib.sha256(data).hexdigest())

@@ -78,3 +78,22 @@ def test_an_asynchronous_save_keeps_the_state_as_it_was_at_the_call(tmp_path):
     manager.wait()
     into = {"w": torch.zeros(1_000_000)}
     assert load_dcp(manager, into).step == 10 and torch.equal(into["w"], torch.ones(1_000_000))
+
+
+@pytest.mark.parametrize("victim", [".metadata", ".distcp"])
+def test_damage_that_breaks_the_load_itself_falls_back_too(tmp_path, caplog, victim):
+    """Damage DCP itself would trip over (its metadata, a shard's header) is found by the
+    checksum first: the previous step is loaded, not an error."""
+    manager = _manager(tmp_path)
+    for step, value in ((10, 1.0), (20, 2.0)):
+        save_dcp(manager, step, _state(value), {}, blocking=True)
+    shard = next(p for p in (tmp_path / "step_20" / "dcp").iterdir() if p.name.endswith(victim))
+    data = bytearray(shard.read_bytes())
+    data[: len(data) // 2] = bytes(len(data) // 2)  # the first half zeroed, the size kept
+    shard.write_bytes(bytes(data))
+
+    into = _state(0.0)
+    with caplog.at_level(logging.WARNING):
+        found = load_dcp(manager, into)
+    assert found.step == 10 and torch.equal(into["model"]["weight"], torch.full((4, 3), 1.0))
+    assert "fails its checksum" in caplog.text
