@@ -3,6 +3,7 @@ sets up what a run needs, and runs attempts in one loop: meet → start → moni
 conclude → decide → (restart | end)."""
 
 import dataclasses
+import functools
 import os
 import sys
 import time
@@ -132,7 +133,9 @@ def _lead(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, con
                     count_injected=config.chaos.counts,
                 )
                 if job_store is None:
-                    role: RunHolder = SingleNode(config, run, events, signals, say, policy)
+                    # The workers' store in a process forked from the fork server, when it serves.
+                    host = functools.partial(spawner.host_store, go_on=lambda: signals.first is None)
+                    role: RunHolder = SingleNode(config, run, events, signals, say, policy, host)
                 else:
                     rendezvous = Rendezvous(config.cluster, config.run.run_id, job_store)
                     role = Leader(config, run, events, signals, say, policy, rendezvous)

@@ -240,3 +240,33 @@ def test_a_forked_scripts_traceback_is_the_one_a_new_interpreter_prints(launcher
         ]
     )
     assert all(launch.survivors() == [] for launch in launcher.launches)
+
+
+def test_the_store_is_served_by_a_forked_process_of_each_attempt_and_the_supervisor_has_no_torch(
+    launcher, tmp_path
+):
+    """On one node the attempt's store is served by a process forked from the zygote, which has
+    torch loaded already: the supervisor never loads it. Each attempt has a store host of its
+    own, gone with its attempt and with the run."""
+    ready = tmp_path / "ready"
+    launch = launcher.start(
+        "--nproc", "2", str(ACTOR), "--fail", "exit", "--others", "wait", "--fail-after", "60",
+        "--run-for", "60", "--ready-dir", str(ready),
+    )  # fmt: skip
+    wait_for_files(ready, "rank_*.attempt_0.pid", 2, timeout=60)
+    supervisor = psutil.Process(launch.proc.pid)
+    first = _store_host_of(supervisor)
+    assert not [m.path for m in supervisor.memory_maps() if "libtorch" in m.path]
+    os.kill(int((ready / "rank_1.attempt_0.pid").read_text()), signal.SIGKILL)  # a restart is due
+    wait_for_files(ready, "rank_*.attempt_1.pid", 2, timeout=60)
+    _wait_dead(first)
+    assert _store_host_of(supervisor).pid != first.pid
+    launch.proc.send_signal(signal.SIGTERM)
+    assert launch.wait(60) == 143, launch.stderr
+    assert "fork server off" not in launch.stderr
+    assert launch.survivors() == []
+
+
+def _store_host_of(supervisor: psutil.Process) -> psutil.Process:
+    (host,) = [p for p in supervisor.children() if p.cmdline()[:1] == ["ftlaunch-store"]]
+    return host

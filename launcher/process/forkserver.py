@@ -5,15 +5,17 @@ A forked worker is the supervisor's own child (re-parented to it, a child subrea
 waited for, signalled and stopped exactly like a spawned one: ``ForkedWorker.poll`` is waitpid.
 """
 
+import contextlib
 import errno
 import json
 import os
 import select
+import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from launcher.config import EntryKind, EntrySection
 from launcher.process.linux import die_with_parent
@@ -22,6 +24,7 @@ from launcher.process.workers import PopenSpawner, Spawned, with_output_pipes
 from worker_lib import contract as c
 
 __all__ = [
+    "ForkedStore",
     "ForkServer",
     "ForkServerInterrupted",
     "ForkServerSpawner",
@@ -31,6 +34,7 @@ __all__ = [
 
 
 _MAX_MESSAGE = 1 << 16
+_REAP_S = 10.0  # a SIGKILLed store host is reaped within it (the kernel has to close its sockets)
 # What differs between ranks or attempts is left out of the zygote's environment: an import that
 # reads one of them fails there (and workers are spawned instead), rather than freezing rank 0's
 # or attempt 0's value into every worker it forks.
@@ -72,6 +76,24 @@ class ForkedWorker:
             if pid == self.pid:
                 self.returncode = os.waitstatus_to_exitcode(status)  # -N for "killed by signal N"
         return self.returncode
+
+
+class ForkedStore:
+    """A store host forked from the zygote: our child (re-parented, like a forked worker), killed
+    and reaped when its attempt's store closes."""
+
+    def __init__(self, pid: int, registry: List["ForkedStore"]) -> None:
+        self.pid = pid
+        self._process = ForkedWorker(pid)
+        self._registry = registry
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)  # it holds nothing to save
+        deadline = time.monotonic() + _REAP_S
+        while self._process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        self._registry.remove(self)
 
 
 class ForkServer:
@@ -136,9 +158,21 @@ class ForkServer:
 
     def fork(self, spec: WorkerSpec, stdout_w: int, stderr_w: int, timeout: float = 30.0) -> int:
         request = {"argv": list(spec.argv), "env": dict(spec.env), "cwd": os.getcwd()}
+        return self._forked(request, [stdout_w, stderr_w], timeout)
+
+    def fork_store(self, listener: socket.socket, timeout: float = 30.0) -> int:
+        """A process serving the workers' store on ``listener`` (``store_host``); its output goes
+        to the fork server's log."""
+        addr, port = listener.getsockname()[:2]
+        request = {"argv": ["ftlaunch-store", addr, str(port)], "env": dict(os.environ), "cwd": os.getcwd()}
+        request["store"] = [addr, port]
+        with open(self._log_file, "ab") as log:
+            return self._forked(request, [log.fileno(), log.fileno(), listener.fileno()], timeout)
+
+    def _forked(self, request: dict, fds: List[int], timeout: float) -> int:
         payload = json.dumps(request).encode()
         try:
-            socket.send_fds(self._sock, [payload], [stdout_w, stderr_w])
+            socket.send_fds(self._sock, [payload], fds)
         except OSError as err:
             if err.errno == errno.EMSGSIZE:  # one datagram: the socket's buffer (~200 KiB) bounds it
                 raise ForkServerUnavailable(
@@ -185,11 +219,28 @@ class ForkServerSpawner:
         self._fallback = fallback
         self._say = say
         self._state = "new"  # new → (launched →) serving | off
+        self._stores: List[ForkedStore] = []  # store hosts forked and not yet stopped
 
     @property
     def helper_pids(self) -> Tuple[int, ...]:
         pid = self._server.pid if self._state in ("launched", "serving") else None
-        return (pid,) if pid is not None else ()
+        stores = tuple(store.pid for store in self._stores)
+        return ((pid,) if pid is not None else ()) + stores
+
+    def host_store(self, listener: socket.socket, go_on: Callable[[], bool]) -> Optional["ForkedStore"]:
+        """The attempt's store served by a process forked from the zygote, once it is ready; None
+        when it cannot serve (this process hosts the store then)."""
+        if self._state == "launched":
+            self._start(None, go_on)
+        if self._state != "serving":
+            return None
+        try:
+            store = ForkedStore(self._server.fork_store(listener), self._stores)
+        except ForkServerUnavailable as err:
+            self._give_up(str(err))
+            return None
+        self._stores.append(store)
+        return store
 
     def warm_up(self, spec: WorkerSpec) -> None:
         if self._state == "new":
@@ -213,7 +264,7 @@ class ForkServerSpawner:
                 self._give_up(str(err))
         return self._fallback.spawn(spec)
 
-    def _start(self, spec: WorkerSpec, go_on: Callable[[], bool]) -> None:
+    def _start(self, spec: Optional[WorkerSpec], go_on: Callable[[], bool]) -> None:
         try:
             if self._state == "new":
                 self._server.launch(dict(spec.env))
@@ -234,4 +285,6 @@ class ForkServerSpawner:
         self._say(f"fork server off: {why}; starting workers as new processes")
 
     def close(self) -> None:
+        for store in list(self._stores):
+            store.stop()
         self._server.close()

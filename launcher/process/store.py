@@ -1,4 +1,6 @@
-"""The per-attempt TCPStore the supervisor hosts for its workers (single node).
+"""The per-attempt TCPStore the supervisor hosts for its workers (single node): served by the
+supervisor itself, or by a process forked from the fork server (``store_host``), which spares the
+supervisor importing torch.
 
 A fresh store per attempt, bound by the supervisor before any worker starts, so there is no
 port race across restarts: the port is held from bind to the end of the attempt and handed to
@@ -8,16 +10,41 @@ under torchrun, and nothing of a failed attempt's rendezvous can leak into the n
 
 import socket
 from datetime import timedelta
+from typing import Callable, Optional, Protocol
 
-__all__ = ["AttemptStore", "listen"]
+__all__ = ["AttemptStore", "HostedStore", "StoreHost", "host_here", "listen"]
+
+
+class HostedStore(Protocol):
+    """A store served by another process of ours (one forked from the fork server)."""
+
+    def stop(self) -> None: ...
+
+
+# Given the bound listening socket, serve the store elsewhere (and return its handle), or None:
+# this process serves it.
+StoreHost = Callable[[socket.socket], Optional[HostedStore]]
+
+
+def host_here(listener: socket.socket) -> Optional[HostedStore]:
+    return None
 
 
 class AttemptStore:
-    def __init__(self, addr: str, port: int = 0) -> None:
-        from torch.distributed import TCPStore  # the supervisor's only use of torch
-
+    def __init__(self, addr: str, port: int = 0, host: StoreHost = host_here) -> None:
         listener = listen(addr, port)
         self.port = listener.getsockname()[1]
+        self._store = None
+        try:
+            self._hosted = host(listener)
+        except BaseException:
+            listener.close()
+            raise
+        if self._hosted is not None:
+            listener.close()  # the host has its own copy
+            return
+        from torch.distributed import TCPStore  # the supervisor's only use of torch on one node
+
         # The store takes ownership of the listening socket we bound, so it serves on exactly
         # ``addr`` (loopback by default), not on every interface.
         self._store = TCPStore(
@@ -31,6 +58,9 @@ class AttemptStore:
         )
 
     def close(self) -> None:
+        if self._hosted is not None:
+            self._hosted.stop()
+            self._hosted = None
         self._store = None  # dropping the last reference stops the server and frees the port
 
 

@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import socket
 import subprocess
 import time
 from typing import Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple
@@ -10,6 +11,7 @@ from launcher.process.linux import die_with_parent
 from launcher.process.logs import LogPump
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.plan import WorkerSpec
+from launcher.process.store import HostedStore
 from launcher.process.tree import StopReport, descendants, stop_tree
 
 _GROUP_LOOK_S = 0.5  # how often descendants are looked at for groups of their own
@@ -51,8 +53,13 @@ class Spawner(Protocol):
 
     @property
     def helper_pids(self) -> Tuple[int, ...]:
-        """Our own processes among the supervisor's children (a fork server): never stopped
-        with a group."""
+        """Our own processes among the supervisor's children (a fork server, a store host):
+        never stopped with a group."""
+        ...
+
+    def host_store(self, listener: socket.socket, go_on: Callable[[], bool]) -> Optional[HostedStore]:
+        """Serve the attempt's store on ``listener`` in a process of the spawner's, or None: the
+        supervisor serves it itself."""
         ...
 
 
@@ -73,6 +80,9 @@ class PopenSpawner:
     @property
     def helper_pids(self) -> Tuple[int, ...]:
         return ()
+
+    def host_store(self, listener: socket.socket, go_on: Callable[[], bool]) -> Optional[HostedStore]:
+        return None
 
     def spawn(self, spec: WorkerSpec) -> Spawned:
         def start(stdout_w: int, stderr_w: int) -> WorkerProcess:

@@ -32,6 +32,7 @@ import weakref
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from launcher.process.linux import set_parent_death_signal, show_as
+from launcher.process.store_host import serve_store
 
 # What every training script imports, directly or lazily at its first DDP step or process group.
 BASE_PRELOAD = (
@@ -233,7 +234,7 @@ def serve(sock: socket.socket, supervisor: int) -> Optional[Tuple[dict, List[int
     from inside this loop, so the script's exit unwinds nothing of the zygote's."""
     while True:
         try:
-            data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, 2)
+            data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, 3)  # stdio (+ a store's socket)
         except OSError:
             return None
         if not data:
@@ -310,7 +311,7 @@ def become_worker(request: dict, fds: List[int], sock: socket.socket, rank_vars:
     """The rank's stdio, environment and working directory, fresh random streams, and what ps
     shows: the script's command line, the rank's variables first in its environment."""
     sock.close()
-    _wire_stdio(fds)
+    _wire_stdio(fds[:2])
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -445,12 +446,16 @@ def main(argv: Optional[List[str]] = None) -> None:
     job = serve(sock, spec["supervisor"])
     if job is None:
         return
+    request, fds = job
     try:
-        become_worker(*job, sock, spec.get("rank_vars", ()))
+        become_worker(request, fds, sock, spec.get("rank_vars", ()))
     except BaseException:  # noqa: BLE001 - a worker that cannot be set up says why and leaves
         traceback.print_exc()
         os._exit(1)
-    run_main(job[0]["argv"])
+    if "store" in request:  # not a worker: the attempt's store (launcher.process.store_host)
+        addr, port = request["store"]
+        serve_store(fds[2], addr, port)
+    run_main(request["argv"])
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from launcher.events import Decision, EventLog
 from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.policy import RestartPolicy, Verdict
 from launcher.process.signals import SignalInbox
-from launcher.process.store import AttemptStore
+from launcher.process.store import AttemptStore, StoreHost, host_here
 from launcher.results import AttemptResult, RunResult
 from launcher.roles.base import Role
 from launcher.runs.checkpoints import NewestCheckpoint
@@ -22,9 +22,17 @@ __all__ = ["RunHolder"]
 
 class RunHolder(Role):
     def __init__(
-        self, config, run: Run, events: EventLog, signals: SignalInbox, say, policy: RestartPolicy
+        self,
+        config,
+        run: Run,
+        events: EventLog,
+        signals: SignalInbox,
+        say,
+        policy: RestartPolicy,
+        store_host: StoreHost = host_here,
     ) -> None:
         self.config = config
+        self._store_host = store_host
         self.run = run
         self._events = events
         self._signals = signals
@@ -52,7 +60,9 @@ class RunHolder(Role):
 
     def _open_store(self) -> AttemptStore:
         try:
-            return AttemptStore(self.config.group.master_addr, self.config.group.master_port)
+            return AttemptStore(
+                self.config.group.master_addr, self.config.group.master_port, self._store_host
+            )
         except OSError as err:
             where = f"{self.config.group.master_addr}:{self.config.group.master_port}"
             message = f"cannot listen on {where} for the workers' store: {err.strerror or err}"
