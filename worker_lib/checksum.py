@@ -32,16 +32,12 @@ _PIECE = 2**20
 class Checksum(Protocol):
     """Incremental, like hashlib's objects: ``update`` with any bytes-like object."""
 
-    algorithm: str
-
     def update(self, data: Any) -> None: ...
 
     def hexdigest(self) -> str: ...
 
 
 class _Crc32c:
-    algorithm = CRC32C
-
     def __init__(self) -> None:
         self._crc = 0
 
@@ -58,8 +54,6 @@ class _Crc32c:
 
 
 class _Sha256:
-    algorithm = SHA256
-
     def __init__(self) -> None:
         self._hash = hashlib.sha256()
 

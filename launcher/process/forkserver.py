@@ -164,8 +164,12 @@ class ForkServer:
         """A process serving the workers' store on ``listener`` (``store_host``); its output goes
         to the fork server's log."""
         addr, port = listener.getsockname()[:2]
-        request = {"argv": ["ftlaunch-store", addr, str(port)], "env": dict(os.environ), "cwd": os.getcwd()}
-        request["store"] = [addr, port]
+        request = {
+            "argv": ["ftlaunch-store", addr, str(port)],  # what ps shows
+            "env": dict(os.environ),
+            "cwd": os.getcwd(),
+            "store": [addr, port],
+        }
         with open(self._log_file, "ab") as log:
             return self._forked(request, [log.fileno(), log.fileno(), listener.fileno()], timeout)
 
@@ -227,7 +231,7 @@ class ForkServerSpawner:
         stores = tuple(store.pid for store in self._stores)
         return ((pid,) if pid is not None else ()) + stores
 
-    def host_store(self, listener: socket.socket, go_on: Callable[[], bool]) -> Optional["ForkedStore"]:
+    def host_store(self, listener: socket.socket, go_on: Callable[[], bool]) -> Optional[ForkedStore]:
         """The attempt's store served by a process forked from the zygote, once it is ready; None
         when it cannot serve (this process hosts the store then)."""
         if self._state == "launched":

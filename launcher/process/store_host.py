@@ -17,11 +17,8 @@ __all__ = ["serve_store"]
 def serve_store(listen_fd: int, addr: str, port: int) -> None:
     from torch.distributed import TCPStore
 
-    store = TCPStore(
+    _store = TCPStore(  # referenced until the process ends: dropping it stops the server
         addr, port, None, True, timedelta(seconds=60), wait_for_workers=False, master_listen_fd=listen_fd
     )
-    try:
-        while True:
-            signal.pause()
-    finally:
-        del store
+    while True:  # until the supervisor kills it, or dies (the parent-death signal)
+        signal.pause()
