@@ -610,19 +610,21 @@ def test_a_relaunch_at_another_nproc_keeps_the_old_steps_and_never_claims_them(l
     )  # fmt: skip
     assert first.proc.returncode == 1, first.stderr
     # The newest two committed (retention): 25 and 30, or 20 and 25 when rank 1 died before it had
-    # shared its part of 30 (the commit is asynchronous; seen under a loaded machine).
+    # shared its part of 30 (the commit is asynchronous; seen under a loaded machine). Retention
+    # deletes on a thread after the commit, so the teardown may also leave the step it was
+    # deleting (seen in CI: 20, 25, 30); the next commit deletes it.
     old = sorted(int(p.name[len("step_") :]) for p in ckpt.iterdir())
-    assert old in ([25, 30], [20, 25]), old
+    assert old[-2:] in ([25, 30], [20, 25]) and old[:-2] in ([], [old[-2] - 5]), old
 
     again = launcher.run(
         "--nproc", "1", "--max-failures", "0", *common, train, "--steps", "40",
         "--out", str(tmp_path / "again.pt"), timeout=180,
     )  # fmt: skip
     assert again.proc.returncode == 1, again.stderr
-    said = f"no checkpoint yet; step(s) {old[0]}, {old[1]} were saved at another size"
+    said = f"no checkpoint yet; step(s) {', '.join(map(str, old))} were saved at another size"
     assert said in again.stderr, again.stderr
     error = (
-        f"checkpoint step {old[1]}: saved by 2 ranks as per-rank parts, which only that many ranks can load"
+        f"checkpoint step {old[-1]}: saved by 2 ranks as per-rank parts, which only that many ranks can load"
     )
     assert error in again.stderr, again.stderr  # the rank's error, in the summary's log tail
     assert "replicated=True" in again.stderr and "format='dcp'" in again.stderr
@@ -632,5 +634,5 @@ def test_a_relaunch_at_another_nproc_keeps_the_old_steps_and_never_claims_them(l
 
     back = launcher.run("--nproc", "2", *common, train, "--steps", "40", "--out", str(tmp_path / "back.pt"))
     assert back.proc.returncode == 0, back.stderr
-    assert f"rank 0 attempt 2 starts at step {old[1]}" in back.stdout, back.stdout
+    assert f"rank 0 attempt 2 starts at step {old[-1]}" in back.stdout, back.stdout
     assert again.survivors() == [] and back.survivors() == []
