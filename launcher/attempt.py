@@ -87,10 +87,16 @@ class AttemptRunner:
         self._role = role
         attempt = plan.attempt
         machine = GroupStateMachine(attempt, self._on_transition)
-        board = HeartbeatBoard(self.config.group.nproc, attempt, first_rank=self.config.global_rank(0))
+        layout = plan.layout
+        board = HeartbeatBoard(self.config.group.nproc, attempt, first_rank=layout.rank(0))
         pump = LogPump(*self._console)
         specs = plan_workers(
-            self.config, attempt, plan.master_port, heartbeat_file=board.path, master_addr=plan.master_addr
+            self.config,
+            attempt,
+            plan.master_port,
+            heartbeat_file=board.path,
+            master_addr=plan.master_addr,
+            layout=layout,
         )
         group = WorkerGroup(specs, self._spawner, pump, self._guard, self.config.group.shows_on_console)
         self._spawner.prepare(specs[0], self._spawning_may_go_on)
@@ -188,14 +194,27 @@ class AttemptRunner:
             # A signal of this node's own meanwhile is the same request (SLURM signals every node).
             self._signals.answer_first()
             return self._stopped_by_signal(attempt, remote.signum)
+        if remote.kind is InterruptKind.RESIZE:
+            self._say(f"attempt {attempt}: {remote.detail}; the group stops to restart with it")
+            if not self._ask_to_stop(attempt, group, board, rate) and group.running():
+                # Nothing says where the script saves: stop now, as torchrun restarts its workers
+                # for a waiting node; what its ranks did since their own last save is redone.
+                self._say(
+                    f"attempt {attempt}: not every rank calls ft.should_stop, so none can be asked to "
+                    "save first: the workers are stopped now and restart on the larger job at once"
+                )
+            return AttemptResult(
+                attempt, AttemptOutcome.RESIZED, cause=f"node {remote.node}: {remote.detail}"
+            )
         cause = f"node {remote.node}: {remote.detail}"
         self._say(f"attempt {attempt}: stopping this node's workers ({cause})")
         machine.transition(GroupState.FAILED, root_cause=cause)
         return AttemptResult(attempt, AttemptOutcome.FAILED, cause=cause)
 
-    def _ask_to_stop(self, attempt: int, group: WorkerGroup, board: HeartbeatBoard, rate: StepRate) -> None:
+    def _ask_to_stop(self, attempt: int, group: WorkerGroup, board: HeartbeatBoard, rate: StepRate) -> int:
         """When every rank calls ft.should_stop(step), give them the grace period to reach a step
-        chosen for all, save it and leave, before any signal reaches them."""
+        chosen for all, save it and leave, before any signal reaches them. Returns that step (0:
+        none was asked)."""
 
         def turn() -> bool:
             for exited in group.poll():
@@ -208,7 +227,9 @@ class AttemptRunner:
         stop = CooperativeStop(
             self.config.group.grace_period, self._role.agree_stop_step, self._stop_cut_short, self._say
         )
-        stop.ask(group, board, rate, lambda step: self._events.emit(StopRequested(attempt, step)), turn)
+        return stop.ask(
+            group, board, rate, lambda step: self._events.emit(StopRequested(attempt, step)), turn
+        )
 
     def _publish_progress(self, attempt: int, group: WorkerGroup, slots) -> None:
         """Every few seconds (the role says how often): the live ranks' steps, for `ftlaunch status`."""

@@ -196,7 +196,8 @@ ENV_PREFIX = "FTLAUNCH"
     "--nnodes",
     default=None,
     metavar="N",
-    help="Nodes in the job, one ftlaunch on each  [default: 1; under srun: the step's node count]",
+    help="Nodes in the job, one ftlaunch on each, or MIN:MAX: the job runs on as few as MIN and takes "
+    "nodes in up to MAX as they come and go  [default: 1; under srun: the step's node count]",
 )
 @click.option(
     "--node-rank",
@@ -361,6 +362,7 @@ def config_from_options(
         ),
         cluster=ClusterSection(
             nnodes=at.nnodes,
+            min_nodes=at.min_nodes,
             node_rank=at.node_rank,
             rdzv_endpoint=at.rdzv_endpoint,
             rdzv_id=o["rdzv_id"] or "",
@@ -411,15 +413,18 @@ def _parse_nproc(value: str, gpus: int) -> int:
         raise UsageError(f"--nproc must be a whole number or 'auto', got {value!r}") from None
 
 
-def _parse_nnodes(value: str) -> int:
-    if ":" in value:
-        raise UsageError(
-            f"--nnodes {value}: a range (elastic membership) is not supported; give the job's node count"
-        )
+def _parse_nnodes(value: str) -> Tuple[int, int]:
+    """N (a fixed count: MIN 0) or MIN:MAX (elastic membership)."""
+    low, sep, high = value.partition(":")
     try:
-        return int(value)
+        fewest, most = (int(low), int(high)) if sep else (0, int(value))
     except ValueError:
-        raise UsageError(f"--nnodes must be a whole number, got {value!r}") from None
+        raise UsageError(f"--nnodes takes N or MIN:MAX (whole numbers), got {value!r}") from None
+    if sep and not 1 <= fewest <= most:
+        raise UsageError(f"--nnodes {value}: MIN must be at least 1 and at most MAX")
+    if sep and fewest == most:  # no room to change: a fixed count
+        fewest = 0
+    return fewest, most
 
 
 # The settings torch's c10d rendezvous handler reads (whole seconds or counts).

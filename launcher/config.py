@@ -184,7 +184,8 @@ class ClusterSection:
     """Many nodes, one ftlaunch each. Node 0 leads: it hosts the job's store at ``rdzv_endpoint``
     and the workers' store at the group's master address, holds the run, and decides for the job."""
 
-    nnodes: int = 1
+    nnodes: int = 1  # the job's nodes; with --nnodes MIN:MAX, MAX
+    min_nodes: int = 0  # --nnodes MIN:MAX's MIN (elastic membership); 0: always all nnodes
     node_rank: int = 0
     rdzv_endpoint: str = ""  # HOST:PORT of node 0's job store; "" for one node
     rdzv_id: str = ""  # the rendezvous' run id (torchrun's --rdzv-id); "" → the run id
@@ -197,6 +198,10 @@ class ClusterSection:
         _finite(self.node_timeout, "--node-timeout")
         if self.nnodes < 1:
             raise UsageError(f"--nnodes must be at least 1, got {self.nnodes}")
+        if not 0 <= self.min_nodes <= self.nnodes:
+            raise UsageError(
+                f"--nnodes {self.min_nodes}:{self.nnodes}: MIN must be at least 1 and at most MAX"
+            )
         if not 0 <= self.node_rank < self.nnodes:
             raise UsageError(f"--node-rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
         if self.join_timeout <= 0 or self.node_timeout <= 0:
@@ -212,6 +217,16 @@ class ClusterSection:
     @property
     def many_nodes(self) -> bool:
         return self.nnodes > 1
+
+    @property
+    def fewest(self) -> int:
+        """The fewest nodes the job runs on."""
+        return self.min_nodes or self.nnodes
+
+    @property
+    def elastic(self) -> bool:
+        """Nodes may come and go: the job runs on any number from ``fewest`` to ``nnodes``."""
+        return self.fewest < self.nnodes
 
     @property
     def leads(self) -> bool:
@@ -296,10 +311,8 @@ class LaunchConfig:
 
     @property
     def world_size(self) -> int:
+        """Every node's ranks, all nodes in (an elastic job's attempts may have fewer)."""
         return self.group.nproc * self.cluster.nnodes
-
-    def global_rank(self, local_rank: int) -> int:
-        return self.cluster.node_rank * self.group.nproc + local_rank
 
     @property
     def checkpoints_in_run_dir(self) -> bool:
@@ -340,6 +353,7 @@ class Placement:
     run_id: str
     log_dir: Path
     nnodes: int
+    min_nodes: int  # --nnodes MIN:MAX's MIN; 0: fixed
     node_rank: int
     rdzv_endpoint: str  # "" for one node
     master_addr: str
@@ -351,14 +365,15 @@ def place(
     run_name: Optional[str] = None,
     run_id: Optional[str] = None,
     log_dir: Optional[Path] = None,
-    nnodes: Optional[int] = None,
+    nnodes: Optional[Tuple[int, int]] = None,
     node_rank: Optional[int] = None,
     rdzv_endpoint: Optional[str] = None,
     master_addr: Optional[str] = None,
     slurm: Optional[SlurmStep] = None,
 ) -> Placement:
-    """Each argument left None is derived; flags always win over SLURM's environment."""
-    nodes = nnodes if nnodes is not None else slurm.nnodes if slurm else 1
+    """Each argument left None is derived; flags always win over SLURM's environment.
+    ``nnodes``: (MIN, MAX), MIN 0 for a fixed count."""
+    fewest, nodes = nnodes if nnodes is not None else (0, slurm.nnodes if slurm else 1)
     if node_rank is None:
         node_rank = slurm.node_rank if slurm and nodes > 1 else 0
     if rdzv_endpoint is None:
@@ -376,7 +391,7 @@ def place(
     if master_addr is None:
         master_addr = rdzv_endpoint.rpartition(":")[0].strip("[]") if nodes > 1 else "127.0.0.1"
     endpoint = rdzv_endpoint if nodes > 1 else ""
-    return Placement(name, run_url, run_id, log_dir, nodes, node_rank, endpoint, master_addr)
+    return Placement(name, run_url, run_id, log_dir, nodes, fewest, node_rank, endpoint, master_addr)
 
 
 def _check_run_name(name: str) -> str:

@@ -190,6 +190,7 @@ class NodesMet:
     nnodes: int
     waited: float  # seconds in the rendezvous
     new_round: bool = True  # False: a restart of the same nodes kept the previous round
+    nodes: Optional[List[int]] = None  # the node ranks that hold the attempt (node 0 knows them)
 
 
 @dataclasses.dataclass(frozen=True)

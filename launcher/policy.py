@@ -97,11 +97,11 @@ class RestartPolicy:
 
 def _stalled_in_a_row(history: Sequence[AttemptRecord]) -> int:
     """Failed attempts known to have made no progress at the end of ``history``; any other attempt
-    ends the row, except a lost supervisor or an injected fault (not the workers' doing: they
-    neither end nor extend it)."""
+    ends the row, except a lost supervisor, a change of an elastic job's nodes or an injected fault
+    (not the workers' doing: they neither end nor extend it)."""
     count = 0
     for record in reversed(history):
-        if record.outcome is AttemptOutcome.SUPERVISOR_LOST or record.injected:
+        if record.outcome in (AttemptOutcome.SUPERVISOR_LOST, AttemptOutcome.RESIZED) or record.injected:
             continue
         if record.outcome is not AttemptOutcome.FAILED or record.progressed is not False:
             break

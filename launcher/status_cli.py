@@ -70,6 +70,8 @@ def run_status(url: str) -> Dict[str, Any]:
     live = judged is HolderState.ALIVE
     if state.status is RunStatus.RUNNING:  # workers commit while it runs: storage is newer than run.json
         size = int(state.config.get("nproc") or 1) * int(state.config.get("nnodes") or 1)
+        if state.attempts and state.attempts[-1].world_size:  # an elastic job's size now
+            size = state.attempts[-1].world_size
         newest = CheckpointDir(state.config.get("checkpoint_url"), size).newest()
         if newest.known:
             state.latest_step, state.latest_step_at = newest.step, newest.committed_at
@@ -127,8 +129,14 @@ def _table(report: Dict[str, Any]) -> List[str]:
     state: RunState = report["run"]
     now = report["now"]
     attempts = state.attempts
+    many = any(a.nodes for a in attempts)
     failed = [a for a in attempts if a.outcome is AttemptOutcome.FAILED]
-    others = (AttemptOutcome.PREEMPTED, AttemptOutcome.INTERRUPTED, AttemptOutcome.SUPERVISOR_LOST)
+    others = (
+        AttemptOutcome.PREEMPTED,
+        AttemptOutcome.INTERRUPTED,
+        AttemptOutcome.SUPERVISOR_LOST,
+        AttemptOutcome.RESIZED,
+    )
     apart = "".join(
         f", {state.count(o)} {o.value.lower().replace('_', ' ')}" for o in others if state.count(o)
     )
@@ -158,7 +166,8 @@ def _table(report: Dict[str, Any]) -> List[str]:
         *([f"chaos        {state.config['chaos']} (faults injected on purpose)"] if _chaos(state) else []),
         "",
         f"{'attempt':>7}  {'started':<19}  {'ran':>8}  {'outcome':<16}  {'from step':>9}  {'progress':<8}  "
-        "first failure",
+        + (f"{'nodes (ranks)':<16}  " if many else "")
+        + "first failure",
     ]
     for a in attempts:
         ran = seconds((a.ended_at or now) - a.started_at) + " s"
@@ -168,7 +177,7 @@ def _table(report: Dict[str, Any]) -> List[str]:
         progress = a.progress.value if a.outcome is not None else ""
         lines.append(
             f"{a.attempt:>7}  {_when(a.started_at):<19}  {ran:>8}  {outcome:<16}  {step:>9}  "
-            f"{progress:<8}  {first}"
+            f"{progress:<8}  " + (f"{_nodes(a):<16}  " if many else "") + first
         )
     progress = report.get("progress")
     if attempts and attempts[-1].nodes and not (progress and progress.get("nodes")):
@@ -182,6 +191,12 @@ def _table(report: Dict[str, Any]) -> List[str]:
     if progress:
         lines += _progress_lines(progress, now)
     return lines
+
+
+def _nodes(attempt) -> str:
+    """'0,2 (4)': the node ranks that held an attempt and its ranks in all."""
+    nodes = ",".join(str(n["node"]) for n in attempt.nodes)
+    return f"{nodes} ({attempt.world_size})" if attempt.world_size else nodes
 
 
 def _chaos(state: RunState) -> bool:

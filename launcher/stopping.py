@@ -96,10 +96,11 @@ class CooperativeStop:
         self._cut_short = cut_short
         self._say = say
 
-    def ask(self, group, board, rate: StepRate, on_requested: Callable[[int], None], turn) -> None:
+    def ask(self, group, board, rate: StepRate, on_requested: Callable[[int], None], turn) -> int:
         """Agree on the step, leave it in every rank's slot, and wait until every rank has left,
         the grace period ends, or a second signal cuts it short. ``turn()`` is one look at the
-        group (exits recorded) that returns True once every rank has exited."""
+        group (exits recorded) that returns True once every rank has exited. Returns the step
+        asked for (0: none was)."""
         running = group.running()
         slots = board.read()
         reading = None
@@ -109,7 +110,7 @@ class CooperativeStop:
             reading = StopReading(aware, furthest, rate.rate)
         at_step = self._agree(reading)
         if not running or at_step <= 0:
-            return  # a rank that would not stop would leave the others blocked in a collective
+            return 0  # a rank that would not stop would leave the others blocked in a collective
         board.request_stop(at_step)
         on_requested(at_step)
         self._say(
@@ -123,4 +124,5 @@ class CooperativeStop:
         deadline = time.monotonic() + self._grace
         while time.monotonic() < deadline and not self._cut_short():
             if turn():
-                return
+                break
+        return at_step

@@ -18,10 +18,13 @@ def summary_lines(result: RunResult) -> List[str]:
         f"{result.status.value} after {len(result.attempts)} attempt(s), "
         f"{len(failed)} failed group(s): {result.reason} (exit {int(result.exit_code)})"
     ]
-    for attempt in failed:
-        extra = len(attempt.failures) - 1
-        more = f" (+{extra} more rank(s) failed)" if extra else ""
-        lines.append(f"  attempt {attempt.attempt}: {attempt.describe_cause()}{more}")
+    for attempt in result.attempts:
+        if attempt.outcome is AttemptOutcome.RESIZED:  # an elastic job's nodes changed: why
+            lines.append(f"  attempt {attempt.attempt}: the job's nodes changed ({attempt.cause})")
+        elif attempt.outcome is AttemptOutcome.FAILED:
+            extra = len(attempt.failures) - 1
+            more = f" (+{extra} more rank(s) failed)" if extra else ""
+            lines.append(f"  attempt {attempt.attempt}: {attempt.describe_cause()}{more}")
     for r in result.recoveries:
         lines.append(f"  recovery after attempt {r.failed}: {_phases(r)}")
     if result.recoveries:

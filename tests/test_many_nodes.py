@@ -28,10 +28,14 @@ def free_port(addr: str = "127.0.0.1") -> int:
 
 
 class Job:
-    """The same command on ``nnodes`` nodes; ``start(r)`` (re)starts node r."""
+    """The same command on ``nnodes`` nodes; ``start(r)`` (re)starts node r. ``fewest``: the job is
+    elastic (--nnodes FEWEST:NNODES)."""
 
-    def __init__(self, launcher, tmp_path, nnodes, *args, node_timeout="3s", host="127.0.0.1", env=None):
+    def __init__(
+        self, launcher, tmp_path, nnodes, *args, node_timeout="3s", host="127.0.0.1", env=None, fewest=None
+    ):
         self.launcher, self.tmp_path, self.nnodes = launcher, tmp_path, nnodes
+        self.nnodes_flag = f"{fewest}:{nnodes}" if fewest else str(nnodes)
         self.endpoint = f"{host}:{free_port(host)}"
         self.args, self.node_timeout, self.env = args, node_timeout, {**LOOPBACK, **(env or {})}
         self.nodes = {}
@@ -39,7 +43,7 @@ class Job:
     def start(self, rank: int, *extra: str) -> Launch:
         launch = self.launcher.start(
             "--nnodes",
-            str(self.nnodes),
+            self.nnodes_flag,
             "--node-rank",
             str(rank),
             "--rdzv-endpoint",

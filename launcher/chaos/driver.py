@@ -10,6 +10,7 @@ from launcher.chaos.injector import ChaosInjector, Injection, mark_injected, not
 from launcher.config import LaunchConfig
 from launcher.events import ChaosInjected, EventLog
 from launcher.failures import Failure
+from launcher.layout import Layout
 
 __all__ = ["ChaosDriver", "NoChaos", "chaos_for"]
 
@@ -83,6 +84,8 @@ class ChaosDriver(NoChaos):
 def chaos_for(config: LaunchConfig, events: EventLog, say: Callable[[str], None]) -> NoChaos:
     if config.chaos.plan is None:
         return NoChaos()
-    local = {config.global_rank(i) for i in range(config.group.nproc)}  # the global ranks this node runs
+    # The global ranks this node runs with every node present (an elastic job's smaller attempts
+    # number them otherwise; --chaos names ranks of the full job).
+    local = {Layout.every_node(config).rank(i) for i in range(config.group.nproc)}
     injector = ChaosInjector(config.chaos.plan, config.world_size, local, time.monotonic())
     return ChaosDriver(injector, events, say)

@@ -41,7 +41,8 @@ class ChannelSpec:
 
 class AttemptChannel:
     """The part every node shares. ``watched``: the nodes whose liveness this node judges (node
-    0 watches every other node; the others watch node 0)."""
+    0 watches every other node of the attempt; the others watch node 0). Until node 0's plan
+    says which nodes hold the attempt (``set_nodes``), every node of the job is assumed."""
 
     def __init__(self, store, spec: ChannelSpec, signals: SignalInbox, watched: List[int]) -> None:
         self._store = self._for_calls(store, spec)
@@ -60,6 +61,10 @@ class AttemptChannel:
 
     def close(self) -> None:
         self._beater.stop()
+
+    def set_nodes(self, nodes) -> None:
+        """The nodes that hold the attempt (node 0's plan): those every wait here waits for."""
+        self._nodes = tuple(nodes)
 
     def _for_calls(self, store, spec: ChannelSpec):
         """The store as this node's main thread calls it (the liveness thread uses it as given)."""
@@ -161,7 +166,7 @@ class AttemptChannel:
         """A node with no running rank (done, or waiting for the verdict) still answers a stop
         request, so that the others need not wait for it."""
         interrupt = self.tick()
-        if interrupt is not None and interrupt.kind is InterruptKind.STOP and not self._answered_stop:
+        if interrupt is not None and interrupt.kind.asks_to_stop and not self._answered_stop:
             self._answered_stop = True
             self._call("set", f"stop/{self.node}", reading_to_json(StopReading.idle()))
 

@@ -54,6 +54,8 @@ class FollowerChannel(AttemptChannel):
             self._pause(0)
         plan = AttemptPlan(**json.loads(self._get("plan")))
         self._call("set", f"planned/{self.node}", "1")
+        if plan.nodes and not plan.refused:
+            self.set_nodes(plan.nodes)
         return plan
 
     def share_progress(self, rows: List[ProgressRow]) -> None:

@@ -25,13 +25,20 @@ class LeaderChannel(AttemptChannel):
         super().__init__(store, spec, signals, watched=[n for n in range(spec.nnodes) if n != spec.node])
         self._infos: Dict[int, NodeInfo] = {}
 
-    def node_infos(self, limit: float) -> Dict[int, NodeInfo]:
-        """Every node's announcement (each joined the round, so each is coming; one lost on the
-        way is left out and fails the attempt at its first tick). Any signal ends the wait."""
-        self._wait_all("node", limit, since=0)
-        self._infos = {
-            n: NodeInfo(**json.loads(self._get(f"node/{n}"))) for n in self._nodes if self._has(f"node/{n}")
-        }
+    def node_infos(self, count: int, limit: float) -> Dict[int, NodeInfo]:
+        """The announcements of the ``count`` nodes that joined the round (each is coming; one
+        lost on the way is left out after ``limit`` seconds: the attempt goes on without it).
+        From then on, the nodes announced are the attempt's, and only they are watched. Any
+        signal ends the wait."""
+        deadline = time.monotonic() + limit
+        while True:
+            present = [n for n in range(self.spec.nnodes) if self._has(f"node/{n}")]
+            if len(present) >= count or time.monotonic() >= deadline:
+                break
+            self._pause(0)
+        self._infos = {n: NodeInfo(**json.loads(self._get(f"node/{n}"))) for n in present}
+        self.set_nodes(present)
+        self._seen = {n: seen for n, seen in self._seen.items() if n in present}
         return self._infos
 
     def publish_plan(self, plan: AttemptPlan) -> None:

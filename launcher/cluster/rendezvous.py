@@ -22,6 +22,10 @@ _CONNECT_TRY_S = 2.0  # one connection try; between tries, signals are looked at
 _ROUND_SLACK_S = 30.0
 _SAY_EVERY_S = 30.0  # while waiting: one line this often
 _WATCH_EVERY_S = 0.5  # while waiting for a round: how often the caller's watch looks
+# --nnodes MIN:MAX: once MIN nodes are in, a round waits this long for more before it starts
+# (torch's last_call_timeout, 30 s by default: too long for a shrink's restart). --rdzv-conf
+# last_call_timeout=N overrides it.
+LAST_CALL_S = 5
 
 
 class LeaderUnreachable(Exception):
@@ -114,13 +118,14 @@ def _keep_alive_interval(node_timeout: float) -> int:
 
 
 class Round:
-    """One rendezvous round. A restart that keeps every node skips torch's next round (about a
-    second: a waiting node polls the shared state once a second) and holds its attempt on this
-    one; each attempt on it gets keys of its own. Every node opens the same attempts in the same
-    order, so their counts agree."""
+    """One rendezvous round of ``size`` nodes. A restart that keeps every node skips torch's next
+    round (about a second: a waiting node polls the shared state once a second) and holds its
+    attempt on this one; each attempt on it gets keys of its own. Every node opens the same
+    attempts in the same order, so their counts agree."""
 
-    def __init__(self, store) -> None:
+    def __init__(self, store, size: int) -> None:
         self._store = store
+        self.size = size
         self._attempts = 0
 
     def next_attempt_store(self):
@@ -131,7 +136,9 @@ class Round:
 
 
 class Rendezvous:
-    """One node's handle on the job's rendezvous (all nodes must give the same --nnodes)."""
+    """One node's handle on the job's rendezvous (all nodes must give the same --nnodes). A round
+    starts with every node in, or, with --nnodes MIN:MAX, once MIN are in and no other came
+    within the last call (``LAST_CALL_S``)."""
 
     def __init__(self, cluster: ClusterSection, run_id: str, store) -> None:
         """``run_id``: the run's id, the rendezvous' unless --rdzv-id names another."""
@@ -150,13 +157,14 @@ class Rendezvous:
             "join_timeout": cluster.join_timeout,
             "keep_alive_interval": _keep_alive_interval(cluster.node_timeout),
             "keep_alive_max_attempt": 3,
+            "last_call_timeout": LAST_CALL_S,
             **dict(cluster.rdzv_conf),
         }
         params = RendezvousParameters(
             backend="c10d",
             endpoint=cluster.rdzv_endpoint,
             run_id=run_id,
-            min_nodes=cluster.nnodes,
+            min_nodes=cluster.fewest,
             max_nodes=cluster.nnodes,
             **conf,
         )
@@ -206,22 +214,33 @@ class Rendezvous:
             if time.monotonic() >= next_word:
                 waited = time.monotonic() - started
                 say(
-                    f"waiting for all {self.cluster.nnodes} nodes to join ({waited:.0f} s of "
+                    f"waiting for {self._who()} to join ({waited:.0f} s of "
                     f"--join-timeout {self.cluster.join_timeout:g} s)"
                 )
                 next_word += 30.0
         error: Optional[BaseException] = outcome.get("error")
+        n = self.cluster.nnodes
         if isinstance(error, (RendezvousClosedError, RendezvousGracefulExitError)):
             raise JobOver("the job has ended: its rendezvous is closed (node 0 finished or gave up)")
         if isinstance(error, RendezvousTimeoutError):
+            short = f"fewer than {self._who()}" if self.cluster.elastic else f"not every one of the {n} nodes"
             raise JoinTimeout(
-                f"not every one of the {self.cluster.nnodes} nodes joined within --join-timeout "
+                f"{short} joined within --join-timeout "
                 f"({self.cluster.join_timeout:g} s); the same command relaunched on every node resumes "
                 "the job"
             )
         if error is not None:
             raise LeaderUnreachable(f"{type(error).__name__}: {error}")
-        return Round(outcome["info"].store)
+        info = outcome["info"]
+        return Round(info.store, info.world_size)
+
+    def _who(self) -> str:
+        cluster = self.cluster
+        if cluster.elastic:
+            return (
+                f"{cluster.fewest} of the {cluster.nnodes} nodes (--nnodes {cluster.fewest}:{cluster.nnodes})"
+            )
+        return f"all {cluster.nnodes} nodes"
 
     def nodes_waiting(self) -> int:
         """Nodes that came to join after the round closed (e.g. a relaunched one): they need a

@@ -3,7 +3,8 @@ the rendezvous round's store, itself a prefix of node 0's store, fresh per attem
 records behind them:
 
     node/<n>      each node: who it is (host, pid, nproc, command)   claim/<n>: one node per rank
-    plan          node 0: the attempt number and the workers' store (or why the round is refused)
+    plan          node 0: the attempt number, its nodes and the workers' store (or why the round
+                  is refused)
                   planned/<n>: the plan was read (a refused round's node 0 waits for it)
     alive/<n>     each node: a counter a thread bumps; a node silent for --node-timeout is lost
     interrupt     the first node to see a failure, a hang, a lost node or a stop signal (first wins)
@@ -41,6 +42,12 @@ class InterruptKind(str, enum.Enum):
     FAILURE = "failure"  # a rank crashed or hung on that node
     STOP = "stop"  # a signal (preemption, Ctrl+C) reached that node
     LOST = "lost"  # a node's supervisor went silent
+    RESIZE = "resize"  # node 0: a node waits to join an elastic job; every rank stops at one step
+
+    @property
+    def asks_to_stop(self) -> bool:
+        """Every rank is asked to reach one step, save it and leave (not stopped at once)."""
+        return self in (InterruptKind.STOP, InterruptKind.RESIZE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +84,7 @@ class AttemptPlan:
     attempt: int
     master_addr: str
     master_port: int
+    nodes: List[int] = dataclasses.field(default_factory=list)  # the node ranks that hold the attempt
     refused: str = ""  # node 0 refuses the round (nodes disagree): the reason, for every node
 
 
@@ -110,6 +118,7 @@ class JobVerdict:
     outcome: str  # the job's AttemptOutcome for this attempt
     failures: List[Failure]  # every node's
     same_round: bool = False  # restart: the same nodes hold the next attempt on this round
+    cause: str = ""  # why the attempt ended, in the job's words (node 0's)
 
     def to_json(self) -> str:
         return _dump_with_failures(self)

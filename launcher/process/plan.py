@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import List, Mapping, Optional, Tuple
 
 from launcher.config import LaunchConfig
+from launcher.layout import Layout
 from worker_lib import contract as c
 
 __all__ = ["WorkerSpec", "attempt_dir", "plan_workers", "worker_env"]
@@ -32,27 +33,31 @@ def plan_workers(
     base_env: Optional[Mapping[str, str]] = None,
     heartbeat_file: Optional[Path] = None,
     master_addr: Optional[str] = None,
+    layout: Optional[Layout] = None,
 ) -> List[WorkerSpec]:
     """One spec per local rank; ``base_env`` (default: ours) is what the workers inherit;
-    ``master_addr`` (default: --master-addr) is where the workers' store listens."""
+    ``master_addr`` (default: --master-addr) is where the workers' store listens; ``layout``
+    (default: every node of the job) which ranks this node runs."""
+    layout = layout or Layout.every_node(config)
     base = dict(os.environ if base_env is None else base_env)
     folder = attempt_dir(config, attempt)
     argv = config.entry.worker_argv()
     specs = []
     for local_rank in range(config.group.nproc):
-        error_file = folder / f"rank_{config.global_rank(local_rank)}.error.json"
-        env = worker_env(config, local_rank, attempt, master_port, error_file, base)
+        rank = layout.rank(local_rank)
+        error_file = folder / f"rank_{rank}.error.json"
+        env = worker_env(config, layout, local_rank, attempt, master_port, error_file, base)
         if master_addr is not None:
             env[c.MASTER_ADDR] = master_addr
         if heartbeat_file is not None:
             env[c.FT_HEARTBEAT_FILE] = str(heartbeat_file)
         specs.append(
             WorkerSpec(
-                rank=config.global_rank(local_rank),
+                rank=rank,
                 local_rank=local_rank,
                 argv=argv,
                 env=env,
-                log_file=folder / f"rank_{config.global_rank(local_rank)}.log",
+                log_file=folder / f"rank_{rank}.log",
                 error_file=error_file,
             )
         )
@@ -61,6 +66,7 @@ def plan_workers(
 
 def worker_env(
     config: LaunchConfig,
+    layout: Layout,
     local_rank: int,
     attempt: int,
     master_port: int,
@@ -69,18 +75,18 @@ def worker_env(
 ) -> dict:
     """torchrun's variables with torchrun's meaning, plus ftlaunch's own."""
     env = dict(base)
-    rank = config.global_rank(local_rank)
+    rank = layout.rank(local_rank)
     env.update(
         {
             c.RANK: str(rank),
             c.LOCAL_RANK: str(local_rank),
-            c.WORLD_SIZE: str(config.world_size),
+            c.WORLD_SIZE: str(layout.world_size),
             c.LOCAL_WORLD_SIZE: str(config.group.nproc),
-            c.GROUP_RANK: str(config.cluster.node_rank),
-            c.GROUP_WORLD_SIZE: str(config.cluster.nnodes),
+            c.GROUP_RANK: str(layout.group_rank),
+            c.GROUP_WORLD_SIZE: str(layout.group_world_size),
             c.ROLE_RANK: str(rank),
             c.ROLE_NAME: "default",
-            c.ROLE_WORLD_SIZE: str(config.world_size),
+            c.ROLE_WORLD_SIZE: str(layout.world_size),
             c.MASTER_ADDR: config.group.master_addr,
             c.MASTER_PORT: str(master_port),
             c.RESTART_COUNT: str(attempt),

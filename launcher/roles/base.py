@@ -8,6 +8,7 @@ from typing import List, Optional, Tuple
 
 from launcher.beats import ProgressRow
 from launcher.cluster.wire import Interrupt, InterruptKind
+from launcher.layout import Layout
 from launcher.results import AttemptResult, RunResult
 from launcher.stopping import StopReading
 
@@ -16,11 +17,13 @@ __all__ = ["AttemptPlan", "Role"]
 
 @dataclasses.dataclass(frozen=True)
 class AttemptPlan:
-    """What this node needs to start its ranks: the attempt's number and the workers' store."""
+    """What this node needs to start its ranks: the attempt's number, the workers' store, and
+    which ranks are this node's."""
 
     attempt: int
     master_addr: str
     master_port: int
+    layout: Layout
 
 
 class Role(abc.ABC):

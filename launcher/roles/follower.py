@@ -19,6 +19,7 @@ from launcher.cluster.rendezvous import LeaderUnreachable, Rendezvous, Round, co
 from launcher.cluster.wire import Interrupt, InterruptKind, JobVerdict, NodeInfo
 from launcher.errors import Interrupted, UsageError
 from launcher.events import EventLog, NodesMet
+from launcher.layout import Layout
 from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.process.signals import SignalInbox
 from launcher.results import AttemptResult, RunResult
@@ -88,9 +89,14 @@ class Follower(Role):
         if plan.refused:
             self._channel.close()
             raise UsageError(plan.refused)
+        nodes = tuple(plan.nodes) or tuple(range(self.config.cluster.nnodes))
+        if self.node not in nodes:  # it announced too late for this attempt: the next one takes it
+            self._channel.close()
+            raise LeaderUnreachable(f"node 0 planned attempt {plan.attempt} without this node")
         waited = round(time.monotonic() - started, 3)
-        self._events.emit(NodesMet(plan.attempt, self.config.cluster.nnodes, waited, new_round))
-        return AttemptPlan(plan.attempt, plan.master_addr, plan.master_port)
+        self._events.emit(NodesMet(plan.attempt, len(nodes), waited, new_round, list(nodes)))
+        layout = Layout(nodes, self.node, self.config.group.nproc)
+        return AttemptPlan(plan.attempt, plan.master_addr, plan.master_port, layout)
 
     def _job_ended(self) -> str:
         """Node 0 does not answer: if the run dir (shared storage, as under SLURM) says the run
@@ -142,7 +148,12 @@ class Follower(Role):
         verdict = self._verdict
         self._kept = self._round if verdict.restart and verdict.same_round else None
         self._deadline = time.monotonic() + self.config.cluster.join_timeout
-        return dataclasses.replace(local, outcome=AttemptOutcome(verdict.outcome), failures=verdict.failures)
+        return dataclasses.replace(
+            local,
+            outcome=AttemptOutcome(verdict.outcome),
+            failures=verdict.failures,
+            cause=verdict.cause or local.cause,
+        )
 
     def decide(
         self, result: AttemptResult, attempts: List[AttemptResult]

@@ -44,12 +44,15 @@ class RunHolder(Role):
 
     # -- the attempt's records and store --------------------------------------------------------
 
-    def _open_attempt(self, members: Optional[List[dict]]) -> int:
-        """Record the attempt in run.json and open its workers' store; returns its number."""
+    def _open_attempt(self, members: Optional[List[dict]], world_size: int) -> int:
+        """Record the attempt (of ``world_size`` ranks) in run.json and open its workers' store;
+        returns its number."""
         number = self.run.state.next_attempt
+        if self.run.checkpoints.world_size != world_size:  # an elastic job's size changed
+            self.run.checkpoints.world_size, self._newest = world_size, None
         if self._newest is None:
             self._newest = self.run.newest_checkpoint()
-        self._entry = self.run.attempt_started(number, self._newest.step, members)
+        self._entry = self.run.attempt_started(number, self._newest.step, members, world_size)
         self._store = self._open_store()
         return number
 
@@ -93,6 +96,11 @@ class RunHolder(Role):
             name = signal.Signals(signum).name
             return RunResult(exit_code_for_signal(signum), status, attempts, f"interrupted by {name}"), 0.0
         number = result.attempt
+        if result.outcome is AttemptOutcome.RESIZED:  # not a failure: no budget, no backoff
+            why = f"the job's nodes changed: {result.cause}"
+            self._events.emit(Decision(number, "resize", why, 0.0))
+            self._say(f"attempt {number} ended: {why}; restarting on the nodes present (not a failure)")
+            return None, 0.0
         decision = self._policy.after_failure(self.run.state.history(), time.time())
         self._events.emit(Decision(number, decision.verdict.value, decision.reason, decision.delay))
         self._say(f"attempt {number} failed: {result.describe_cause()}")

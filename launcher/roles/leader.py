@@ -14,6 +14,7 @@ from launcher.cluster.wire import AttemptPlan as WirePlan
 from launcher.cluster.wire import Interrupt, InterruptKind, JobVerdict, NodeInfo, NodeReport
 from launcher.errors import ExitCode, UsageError
 from launcher.events import NodesMet
+from launcher.layout import Layout
 from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.results import AttemptResult, RunResult
 from launcher.roles.base import AttemptPlan
@@ -21,6 +22,9 @@ from launcher.roles.holder import RunHolder
 from launcher.stopping import StopReading
 
 __all__ = ["Leader", "node_report", "report_timeout"]
+
+# --nnodes MIN:MAX: how often node 0 asks the rendezvous whether a node waits to join.
+_LOOK_FOR_JOINERS_S = 1.0
 
 
 def report_timeout(config) -> float:
@@ -52,6 +56,8 @@ class Leader(RunHolder):
             config.cluster.node_timeout,
         )
         self._planned = 0  # attempts this launch has planned
+        self._layout: Optional[Layout] = None  # the attempt's, from meet on
+        self._next_joiners_look = 0.0
 
     # -- between attempts ------------------------------------------------------------------------
 
@@ -63,18 +69,32 @@ class Leader(RunHolder):
         channel = LeaderChannel(self._round.next_attempt_store(), self._spec, self._signals)
         self._channel = channel
         channel.announce(NodeInfo.here(0, self.config.group.nproc, self.config.entry.command))
-        problem = _disagreement(self.config, channel.node_infos(report_timeout(self.config)))
+        infos = channel.node_infos(self._round.size, report_timeout(self.config))
+        problem = _disagreement(self.config, infos)
         if problem:
             channel.publish_plan(WirePlan(0, "", 0, refused=problem))
             channel.await_acks("planned")  # the store goes away with this node
             channel.close()
             raise UsageError(problem)
-        number = self._open_attempt(channel.members())
+        layout = Layout(tuple(sorted(infos)), 0, self.config.group.nproc)
+        self._announce_size(layout)
+        self._layout = layout
+        number = self._open_attempt(channel.members(), layout.world_size)
         self._planned += 1
         waited = round(time.monotonic() - started, 3)
-        self._events.emit(NodesMet(number, self.config.cluster.nnodes, waited, new_round))
-        channel.publish_plan(WirePlan(number, self.config.group.master_addr, self._store.port))
-        return AttemptPlan(number, self.config.group.master_addr, self._store.port)
+        self._events.emit(NodesMet(number, len(layout.nodes), waited, new_round, list(layout.nodes)))
+        address, port = self.config.group.master_addr, self._store.port
+        channel.publish_plan(WirePlan(number, address, port, list(layout.nodes)))
+        return AttemptPlan(number, address, port, layout)
+
+    def _announce_size(self, layout: Layout) -> None:
+        """An elastic job says on which nodes each attempt runs, when that changes."""
+        if not self.config.cluster.elastic or (self._layout and self._layout.nodes == layout.nodes):
+            return
+        self._say(
+            f"the job runs on {layout.describe()} of --nnodes "
+            f"{self.config.cluster.fewest}:{self.config.cluster.nnodes}"
+        )
 
     def _refuse_strangers(self) -> None:
         """While waiting for a round: a node that came with another command (another rendezvous
@@ -93,7 +113,12 @@ class Leader(RunHolder):
         channel.report(node_report(0, local))
         reports = channel.gather(report_timeout(self.config))
         result = _merge(
-            local, reports, channel.lost_failures(), channel.interrupted_by, self.config.cluster.nnodes
+            local,
+            reports,
+            channel.lost_failures(),
+            channel.interrupted_by,
+            self._layout,
+            self.config.cluster.elastic,
         )
         self._record_end(result)
         return result
@@ -111,6 +136,7 @@ class Leader(RunHolder):
                     ended.reason,
                     result.outcome.value,
                     result.failures,
+                    cause=result.cause,
                 )
             )
         else:
@@ -124,6 +150,7 @@ class Leader(RunHolder):
                     result.outcome.value,
                     result.failures,
                     same_round,
+                    result.cause,
                 )
             )
         return ended, delay
@@ -167,7 +194,25 @@ class Leader(RunHolder):
         self._channel.interrupt(Interrupt(0, kind, detail, signum))
 
     def tick(self) -> Optional[Interrupt]:
-        return self._channel.tick()
+        interrupt = self._channel.tick()
+        if interrupt is None and self._joiners_wait():
+            detail = "a node waits to join (--nnodes MIN:MAX): the job grows"
+            interrupt = self._channel.interrupt(Interrupt(0, InterruptKind.RESIZE, detail))
+        return interrupt
+
+    def _joiners_wait(self) -> bool:
+        """An elastic job below its full size: whether a node waits in the rendezvous to join
+        (looked at once a second)."""
+        if not self.config.cluster.elastic or len(self._layout.nodes) >= self.config.cluster.nnodes:
+            return False
+        now = time.monotonic()
+        if now < self._next_joiners_look:
+            return False
+        self._next_joiners_look = now + _LOOK_FOR_JOINERS_S
+        try:
+            return self._rendezvous.nodes_waiting() > 0
+        except Exception:  # noqa: BLE001 - the next look asks again; the job runs on meanwhile
+            return False
 
     def agree_stop_step(self, reading: Optional[StopReading]) -> int:
         return self._channel.agree_stop_step(reading)
@@ -181,20 +226,30 @@ def _merge(
     reports: List[NodeReport],
     lost: list,
     interrupt: Optional[Interrupt],
-    nnodes: int,
+    layout: Layout,
+    elastic: bool,
 ) -> AttemptResult:
+    """The job's attempt from every node's report. In an elastic job a lost node is a change of
+    the job's nodes, not a failure: the failures it caused elsewhere (every peer's collective
+    breaks at once) are kept on record but not counted."""
     failures = [f for r in reports for f in r.failures] + lost
-    if failures or any(r.outcome == AttemptOutcome.FAILED.value for r in reports):
+    if elastic and lost:
+        outcome, signum = AttemptOutcome.RESIZED, None
+    elif interrupt is not None and interrupt.kind is InterruptKind.RESIZE and not failures:
+        outcome, signum = AttemptOutcome.RESIZED, None
+    elif failures or any(r.outcome == AttemptOutcome.FAILED.value for r in reports):
         outcome, signum = AttemptOutcome.FAILED, None
     elif interrupt is not None and interrupt.kind is InterruptKind.STOP:
         outcome, signum = AttemptOutcome.stopped_by(interrupt.signum), interrupt.signum
-    elif len(reports) == nnodes:
+    elif len(reports) == len(layout.nodes):
         outcome, signum = AttemptOutcome.SUCCEEDED, None
     else:
         outcome, signum = AttemptOutcome.FAILED, None
     steps = [r.furthest_step for r in reports if r.furthest_step is not None]
     beats = BeatSummary(any(r.beat for r in reports), max(steps) if steps else None)
     cause = f"node {interrupt.node}: {interrupt.detail}" if interrupt is not None else local.cause
+    if outcome is AttemptOutcome.RESIZED and lost:
+        cause = "; ".join(f.describe() for f in lost)
     return dataclasses.replace(
         local, outcome=outcome, failures=failures, signum=signum, beats=beats, cause=cause
     )

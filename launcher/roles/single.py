@@ -3,6 +3,7 @@
 from typing import List, Optional
 
 from launcher.beats import ProgressRow
+from launcher.layout import Layout
 from launcher.results import AttemptResult
 from launcher.roles.base import AttemptPlan
 from launcher.roles.holder import RunHolder
@@ -13,8 +14,9 @@ __all__ = ["SingleNode"]
 
 class SingleNode(RunHolder):
     def meet(self) -> AttemptPlan:
-        number = self._open_attempt(members=None)
-        return AttemptPlan(number, self.config.group.master_addr, self._store.port)
+        number = self._open_attempt(members=None, world_size=self.config.world_size)
+        layout = Layout.every_node(self.config)
+        return AttemptPlan(number, self.config.group.master_addr, self._store.port, layout)
 
     def conclude(self, local: AttemptResult) -> AttemptResult:
         self._close_store()

@@ -69,6 +69,7 @@ class AttemptEntry:
     failures: List[FailureEntry] = dataclasses.field(default_factory=list)
     nodes: List[Dict[str, Any]] = dataclasses.field(default_factory=list)  # many nodes: node, host, pid
     injected: bool = False  # its root cause was a fault --chaos injected
+    world_size: Optional[int] = None  # its ranks, every node's (None: written before it was kept)
 
     @property
     def committed_new(self) -> bool:

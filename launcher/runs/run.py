@@ -58,7 +58,11 @@ class Run:
     # -- attempts ---------------------------------------------------------------------------
 
     def attempt_started(
-        self, attempt: int, newest_step: Optional[int], nodes: Optional[List[dict]] = None
+        self,
+        attempt: int,
+        newest_step: Optional[int],
+        nodes: Optional[List[dict]] = None,
+        world_size: Optional[int] = None,
     ) -> AttemptEntry:
         entry = AttemptEntry(
             attempt,
@@ -67,6 +71,7 @@ class Run:
             os.getpid(),
             resumed_from_step=newest_step,
             nodes=nodes or [],
+            world_size=world_size,
         )
         self.state.attempts.append(entry)  # written once its group runs (a failed start writes nothing)
         return entry

@@ -32,6 +32,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--die-mid-write", type=int, help="rank 1 dies half-way through writing its part")
     p.add_argument("--replicated", action="store_true")
     p.add_argument("--step-time", type=float, default=0.0, help="seconds of sleep per step")
+    p.add_argument("--stop-aware", action="store_true", help="save and leave at ft.should_stop's step")
     p.add_argument("--out", required=True)
     return p.parse_args()
 
@@ -85,6 +86,7 @@ def main() -> None:
         optimizer.load_state_dict(ckpt.state["optimizer"])
         start = ckpt.step
     print(f"rank {info.rank} attempt {info.attempt} starts at step {start}", flush=True)
+    print(f"rank {info.rank} attempt {info.attempt} has WORLD_SIZE {os.environ['WORLD_SIZE']}", flush=True)
     ddp = DDP(model)
     for step in range(start, args.steps):
         if (step, info.attempt) in crashes and info.rank == args.crash_rank:
@@ -98,9 +100,14 @@ def main() -> None:
         optimizer.step()
         time.sleep(args.step_time)
         ft.heartbeat(step + 1)  # steps done: what --chaos at=step: and the hang monitor read
-        if (step + 1) % args.save_every == 0:
+        stop = args.stop_aware and ft.should_stop(step + 1)
+        if (step + 1) % args.save_every == 0 or stop:
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
             ft.save_checkpoint(step + 1, state, metrics={"loss": loss.item()}, replicated=args.replicated)
+        if stop:
+            print(f"rank {info.rank} attempt {info.attempt} stops at step {step + 1}", flush=True)
+            ft.wait_for_checkpoint()
+            os._exit(0)
     ft.wait_for_checkpoint()
     if info.rank == 0:
         torch.save(model.state_dict(), args.out)

@@ -120,3 +120,19 @@ def test_preemptions_and_lost_supervisors_do_not_count_as_failures():
     assert (
         RestartPolicy(max_failures=-1, crash_loop=2).after_failure(row, now=2.0).verdict is Verdict.CRASH_LOOP
     )
+
+
+def test_a_change_of_an_elastic_jobs_nodes_neither_counts_nor_ends_a_crash_loop():
+    """Issue 25.4: a RESIZED attempt (a node lost or joining) is no failure; the failures around it
+    are counted as if it were not there."""
+    resized = AttemptOutcome.RESIZED
+    stalled = [
+        AttemptRecord(0, F, 0.0, False),
+        AttemptRecord(1, resized, 1.0, False),
+        AttemptRecord(2, resized, 2.0, None),
+        AttemptRecord(3, F, 3.0, False),
+    ]
+    policy = RestartPolicy(max_failures=2, crash_loop=2)
+    assert policy.counted_failures(stalled, now=3.0) == 2
+    assert policy.after_failure(stalled, now=3.0).verdict is Verdict.CRASH_LOOP
+    assert RestartPolicy(max_failures=1, crash_loop=0).after_failure(stalled[1:], 4.0).restart

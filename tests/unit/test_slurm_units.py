@@ -77,7 +77,17 @@ def test_under_srun_no_flag_is_needed(monkeypatch):
     "flags, message",
     [
         (["--nnodes", "2"], "--rdzv-endpoint HOST:PORT"),
-        (["--nnodes", "1:4"], "not supported"),
+        (
+            ["--nnodes", "3:2", "--rdzv-endpoint", "h:1"],
+            r"--nnodes 3:2: MIN must be at least 1 and at most MAX",
+        ),
+        (["--nnodes", "0:2", "--rdzv-endpoint", "h:1"], r"--nnodes 0:2: MIN must be at least 1"),
+        (["--nnodes", "-1:2", "--rdzv-endpoint", "h:1"], r"MIN must be at least 1"),
+        (["--nnodes", "a:b"], r"--nnodes takes N or MIN:MAX \(whole numbers\), got 'a:b'"),
+        (["--nnodes", "2:"], r"--nnodes takes N or MIN:MAX"),
+        (["--nnodes", "1:2:3"], r"--nnodes takes N or MIN:MAX"),
+        (["--nnodes", "1:4"], "--nnodes 4 needs --rdzv-endpoint HOST:PORT"),
+        (["--nnodes", "1:2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "--node-rank must be in 0..1"),
         (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "--node-rank must be in 0..1"),
         (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-conf", "color=red"], "--rdzv-conf takes"),
         (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--join-timeout", "0"], "--join-timeout"),
@@ -86,3 +96,17 @@ def test_under_srun_no_flag_is_needed(monkeypatch):
 def test_bad_node_options_are_usage_errors(flags, message):
     with pytest.raises(UsageError, match=message):
         config_from_options(_options(*flags), environ={})
+
+
+@pytest.mark.parametrize(
+    "value, fewest, most, elastic",
+    [("2:3", 2, 3, True), ("1:4", 1, 4, True), ("3:3", 3, 3, False), ("3", 3, 3, False)],
+)
+def test_nnodes_takes_a_range_for_elastic_membership(value, fewest, most, elastic, monkeypatch):
+    """--nnodes MIN:MAX, or FTLAUNCH_NNODES (issue 25.1); MIN = MAX is a fixed count."""
+    config = config_from_options(_options("--nnodes", value, "--rdzv-endpoint", "h:1"), environ={})
+    cluster = config.cluster
+    assert (cluster.fewest, cluster.nnodes, cluster.elastic) == (fewest, most, elastic)
+    assert config.world_size == most * config.group.nproc  # the full job's
+    monkeypatch.setenv("FTLAUNCH_NNODES", value)
+    assert config_from_options(_options("--rdzv-endpoint", "h:1"), environ={}).cluster == cluster

@@ -140,3 +140,32 @@ def test_the_orphan_guard_leaves_a_group_number_that_passed_to_a_stranger():
     assert _reused("100", "200") and _reused(None, "200")  # the number is a new process's
     assert _started(os.getpid()) == _started(os.getpid()) is not None
     assert _started(dead_pid()) is None
+
+
+def test_an_elastic_attempt_numbers_its_ranks_densely_over_the_nodes_present(tmp_path):
+    """Issue 25.2: node 2 of a --nnodes 2:3 job with node 1 gone runs ranks 2 and 3 of 4, as
+    torchrun's group rank 1 of 2."""
+    from launcher.layout import Layout
+
+    config = LaunchConfig.of(
+        entrypoint="train.py",
+        nproc=2,
+        nnodes=3,
+        min_nodes=2,
+        node_rank=2,
+        rdzv_endpoint="h:1",
+        log_dir=tmp_path,
+    )
+    specs = plan_workers(config, 4, 1, base_env={}, layout=Layout((0, 2), 2, 2))
+    assert [s.rank for s in specs] == [2, 3] and specs[1].log_file.name == "rank_3.log"
+    env = specs[1].env
+    assert (env[contract.RANK], env[contract.WORLD_SIZE], env[contract.LOCAL_RANK]) == ("3", "4", "1")
+    assert (env[contract.GROUP_RANK], env[contract.GROUP_WORLD_SIZE], env[contract.ROLE_WORLD_SIZE]) == (
+        "1",
+        "2",
+        "4",
+    )
+    full = plan_workers(config, 4, 1, base_env={})  # every node present: the job's own numbering
+    assert [s.rank for s in full] == [4, 5] and full[0].env[contract.WORLD_SIZE] == "6"
+    with pytest.raises(ValueError, match="node 1 is not one of the attempt's nodes"):
+        Layout((0, 2), 1, 2)
