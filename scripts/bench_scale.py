@@ -1,0 +1,184 @@
+"""How ftlaunch's recovery and its store traffic grow with the number of nodes, torchrun beside it.
+
+    python scripts/bench_scale.py [--nodes 2,4,8,16] [--window 5]
+
+N "nodes" on this machine, each its own launcher process with one tiny worker
+(scripts/bench_scale_worker.py: no torch, so that 16 nodes fit on 2 cores), meeting on 127.0.0.1
+through torch.distributed.elastic's c10d rendezvous. Once every worker runs, the store's process
+(ftlaunch's node 0; the torchrun agent that bound the endpoint) is watched for ``--window``
+seconds: its read and write system calls per second (/proc/PID/io; each store request costs
+the server at least one of each), per node. Then the last node's worker exits 1, and from its
+own stamp (CLOCK_MONOTONIC, one clock for every process here):
+
+- stopped: until every other node's worker got its SIGTERM;
+- running: until every node's worker of the new attempt started.
+
+torchrun runs with its defaults (monitor interval 0.1 s) and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+(see bench_recovery.py); ftlaunch with its defaults (fork server on, --node-timeout 15 s).
+"""
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import psutil
+from bench_recovery import ROOT, kill_tree
+
+WORKER = ROOT / "scripts" / "bench_scale_worker.py"
+_DEADLINE_S = 300.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ftlaunch(n: int, node: int, endpoint: str, work: Path) -> List[str]:
+    return [
+        sys.executable, "-m", "launcher",
+        "--nnodes", str(n), "--node-rank", str(node), "--rdzv-endpoint", endpoint,
+        "--nproc", "1", "--max-failures", "1",
+        "--log-dir", str(work / "logs"), "--run-dir", str(work / "runs"),
+        str(WORKER), "--out", str(work / "out"),
+    ]  # fmt: skip
+
+
+def _torchrun(n: int, node: int, endpoint: str, work: Path) -> List[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", str(n), "--nproc-per-node", "1",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", work.name,
+        "--max-restarts", "1",
+        str(WORKER), "--out", str(work / "out"),
+    ]  # fmt: skip
+
+
+def _stamps(out: Path, kind: str, after: float = 0.0) -> Dict[int, float]:
+    """Each rank's first stamp of ``kind`` ('start', 'stop') later than ``after``."""
+    found: Dict[int, float] = {}
+    for path in out.glob(f"{kind}.*.*"):
+        if path.name.endswith(".tmp"):
+            continue
+        rank, when = int(path.name.split(".")[1]), float(path.read_text())
+        if when > after:
+            found[rank] = min(when, found.get(rank, when))
+    return found
+
+
+def _wait_for(ready, procs: List[subprocess.Popen]) -> bool:
+    deadline = time.monotonic() + _DEADLINE_S
+    while time.monotonic() < deadline:
+        if ready():
+            return True
+        if any(p.poll() not in (None, 0) for p in procs):
+            return False
+        time.sleep(0.05)
+    return False
+
+
+def _read(path: Path) -> float:
+    return float(path.read_text())
+
+
+def _store_process(port: int) -> Optional[psutil.Process]:
+    for conn in psutil.net_connections("tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
+            return psutil.Process(conn.pid)
+    return None
+
+
+def _syscalls(proc: psutil.Process) -> int:
+    io = proc.io_counters()
+    return io.read_count + io.write_count
+
+
+def run(command, n: int, work: Path, window: float, env: Dict[str, str]) -> Optional[Dict[str, float]]:
+    out = work / "out"
+    out.mkdir(parents=True)
+    port = _free_port()
+    endpoint = f"127.0.0.1:{port}"
+    procs = [
+        subprocess.Popen(
+            command(n, node, endpoint, work),
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for node in range(n)
+    ]
+    try:
+        if not _wait_for(lambda: len(_stamps(out, "start")) == n, procs):
+            return None
+        store = _store_process(port)
+        before, started = _syscalls(store), time.monotonic()
+        time.sleep(window)  # the measurement window: every node healthy
+        per_s = (_syscalls(store) - before) / (time.monotonic() - started)
+        (out / "go_crash").touch()
+        crashed = out / "crashed"
+        if not _wait_for(lambda: crashed.exists() and len(_stamps(out, "start", _read(crashed))) == n, procs):
+            return None
+        at = _read(crashed)
+        starts, stops = _stamps(out, "start", at), _stamps(out, "stop", at)
+        deadline = time.monotonic() + _DEADLINE_S
+        for proc in procs:
+            proc.wait(max(1.0, deadline - time.monotonic()))
+        return {
+            "stopped": max(stops.values()) - at if len(stops) == n - 1 else float("nan"),
+            "running": max(starts.values()) - at,
+            "syscalls": per_s,
+            "per node": per_s / n,
+        }
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                kill_tree(proc)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nodes", default="2,4,8,16", help="comma-separated node counts")
+    p.add_argument("--window", type=float, default=5.0, help="seconds the healthy store is watched")
+    args = p.parse_args()
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    rows = []
+    work = Path(tempfile.mkdtemp(prefix="ftlaunch-bench-scale-"))
+    try:
+        for n in (int(x) for x in args.nodes.split(",")):
+            for name, command in (("ftlaunch", _ftlaunch), ("torchrun", _torchrun)):
+                result = run(command, n, work / f"{name}{n}", args.window, env)
+                rows.append((n, name, result))
+                print(f"{n} nodes, {name}: {'done' if result else 'FAILED'}", file=sys.stderr)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(
+        "\nA worker on the last node exits 1; N nodes x 1 tiny worker on loopback (seconds from its "
+        "exit); the store's process while healthy (read+write system calls per second)\n"
+    )
+    print(
+        "| nodes | launcher | every node's workers stopped | every node's new workers running | "
+        "store syscalls/s | per node |"
+    )
+    print("|---|---|---|---|---|---|")
+    for n, name, r in rows:
+        if r is None:
+            print(f"| {n} | {name} | failed | failed | — | — |")
+        else:
+            print(
+                f"| {n} | {name} | {r['stopped']:.2f} | {r['running']:.2f} | {r['syscalls']:.0f} | "
+                f"{r['per node']:.0f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
