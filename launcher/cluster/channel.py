@@ -185,7 +185,8 @@ class AttemptChannel:
         every signal so far is old)."""
         since = len(self._signals.received) if since is None else since
         deadline = time.monotonic() + limit
-        while not all(self._has(f"{prefix}/{n}") for n in self._nodes):
+        keys = [f"{prefix}/{n}" for n in self._nodes]
+        while not self._call("check", keys):  # one round trip for every node's key
             if time.monotonic() >= deadline:
                 return False
             lost = self._look_for_lost_nodes()

@@ -214,7 +214,8 @@ class Rendezvous:
             if time.monotonic() >= next_word:
                 waited = time.monotonic() - started
                 say(
-                    f"waiting for {self._who()} to join ({waited:.0f} s of "
+                    f"waiting for {'at least ' if self.cluster.elastic else ''}{self._who()} to join "
+                    f"({waited:.0f} s of "
                     f"--join-timeout {self.cluster.join_timeout:g} s)"
                 )
                 next_word += 30.0
