@@ -70,6 +70,11 @@ def test_help_lists_the_options(launcher):
         (["-m", "no_such_module_here"], "no module named 'no_such_module_here'"),
         (["-m", "no_such_package_here.train"], "module no_such_package_here.train: ModuleNotFoundError"),
         ([], "Missing argument 'SCRIPT'"),
+        (
+            ["--nnodes", "3:2", "--rdzv-endpoint", "127.0.0.1:1", str(ACTOR)],
+            "MIN must be at least 1 and at most MAX",
+        ),
+        (["--nnodes", "two:3", str(ACTOR)], "--nnodes takes N or MIN:MAX (whole numbers), got 'two:3'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(launcher, args, fragment):

@@ -7,7 +7,7 @@ import re
 import signal
 
 from helpers import SCRIPTS, run_state, wait_for_files
-from test_many_nodes import Job
+from test_many_nodes import Job, _status_table
 
 from launcher.events import Decision, NodesMet, StopRequested
 from launcher.outcomes import AttemptOutcome
@@ -101,9 +101,14 @@ def test_a_lost_node_shrinks_the_job_and_its_relaunch_grows_it_back_without_losi
         (AttemptOutcome.SUCCEEDED, 3, [0, 1, 2]),
     ], sizes
     assert "the job runs on node(s) 0, 1 (2 ranks) of --nnodes 2:3" in node0.stderr
+    table = _status_table(tmp_path, "elastic")  # each attempt's nodes and ranks, and how many resized
+    assert "nodes (ranks)" in table and "0,1 (2)" in table and "0,1,2 (3)" in table, table
+    assert "3, 0 failed, 2 resized" in table, table
     for node in (node0, job.nodes[1]):  # node 0's words, on every node that stayed
         assert "attempt 0: the job's nodes changed (node 2 (" in node.stderr, node.stderr
-        assert f"attempt {shrunk.attempt}: the job's nodes changed (node 0: a node waits to join" in node.stderr
+        assert (
+            f"attempt {shrunk.attempt}: the job's nodes changed (node 0: a node waits to join" in node.stderr
+        )
     assert job.survivors() == []
 
 
@@ -152,4 +157,50 @@ def test_a_script_without_worker_lib_is_restarted_at_once_when_a_node_joins(laun
     assert "not every rank calls ft.should_stop, so none can be asked to save first" in node0.stderr
     assert not node0.events(StopRequested)
     assert [d.verdict for d in node0.events(Decision)] == ["resize"]
+    assert job.survivors() == []
+
+
+def test_below_its_fewest_nodes_the_job_waits_and_goes_on_when_one_comes_back(launcher, tmp_path):
+    """Issue 25.2: two of three nodes lost at once leave node 0 below MIN: it runs nothing, waits,
+    and the job goes on at two nodes when one is relaunched (no failure counted)."""
+    job = Job(
+        launcher,
+        tmp_path,
+        3,
+        "--nproc",
+        "1",
+        "--max-failures",
+        "0",
+        "--rdzv-conf",
+        "last_call_timeout=1",
+        "--run-name",
+        "few",
+        TRAIN,
+        "--steps",
+        "60",
+        "--step-time",
+        "0.05",
+        "--replicated",
+        "--stop-aware",
+        "--out",
+        str(tmp_path / "out.pt"),
+        fewest=2,
+    ).start_all()
+    node0 = job.nodes[0]
+    node0.wait_for_event(NodesMet, lambda e: e.nodes == [0, 1, 2], timeout=90)
+    wait_for_files(tmp_path / "runs" / "few" / "checkpoints", "step_*/COMMITTED", 1, timeout=60)
+    for node in (1, 2):
+        os.kill(job.nodes[node].proc.pid, signal.SIGKILL)
+    for node in (1, 2):
+        job.nodes[node].wait(10)
+    node0.wait_for_event(Decision, lambda e: e.verdict == "resize", timeout=60)
+    job.start(1)
+    assert job.nodes[0].wait(180) == 0 and job.nodes[1].wait(60) == 0, node0.stderr
+    assert [e.nodes for e in node0.events(NodesMet)] == [[0, 1, 2], [0, 1]]  # never node 0 alone
+    state = run_state(tmp_path / "runs" / "few")
+    assert [(a.outcome, a.world_size) for a in state.attempts] == [
+        (AttemptOutcome.RESIZED, 3),
+        (AttemptOutcome.SUCCEEDED, 2),
+    ]
+    assert _start_steps(node0.stdout)[1] > 0  # the second attempt resumed from a committed step
     assert job.survivors() == []
