@@ -7,6 +7,7 @@ import logging
 import signal
 import time
 import traceback
+from pathlib import Path
 from typing import BinaryIO, Callable, List, Optional, Tuple
 
 from launcher.beats import BeatSummary
@@ -64,6 +65,7 @@ class AttemptRunner:
         spawner: Spawner,
         console: Tuple[BinaryIO, BinaryIO],
         hangs: HangMonitor,
+        memory_dir: Optional[Path] = None,
     ) -> None:
         self.config = config
         self._events = events
@@ -73,6 +75,7 @@ class AttemptRunner:
         self._spawner = spawner
         self._console = console
         self._hangs = hangs
+        self._memory_dir = memory_dir  # the node's memory tier, for the workers' snapshots
         self._next_progress = 0.0
         self._chaos = chaos_for(config, events, say)
         self._role: Optional[Role] = None  # the node's, during run()
@@ -97,6 +100,7 @@ class AttemptRunner:
             heartbeat_file=board.path,
             master_addr=plan.master_addr,
             layout=layout,
+            memory_dir=self._memory_dir,
         )
         group = WorkerGroup(specs, self._spawner, pump, self._guard, self.config.group.shows_on_console)
         self._spawner.prepare(specs[0], self._spawning_may_go_on)

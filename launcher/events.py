@@ -138,6 +138,8 @@ class CheckpointLoaded:
     KIND: ClassVar[str] = "checkpoint_loaded"
     attempt: int
     t_done: float  # monotonic, the workers' own reading: when the last rank's load returned
+    step: Optional[int] = None  # the step they loaded (None: none, or not one step)
+    tier: str = ""  # where from: "memory", "storage"; "": nothing loaded, or not known
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,6 +25,7 @@ class Recovery:
     load: Optional[float]  # → every rank has loaded its checkpoint: interpreter start, imports,
     # joining the group and the load itself (worker_lib reports when the load returned)
     first_step: Optional[float]  # → every rank of the new group has beaten (needs heartbeats)
+    loaded: str = ""  # what the new group loaded: "step 120 from memory"; "": nothing, or unknown
 
     @property
     def downtime(self) -> float:
@@ -54,6 +55,9 @@ def recoveries(log: Sequence[Logged]) -> List[Recovery]:
                 restart=running.t_mono - stopped.t_mono,
                 load=loaded_at - running.t_mono if loaded_at is not None else None,
                 first_step=stepped.t_mono - (loaded_at or running.t_mono) if stepped else None,
+                loaded=f"step {loaded.event.step} from {loaded.event.tier}"
+                if loaded and loaded.event.tier
+                else "",
             )
         )
     return found

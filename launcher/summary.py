@@ -50,7 +50,8 @@ def _phases(r: Recovery) -> str:
         ("first step", r.first_step),
     ]
     shown = ", ".join(f"{name} {value:.2f} s" for name, value in parts if value is not None)
-    return f"{shown} (down {r.downtime:.2f} s)"
+    loaded = f"; loaded {r.loaded}" if r.loaded else ""
+    return f"{shown} (down {r.downtime:.2f} s{loaded})"
 
 
 def _root_cause_detail(failure: Failure) -> List[str]:

@@ -2,12 +2,14 @@
 sets up what a run needs, and runs attempts in one loop: meet → start → monitor → stop →
 conclude → decide → (restart | end)."""
 
+import contextlib
 import dataclasses
 import functools
 import os
 import sys
 import time
-from typing import BinaryIO, Callable, List, Optional
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator, List, Optional
 
 from launcher.attempt import AttemptRunner
 from launcher.cluster.rendezvous import Rendezvous, host_job_store
@@ -20,6 +22,7 @@ from launcher.outcomes import RunStatus
 from launcher.policy import RestartPolicy
 from launcher.process.forkserver import ForkServer, ForkServerSpawner
 from launcher.process.linux import become_subreaper
+from launcher.process.memory_tier import MemoryTier
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.signals import SignalInbox
 from launcher.process.workers import PopenSpawner, Spawner
@@ -98,10 +101,10 @@ def _follow(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, c
     become_subreaper()
     with EventLog(config.group.log_dir / "events.jsonl") as events:
         events.emit(RunStart(run_id=config.run.run_id, config=config.to_json(), pid=os.getpid()))
-        with OrphanGuard() as guard:
+        with OrphanGuard() as guard, _memory_tier(guard) as memory:
             # Whether the script beats is node 0's knowledge (run.json); here it is learned afresh.
             hangs = HangMonitor(config.hangs, events, say, lambda: None, False)
-            runner = AttemptRunner(config, events, signals, guard, say, spawner, console, hangs)
+            runner = AttemptRunner(config, events, signals, guard, say, spawner, console, hangs, memory)
             role = Follower(config, events, signals, say)
             try:
                 result = run_attempts(role, runner)
@@ -122,7 +125,7 @@ def _lead(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, con
         become_subreaper()
         with EventLog(config.group.log_dir / "events.jsonl") as events:
             events.emit(RunStart(run_id=config.run.run_id, config=config.to_json(), pid=os.getpid()))
-            with OrphanGuard() as guard:
+            with OrphanGuard() as guard, _memory_tier(guard) as memory:
                 run = Run(config, directory, events, say, taken_from)
                 policy = RestartPolicy(
                     config.restart.max_failures,
@@ -141,10 +144,23 @@ def _lead(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, con
                     role = Leader(config, run, events, signals, say, policy, rendezvous)
                 beat_before = any(a.beat for a in run.state.attempts)  # e.g. before a kill -9 of ftlaunch
                 hangs = HangMonitor(config.hangs, events, say, run.mark_first_step, beat_before)
-                runner = AttemptRunner(config, events, signals, guard, say, spawner, console, hangs)
+                runner = AttemptRunner(config, events, signals, guard, say, spawner, console, hangs, memory)
                 return _hold(role, runner, run, events, say)
     finally:
         directory.release()
+
+
+@contextlib.contextmanager
+def _memory_tier(guard: OrphanGuard) -> Iterator[Optional[Path]]:
+    """The node's memory tier for this supervisor's life: its folder, removed at the end, and by
+    the orphan guard if this process is killed."""
+    tier = MemoryTier()
+    if tier.folder is not None:
+        guard.remove_at_end(str(tier.folder))
+    try:
+        yield tier.folder
+    finally:
+        tier.close()
 
 
 def _hold(role: RunHolder, runner: AttemptRunner, run: Run, events: EventLog, say) -> RunResult:

@@ -90,6 +90,7 @@ def save_checkpoint(
     replicated: bool = False,
     blocking: bool = False,
     format: str = "parts",
+    to: str = "storage",
 ) -> None:
     """Save this rank's ``state`` for ``step``; every rank calls it.
 
@@ -102,13 +103,25 @@ def save_checkpoint(
     The state is copied to CPU memory before this returns; writing and the commit happen in the
     background unless ``blocking``. The next save waits for this one, and a background failure
     is raised there.
+
+    ``to="memory"``: a snapshot of this rank's state into the node's memory tier (ftlaunch keeps
+    it in /dev/shm for its run): the copy is all it costs, it survives a crash and the group's
+    restart but not the node or the supervisor, and ``load_checkpoint()`` takes it when every
+    rank holds it and storage has nothing newer. Cheap enough for every step, beside a storage
+    save every so often.
     """
     if format not in ("parts", "dcp"):
         raise ValueError(f"format must be 'parts' or 'dcp', not {format!r}")
+    if to not in ("storage", "memory"):
+        raise ValueError(f"to must be 'storage' or 'memory', not {to!r}")
     if format == "dcp" and replicated:
         raise ValueError("format='dcp' saves each rank's shards: replicated=True does not apply")
+    if format == "dcp" and to == "memory":
+        raise ValueError("to='memory' keeps per-rank parts; format='dcp' steps go to storage")
     with pause_heartbeat():  # waiting for the previous save, or a blocking save, is not a hang
-        if format == "dcp":
+        if to == "memory":
+            _checkpoints().snapshot(step, state, metrics)
+        elif format == "dcp":
             from worker_lib.dcp import save_dcp
 
             save_dcp(_checkpoints(), step, state, dict(metrics or {}), blocking)
@@ -126,9 +139,11 @@ def load_checkpoint(into: Any = None):
             from worker_lib.dcp import load_dcp
 
             found = load_dcp(_checkpoints(), into)
+            tier = contract.LOADED_STORAGE
         else:
             found = _checkpoints().load()
-    mark_loaded()
+            tier = _checkpoints().loaded_tier
+    mark_loaded(found.step if found is not None else None, tier)
     return found
 
 
@@ -156,7 +171,7 @@ def newest_checkpoint_dir():
     session = _require_session()
     with pause_heartbeat():
         found = latest_directory(_checkpoints(), session.info.run_id, session.info.attempt)
-    mark_loaded()
+    mark_loaded(found.step if found is not None else None, contract.LOADED_STORAGE)
     return found
 
 

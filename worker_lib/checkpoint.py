@@ -28,10 +28,12 @@ from worker_lib.marker import (
     CommitMarker,
     PartEntry,
     VerifiedPart,
+    committed_steps,
     opened_verified,
     part_name,
     step_dir,
 )
+from worker_lib.memory import MemorySnapshots
 from worker_lib.progress import chaos_request
 from worker_lib.retention import RetentionPolicy
 from worker_lib.rng import capture_rng, restore_rng
@@ -69,8 +71,11 @@ class CheckpointManager:
         save_rng: bool = True,
         commit_timeout: float = 1800.0,
         trusted: bool = False,
+        memory: Optional[MemorySnapshots] = None,
     ) -> None:
         self.storage = storage
+        self.memory = memory  # the node's memory tier (None: not under ftlaunch, or none there)
+        self.loaded_tier = c.LOADED_NONE  # where the last load() found its step
         self.rank = rank
         self.world_size = world_size
         self._commits = Commits(
@@ -87,6 +92,16 @@ class CheckpointManager:
         atexit.register(self._wait_at_exit)
 
     # -- saving -----------------------------------------------------------------------------
+
+    def snapshot(self, step: int, state: Any, metrics: Optional[Dict[str, float]] = None) -> None:
+        """Copy this rank's ``state`` (and its RNG states) into the node's memory tier, now."""
+        if self.memory is None:
+            raise CheckpointError(
+                "to='memory' needs ftlaunch's node-local memory tier (FTLAUNCH_MEMORY_DIR), which "
+                "this worker was not given: launch it with ftlaunch, or save to storage"
+            )
+        rng = capture_rng() if self._save_rng else None
+        self.memory.save(step, {"state": state, "rng": rng}, dict(metrics or {}))
 
     def save(
         self,
@@ -204,14 +219,42 @@ class CheckpointManager:
     # -- loading ----------------------------------------------------------------------------
 
     def load(self) -> Optional[Checkpoint]:
-        """The newest step every rank can read and verify; None on a fresh run."""
+        """The newest step every rank can read and verify, from the node's memory tier when every
+        rank holds it there and it is at least as new as storage's; None on a fresh run."""
+        self.wait()
+        in_memory = self._load_from_memory()
+        if in_memory is not None:
+            self.loaded_tier = c.LOADED_MEMORY
+            return in_memory
         found = self.newest_agreed(self._read_state_parts)
+        self.loaded_tier = c.LOADED_NONE if found is None else c.LOADED_STORAGE
         if found is None:
             return None
         marker, payload = found
         self.restore_rng(payload["own"])
         state = payload["replicated"] if marker.kind == "replicated" else payload["own"]["state"]
         return Checkpoint(step=marker.step, state=state, metrics=marker.metrics)
+
+    def _load_from_memory(self) -> Optional[Checkpoint]:
+        """Every rank's snapshot of the newest step they all hold, or None (then storage)."""
+        if self.memory is None:
+            return None
+        stored = next((m.step for m in committed_steps(self.storage) if m.loads_at(self.world_size)), None)
+        step = self.memory.newest_agreed(stored)
+        if step is None:
+            self.memory.forget()
+            return None
+        payload, problem = self.memory.read(step)
+        if not self.memory.agree_read(problem is None):
+            log.warning(
+                "memory step %d cannot be read on every rank (%s): loading from storage", step, problem
+            )
+            self.memory.forget()
+            return None
+        self.memory.adopt(step)
+        self.restore_rng(payload)
+        log.info("checkpoint step %d loaded from the node's memory tier", step)
+        return Checkpoint(step=step, state=payload["state"], metrics=self.memory.metrics(step))
 
     def newest_agreed(self, read: Callable[[CommitMarker], Tuple[Any, Optional[str]]]):
         """(marker, payload) of the newest committed step that ``read`` accepts on every rank;

@@ -42,6 +42,12 @@ __all__ = [
     "SLOT_STOP_AWARE",
     "SLOT_STOP_AT_STEP",
     "SLOT_CHAOS",
+    "SLOT_LOADED_TIER",
+    "SLOT_LOADED_STEP",
+    "LOADED_NONE",
+    "LOADED_STORAGE",
+    "LOADED_MEMORY",
+    "FT_MEMORY_DIR",
     "CHAOS_AT_BEAT",
     "CHAOS_AT_SAVE",
     "CHAOS_AT_COMMIT",
@@ -75,6 +81,9 @@ NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 FT_ATTEMPT = "FTLAUNCH_ATTEMPT"  # 0 for the first group of a run, +1 per restart
 FT_BACKEND = "FTLAUNCH_BACKEND"  # "nccl" or "gloo", chosen once by the supervisor
 FT_CHECKPOINT_URL = "FTLAUNCH_CHECKPOINT_URL"  # fsspec URL of the checkpoint root (--checkpoint-dir)
+# The node's memory tier: a folder in /dev/shm that the supervisor owns (created at its start,
+# removed at its end, by its orphan guard if it is killed); unset: no memory tier.
+FT_MEMORY_DIR = "FTLAUNCH_MEMORY_DIR"
 # Shared-memory file of heartbeat slots, one per local rank (slot index = LOCAL_RANK). Absent
 # outside ftlaunch: heartbeats then go to a private page nobody reads.
 FT_HEARTBEAT_FILE = "FTLAUNCH_HEARTBEAT_FILE"
@@ -102,7 +111,12 @@ SLOT_STOP_AT_STEP = 10
 # The second word the supervisor writes: a --chaos request for worker_lib to carry out, as
 # (sequence << 16) | (point << 8) | action; a new sequence number is a new request.
 SLOT_CHAOS = 11
-# 12..15: spare, zero
+# What ft.load_checkpoint() loaded: the tier (LOADED_NONE: nothing, a fresh start) and the step
+# (meaningful only with a tier).
+SLOT_LOADED_TIER = 12
+SLOT_LOADED_STEP = 13
+LOADED_NONE, LOADED_STORAGE, LOADED_MEMORY = 0, 1, 2
+# 14..15: spare, zero
 
 # Where a --chaos request is carried out, and what it does (a signal number, or one of these).
 CHAOS_AT_BEAT = 0  # in the training thread, at the next ft.heartbeat()

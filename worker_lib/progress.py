@@ -113,9 +113,12 @@ def should_stop(step: int) -> bool:
     return stop_at != 0 and step >= stop_at
 
 
-def mark_loaded() -> None:
-    """The checkpoint is loaded: the supervisor times this phase of a recovery."""
+def mark_loaded(step: Optional[int] = None, tier: int = c.LOADED_NONE) -> None:
+    """The checkpoint is loaded (``step`` from ``tier``; None: a fresh start): the supervisor
+    times this phase of a recovery and says where each rank resumed from."""
     slot = _slot if _slot is not None else _attach()
+    slot[c.SLOT_LOADED_TIER] = tier if step is not None else c.LOADED_NONE
+    slot[c.SLOT_LOADED_STEP] = step if step is not None else -1
     slot[c.SLOT_LOADED_NS] = time.monotonic_ns()
 
 

@@ -164,7 +164,25 @@ def _checkpoint_manager(info: WorkerInfo, url: str, options: CheckpointOptions):
         options.retention,
         options.save_rng,
         trusted=options.trusted,
+        memory=_memory_snapshots(info),
     )
+
+
+def _memory_snapshots(info: WorkerInfo):
+    """This rank's side of the node's memory tier, when ftlaunch gave one. Its votes go through
+    a store client of their own: the storage saves' background thread may hold the other one
+    for as long as a slow upload takes."""
+    from worker_lib.checkpoint import LocalChannel, StoreChannel
+    from worker_lib.memory import MemorySnapshots, memory_folder
+
+    folder = memory_folder()
+    if folder is None:
+        return None
+    if info.world_size == 1:
+        channel = LocalChannel()
+    else:
+        channel = StoreChannel(_job_store(), prefix=f"ftlaunch/{info.run_id}/{info.attempt}/memory/")
+    return MemorySnapshots(folder, info.rank, info.world_size, channel)
 
 
 def _job_store():

@@ -61,6 +61,8 @@ class HeartbeatBoard:
                 pid=w[c.SLOT_PID],
                 loaded_at=w[c.SLOT_LOADED_NS] / 1e9,
                 stop_aware=bool(w[c.SLOT_STOP_AWARE]),
+                loaded_step=w[c.SLOT_LOADED_STEP] if w[c.SLOT_LOADED_TIER] else -1,
+                loaded_tier=w[c.SLOT_LOADED_TIER],
             )
         return readings
 

@@ -4,7 +4,7 @@ and when a rank is hung, have every rank write its stacks before the group is st
 import dataclasses
 import os
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import psutil
 
@@ -14,6 +14,7 @@ from launcher.events import CheckpointLoaded, EventLog, FirstStep, Hang, Heartbe
 from launcher.failures import Failure, HangFailure, seconds
 from launcher.hangs.deadlines import HangLimits, HangWatch, Overdue
 from launcher.process.workers import WorkerGroup
+from worker_lib import contract as c
 
 __all__ = ["HangMonitor", "progress_rows"]
 
@@ -83,7 +84,12 @@ class HangMonitor:
             return
         if not watch.all_loaded and all(r.loaded_at > 0 for r in readings.values()):
             watch.all_loaded = True
-            self._events.emit(CheckpointLoaded(attempt, t_done=max(r.loaded_at for r in readings.values())))
+            step, tier = _loaded_from(readings.values())
+            self._events.emit(
+                CheckpointLoaded(attempt, max(r.loaded_at for r in readings.values()), step, tier)
+            )
+            if tier:
+                self._say(f"attempt {attempt}: every rank loaded step {step} from {tier}")
         if not watch.all_stepping and all(r.beats > 0 for r in readings.values()):
             watch.all_stepping = True
             self._events.emit(FirstStep(attempt))
@@ -190,3 +196,15 @@ def _status(pid: int) -> str:
         return psutil.Process(pid).status()
     except psutil.Error:
         return ""
+
+
+_TIERS = {c.LOADED_STORAGE: "storage", c.LOADED_MEMORY: "memory"}
+
+
+def _loaded_from(readings) -> Tuple[Optional[int], str]:
+    """The step every rank loaded and the tier it came from, when they all say the same."""
+    seen = {(r.loaded_step, r.loaded_tier) for r in readings}
+    if len(seen) != 1:
+        return None, ""
+    ((step, tier),) = seen
+    return (step, _TIERS[tier]) if tier in _TIERS and step >= 0 else (None, "")

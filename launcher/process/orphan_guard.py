@@ -4,16 +4,18 @@ Workers get PR_SET_PDEATHSIG and die with the supervisor by themselves, but thei
 (DataLoader workers, compilers, shells) do not. The supervisor writes "+PGID" / "-PGID" lines to
 this guard's stdin as groups start and end; when the supervisor dies, by any signal, the kernel
 closes that pipe, the guard reads EOF and kills every group still listed, unless its number has
-passed to another process meanwhile.
+passed to another process meanwhile. A "=PATH" line names a folder the guard removes at EOF, after
+the kills (the node's memory tier: gigabytes of /dev/shm that nobody else would free).
 
 Run as ``python -m launcher.process.orphan_guard``; it imports nothing heavy, so it starts in ~20 ms.
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
-from typing import IO, Dict, Optional, Set
+from typing import IO, Dict, List, Optional, Set
 
 from launcher.process.linux import ignoring
 from launcher.process.signals import NOTICE_SIGNALS
@@ -26,6 +28,7 @@ class OrphanGuard:
 
     def __init__(self) -> None:
         self._watched: Set[int] = set()
+        self._folders: List[str] = []
         self._proc, self._pipe = self._start()
 
     @staticmethod
@@ -53,6 +56,8 @@ class OrphanGuard:
         self._proc, self._pipe = self._start()
         for pgid in sorted(self._watched):
             self._send(f"+{pgid}\n")
+        for folder in self._folders:
+            self._send(f"={folder}\n")
         return dead
 
     def __enter__(self) -> "OrphanGuard":
@@ -68,6 +73,11 @@ class OrphanGuard:
     def watch(self, pgid: int) -> None:
         self._watched.add(pgid)
         self._send(f"+{pgid}\n")
+
+    def remove_at_end(self, folder: str) -> None:
+        """The guard removes ``folder`` when this supervisor ends, however it ends."""
+        self._folders.append(folder)
+        self._send(f"={folder}\n")
 
     def forget(self, pgid: int) -> None:
         self._watched.discard(pgid)
@@ -100,12 +110,15 @@ class OrphanGuard:
 def _guard(lines: IO[str]) -> int:
     # pgid → its leader's start time when the group was listed (None: the leader had gone)
     groups: Dict[int, Optional[str]] = {}
+    folders: List[str] = []
     for line in lines:
-        op, pgid = line[:1], int(line[1:])
-        if op == "+":
-            groups[pgid] = _started(pgid)
+        op, arg = line[:1], line[1:].rstrip("\n")
+        if op == "=":
+            folders.append(arg)
+        elif op == "+":
+            groups[int(arg)] = _started(int(arg))
         else:
-            groups.pop(pgid, None)
+            groups.pop(int(arg), None)
     for pgid, started in groups.items():
         if _reused(started, _started(pgid)):
             continue
@@ -113,6 +126,8 @@ def _guard(lines: IO[str]) -> int:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 

@@ -34,10 +34,12 @@ def plan_workers(
     heartbeat_file: Optional[Path] = None,
     master_addr: Optional[str] = None,
     layout: Optional[Layout] = None,
+    memory_dir: Optional[Path] = None,
 ) -> List[WorkerSpec]:
     """One spec per local rank; ``base_env`` (default: ours) is what the workers inherit;
     ``master_addr`` (default: --master-addr) is where the workers' store listens; ``layout``
-    (default: every node of the job) which ranks this node runs."""
+    (default: every node of the job) which ranks this node runs; ``memory_dir``: the node's
+    memory tier (None: none)."""
     layout = layout or Layout.every_node(config)
     base = dict(os.environ if base_env is None else base_env)
     folder = attempt_dir(config, attempt)
@@ -51,6 +53,9 @@ def plan_workers(
             env[c.MASTER_ADDR] = master_addr
         if heartbeat_file is not None:
             env[c.FT_HEARTBEAT_FILE] = str(heartbeat_file)
+        env.pop(c.FT_MEMORY_DIR, None)  # only this supervisor's folder, never one inherited
+        if memory_dir is not None:
+            env[c.FT_MEMORY_DIR] = str(memory_dir)
         specs.append(
             WorkerSpec(
                 rank=rank,

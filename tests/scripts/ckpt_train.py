@@ -33,6 +33,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--replicated", action="store_true")
     p.add_argument("--step-time", type=float, default=0.0, help="seconds of sleep per step")
     p.add_argument("--stop-aware", action="store_true", help="save and leave at ft.should_stop's step")
+    p.add_argument("--memory-every", type=int, default=0, help="steps between memory snapshots (0: none)")
+    p.add_argument("--die-mid-snapshot", type=int, help="rank 1 dies half-way through this memory snapshot")
     p.add_argument("--out", required=True)
     return p.parse_args()
 
@@ -69,6 +71,27 @@ def inject_storage_faults(args, rank: int, attempt: int) -> None:
             return write(self, rel, fill, retries)
 
         Storage.write_stream = write_half_or_die
+    if args.die_mid_snapshot is not None and rank == 1:
+        import worker_lib.memory as memory
+
+        save = memory._save
+
+        def save_half_or_die(payload, handle):
+            if memory_step[0] == args.die_mid_snapshot:
+                print(
+                    f"rank 1: dying half-way through its memory snapshot of step {memory_step[0]}", flush=True
+                )
+                whole = io.BytesIO()
+                save(payload, whole)
+                handle.write(whole.getvalue()[: len(whole.getvalue()) // 2])
+                handle.flush()
+                die()
+            save(payload, handle)
+
+        memory._save = save_half_or_die
+
+
+memory_step = [0]  # the memory snapshot being taken, for --die-mid-snapshot
 
 
 def main() -> None:
@@ -100,6 +123,10 @@ def main() -> None:
         optimizer.step()
         time.sleep(args.step_time)
         ft.heartbeat(step + 1)  # steps done: what --chaos at=step: and the hang monitor read
+        if args.memory_every and (step + 1) % args.memory_every == 0:
+            memory_step[0] = step + 1
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+            ft.save_checkpoint(step + 1, state, to="memory")
         stop = args.stop_aware and ft.should_stop(step + 1)
         if (step + 1) % args.save_every == 0 or stop:
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}

@@ -1,0 +1,134 @@
+"""The node-local memory tier (issue 26): snapshots in /dev/shm, kept by the supervisor's side of
+the node, that a crashed group reloads instead of going back to the last storage save."""
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import SCRIPTS, dead_pid, wait_for_files
+from test_checkpoint_e2e import _assert_bit_identical
+
+from worker_lib.checkpoint import LocalChannel
+from worker_lib.commit import CheckpointError
+from worker_lib.memory import MemorySnapshots
+
+TRAIN = str(SCRIPTS / "ckpt_train.py")
+SHM = Path("/dev/shm")
+
+
+def _folders(pid: int) -> list:
+    """The memory-tier folders of the supervisor with ``pid``."""
+    return list(SHM.glob(f"ftlaunch-memory-{pid}-*"))
+
+
+def _run(launcher, tmp_path, name, *script_args, code=0, **options):
+    out = tmp_path / f"{name}.pt"
+    launch = launcher.run(
+        "--nproc", "2", "--run-name", name, "--checkpoint-dir", str(tmp_path / "ckpt" / name),
+        *options.pop("flags", ()), TRAIN, "--out", str(out), "--steps", "30", *script_args, timeout=180,
+    )  # fmt: skip
+    assert launch.proc.returncode == code, launch.stderr
+    assert launch.survivors() == []
+    assert _folders(launch.proc.pid) == []  # the run is over: nothing of it in shared memory
+    return launch, torch.load(out) if code == 0 else None
+
+
+def _starts(launch, attempt: int) -> set:
+    return {int(s) for s in re.findall(rf"rank \d attempt {attempt} starts at step (\d+)", launch.stdout)}
+
+
+def test_a_crash_reloads_the_newest_memory_step_and_ends_bit_identical(launcher, tmp_path):
+    left = SHM / f"ftlaunch-memory-{dead_pid()}-left"  # as a supervisor killed with its guard leaves it
+    left.mkdir()
+    (left / "rank_0.0").write_bytes(b"x" * 1000)
+    _, clean = _run(launcher, tmp_path, "clean")
+    assert not left.exists()  # the next launch on the node removed it
+    launch, crashed = _run(launcher, tmp_path, "crashed", "--memory-every", "1", "--crash", "17:0")
+    # Rank 1 died before step 17; the last storage save was step 10, the last snapshot step 17.
+    assert _starts(launch, 1) == {17}, launch.stdout
+    assert "attempt 1: every rank loaded step 17 from memory" in launch.stderr
+    assert "loaded step 17 from memory)" in launch.stderr  # the summary's recovery line
+    _assert_bit_identical(clean, crashed)
+
+
+def test_a_crash_during_a_snapshot_falls_back_to_the_previous_one(launcher, tmp_path):
+    _, clean = _run(launcher, tmp_path, "clean")
+    launch, crashed = _run(launcher, tmp_path, "torn", "--memory-every", "1", "--die-mid-snapshot", "17")
+    assert "rank 1: dying half-way through its memory snapshot of step 17" in launch.stdout
+    assert _starts(launch, 1) == {16}, launch.stdout
+    assert "attempt 1: every rank loaded step 16 from memory" in launch.stderr
+    _assert_bit_identical(clean, crashed)
+
+
+def test_a_failed_run_leaves_nothing_in_shared_memory(launcher, tmp_path):
+    launch, _ = _run(
+        launcher,
+        tmp_path,
+        "failed",
+        "--memory-every",
+        "1",
+        "--crash",
+        "5:0",
+        code=1,
+        flags=("--max-failures", "0"),
+    )
+    assert "rank 1: crash at step 5" in launch.stdout
+
+
+def test_a_killed_supervisor_is_resumed_from_storage_and_its_memory_is_freed(launcher, tmp_path):
+    """Memory snapshots go with the supervisor: kill -9 of ftlaunch frees them (its orphan guard),
+    and the relaunch resumes from the newest storage step, on every rank."""
+    args = ("--nproc", "2", "--run-name", "killed", "--checkpoint-dir", str(tmp_path / "ckpt"), TRAIN)
+    script = (
+        "--out",
+        str(tmp_path / "out.pt"),
+        "--steps",
+        "150",
+        "--step-time",
+        "0.02",
+        "--memory-every",
+        "1",
+    )
+    first = launcher.start(*args, *script)
+    wait_for_files(tmp_path / "ckpt", "step_*/COMMITTED", 2, timeout=90)
+    (folder,) = _folders(first.proc.pid)
+    wait_for_files(folder, "rank_*.json", 2, timeout=30)
+    os.kill(first.proc.pid, signal.SIGKILL)
+    first.wait(10)
+    assert first.survivors_after(10) == []
+    deadline = time.monotonic() + 10
+    while folder.exists() and time.monotonic() < deadline:  # the guard removes it once it sees EOF
+        time.sleep(0.05)
+    assert not folder.exists()
+    stored = max(int(p.parent.name[len("step_") :]) for p in (tmp_path / "ckpt").glob("step_*/COMMITTED"))
+    again = launcher.run(*args, *script, timeout=180)
+    assert again.proc.returncode == 0, again.stderr
+    assert f"every rank loaded step {stored} from storage" in again.stderr, (stored, again.stderr)
+    assert _starts(again, 1) == {stored}
+    assert again.survivors() == [] and _folders(again.proc.pid) == []
+
+
+@pytest.fixture
+def tiny_shm(tmp_path):
+    """A 256 KiB tmpfs: /dev/shm as a container's default 64 MiB is to a large model."""
+    mount = tmp_path / "shm"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_snapshot_that_does_not_fit_is_a_clear_error_and_keeps_the_last_one(tiny_shm):
+    snaps = MemorySnapshots(tiny_shm, 0, 1, LocalChannel())
+    snaps.save(1, {"state": torch.zeros(20_000), "rng": None}, {})  # 80 KB
+    with pytest.raises(CheckpointError, match=r"rank 0: no room for its memory snapshot .* MiB free"):
+        snaps.save(2, {"state": torch.zeros(60_000), "rng": None}, {})  # 240 KB
+    assert snaps.held() == {1: 0}  # the last whole snapshot is intact, the torn one removed
+    assert sorted(p.name for p in tiny_shm.iterdir()) == ["rank_0.0", "rank_0.0.json"]

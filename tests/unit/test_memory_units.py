@@ -1,0 +1,130 @@
+"""The memory tier's double buffer and its votes (worker_lib.memory), two ranks in one process
+sharing one message board: what a crash at each moment leaves loadable."""
+
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+from worker_lib.commit import CheckpointError
+from worker_lib.memory import MemorySnapshots
+
+
+class Board:
+    """The ranks' messages (what the job's store carries between processes); a gather waits, as
+    the store's does, up to its timeout."""
+
+    def __init__(self) -> None:
+        self.values = {}
+
+    def share(self, key, rank, value):
+        self.values[f"{key}/{rank}"] = value
+
+    def gather(self, key, world_size, timeout):
+        keys = [f"{key}/{r}" for r in range(world_size)]
+        deadline = time.monotonic() + timeout
+        while not all(k in self.values for k in keys):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {key} from every rank")
+            time.sleep(0.005)
+        return [self.values[k] for k in keys]
+
+
+def _ranks(folder, world_size=2):
+    board = Board()
+    return [MemorySnapshots(folder, r, world_size, board, timeout=1.0) for r in range(world_size)], board
+
+
+def _each(ranks, call):
+    """``call(snapshots)`` on every rank at once (their votes wait for each other)."""
+    results = [None] * len(ranks)
+
+    def run(i):
+        results[i] = call(ranks[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(ranks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    return results
+
+
+class Unpicklable:
+    def __reduce__(self):
+        raise RuntimeError("the copy is cut off here")
+
+
+def _save_all(ranks, step):
+    for snaps in ranks:
+        snaps.save(step, {"state": {"w": torch.full((4,), float(step))}, "rng": None}, {"loss": 1.0 / step})
+
+
+def test_two_slots_hold_the_newest_two_steps_and_a_load_takes_the_newest(tmp_path):
+    ranks, _ = _ranks(tmp_path)
+    for step in (1, 2, 3):
+        _save_all(ranks, step)
+    assert [sorted(s.held()) for s in ranks] == [[2, 3], [2, 3]]
+    again, _ = _ranks(tmp_path)  # the restarted group's ranks
+    assert _each(again, lambda s: s.newest_agreed(storage_newest=None)) == [3, 3]
+    payload, problem = again[1].read(3)
+    assert problem is None and torch.equal(payload["state"]["w"], torch.full((4,), 3.0))
+    assert again[0].metrics(3) == {"loss": 1.0 / 3}
+
+
+def test_a_copy_cut_off_half_way_loses_only_that_copy(tmp_path):
+    """Rank 1's copy of step 4 fails half-way (as if it died there): its slot of step 2 holds
+    half a file and no record; step 3 is whole on both ranks and is what a restart loads."""
+    ranks, _ = _ranks(tmp_path)
+    for step in (1, 2, 3):
+        _save_all(ranks, step)
+    ranks[0].save(4, {"state": {"w": torch.zeros(4)}, "rng": None}, {})
+    with pytest.raises(RuntimeError, match="cut off"):
+        ranks[1].save(4, {"state": {"w": torch.zeros(4), "x": Unpicklable()}, "rng": None}, {})
+    assert sorted(ranks[0].held()) == [3, 4] and sorted(ranks[1].held()) == [3]
+    again, _ = _ranks(tmp_path)
+    assert _each(again, lambda s: s.newest_agreed(None)) == [3, 3]
+
+
+def test_a_rank_never_overwrites_a_step_before_every_rank_has_the_next(tmp_path):
+    """Rank 0 cannot run two snapshots ahead: its next save waits for rank 1's share of the last."""
+    ranks, _ = _ranks(tmp_path)
+    _save_all(ranks, 1)
+    ranks[0].save(2, {"state": {}, "rng": None}, {})
+    with pytest.raises(TimeoutError):  # rank 1 never shared step 2
+        ranks[0].save(3, {"state": {}, "rng": None}, {})
+    assert sorted(ranks[0].held()) == [1, 2]  # step 1, the step every rank has, is intact
+
+
+def test_storage_newer_than_memory_wins_and_another_world_size_is_not_loaded(tmp_path):
+    ranks, _ = _ranks(tmp_path)
+    _save_all(ranks, 5)
+    again, _ = _ranks(tmp_path)
+    assert _each(again, lambda s: s.newest_agreed(storage_newest=10)) == [None, None]
+    again, _ = _ranks(tmp_path)
+    assert _each(again, lambda s: s.newest_agreed(storage_newest=5)) == [5, 5]  # a tie: memory, faster
+    bigger, _ = _ranks(tmp_path, world_size=3)
+    assert bigger[0].held() == {}  # rank 0's snapshot of a 2-rank job
+
+
+def test_a_damaged_record_or_a_short_file_is_not_held(tmp_path):
+    ranks, _ = _ranks(tmp_path, world_size=1)
+    _save_all(ranks, 1)
+    _save_all(ranks, 2)
+    (tmp_path / "rank_0.0.json").write_text("{not json")
+    data = tmp_path / "rank_0.1"
+    data.write_bytes(data.read_bytes()[:-10])
+    assert ranks[0].held() == {}
+    record = json.loads((tmp_path / "rank_0.1.json").read_text())
+    assert record["step"] == 2 and record["world_size"] == 1
+
+
+def test_the_memory_tier_needs_ftlaunch():
+    from worker_lib.checkpoint import CheckpointManager, LocalChannel
+    from worker_lib.storage import Storage
+
+    manager = CheckpointManager(Storage("memory://nowhere"), 0, 1, LocalChannel())
+    with pytest.raises(CheckpointError, match="to='memory' needs ftlaunch's node-local memory tier"):
+        manager.snapshot(1, {"w": torch.ones(1)})
