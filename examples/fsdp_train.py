@@ -27,6 +27,12 @@ def parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20, help="train until this step")
     p.add_argument("--save-every", type=int, default=10)
     p.add_argument("--blocking", action="store_true", help="save synchronously")
+    p.add_argument(
+        "--memory-every",
+        type=int,
+        default=0,
+        help="steps between snapshots into ftlaunch's memory tier (0: none)",
+    )
     p.add_argument("--out", default=None)
     return p.parse_args()
 
@@ -74,6 +80,8 @@ def main() -> None:
         stop = ft.should_stop(step)  # a preemption: every rank saves this step and leaves
         if stop or step % args.save_every == 0:
             ft.save_checkpoint(step, state_of(model, optimizer), format="dcp", blocking=args.blocking)
+        elif args.memory_every and step % args.memory_every == 0:  # this rank's shards, in the node's memory
+            ft.save_checkpoint(step, state_of(model, optimizer), format="dcp", to="memory")
         if stop:
             break
     full = {name: value.full_tensor() for name, value in model.state_dict().items()}  # a collective

@@ -5,7 +5,9 @@ rank is SIGKILLed every 20 s; the share of the wall time that went into steps th
 
 The workload is scripts/bench_goodput_worker.py (worker_lib checkpoints every 50 steps,
 asynchronous; after a crash the group resumes from the newest committed step, so the steps since
-then are done twice). Goodput = the time spent on the steps the run kept / wall time, the wall
+then are done twice). The memory rows also snapshot every step into ftlaunch's node-local memory
+tier; the GCS rows save to a GCS emulator on 127.0.0.1 instead of the local disk. Goodput = the
+time spent on the steps the run kept / wall time, the wall
 time from the launch to the launcher's exit: start-up, every recovery, the steps done twice and
 the shutdown all count against it. ftlaunch (with and without its fork server) and torchrun (with
 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, see bench_recovery.py) run one after the other.
@@ -23,8 +25,18 @@ from typing import Dict, List, Optional
 
 from bench_recovery import ROOT, _run_bounded
 
+sys.path.insert(0, str(ROOT / "tests"))  # the storage servers the tests use
+from storage_servers import start_gcs  # noqa: E402
+
 WORKER = ROOT / "scripts" / "bench_goodput_worker.py"
-LAUNCHERS = ["ftlaunch, fork server", "ftlaunch, no fork server", "torchrun"]
+LAUNCHERS = [
+    "ftlaunch, fork server",
+    "ftlaunch, no fork server",
+    "torchrun",
+    "ftlaunch, memory every step",
+    "ftlaunch, GCS emulator",
+    "ftlaunch, GCS emulator, memory every step",
+]
 
 
 def _command(launcher: str, args, work: Path) -> List[str]:
@@ -32,7 +44,9 @@ def _command(launcher: str, args, work: Path) -> List[str]:
     script = [
         str(WORKER), "--out", str(work / "out"), "--started", repr(time.time()),
         "--duration", str(args.duration), "--crash-every", str(args.crash_every),
+        *(["--memory-every", "1"] if "memory" in launcher else []),
     ]  # fmt: skip
+    storage = ["--checkpoint-dir", f"gcs://bench/{work.name}"] if "GCS" in launcher else []
     if launcher == "torchrun":
         return [
             sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -41,7 +55,7 @@ def _command(launcher: str, args, work: Path) -> List[str]:
         ]  # fmt: skip
     return [
         sys.executable, "-m", "launcher", "--nproc", str(args.nproc), "--max-failures", str(crashes),
-        "--log-dir", str(work / "logs"), "--run-dir", str(work / "runs"),
+        "--log-dir", str(work / "logs"), "--run-dir", str(work / "runs"), *storage,
         *(["--no-fork-server"] if "no fork" in launcher else []), *script,
     ]  # fmt: skip
 
@@ -65,9 +79,9 @@ def _kept_time(lines: List[str]) -> tuple:
     return kept, median
 
 
-def run_once(launcher: str, args, work: Path) -> Optional[Dict[str, float]]:
+def run_once(launcher: str, args, work: Path, gcs: Dict[str, str]) -> Optional[Dict[str, float]]:
     (work / "out").mkdir(parents=True)
-    env = dict(os.environ)
+    env = {**os.environ, **(gcs if "GCS" in launcher else {})}
     if launcher == "torchrun":
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     launched = time.monotonic()
@@ -94,29 +108,44 @@ def main() -> None:
     p.add_argument("--nproc", type=int, default=4)
     p.add_argument("--duration", type=float, default=120.0)
     p.add_argument("--crash-every", type=float, default=20.0)
+    p.add_argument("--only", default="", help="run only the rows whose name contains this")
     args = p.parse_args()
     results = {}
     work = Path(tempfile.mkdtemp(prefix="ftlaunch-bench-goodput-"))
+    server, gcs = start_gcs(work)
     try:
+        gcs = {**gcs, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+        _make_bucket(gcs)
         for k, launcher in enumerate(LAUNCHERS):
-            results[launcher] = run_once(launcher, args, work / str(k))
-            print(f"{launcher}: done", file=sys.stderr)
+            if args.only in launcher:
+                results[launcher] = run_once(launcher, args, work / str(k), gcs)
+                print(f"{launcher}: done", file=sys.stderr)
     finally:
+        server.stop()
         shutil.rmtree(work, ignore_errors=True)
     print(
         f"\nGoodput: {args.nproc} workers, DDP over gloo for {args.duration:g} s, the last rank SIGKILLed "
         f"every {args.crash_every:g} s, checkpoints every 50 steps\n"
     )
-    print("| launcher | wall time | crashes | steps kept | steps done twice | median step | goodput |")
+    print("| launcher | wall time | crashes | steps kept | done twice (per crash) | median step | goodput |")
     print("|---|---|---|---|---|---|---|")
     for launcher, r in results.items():
         if r is None:
             print(f"| {launcher} | failed | | | | | |")
             continue
+        per_crash = f"{r['redone'] / r['crashes']:.1f}" if r["crashes"] else "-"
         print(
-            f"| {launcher} | {r['wall']:.1f} s | {r['crashes']} | {r['kept']} | {r['redone']} | "
-            f"{r['step'] * 1000:.1f} ms | {r['goodput']:.1%} |"
+            f"| {launcher} | {r['wall']:.1f} s | {r['crashes']} | {r['kept']} | {r['redone']} ({per_crash}) "
+            f"| {r['step'] * 1000:.1f} ms | {r['goodput']:.1%} |"
         )
+
+
+def _make_bucket(env: Dict[str, str]) -> None:
+    """The emulator's bucket, made by a client of its own (the workers connect through env)."""
+    import fsspec
+
+    fs = fsspec.filesystem("gcs", token="anon", endpoint_url=env["FSSPEC_GCS_ENDPOINT_URL"])
+    fs.mkdir("bench")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The goodput benchmark's workload: DDP over gloo for a fixed wall-clock time, a worker_lib
 checkpoint every --save-every steps (asynchronous, as a user would save), and the last rank
-SIGKILLed every --crash-every seconds of the run's wall clock.
+SIGKILLed every --crash-every seconds of the run's wall clock; with --memory-every, a snapshot
+into ftlaunch's node-local memory tier that often as well.
 
 Rank 0 appends each finished step to ``<out>/steps`` ("<monotonic> <step> <pid>"); the attempt
 that reaches the end writes the step it trained to into ``<out>/final``. The same script runs
@@ -40,6 +41,7 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=120.0)
     p.add_argument("--crash-every", type=float, default=20.0)
     p.add_argument("--save-every", type=int, default=50)
+    p.add_argument("--memory-every", type=int, default=0, help="steps between memory snapshots (0: none)")
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--width", type=int, default=512)
     args = p.parse_args()
@@ -60,9 +62,11 @@ def main() -> None:
         optimizer.step()
         if steps is not None:
             steps.write(f"{time.monotonic()} {step + 1} {os.getpid()}\n")
+        state = {"model": net.state_dict(), "optimizer": optimizer.state_dict()}
         if (step + 1) % args.save_every == 0:
-            state = {"model": net.state_dict(), "optimizer": optimizer.state_dict()}
             ft.save_checkpoint(step + 1, state, replicated=True)
+        if args.memory_every and (step + 1) % args.memory_every == 0:
+            ft.save_checkpoint(step + 1, state, to="memory")
     if info.rank == 0:
         (args.out / "final").write_text(str(step))
     dist.barrier()

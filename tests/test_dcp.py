@@ -65,3 +65,28 @@ def test_a_kill_between_the_shard_writes_and_the_commit_never_loads_the_torn_ste
     assert sorted(_starts(launch.stdout)) == [(2, 0, 0), (2, 0, 0), (2, 1, 0), (2, 1, 0)], launch.stdout
     assert sorted(p.parent.name for p in ckpt.glob("step_*/COMMITTED")) == ["step_10", "step_20"]
     assert launch.survivors() == []
+
+
+def test_a_crash_reloads_the_dcp_shards_from_the_memory_tier_and_ends_exactly(launcher, tmp_path):
+    """Issue 26.2: each rank's shards snapshot into the node's memory every step; a rank killed at
+    step 15 resumes every rank from its snapshot of the newest step (not storage's step 10),
+    copied into the freshly sharded state in place, and the end equals a run without a crash."""
+    clean = launcher.run(
+        "--nproc", "2", "--checkpoint-dir", str(tmp_path / "clean"), FSDP,
+        "--out", str(tmp_path / "clean.pt"), timeout=180,
+    )  # fmt: skip
+    assert clean.proc.returncode == 0, clean.stderr[-3000:]
+    launch = launcher.run(
+        "--nproc", "2", "--checkpoint-dir", str(tmp_path / "ckpt"), "--chaos", "kill:at=step:15", FSDP,
+        "--memory-every", "1", "--out", str(tmp_path / "crashed.pt"), timeout=180,
+    )  # fmt: skip
+    assert launch.proc.returncode == 0, launch.stderr[-3000:]
+    loaded = re.findall(r"attempt 1: every rank loaded step (\d+) from (\w+)", launch.stderr)
+    assert len(loaded) == 1 and loaded[0][1] == "memory" and int(loaded[0][0]) > 10, launch.stderr
+    step = int(loaded[0][0])
+    assert sorted(s for s in _starts(launch.stdout) if s[1] == 1) == [(2, 1, step)] * 2, launch.stdout
+    expected, tensors = torch.load(tmp_path / "clean.pt"), torch.load(tmp_path / "crashed.pt")
+    assert tensors.keys() == expected.keys()
+    for name, value in expected.items():
+        assert torch.equal(tensors[name], value), name
+    assert launch.survivors() == [] and clean.survivors() == []

@@ -132,3 +132,29 @@ def test_a_snapshot_that_does_not_fit_is_a_clear_error_and_keeps_the_last_one(ti
         snaps.save(2, {"state": torch.zeros(60_000), "rng": None}, {})  # 240 KB
     assert snaps.held() == {1: 0}  # the last whole snapshot is intact, the torn one removed
     assert sorted(p.name for p in tiny_shm.iterdir()) == ["rank_0.0", "rank_0.0.json"]
+
+
+def test_a_node_that_lost_its_memory_makes_every_rank_load_from_storage(launcher, tmp_path):
+    """Issue 26.3: node 1's supervisor is killed, and its memory tier with it. Node 0 still holds
+    its snapshots, but a step is loadable from memory only when every rank holds it: the
+    relaunched job agrees on the newest storage step, on both nodes."""
+    from test_many_nodes import Job
+
+    job = Job(
+        launcher, tmp_path, 2, "--nproc", "1", "--run-name", "lost",
+        "--checkpoint-dir", str(tmp_path / "ckpt"), TRAIN, "--out", str(tmp_path / "out.pt"),
+        "--steps", "150", "--step-time", "0.02", "--memory-every", "1", "--replicated",
+    ).start_all()  # fmt: skip
+    wait_for_files(tmp_path / "ckpt", "step_*/COMMITTED", 2, timeout=90)
+    os.kill(job.nodes[1].proc.pid, signal.SIGKILL)
+    job.nodes[1].wait(10)
+    assert job.nodes[1].survivors_after(10) == []
+    job.start(1)
+    assert job.wait(180) == {0: 0, 1: 0}, job.nodes[0].stderr
+    loaded = re.findall(r"attempt 1: every rank loaded step (\d+) from (\w+)", job.nodes[0].stderr)
+    assert len(loaded) == 1 and loaded[0][1] == "storage" and int(loaded[0][0]) % 10 == 0, loaded
+    step = int(loaded[0][0])
+    assert f"rank 0 attempt 1 starts at step {step}" in job.nodes[0].stdout
+    assert f"rank 1 attempt 1 starts at step {step}" in job.nodes[1].stdout
+    assert job.survivors() == []
+    assert _folders(job.nodes[0].proc.pid) == [] and _folders(job.nodes[1].proc.pid) == []

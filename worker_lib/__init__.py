@@ -116,10 +116,12 @@ def save_checkpoint(
         raise ValueError(f"to must be 'storage' or 'memory', not {to!r}")
     if format == "dcp" and replicated:
         raise ValueError("format='dcp' saves each rank's shards: replicated=True does not apply")
-    if format == "dcp" and to == "memory":
-        raise ValueError("to='memory' keeps per-rank parts; format='dcp' steps go to storage")
     with pause_heartbeat():  # waiting for the previous save, or a blocking save, is not a hang
-        if to == "memory":
+        if to == "memory" and format == "dcp":
+            from worker_lib.dcp import snapshot_dcp
+
+            snapshot_dcp(_checkpoints(), step, state, dict(metrics or {}))
+        elif to == "memory":
             _checkpoints().snapshot(step, state, metrics)
         elif format == "dcp":
             from worker_lib.dcp import save_dcp
@@ -139,11 +141,9 @@ def load_checkpoint(into: Any = None):
             from worker_lib.dcp import load_dcp
 
             found = load_dcp(_checkpoints(), into)
-            tier = contract.LOADED_STORAGE
         else:
             found = _checkpoints().load()
-            tier = _checkpoints().loaded_tier
-    mark_loaded(found.step if found is not None else None, tier)
+    mark_loaded(found.step if found is not None else None, _checkpoints().loaded_tier)
     return found
 
 

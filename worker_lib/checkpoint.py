@@ -93,7 +93,9 @@ class CheckpointManager:
 
     # -- saving -----------------------------------------------------------------------------
 
-    def snapshot(self, step: int, state: Any, metrics: Optional[Dict[str, float]] = None) -> None:
+    def snapshot(
+        self, step: int, state: Any, metrics: Optional[Dict[str, float]] = None, kind: str = "parts"
+    ) -> None:
         """Copy this rank's ``state`` (and its RNG states) into the node's memory tier, now."""
         if self.memory is None:
             raise CheckpointError(
@@ -101,7 +103,7 @@ class CheckpointManager:
                 "this worker was not given: launch it with ftlaunch, or save to storage"
             )
         rng = capture_rng() if self._save_rng else None
-        self.memory.save(step, {"state": state, "rng": rng}, dict(metrics or {}))
+        self.memory.save(step, {"state": state, "rng": rng}, dict(metrics or {}), kind)
 
     def save(
         self,
@@ -222,9 +224,8 @@ class CheckpointManager:
         """The newest step every rank can read and verify, from the node's memory tier when every
         rank holds it there and it is at least as new as storage's; None on a fresh run."""
         self.wait()
-        in_memory = self._load_from_memory()
+        in_memory = self.load_from_memory("parts", lambda payload: payload["state"])
         if in_memory is not None:
-            self.loaded_tier = c.LOADED_MEMORY
             return in_memory
         found = self.newest_agreed(self._read_state_parts)
         self.loaded_tier = c.LOADED_NONE if found is None else c.LOADED_STORAGE
@@ -235,16 +236,30 @@ class CheckpointManager:
         state = payload["replicated"] if marker.kind == "replicated" else payload["own"]["state"]
         return Checkpoint(step=marker.step, state=state, metrics=marker.metrics)
 
-    def _load_from_memory(self) -> Optional[Checkpoint]:
-        """Every rank's snapshot of the newest step they all hold, or None (then storage)."""
+    def load_from_memory(self, kind: str, take: Callable[[Any], Any]) -> Optional[Checkpoint]:
+        """Every rank's snapshot of the newest step of ``kind`` they all hold, or None (then
+        storage); ``take(payload)`` makes the state of it (None: this rank could not)."""
         if self.memory is None:
             return None
-        stored = next((m.step for m in committed_steps(self.storage) if m.loads_at(self.world_size)), None)
-        step = self.memory.newest_agreed(stored)
+        stored = next(
+            (
+                m.step
+                for m in committed_steps(self.storage)
+                if m.loads_at(self.world_size) and (m.kind == "dcp") == (kind == "dcp")
+            ),
+            None,
+        )
+        step = self.memory.newest_agreed(stored, kind)
         if step is None:
             self.memory.forget()
             return None
         payload, problem = self.memory.read(step)
+        state = None
+        if problem is None:
+            try:
+                state = take(payload)
+            except Exception as err:  # noqa: BLE001 - a state that does not fit: storage's turn
+                problem = f"rank {self.rank}: memory step {step} does not fit this state: {err}"
         if not self.memory.agree_read(problem is None):
             log.warning(
                 "memory step %d cannot be read on every rank (%s): loading from storage", step, problem
@@ -253,8 +268,9 @@ class CheckpointManager:
             return None
         self.memory.adopt(step)
         self.restore_rng(payload)
+        self.loaded_tier = c.LOADED_MEMORY
         log.info("checkpoint step %d loaded from the node's memory tier", step)
-        return Checkpoint(step=step, state=payload["state"], metrics=self.memory.metrics(step))
+        return Checkpoint(step=step, state=state, metrics=self.memory.metrics(step))
 
     def newest_agreed(self, read: Callable[[CommitMarker], Tuple[Any, Optional[str]]]):
         """(marker, payload) of the newest committed step that ``read`` accepts on every rank;

@@ -16,15 +16,19 @@ adds on top:
   thread and writes in the background; its collectives run on a gloo group of their own, so they
   never interleave with the training loop's.
 - Each rank's RNG streams go beside it (``rank_<r>.pt``), restored at the same world size.
+- **The memory tier** (``to="memory"``): each rank's own shards (a DTensor's local tensor) go to
+  the node's memory; a load at the same world size copies them back into ``into``'s shards in
+  place, when every rank holds the step and storage has no newer DCP step.
 """
 
 import logging
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from worker_lib import contract as c
 from worker_lib.checkpoint import Checkpoint, CheckpointError, CheckpointManager
 from worker_lib.marker import CommitMarker, PartEntry, step_dir
 
-__all__ = ["FOLDER", "save_dcp", "load_dcp"]
+__all__ = ["FOLDER", "load_dcp", "save_dcp", "snapshot_dcp"]
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +68,25 @@ def _share(manager: CheckpointManager, step: int, done: Callable[[], object]) ->
     return [(name, PartEntry(*manager.storage.checksum_of(f"{step_dir(step)}/{name}"))) for name in mine]
 
 
+def snapshot_dcp(manager: CheckpointManager, step: int, state: Any, metrics: Dict[str, float]) -> None:
+    """``to="memory"``: this rank's own shards of ``state`` into the node's memory tier."""
+    manager.snapshot(step, _local_view(state), metrics, kind="dcp")
+
+
 def load_dcp(manager: CheckpointManager, into: Any) -> Optional[Checkpoint]:
     """Load the newest committed DCP step that every rank verifies into ``into`` (the script's
-    current, possibly sharded, state dict), in place, at any world size; None on a fresh run."""
+    current, possibly sharded, state dict), in place, at any world size; None on a fresh run.
+    A newer (or as new) step that every rank holds in the memory tier comes first."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
     from torch.distributed.checkpoint.api import CheckpointException
 
+    manager.wait()
+    in_memory = manager.load_from_memory("dcp", lambda payload: _copy_into(into, payload["state"]))
+    if in_memory is not None:
+        return in_memory
     found = manager.newest_agreed(lambda marker: _verify_share(manager, marker))
+    manager.loaded_tier = c.LOADED_NONE if found is None else c.LOADED_STORAGE
     if found is None:
         return None
     marker, own = found
@@ -111,6 +126,59 @@ def _verify_share(manager: CheckpointManager, marker: CommitMarker) -> Tuple[Dic
         if found != expected.checksum:
             return {}, f"rank {manager.rank}: {name} fails its checksum"
     return own, None
+
+
+def _local_view(value: Any) -> Any:
+    """``value`` with each DTensor replaced by this rank's shard and each ``Stateful`` by its
+    state dict: what this rank alone holds, for its memory snapshot."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return value.to_local()
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, dict):
+        return {k: _local_view(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_local_view(v) for v in value)
+    if _stateful(value):
+        return _local_view(value.state_dict())
+    return value
+
+
+def _copy_into(target: Any, saved: Any) -> Any:
+    """``saved`` (a ``_local_view``) copied into ``target`` in place, shard by shard; the value
+    ``target`` holds afterwards. A key or a shape that differs is an error (ValueError)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(target, (DTensor, torch.Tensor)):
+        local = target.to_local() if isinstance(target, DTensor) else target
+        if not isinstance(saved, torch.Tensor) or saved.shape != local.shape:
+            raise ValueError(
+                f"a shard of shape {tuple(local.shape)} was saved as {getattr(saved, 'shape', saved)}"
+            )
+        with torch.no_grad():
+            local.copy_(saved)
+        return target
+    if isinstance(target, dict):
+        if not isinstance(saved, dict) or set(saved) != set(target):
+            raise ValueError(f"the keys differ: {sorted(map(str, target))} here")
+        for key in target:
+            target[key] = _copy_into(target[key], saved[key])
+        return target
+    if isinstance(target, list) and isinstance(saved, list) and len(saved) == len(target):
+        target[:] = [_copy_into(t, s) for t, s in zip(target, saved)]
+        return target
+    if _stateful(target):
+        target.load_state_dict(_copy_into(target.state_dict(), saved))
+        return target
+    return saved
+
+
+def _stateful(value: Any) -> bool:
+    return callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
 
 
 def _checkpoint_group():

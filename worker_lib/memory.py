@@ -4,8 +4,8 @@ group's restart; it goes with the supervisor (its end, a kill -9: its orphan gua
 and so with the node.
 
     rank_<r>.<k>        torch.save of {"state", "rng"}; k is 0 or 1 (a double buffer)
-    rank_<r>.<k>.json   written after it: step, world size, bytes, metrics. Without it the
-                        slot holds nothing: a copy cut off half-way is never read.
+    rank_<r>.<k>.json   written after it: step, kind, world size, bytes, metrics. Without it
+                        the slot holds nothing: a copy cut off half-way is never read.
 
 A rank writes into the slot that does not hold the newest step every rank is known to have, and
 before it writes again it waits until every rank has shared the step it wrote last. So the two
@@ -35,6 +35,7 @@ _SLOTS = (0, 1)
 @dataclasses.dataclass(frozen=True)
 class Snapshot:
     step: int
+    kind: str  # "parts" (ft.load_checkpoint()) or "dcp" (load_checkpoint(into=...))
     world_size: int
     size: int  # bytes of the slot's data file
     metrics: Dict[str, float]
@@ -42,7 +43,13 @@ class Snapshot:
     @classmethod
     def from_json(cls, text: str) -> "Snapshot":
         data = json.loads(text)
-        return cls(int(data["step"]), int(data["world_size"]), int(data["size"]), dict(data["metrics"]))
+        return cls(
+            int(data["step"]),
+            str(data["kind"]),
+            int(data["world_size"]),
+            int(data["size"]),
+            dict(data["metrics"]),
+        )
 
 
 class MemorySnapshots:
@@ -60,10 +67,11 @@ class MemorySnapshots:
         self._agreed: Optional[Tuple[int, int]] = None  # (step, slot) that every rank holds
         self._shared: Optional[Tuple[int, int]] = None  # (step, slot) written, not yet known everywhere
         self._loads = 0
+        self._kind = "parts"  # of the load in progress
 
     # -- saving -----------------------------------------------------------------------------
 
-    def save(self, step: int, payload: Any, metrics: Dict[str, float]) -> None:
+    def save(self, step: int, payload: Any, metrics: Dict[str, float], kind: str = "parts") -> None:
         """Copy ``payload`` into the free slot now (its cost is the copy), and say so."""
         self._settle()
         slot = 1 - self._agreed[1] if self._agreed is not None else 0
@@ -79,7 +87,7 @@ class MemorySnapshots:
             if _disk_full(err):
                 raise CheckpointError(self._no_room(0)) from None
             raise
-        record = {"step": step, "world_size": self.world_size, "size": size, "metrics": metrics}
+        record = {"step": step, "kind": kind, "world_size": self.world_size, "size": size, "metrics": metrics}
         tmp = meta.with_suffix(".tmp")
         tmp.write_text(json.dumps(record))
         tmp.rename(meta)
@@ -113,8 +121,8 @@ class MemorySnapshots:
 
     # -- loading ----------------------------------------------------------------------------
 
-    def held(self) -> Dict[int, int]:
-        """step → slot of this rank's whole snapshots taken at this world size."""
+    def held(self, kind: str = "parts") -> Dict[int, int]:
+        """step → slot of this rank's whole snapshots of ``kind`` taken at this world size."""
         found = {}
         for slot in _SLOTS:
             data, meta = self._paths(slot)
@@ -123,17 +131,18 @@ class MemorySnapshots:
                 whole = data.stat().st_size == snap.size
             except (OSError, ValueError, KeyError):
                 continue
-            if whole and snap.world_size == self.world_size:
+            if whole and snap.world_size == self.world_size and snap.kind == kind:
                 found[snap.step] = slot
         return found
 
-    def newest_agreed(self, storage_newest: Optional[int]) -> Optional[int]:
-        """The newest step every rank holds in memory, if it is at least as new as
-        ``storage_newest`` (this rank's view of the newest step in storage); every rank gets the
-        same answer."""
+    def newest_agreed(self, storage_newest: Optional[int], kind: str = "parts") -> Optional[int]:
+        """The newest step of ``kind`` every rank holds in memory, if it is at least as new as
+        ``storage_newest`` (this rank's view of the newest such step in storage); every rank gets
+        the same answer."""
         self._loads += 1
         key = f"memload/{self._loads}"
-        held = self.held()
+        held = self.held(kind)
+        self._kind = kind
         self._channel.share(key, self.rank, json.dumps({"steps": sorted(held), "storage": storage_newest}))
         votes = [json.loads(v) for v in self._channel.gather(key, self.world_size, self._timeout)]
         common = set(votes[0]["steps"]).intersection(*(v["steps"] for v in votes[1:]))
@@ -144,7 +153,7 @@ class MemorySnapshots:
 
     def read(self, step: int) -> Tuple[Any, Optional[str]]:
         """(payload, problem) of this rank's snapshot of ``step``."""
-        slot = self.held().get(step)
+        slot = self.held(self._kind).get(step)
         if slot is None:
             return None, f"rank {self.rank}: no whole memory snapshot of step {step}"
         import torch
@@ -158,7 +167,7 @@ class MemorySnapshots:
         return payload, None
 
     def metrics(self, step: int) -> Dict[str, float]:
-        slot = self.held()[step]
+        slot = self.held(self._kind)[step]
         return Snapshot.from_json(self._paths(slot)[1].read_text()).metrics
 
     def agree_read(self, ok: bool) -> bool:
@@ -169,7 +178,7 @@ class MemorySnapshots:
 
     def adopt(self, step: int) -> None:
         """Every rank loaded ``step``: its slot is the one the next snapshot must not touch."""
-        self._agreed, self._shared = (step, self.held()[step]), None
+        self._agreed, self._shared = (step, self.held(self._kind)[step]), None
 
     def forget(self) -> None:
         """The ranks loaded from storage: no snapshot here is known to be everyone's."""
