@@ -89,6 +89,9 @@ def run_once(launcher: str, args, work: Path, gcs: Dict[str, str]) -> Optional[D
     wall = time.monotonic() - launched
     final = work / "out" / "final"
     if code != 0 or not final.exists():
+        kept = Path(tempfile.mkdtemp(prefix="ftlaunch-bench-goodput-failed-"))
+        shutil.copytree(work, kept, dirs_exist_ok=True)
+        print(f"{launcher}: exit {code}; its logs are kept in {kept}", file=sys.stderr)
         return None
     lines = (work / "out" / "steps").read_text().splitlines()
     kept = int(final.read_text())

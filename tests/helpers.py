@@ -5,6 +5,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -212,7 +213,9 @@ class Launcher:
         return launch
 
     def cleanup(self) -> List[str]:
-        """Stop anything left, by PID, and report what had survived."""
+        """Stop anything left, by PID, and report what had survived: processes, and the memory
+        tier's folder in /dev/shm (its supervisor, or its orphan guard after a kill -9, removes
+        it; whatever the run's end, nothing may stay)."""
         leaked = []
         for launch in self.launches:
             if launch.proc.poll() is None:
@@ -222,7 +225,26 @@ class Launcher:
             for proc in _wait_for_none(launch.marker, timeout=2.0):
                 leaked.append(f"{proc.pid} {' '.join(proc.cmdline())}")
                 proc.kill()
+            for folder in _memory_left(launch.proc.pid, timeout=10.0):
+                leaked.append(f"memory tier {folder}")
+                shutil.rmtree(folder, ignore_errors=True)
         return leaked
+
+
+def memory_folders(pid: int) -> List[Path]:
+    """The memory-tier folders in /dev/shm of the supervisor with ``pid``."""
+    return list(Path("/dev/shm").glob(f"ftlaunch-memory-{pid}-*"))
+
+
+def _memory_left(pid: int, timeout: float) -> List[Path]:
+    """A dead supervisor's memory-tier folders once its orphan guard has had up to ``timeout`` s
+    to remove them; bounded."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = memory_folders(pid)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.05)
 
 
 def _wait_for_none(marker: str, timeout: float) -> List[psutil.Process]:

@@ -6,9 +6,10 @@ torn step."""
 import re
 
 import fsspec
+import pytest
 import torch
 from conftest import use_emulator
-from helpers import ROOT
+from helpers import ROOT, Launcher
 
 FSDP = str(ROOT / "examples" / "fsdp_train.py")  # 20 steps, a save every 10
 
@@ -20,13 +21,32 @@ def _starts(stdout: str) -> list:
     ]
 
 
-def _reshard(launcher, tmp_path, url: str, sizes, env=None) -> None:
+def _save(launcher, tmp_path, url: str, env=None) -> dict:
+    """A 2-rank job to its end (step 20, saved): its full tensors."""
     saved = launcher.run(
         "--nproc", "2", "--checkpoint-dir", url, FSDP, "--out", str(tmp_path / "saved.pt"),
         env=env, timeout=180,
     )  # fmt: skip
     assert saved.proc.returncode == 0, saved.stderr[-3000:]
-    expected = torch.load(tmp_path / "saved.pt")
+    assert saved.survivors() == []
+    return torch.load(tmp_path / "saved.pt")
+
+
+@pytest.fixture(scope="module")
+def saved_by_2(tmp_path_factory):
+    """``_save`` on local disk, once per module (its tests share an xdist group): (url, tensors)."""
+    tmp_path = tmp_path_factory.mktemp("fsdp2")
+    runner = Launcher(tmp_path)
+    try:
+        url = str(tmp_path / "ckpt")
+        expected = _save(runner, tmp_path, url)
+    finally:
+        leaked = runner.cleanup()
+    assert not leaked, leaked
+    return url, expected
+
+
+def _reshard(launcher, tmp_path, url: str, sizes, expected: dict, env=None) -> None:
     for size in sizes:  # the same command at another size: step 20 is loaded, nothing left to train
         out = tmp_path / f"loaded_{size}.pt"
         loaded = launcher.run(
@@ -40,17 +60,19 @@ def _reshard(launcher, tmp_path, url: str, sizes, env=None) -> None:
         for name, value in expected.items():
             assert torch.equal(tensors[name], value), (size, name)
         assert loaded.survivors() == []
-    assert saved.survivors() == []
 
 
-def test_a_dcp_step_saved_by_2_ranks_loads_exactly_at_1_and_4(launcher, tmp_path):
-    _reshard(launcher, tmp_path, str(tmp_path / "ckpt"), (1, 4))
+@pytest.mark.xdist_group("fsdp2")
+def test_a_dcp_step_saved_by_2_ranks_loads_exactly_at_1_and_4(launcher, tmp_path, saved_by_2):
+    url, expected = saved_by_2
+    _reshard(launcher, tmp_path, url, (1, 4), expected)
 
 
 def test_a_dcp_step_on_gcs_reshards_too(launcher, tmp_path, gcs_env, monkeypatch):
     use_emulator("gcs", gcs_env, monkeypatch)
     fsspec.filesystem("gcs").mkdir("dcp-reshard")
-    _reshard(launcher, tmp_path, "gcs://dcp-reshard/run", (3,), env=gcs_env)
+    url = "gcs://dcp-reshard/run"
+    _reshard(launcher, tmp_path, url, (3,), _save(launcher, tmp_path, url, env=gcs_env), env=gcs_env)
 
 
 def test_a_kill_between_the_shard_writes_and_the_commit_never_loads_the_torn_step(launcher, tmp_path):
@@ -67,15 +89,11 @@ def test_a_kill_between_the_shard_writes_and_the_commit_never_loads_the_torn_ste
     assert launch.survivors() == []
 
 
-def test_a_crash_reloads_the_dcp_shards_from_the_memory_tier_and_ends_exactly(launcher, tmp_path):
+@pytest.mark.xdist_group("fsdp2")
+def test_a_crash_reloads_the_dcp_shards_from_the_memory_tier_and_ends_exactly(launcher, tmp_path, saved_by_2):
     """Issue 26.2: each rank's shards snapshot into the node's memory every step; a rank killed at
     step 15 resumes every rank from its snapshot of the newest step (not storage's step 10),
     copied into the freshly sharded state in place, and the end equals a run without a crash."""
-    clean = launcher.run(
-        "--nproc", "2", "--checkpoint-dir", str(tmp_path / "clean"), FSDP,
-        "--out", str(tmp_path / "clean.pt"), timeout=180,
-    )  # fmt: skip
-    assert clean.proc.returncode == 0, clean.stderr[-3000:]
     launch = launcher.run(
         "--nproc", "2", "--checkpoint-dir", str(tmp_path / "ckpt"), "--chaos", "kill:at=step:15", FSDP,
         "--memory-every", "1", "--out", str(tmp_path / "crashed.pt"), timeout=180,
@@ -85,8 +103,8 @@ def test_a_crash_reloads_the_dcp_shards_from_the_memory_tier_and_ends_exactly(la
     assert len(loaded) == 1 and loaded[0][1] == "memory" and int(loaded[0][0]) > 10, launch.stderr
     step = int(loaded[0][0])
     assert sorted(s for s in _starts(launch.stdout) if s[1] == 1) == [(2, 1, step)] * 2, launch.stdout
-    expected, tensors = torch.load(tmp_path / "clean.pt"), torch.load(tmp_path / "crashed.pt")
+    expected, tensors = saved_by_2[1], torch.load(tmp_path / "crashed.pt")
     assert tensors.keys() == expected.keys()
     for name, value in expected.items():
         assert torch.equal(tensors[name], value), name
-    assert launch.survivors() == [] and clean.survivors() == []
+    assert launch.survivors() == []

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SCRIPTS, dead_pid, wait_for_files
+from helpers import SCRIPTS, Launcher, dead_pid, memory_folders, wait_for_files
 from test_checkpoint_e2e import _assert_bit_identical
 
 from worker_lib.checkpoint import LocalChannel
@@ -21,34 +21,43 @@ TRAIN = str(SCRIPTS / "ckpt_train.py")
 SHM = Path("/dev/shm")
 
 
-def _folders(pid: int) -> list:
-    """The memory-tier folders of the supervisor with ``pid``."""
-    return list(SHM.glob(f"ftlaunch-memory-{pid}-*"))
-
-
-def _run(launcher, tmp_path, name, *script_args, code=0, **options):
+def _run(launcher, tmp_path, name, *script_args):
     out = tmp_path / f"{name}.pt"
     launch = launcher.run(
         "--nproc", "2", "--run-name", name, "--checkpoint-dir", str(tmp_path / "ckpt" / name),
-        *options.pop("flags", ()), TRAIN, "--out", str(out), "--steps", "30", *script_args, timeout=180,
+        TRAIN, "--out", str(out), "--steps", "30", *script_args, timeout=180,
     )  # fmt: skip
-    assert launch.proc.returncode == code, launch.stderr
+    assert launch.proc.returncode == 0, launch.stderr
     assert launch.survivors() == []
-    assert _folders(launch.proc.pid) == []  # the run is over: nothing of it in shared memory
-    return launch, torch.load(out) if code == 0 else None
+    assert memory_folders(launch.proc.pid) == []  # the run is over: nothing of it in shared memory
+    return launch, torch.load(out)
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    """The run without a crash that each crashed run must end bit-identical to (once per module:
+    its tests share an xdist group)."""
+    tmp_path = tmp_path_factory.mktemp("clean")
+    runner = Launcher(tmp_path)
+    try:
+        _, weights = _run(runner, tmp_path, "clean")
+    finally:
+        leaked = runner.cleanup()
+    assert not leaked, leaked
+    return weights
 
 
 def _starts(launch, attempt: int) -> set:
     return {int(s) for s in re.findall(rf"rank \d attempt {attempt} starts at step (\d+)", launch.stdout)}
 
 
-def test_a_crash_reloads_the_newest_memory_step_and_ends_bit_identical(launcher, tmp_path):
+@pytest.mark.xdist_group("memory-clean")
+def test_a_crash_reloads_the_newest_memory_step_and_ends_bit_identical(launcher, tmp_path, clean):
     left = SHM / f"ftlaunch-memory-{dead_pid()}-left"  # as a supervisor killed with its guard leaves it
     left.mkdir()
     (left / "rank_0.0").write_bytes(b"x" * 1000)
-    _, clean = _run(launcher, tmp_path, "clean")
-    assert not left.exists()  # the next launch on the node removed it
     launch, crashed = _run(launcher, tmp_path, "crashed", "--memory-every", "1", "--crash", "17:0")
+    assert not left.exists()  # the launch removed it
     # Rank 1 died before step 17; the last storage save was step 10, the last snapshot step 17.
     assert _starts(launch, 1) == {17}, launch.stdout
     assert "attempt 1: every rank loaded step 17 from memory" in launch.stderr
@@ -56,28 +65,13 @@ def test_a_crash_reloads_the_newest_memory_step_and_ends_bit_identical(launcher,
     _assert_bit_identical(clean, crashed)
 
 
-def test_a_crash_during_a_snapshot_falls_back_to_the_previous_one(launcher, tmp_path):
-    _, clean = _run(launcher, tmp_path, "clean")
+@pytest.mark.xdist_group("memory-clean")
+def test_a_crash_during_a_snapshot_falls_back_to_the_previous_one(launcher, tmp_path, clean):
     launch, crashed = _run(launcher, tmp_path, "torn", "--memory-every", "1", "--die-mid-snapshot", "17")
     assert "rank 1: dying half-way through its memory snapshot of step 17" in launch.stdout
     assert _starts(launch, 1) == {16}, launch.stdout
     assert "attempt 1: every rank loaded step 16 from memory" in launch.stderr
     _assert_bit_identical(clean, crashed)
-
-
-def test_a_failed_run_leaves_nothing_in_shared_memory(launcher, tmp_path):
-    launch, _ = _run(
-        launcher,
-        tmp_path,
-        "failed",
-        "--memory-every",
-        "1",
-        "--crash",
-        "5:0",
-        code=1,
-        flags=("--max-failures", "0"),
-    )
-    assert "rank 1: crash at step 5" in launch.stdout
 
 
 def test_a_killed_supervisor_is_resumed_from_storage_and_its_memory_is_freed(launcher, tmp_path):
@@ -96,7 +90,7 @@ def test_a_killed_supervisor_is_resumed_from_storage_and_its_memory_is_freed(lau
     )
     first = launcher.start(*args, *script)
     wait_for_files(tmp_path / "ckpt", "step_*/COMMITTED", 2, timeout=90)
-    (folder,) = _folders(first.proc.pid)
+    (folder,) = memory_folders(first.proc.pid)
     wait_for_files(folder, "rank_*.json", 2, timeout=30)
     os.kill(first.proc.pid, signal.SIGKILL)
     first.wait(10)
@@ -110,7 +104,7 @@ def test_a_killed_supervisor_is_resumed_from_storage_and_its_memory_is_freed(lau
     assert again.proc.returncode == 0, again.stderr
     assert f"every rank loaded step {stored} from storage" in again.stderr, (stored, again.stderr)
     assert _starts(again, 1) == {stored}
-    assert again.survivors() == [] and _folders(again.proc.pid) == []
+    assert again.survivors() == [] and memory_folders(again.proc.pid) == []
 
 
 @pytest.fixture
@@ -157,4 +151,4 @@ def test_a_node_that_lost_its_memory_makes_every_rank_load_from_storage(launcher
     assert f"rank 0 attempt 1 starts at step {step}" in job.nodes[0].stdout
     assert f"rank 1 attempt 1 starts at step {step}" in job.nodes[1].stdout
     assert job.survivors() == []
-    assert _folders(job.nodes[0].proc.pid) == [] and _folders(job.nodes[1].proc.pid) == []
+    assert memory_folders(job.nodes[0].proc.pid) == [] and memory_folders(job.nodes[1].proc.pid) == []

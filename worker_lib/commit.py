@@ -43,6 +43,8 @@ class CommitChannel(Protocol):
 
     def gather(self, key: str, world_size: int, timeout: float) -> List[str]: ...
 
+    def drop(self, key: str, rank: int) -> None: ...
+
 
 class LocalChannel:
     """A world of one rank: nothing to exchange."""
@@ -55,6 +57,9 @@ class LocalChannel:
 
     def gather(self, key: str, world_size: int, timeout: float) -> List[str]:
         return [self._values[key]]
+
+    def drop(self, key: str, rank: int) -> None:
+        self._values.pop(key, None)
 
 
 class StoreChannel:
@@ -76,7 +81,13 @@ class StoreChannel:
         keys = [f"{key}/{r}" for r in range(world_size)]
         with self._lock:
             self._store.wait(keys, timedelta(seconds=timeout))
-            return [self._store.get(k).decode() for k in keys]
+            return [value.decode() for value in self._store.multi_get(keys)]  # one round trip
+
+    def drop(self, key: str, rank: int) -> None:
+        """Forget this rank's ``key`` once no rank can be waiting for it (a run that shares a
+        key every step must not grow the store without end)."""
+        with self._lock:
+            self._store.delete_key(f"{key}/{rank}")
 
 
 class CheckpointError(RuntimeError):

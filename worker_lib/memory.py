@@ -66,6 +66,7 @@ class MemorySnapshots:
         self._timeout = timeout
         self._agreed: Optional[Tuple[int, int]] = None  # (step, slot) that every rank holds
         self._shared: Optional[Tuple[int, int]] = None  # (step, slot) written, not yet known everywhere
+        self._done_with: Optional[int] = None  # a step whose vote no rank can still be waiting for
         self._loads = 0
         self._kind = "parts"  # of the load in progress
 
@@ -79,9 +80,12 @@ class MemorySnapshots:
         meta.unlink(missing_ok=True)  # the slot's old contents stop counting before they change
         self._check_room(slot)
         try:
-            with open(data, "wb") as handle:
+            # Over the slot's old bytes, not into a truncated file: its pages are reused, not freed
+            # and faulted in again (8 MB: 2.5 ms instead of 6).
+            with os.fdopen(os.open(data, os.O_RDWR | os.O_CREAT, 0o600), "r+b") as handle:
                 _save(payload, handle)
                 size = handle.tell()
+                handle.truncate()
         except BaseException as err:  # torch's writer wraps a full disk in a RuntimeError
             data.unlink(missing_ok=True)
             if _disk_full(err):
@@ -100,6 +104,9 @@ class MemorySnapshots:
         if self._shared is not None:
             step, _ = self._shared
             self._channel.gather(f"mem/{step}", self.world_size, self._timeout)
+            if self._agreed is not None:
+                # Every rank shared ``step``, so every rank is past its wait for the step before.
+                self._channel.drop(f"mem/{self._agreed[0]}", self.rank)
             self._agreed, self._shared = self._shared, None
 
     def _check_room(self, slot: int) -> None:
@@ -190,9 +197,21 @@ class MemorySnapshots:
 
 
 def _save(payload: Any, handle) -> None:
+    """torch.save without its zip records' CRC-32, where torch lets us (2.6+): it doubled the
+    copy's time (8 MB into /dev/shm: 11 ms, 6 ms without), and the record's size already tells a
+    whole snapshot from a torn one in memory that no disk can damage."""
+    import contextlib
+
     import torch
 
-    torch.save(payload, handle)
+    try:
+        from torch.utils.serialization import config
+
+        no_crc = config.patch({"save.compute_crc32": False})
+    except (ImportError, AttributeError):
+        no_crc = contextlib.nullcontext()
+    with no_crc:
+        torch.save(payload, handle)
 
 
 def _disk_full(err: BaseException) -> bool:

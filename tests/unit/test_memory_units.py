@@ -31,6 +31,9 @@ class Board:
             time.sleep(0.005)
         return [self.values[k] for k in keys]
 
+    def drop(self, key, rank):
+        del self.values[f"{key}/{rank}"]
+
 
 def _ranks(folder, world_size=2):
     board = Board()
@@ -128,3 +131,12 @@ def test_the_memory_tier_needs_ftlaunch():
     manager = CheckpointManager(Storage("memory://nowhere"), 0, 1, LocalChannel())
     with pytest.raises(CheckpointError, match="to='memory' needs ftlaunch's node-local memory tier"):
         manager.snapshot(1, {"w": torch.ones(1)})
+
+
+def test_the_votes_of_old_steps_leave_the_store(tmp_path):
+    """A snapshot every step must not grow the job's store without end: a rank's vote on a step
+    goes once every rank has voted on the next one."""
+    ranks, board = _ranks(tmp_path)
+    for step in range(1, 6):
+        _save_all(ranks, step)
+    assert sorted(board.values) == ["mem/4/0", "mem/4/1", "mem/5/0", "mem/5/1"]
