@@ -85,11 +85,11 @@ class WorkerExit:
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-    """The restart policy's verdict after a failed attempt."""
+    """The restart policy's verdict after a failed attempt (or a change of an elastic job's nodes)."""
 
     KIND: ClassVar[str] = "decision"
     attempt: int
-    verdict: str  # a policy.Verdict value
+    verdict: str  # a policy.Verdict value, or "resize" (an elastic job's nodes changed: no policy)
     reason: str
     delay: float
 
