@@ -199,7 +199,13 @@ def test_workers_see_torchruns_multi_node_environment(launcher, tmp_path):
     # node 0 hosts it (a fresh one per attempt), so ours connect as clients.
     run_specific.add("TORCHELASTIC_USE_AGENT_STORE")
     agent_only = {"TORCHELASTIC_SIGNALS_TO_HANDLE"}
-    ours_only = {"FTLAUNCH_ATTEMPT", "FTLAUNCH_BACKEND", "FTLAUNCH_HEARTBEAT_FILE", "FTLAUNCH_CHECKPOINT_URL"}
+    ours_only = {
+        "FTLAUNCH_ATTEMPT",
+        "FTLAUNCH_BACKEND",
+        "FTLAUNCH_HEARTBEAT_FILE",
+        "FTLAUNCH_CHECKPOINT_URL",
+        "FTLAUNCH_MEMORY_DIR",
+    }
     for rank in range(4):
         theirs = {k: v for k, v in _env(theirs_dir, rank).items() if base.get(k) != v}
         ours = {k: v for k, v in _env(ours_dir, rank).items() if base.get(k) != v}

@@ -12,7 +12,14 @@ from helpers import ACTOR, MARKER, ROOT, SCRIPTS, processes_with_marker
 RUN_SPECIFIC = {"MASTER_PORT", "MASTER_ADDR", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE"}
 # Set by torchrun's agent on itself for its own signal handling; workers inherit it by accident.
 AGENT_ONLY = {"TORCHELASTIC_SIGNALS_TO_HANDLE"}
-OURS = {"FTLAUNCH_ATTEMPT", "FTLAUNCH_BACKEND", "FTLAUNCH_HEARTBEAT_FILE", "FTLAUNCH_CHECKPOINT_URL", MARKER}
+OURS = {
+    "FTLAUNCH_ATTEMPT",
+    "FTLAUNCH_BACKEND",
+    "FTLAUNCH_HEARTBEAT_FILE",
+    "FTLAUNCH_CHECKPOINT_URL",
+    "FTLAUNCH_MEMORY_DIR",
+    MARKER,
+}
 
 
 def _added_vars(env_file, base):

@@ -18,6 +18,9 @@ expected = world * (world - 1) / 2
 assert value.item() == expected, (value.item(), expected)
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 print(f"rank {rank} attempt {attempt} all_reduce ok: {value.item()}", flush=True)
+# Every rank has said so before rank 1 dies: else a rank that lost the CPU between the all-reduce
+# and its print is stopped first (seen on a loaded machine).
+dist.barrier()
 if attempt == 0 and rank == 1:
     os._exit(1)
 dist.barrier()
