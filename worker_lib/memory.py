@@ -21,7 +21,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from worker_lib.commit import CheckpointError, CommitChannel
 
@@ -54,21 +54,34 @@ class Snapshot:
 
 class MemorySnapshots:
     """This rank's side of the memory tier. ``channel``: a channel of its own (a store client that
-    the storage saves' background thread never blocks)."""
+    the storage saves' background thread never blocks), or a function that opens one: then it is
+    opened at its first use, and a script that never snapshots nor loads parts opens none."""
 
     def __init__(
-        self, folder: Path, rank: int, world_size: int, channel: CommitChannel, timeout: float = 1800.0
+        self,
+        folder: Path,
+        rank: int,
+        world_size: int,
+        channel: Union[CommitChannel, Callable[[], CommitChannel]],
+        timeout: float = 1800.0,
     ) -> None:
         self.folder = Path(folder)
         self.rank = rank
         self.world_size = world_size
-        self._channel = channel
+        self._open_channel = channel if callable(channel) else (lambda: channel)
+        self._opened: Optional[CommitChannel] = None
         self._timeout = timeout
         self._agreed: Optional[Tuple[int, int]] = None  # (step, slot) that every rank holds
         self._shared: Optional[Tuple[int, int]] = None  # (step, slot) written, not yet known everywhere
         self._done_with: Optional[int] = None  # a step whose vote no rank can still be waiting for
         self._loads = 0
         self._kind = "parts"  # of the load in progress
+
+    @property
+    def _channel(self) -> CommitChannel:
+        if self._opened is None:
+            self._opened = self._open_channel()
+        return self._opened
 
     # -- saving -----------------------------------------------------------------------------
 

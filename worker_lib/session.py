@@ -178,11 +178,10 @@ def _memory_snapshots(info: WorkerInfo):
     folder = memory_folder()
     if folder is None:
         return None
+    prefix = f"ftlaunch/{info.run_id}/{info.attempt}/memory/"
     if info.world_size == 1:
-        channel = LocalChannel()
-    else:
-        channel = StoreChannel(_job_store(), prefix=f"ftlaunch/{info.run_id}/{info.attempt}/memory/")
-    return MemorySnapshots(folder, info.rank, info.world_size, channel)
+        return MemorySnapshots(folder, info.rank, info.world_size, LocalChannel())
+    return MemorySnapshots(folder, info.rank, info.world_size, lambda: StoreChannel(_job_store(), prefix))
 
 
 def _job_store():
