@@ -239,19 +239,19 @@ def memory_folders(pid: int) -> List[Path]:
 def _memory_left(pid: int, timeout: float) -> List[Path]:
     """A dead supervisor's memory-tier folders once its orphan guard has had up to ``timeout`` s
     to remove them; bounded."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = memory_folders(pid)
-        if not left or time.monotonic() >= deadline:
-            return left
-        time.sleep(0.05)
+    return _until_none(lambda: memory_folders(pid), timeout)
 
 
 def _wait_for_none(marker: str, timeout: float) -> List[psutil.Process]:
     """Give the kernel a moment to finish SIGKILLs already sent; bounded."""
+    return _until_none(lambda: processes_with_marker(marker), timeout)
+
+
+def _until_none(look: Callable[[], list], timeout: float) -> list:
+    """``look()`` until it finds nothing or ``timeout`` s pass; what it found last."""
     deadline = time.monotonic() + timeout
     while True:
-        left = processes_with_marker(marker)
+        left = look()
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.05)
