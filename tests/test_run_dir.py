@@ -247,7 +247,11 @@ def _write_lock(run, **fields):
         "renewed_at": time.time(),
         "lease": 60.0,
     }
-    (run / "lock.json").write_text(json.dumps({**lock, **fields}))
+    # Atomically, as ftlaunch writes it: a supervisor renewing its lease reads this file while
+    # the test writes it, and a half-written lock is damage it must (and does) refuse.
+    staged = run / "lock.json.test-tmp"
+    staged.write_text(json.dumps({**lock, **fields}))
+    os.replace(staged, run / "lock.json")
 
 
 def test_a_lock_left_by_a_dead_supervisor_is_taken_over(launcher, tmp_path):
