@@ -7,8 +7,10 @@ import os
 import re
 import signal
 
+import fsspec
 import psutil
 import torch
+from conftest import use_emulator
 from helpers import ACTOR, SCRIPTS, wait_for_files
 from test_stopping import _wait_dead
 
@@ -36,6 +38,7 @@ def test_a_forked_worker_sees_what_a_new_interpreter_sees(launcher, tmp_path):
         assert ours["forked"] and not theirs["forked"]  # the fork server really served
         same = ["name", "path0", "cwd", "own_session", "stdin", "usr1", "sigint", "stdout", "torch_threads"]
         same += ["file", "loader", "spec"]  # an absolute __file__, a source loader, no spec
+        same += ["storage_imported"]  # none, with a local checkpoint folder
         assert {k: ours[k] for k in same} == {k: theirs[k] for k in same}
         # ps shows the script's command line, and /proc/PID/environ the rank's variables
         for probe in (ours, theirs):
@@ -59,6 +62,22 @@ def test_a_module_run_with_dash_m_is_forked_too(launcher, tmp_path):
     probes = _probes(out, 0)
     assert all(p["forked"] and p["name"] == "__main__" for p in probes)
     assert probes[0]["argv"][0] == str(SCRIPTS / "probe.py")  # as `python -m` sets it
+    assert launch.survivors() == []
+
+
+def test_a_forked_worker_finds_its_checkpoint_storage_imported(launcher, tmp_path, gcs_env, monkeypatch):
+    """gcsfs costs 0.4 s to import: the zygote imports it once, not every rank of every
+    restart; the ranks still draw random streams of their own."""
+    use_emulator("gcs", gcs_env, monkeypatch)
+    fsspec.filesystem("gcs").mkdir("warm-storage")
+    out = tmp_path / "probes"
+    launch = launcher.run(
+        "--nproc", "2", "--checkpoint-dir", "gcs://warm-storage/run", PROBE, str(out), env=gcs_env
+    )  # fmt: skip
+    assert launch.proc.returncode == 0, launch.stderr
+    probes = _probes(out, 0)
+    assert all(p["forked"] and p["storage_imported"] == ["gcsfs"] for p in probes), probes
+    assert len({p["random_draw"] for p in probes}) == 2
     assert launch.survivors() == []
 
 

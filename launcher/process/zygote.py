@@ -439,7 +439,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     spec = json.loads(args[1])
     if spec["script"]:  # sys.path[0] as `python SCRIPT` has it: the script's folder
         sys.path[0] = os.path.dirname(os.path.realpath(spec["script"]))
-    failed, reads = preload(list(BASE_PRELOAD) + _imports_of(spec), spec.get("rank_vars", ()))
+    rank_vars = spec.get("rank_vars", ())
+    failed, reads = preload(list(BASE_PRELOAD) + _imports_of(spec), rank_vars)
+    # Best effort: a worker that cannot import its storage's filesystem says why itself.
+    reads.update(preload(spec.get("storage", []), rank_vars)[1])
     gc.freeze()
     ready = {"failed": failed, "reads": reads, "threads": thread_count(), "cuda": _cuda_initialized()}
     sock.send(json.dumps(ready).encode())

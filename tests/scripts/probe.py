@@ -41,6 +41,7 @@ def seen() -> dict:
         "random_draw": random.random(),
         "leaked": hasattr(worker_lib, "_probe_leak"),
         "forked": __import__("gc").get_freeze_count() > 0,  # the fork server froze its objects
+        "storage_imported": [m for m in ("gcsfs", "s3fs") if m in sys.modules],  # none imports them
         "env_rank": os.environ["RANK"],
         "file": __file__,
         "loader": type(__loader__).__name__,

@@ -142,6 +142,23 @@ def test_the_orphan_guard_leaves_a_group_number_that_passed_to_a_stranger():
     assert _started(dead_pid()) is None
 
 
+@pytest.mark.parametrize(
+    "url, modules",
+    [
+        ("gs://bucket/run", ["gcsfs"]),
+        ("gcs://bucket/run", ["gcsfs"]),
+        ("s3://bucket/run", ["s3fs"]),
+        ("/data/ckpt", ["fsspec.implementations.local"]),
+        ("simplecache::gcs://bucket/run", ["fsspec.implementations.cached", "gcsfs"]),
+        ("no-such-protocol://x", []),  # the worker's own Storage says what is wrong with it
+    ],
+)
+def test_the_fork_server_warms_the_filesystem_of_the_checkpoint_url(url, modules):
+    from launcher.process.forkserver import storage_modules
+
+    assert storage_modules(url) == modules
+
+
 def test_an_elastic_attempt_numbers_its_ranks_densely_over_the_nodes_present(tmp_path):
     """Issue 25.2: node 2 of a --nnodes 2:3 job with node 1 gone runs ranks 2 and 3 of 4, as
     torchrun's group rank 1 of 2."""
