@@ -6,18 +6,22 @@ truncated, zero-filled or bit-flipped file this checks for, and is what GCS keep
 so a file another writer made (DCP's) need not be read back there. It is no defence against a
 forged checkpoint; torch's weights-only loader is.
 
-The C extension takes only ``bytes``: buffers (torch.save writes memoryviews, an mmap) are copied
-to it a megabyte at a time, small enough to stay in the cache.
-
-A file read only to be checked is read with ``os.pread`` in megabyte pieces: the GIL is released
-in the read and in the C extension, so a check on a thread of its own overlaps another reader's
-Python (DCP's load) rather than competing with it.
+google_crc32c's C extension takes only ``bytes`` and holds the GIL. Where it is built on the C
+library (it is on Linux wheels), that library's ``crc32c_extend`` is called through ctypes
+instead: it reads any writable buffer in place and releases the GIL, so a file is checked on
+several threads at once, each over a range of it read into a reused buffer, and the ranges' CRCs
+are combined. Elsewhere, and for read-only buffers (a part's read-only mapping: a writable
+private one would count its whole size against a strict overcommit limit), the extension is
+given copies a megabyte at a time, small enough to stay in the cache.
 """
 
 import base64
+import ctypes
 import hashlib
+import importlib
 import os
-from typing import Any, Mapping, Optional, Protocol, Tuple
+import threading
+from typing import Any, Callable, List, Mapping, Optional, Protocol, Tuple
 
 import google_crc32c
 
@@ -27,6 +31,8 @@ CRC32C = "crc32c"
 SHA256 = "sha256"  # markers written by earlier versions list it: still verified
 ALGORITHMS = (CRC32C, SHA256)
 _PIECE = 2**20
+_RANGE_MIN = 32 * 2**20  # a file is checked on one more thread per this many bytes...
+_THREADS_MAX = 4  # ...up to this many: past it the memory bus, not the CPU, is what is shared
 
 
 class Checksum(Protocol):
@@ -37,17 +43,83 @@ class Checksum(Protocol):
     def hexdigest(self) -> str: ...
 
 
+def _native_extend() -> Optional[Callable[..., int]]:
+    """``crc32c_extend(crc, pointer, count)`` of the C library google_crc32c's extension loaded
+    (found in this process's mappings, whatever the wheel named it); None where there is none."""
+    if google_crc32c.implementation != "c":
+        return None
+    importlib.import_module("google_crc32c._crc32c")  # it loads the library
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[5] for line in maps if len(line.split()) >= 6}
+        path = next(p for p in sorted(paths) if os.path.basename(p).startswith("libcrc32c"))
+        extend = ctypes.CDLL(path).crc32c_extend
+    except (OSError, StopIteration, AttributeError):
+        return None
+    extend.restype = ctypes.c_uint32
+    extend.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
+    return extend
+
+
+_NATIVE = _native_extend()
+
+
+def _extend(crc: int, data: Any) -> int:
+    """``crc`` extended by the bytes of ``data`` (any bytes-like object)."""
+    if _NATIVE is not None:
+        if isinstance(data, bytes):
+            return _NATIVE(crc, ctypes.c_char_p(data), len(data))
+        view = memoryview(data)
+        if not view.readonly and view.c_contiguous:
+            view = view.cast("B")
+            return _NATIVE(crc, (ctypes.c_char * len(view)).from_buffer(view), len(view))
+    if isinstance(data, bytes):
+        return google_crc32c.extend(crc, data)
+    view = memoryview(data).cast("B")
+    for start in range(0, len(view), _PIECE):
+        crc = google_crc32c.extend(crc, view[start : start + _PIECE].tobytes())
+    return crc
+
+
+# CRC-32C's polynomial, bit-reflected; and x^(2^k) modulo it, for k = 0..31 (zlib's combine).
+_POLY = 0x82F63B78
+
+
+def _times_mod_p(a: int, b: int) -> int:
+    """a × b modulo the polynomial (bit-reflected, as the CRC keeps them)."""
+    product, bit = 0, 1 << 31
+    while a:
+        if a & bit:
+            product ^= b
+            a ^= bit
+        bit >>= 1
+        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
+    return product
+
+
+_X_2_K = [1 << 30]  # x^1
+for _ in range(31):
+    _X_2_K.append(_times_mod_p(_X_2_K[-1], _X_2_K[-1]))
+
+
+def combine(crc_a: int, crc_b: int, size_b: int) -> int:
+    """The CRC32C of A followed by B, from the CRC32C of each and B's size (zlib's
+    ``crc32_combine`` for this polynomial): ranges checked apart make the whole file's."""
+    shift, k, n = 1 << 31, 3, size_b  # x^(8 × size_b): one x per bit of B
+    while n:
+        if n & 1:
+            shift = _times_mod_p(_X_2_K[k % 32], shift)
+        n >>= 1
+        k += 1
+    return _times_mod_p(shift, crc_a) ^ crc_b
+
+
 class _Crc32c:
     def __init__(self) -> None:
         self._crc = 0
 
     def update(self, data: Any) -> None:
-        if isinstance(data, bytes):
-            self._crc = google_crc32c.extend(self._crc, data)
-            return
-        view = memoryview(data).cast("B")
-        for start in range(0, len(view), _PIECE):
-            self._crc = google_crc32c.extend(self._crc, view[start : start + _PIECE].tobytes())
+        self._crc = _extend(self._crc, data)
 
     def hexdigest(self) -> str:
         return f"{self._crc:08x}"
@@ -87,15 +159,55 @@ def from_object_info(info: Mapping[str, Any]) -> Optional[str]:
 
 
 def of_file(path: str, algorithm: str = CRC32C) -> Tuple[int, str]:
-    """The size and checksum of a local file; a file that ends before its size (it changed under
-    the reader) is an OSError."""
-    summer = new(algorithm)
+    """The size and checksum of a local file, read with ``os.preadv`` (no GIL held) in megabyte
+    pieces; CRC32C over ranges on several threads when the library releases the GIL too. A file
+    that ends before its size (it changed under the reader) is an OSError."""
     with open(path, "rb", buffering=0) as handle:
-        size, done = os.fstat(handle.fileno()).st_size, 0
-        while done < size:
-            chunk = os.pread(handle.fileno(), min(_PIECE, size - done), done)
-            if not chunk:
-                raise OSError(f"{path} ended at byte {done}, before its size {size}: it changed while read")
-            summer.update(chunk)
-            done += len(chunk)
-    return size, summer.hexdigest()
+        size = os.fstat(handle.fileno()).st_size
+        if algorithm != CRC32C or _NATIVE is None:
+            summer = new(algorithm)
+            _read_range(handle.fileno(), path, 0, size, summer.update)
+            return size, summer.hexdigest()
+        threads = max(1, min(_THREADS_MAX, len(os.sched_getaffinity(0)), size // _RANGE_MIN))
+        bounds = [size * k // threads for k in range(threads + 1)]
+        crcs: List[Optional[int]] = [None] * threads
+        errors: List[BaseException] = []
+
+        def check(k: int) -> None:
+            crc = [0]
+
+            def add(piece: Any) -> None:
+                crc[0] = _extend(crc[0], piece)
+
+            try:
+                _read_range(handle.fileno(), path, bounds[k], bounds[k + 1], add)
+                crcs[k] = crc[0]
+            except BaseException as err:  # noqa: BLE001 - raised again on the caller's thread
+                errors.append(err)
+
+        helpers = [threading.Thread(target=check, args=(k,), daemon=True) for k in range(1, threads)]
+        for helper in helpers:
+            helper.start()
+        check(0)
+        for helper in helpers:
+            helper.join()
+        if errors:
+            raise errors[0]
+        whole = crcs[0]
+        for k in range(1, threads):
+            whole = combine(whole, crcs[k], bounds[k + 1] - bounds[k])
+    return size, f"{whole:08x}"
+
+
+def _read_range(fd: int, path: str, start: int, end: int, add: Callable[[Any], None]) -> None:
+    """Give ``add`` the bytes of [start, end) of the file, a reused megabyte buffer at a time."""
+    piece = bytearray(min(_PIECE, end - start))
+    done = start
+    while done < end:
+        wanted = min(len(piece), end - done)
+        view = memoryview(piece)[:wanted]
+        got = os.preadv(fd, [view], done)
+        if got == 0:
+            raise OSError(f"{path} ended at byte {done}, before its size {end}: it changed while read")
+        add(view[:got])
+        done += got
