@@ -16,32 +16,24 @@ adds on top:
   thread and writes in the background; its collectives run on a gloo group of their own, so they
   never interleave with the training loop's.
 - Each rank's RNG streams go beside it (``rank_<r>.pt``), restored at the same world size.
-- **The check starts early.** On local storage, ``ft.init()`` starts checking this rank's share
-  of the newest committed DCP step on a thread, while the script builds its model; the load then
-  only waits for what is left of it. A file changed since it was checked is checked again.
 - **The memory tier** (``to="memory"``): each rank's own shards (a DTensor's local tensor) go to
   the node's memory; a load at the same world size copies them back into ``into``'s shards in
   place, when every rank holds the step and storage has no newer DCP step.
 """
 
 import logging
-import os
-import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from worker_lib import checksum
 from worker_lib import contract as c
 from worker_lib.checkpoint import Checkpoint, CheckpointError, CheckpointManager
-from worker_lib.marker import CommitMarker, PartEntry, committed_steps, step_dir
-from worker_lib.storage import Storage
+from worker_lib.marker import CommitMarker, PartEntry, step_dir
 
-__all__ = ["FOLDER", "check_ahead", "load_dcp", "save_dcp", "snapshot_dcp"]
+__all__ = ["FOLDER", "load_dcp", "save_dcp", "snapshot_dcp"]
 
 log = logging.getLogger(__name__)
 
 FOLDER = "dcp"  # under step_<n>/
 _group = None  # the gloo group DCP's collectives run on, made at the first save or load
-_ahead: Optional["_CheckedAhead"] = None  # this rank's share of the newest step, checked from init on
 
 
 def save_dcp(
@@ -120,12 +112,11 @@ def _verify_share(manager: CheckpointManager, marker: CommitMarker) -> Tuple[Dic
     own, problem = manager.read_own_part(marker)
     if problem:
         return {}, problem
-    for name in _files_to_check(marker, manager.rank, manager.world_size):
+    names = sorted(n for n in marker.parts if n.startswith(f"{FOLDER}/"))
+    for name in names[manager.rank :: manager.world_size]:
         expected = marker.parts[name]
-        rel = f"{step_dir(marker.step)}/{name}"
         try:
-            early = _ahead.result(rel, expected.algorithm) if _ahead is not None else None
-            size, found = early or manager.storage.checksum_of(rel, expected.algorithm)
+            size, found = manager.storage.checksum_of(f"{step_dir(marker.step)}/{name}", expected.algorithm)
         except FileNotFoundError:
             return {}, f"rank {manager.rank}: {name} is missing"
         except Exception as err:  # noqa: BLE001 - storage errors of any backend: a vote against
@@ -135,64 +126,6 @@ def _verify_share(manager: CheckpointManager, marker: CommitMarker) -> Tuple[Dic
         if found != expected.checksum:
             return {}, f"rank {manager.rank}: {name} fails its checksum"
     return own, None
-
-
-def _files_to_check(marker: CommitMarker, rank: int, world_size: int) -> List[str]:
-    """The DCP files of a step this rank checks at a load: every world_size-th, by name."""
-    return sorted(n for n in marker.parts if n.startswith(f"{FOLDER}/"))[rank::world_size]
-
-
-def check_ahead(manager: CheckpointManager) -> None:
-    """Start checking this rank's share of the newest committed step, when it is a DCP step on
-    local storage that the memory tier does not hold: a restart's model is built meanwhile.
-    Elsewhere nothing is started (GCS keeps each object's CRC32C: there is nothing to read)."""
-    global _ahead
-    if not manager.storage.is_local:
-        return
-    newest = next(committed_steps(manager.storage), None)
-    if newest is None or newest.kind != "dcp":
-        return
-    if manager.memory is not None and max(manager.memory.held("dcp"), default=-1) >= newest.step:
-        return  # the load takes it from memory
-    rels = [f"{step_dir(newest.step)}/{name}" for name in _files_to_check(newest, manager.rank, manager.world_size)]
-    _ahead = _CheckedAhead(manager.storage, rels)
-
-
-class _CheckedAhead:
-    """CRC32Cs of local files computed on a thread, each kept with its file's identity (inode,
-    size, modification and change times): a file replaced or rewritten since is read again."""
-
-    def __init__(self, storage: Storage, rels: List[str]) -> None:
-        self._storage = storage
-        self._found: Dict[str, Tuple[Tuple[int, ...], int, str]] = {}
-        self._thread = threading.Thread(target=self._check, args=(rels,), name="ftlaunch-check-ahead", daemon=True)
-        self._thread.start()
-
-    def _identity(self, rel: str) -> Tuple[int, ...]:
-        found = os.stat(self._storage.path(rel))
-        return found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns
-
-    def _check(self, rels: List[str]) -> None:
-        for rel in rels:
-            try:
-                before = self._identity(rel)
-                size, crc = checksum.of_file(self._storage.path(rel))
-                if self._identity(rel) == before:
-                    self._found[rel] = (before, size, crc)
-            except OSError:
-                pass  # the load reads it again, and says what is wrong with it
-
-    def result(self, rel: str, algorithm: str) -> Optional[Tuple[int, str]]:
-        """(size, CRC32C) of ``rel`` if it was checked ahead and is still the file checked."""
-        if algorithm != checksum.CRC32C:
-            return None
-        self._thread.join()
-        found = self._found.get(rel)
-        try:
-            unchanged = found is not None and found[0] == self._identity(rel)
-        except OSError:
-            return None
-        return found[1:] if unchanged else None
 
 
 def _local_view(value: Any) -> Any:

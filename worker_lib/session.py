@@ -85,10 +85,6 @@ def start_session(
     manager = _checkpoint_manager(info, url, options) if url else None
     if manager is not None and info.local_rank == 0:
         _remove_node_cache(info, keep_attempt=info.attempt)
-    if manager is not None:
-        from worker_lib.dcp import check_ahead
-
-        check_ahead(manager)
     return Session(info, manager)
 
 

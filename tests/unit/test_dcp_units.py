@@ -3,16 +3,12 @@ writes the step, ftlaunch commits it, and the load verifies, falls back on damag
 place."""
 
 import logging
-import os
-import time
 
 import pytest
 import torch
 
-import worker_lib.dcp
-from worker_lib import checksum
 from worker_lib.checkpoint import CheckpointManager, LocalChannel
-from worker_lib.dcp import check_ahead, load_dcp, save_dcp
+from worker_lib.dcp import load_dcp, save_dcp
 from worker_lib.marker import committed_steps
 from worker_lib.storage import Storage
 
@@ -56,84 +52,6 @@ def test_a_damaged_dcp_file_falls_back_to_the_previous_step(tmp_path, caplog):
         found = load_dcp(manager, into)
     assert found.step == 10 and torch.equal(into["model"]["weight"], torch.full((4, 3), 1.0))
     assert "fails its checksum" in caplog.text
-
-
-@pytest.fixture
-def files_read(monkeypatch):
-    """The paths of the files checksummed by reading them (a test clears it after its saves)."""
-    monkeypatch.setattr(worker_lib.dcp, "_ahead", None)
-    read = []
-    whole = checksum.of_file
-
-    def of_file(path, *args):
-        read.append(path)
-        return whole(path, *args)
-
-    monkeypatch.setattr(checksum, "of_file", of_file)
-    return read
-
-
-def test_the_load_uses_the_check_started_at_init(tmp_path, files_read):
-    manager = _manager(tmp_path)
-    save_dcp(manager, 10, _state(1.0), {}, blocking=True)
-    manager.wait()
-    files_read.clear()
-    check_ahead(manager)  # what ft.init() does
-    worker_lib.dcp._ahead._thread.join()
-    ahead = sorted(files_read)
-    assert ahead == sorted(str(p) for p in (tmp_path / "step_10" / "dcp").iterdir())
-
-    into = _state(0.0)
-    assert load_dcp(manager, into).step == 10 and torch.equal(into["model"]["weight"], torch.full((4, 3), 1.0))
-    assert sorted(files_read) == ahead  # nothing read again
-
-
-def _after_the_clock_moved(path) -> None:
-    """Until a write now would change ``path``'s times (they have a clock tick's resolution)."""
-    probe = path.parent / "probe"
-    for _ in range(10_000):
-        probe.write_bytes(b"")
-        if probe.stat().st_ctime_ns > path.stat().st_ctime_ns:
-            probe.unlink()
-            return
-        time.sleep(0.001)
-    raise AssertionError("the file system's clock did not move in 10 s")
-
-
-@pytest.mark.parametrize("how", ["in place", "replaced"])
-def test_a_file_damaged_after_the_early_check_is_checked_again(tmp_path, files_read, caplog, how):
-    manager = _manager(tmp_path)
-    for step, value in ((10, 1.0), (20, 2.0)):
-        save_dcp(manager, step, _state(value), {}, blocking=True)
-    manager.wait()
-    files_read.clear()
-    check_ahead(manager)
-    worker_lib.dcp._ahead._thread.join()
-    shard = next(p for p in (tmp_path / "step_20" / "dcp").iterdir() if p.suffix == ".distcp")
-    data = bytearray(shard.read_bytes())
-    data[-1] ^= 0xFF  # one byte flipped, the size kept
-    if how == "in place":
-        _after_the_clock_moved(shard)
-        with open(shard, "r+b") as handle:
-            handle.write(data)
-    else:
-        (shard.parent / "new").write_bytes(data)
-        os.replace(shard.parent / "new", shard)
-
-    into = _state(0.0)
-    with caplog.at_level(logging.WARNING):
-        found = load_dcp(manager, into)
-    assert found.step == 10 and torch.equal(into["model"]["weight"], torch.full((4, 3), 1.0))
-    assert "fails its checksum" in caplog.text and files_read.count(str(shard)) == 2
-
-
-def test_no_early_check_when_the_newest_step_is_not_dcp(tmp_path, files_read):
-    manager = _manager(tmp_path)
-    save_dcp(manager, 10, _state(1.0), {}, blocking=True)
-    manager.save(20, _state(3.0), blocking=True)
-    files_read.clear()
-    check_ahead(manager)
-    assert worker_lib.dcp._ahead is None and files_read == []
 
 
 def test_a_step_of_parts_is_not_loaded_into_a_state_and_a_fresh_run_finds_none(tmp_path):
