@@ -55,7 +55,9 @@ def test_the_crc32c_of_two_ranges_combines_into_the_one_of_the_whole():
     data = os.urandom(100_003)
     for cut in (0, 1, 7, 4096, 50_000, 100_002, 100_003):
         a, b = data[:cut], data[cut:]
-        assert checksum.combine(google_crc32c.value(a), google_crc32c.value(b), len(b)) == google_crc32c.value(data)
+        assert checksum.combine(
+            google_crc32c.value(a), google_crc32c.value(b), len(b)
+        ) == google_crc32c.value(data)
 
 
 def test_sha256_for_markers_of_earlier_versions_and_nothing_else():
