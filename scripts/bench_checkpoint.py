@@ -9,6 +9,7 @@ One rank, a state of --mb megabytes of float32 tensors. Rows:
 - save, async: how long the training loop is blocked by ft.save_checkpoint (the copy to CPU
   memory), and how long until the background save is committed
 - load: worker_lib's load (verify CRC32C, deserialize) beside reading the same bytes raw
+- CRC32C of a file (local disk): what a DCP commit computes and a DCP load checks, per file
 - DCP save and load: format="dcp" beside torch.distributed.checkpoint's save and load alone;
   on local disk also from a cold page cache, where /proc/sys/vm/drop_caches can be written (root)
 """
@@ -33,6 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the storage servers the tests use
 
 from storage_servers import start_gcs  # noqa: E402
 
+from worker_lib import checksum  # noqa: E402
 from worker_lib.checkpoint import CheckpointManager, LocalChannel  # noqa: E402
 from worker_lib.storage import Storage  # noqa: E402
 
@@ -99,6 +101,16 @@ def bench_target(name: str, url: str, state, mb: float, repeats: int) -> List[Li
     load = timed(manager.load, repeats)
     raw = timed(lambda: fs.cat_file(plain), repeats)
     med = statistics.median
+    checks = []
+    if manager.storage.is_local:  # what a DCP load checks (and a DCP commit computes) per file
+        checks.append(
+            [
+                name,
+                "CRC32C of a file",
+                _rate(mb, med(timed(lambda: checksum.of_file(plain), repeats))),
+                f"raw read: {_rate(mb, med(raw))}",
+            ]
+        )
     plain_save = f"torch.save: {_rate(mb, med(baseline))}"
     if durable:
         plain_save += f"; torch.save + fsync: {_rate(mb, med(durable))}"
@@ -111,6 +123,7 @@ def bench_target(name: str, url: str, state, mb: float, repeats: int) -> List[Li
             f"{100 * med(blocked) / med(sync):.1f}% of the sync save; committed after {med(committed):.2f} s",
         ],
         [name, "load", _rate(mb, med(load)), f"raw read: {_rate(mb, med(raw))}"],
+        *checks,
     ]
 
 
