@@ -208,6 +208,6 @@ def _read_range(fd: int, path: str, start: int, end: int, add: Callable[[Any], N
         view = memoryview(piece)[:wanted]
         got = os.preadv(fd, [view], done)
         if got == 0:
-            raise OSError(f"{path} ended at byte {done}, before its size {end}: it changed while read")
+            raise OSError(f"{path} ended at byte {done}, before the size it had: it changed while read")
         add(view[:got])
         done += got
