@@ -16,6 +16,13 @@ TRAIN = str(SCRIPTS / "ckpt_train.py")
 DDP = str(SCRIPTS / "ddp_plain.py")
 
 
+def _elastic(launcher, tmp_path, nodes: int, *run_name_and_script, fewest: int) -> Job:
+    """Nodes of one rank each, that fail the job at its first failure (so a membership change
+    that counted as one would show), with torch's last call for more nodes cut to 1 s."""
+    options = ["--nproc", "1", "--max-failures", "0", "--rdzv-conf", "last_call_timeout=1", "--run-name"]
+    return Job(launcher, tmp_path, nodes, *options, *run_name_and_script, fewest=fewest)
+
+
 def _world_sizes(stdout: str) -> dict:
     """(rank, attempt) → the WORLD_SIZE that rank saw, from what the ranks printed."""
     found = re.findall(r"rank (\d+) attempt (\d+) has WORLD_SIZE (\d+)", stdout)
@@ -27,17 +34,10 @@ def _start_steps(stdout: str) -> dict:
 
 
 def test_a_lost_node_shrinks_the_job_and_its_relaunch_grows_it_back_without_losing_a_step(launcher, tmp_path):
-    job = Job(
+    job = _elastic(
         launcher,
         tmp_path,
         3,
-        "--nproc",
-        "1",
-        "--max-failures",
-        "0",
-        "--rdzv-conf",
-        "last_call_timeout=1",
-        "--run-name",
         "elastic",
         TRAIN,
         "--steps",
@@ -126,17 +126,10 @@ def test_a_script_without_worker_lib_is_restarted_at_once_when_a_node_joins(laun
     """Issue 25.3: nothing says where such a script saves, so no rank can be asked to save first:
     the group restarts with the new node at once, as torchrun's would, and says so."""
     ready = tmp_path / "ready"
-    job = Job(
+    job = _elastic(
         launcher,
         tmp_path,
         2,
-        "--nproc",
-        "1",
-        "--max-failures",
-        "0",
-        "--rdzv-conf",
-        "last_call_timeout=1",
-        "--run-name",
         "plain",
         DDP,
         "--steps",
@@ -163,17 +156,10 @@ def test_a_script_without_worker_lib_is_restarted_at_once_when_a_node_joins(laun
 def test_below_its_fewest_nodes_the_job_waits_and_goes_on_when_one_comes_back(launcher, tmp_path):
     """Issue 25.2: two of three nodes lost at once leave node 0 below MIN: it runs nothing, waits,
     and the job goes on at two nodes when one is relaunched (no failure counted)."""
-    job = Job(
+    job = _elastic(
         launcher,
         tmp_path,
         3,
-        "--nproc",
-        "1",
-        "--max-failures",
-        "0",
-        "--rdzv-conf",
-        "last_call_timeout=1",
-        "--run-name",
         "few",
         TRAIN,
         "--steps",
