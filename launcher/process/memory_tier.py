@@ -28,9 +28,6 @@ class MemoryTier:
         _remove_orphaned(shm)
         self.folder = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=shm))  # mode 0700
 
-    def free_bytes(self) -> int:
-        return shutil.disk_usage(self.folder).free if self.folder else 0
-
     def close(self) -> None:
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
