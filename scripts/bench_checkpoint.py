@@ -128,11 +128,14 @@ def bench_target(name: str, url: str, state, mb: float, repeats: int) -> List[Li
 
 
 def bench_dcp(name: str, url: str, state, mb: float, repeats: int) -> List[List[str]]:
-    """format="dcp" beside torch.distributed.checkpoint alone, writing and reading the same
-    state through the same fsspec writer and reader: what ftlaunch's commit adds (the checksums,
-    the RNG part, the marker) and its load adds (the verification and the vote)."""
+    """format="dcp" beside torch.distributed.checkpoint alone, writing the same state through
+    the same fsspec writer: what ftlaunch's commit adds (the checksums, the RNG part, the
+    marker) and its load adds (the verification and the vote). DCP alone reads with the reader
+    it picks itself for that storage (``FileSystemReader`` for a local folder); ftlaunch reads a
+    local folder through a mapping (worker_lib.dcp_reader)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
 
     from worker_lib.dcp import load_dcp, save_dcp
 
@@ -159,10 +162,17 @@ def bench_dcp(name: str, url: str, state, mb: float, repeats: int) -> List[List[
         alone += timed(dcp_alone, 1)
         forget_old()
     into = {key: torch.empty_like(value) for key, value in state.items()}
+
+    def load_alone_once() -> None:
+        folder = written[-1]
+        local = manager.storage.is_local
+        reader = FileSystemReader(fsspec.core.url_to_fs(folder)[1]) if local else FsspecReader(folder)
+        dcp.load(into, storage_reader=reader, no_dist=True)
+
     load_ours, load_alone = [], []
     for _ in range(repeats):
         load_ours += timed(lambda: load_dcp(manager, into), 1)
-        load_alone += timed(lambda: dcp.load(into, storage_reader=FsspecReader(written[-1]), no_dist=True), 1)
+        load_alone += timed(load_alone_once, 1)
     rows = [
         _beside(name, "DCP save, sync", mb, ours, "dcp.save alone", alone),
         _beside(name, "DCP load", mb, load_ours, "dcp.load alone", load_alone),
@@ -172,11 +182,7 @@ def bench_dcp(name: str, url: str, state, mb: float, repeats: int) -> List[List[
         cold_ours, cold_alone = [], []
         for _ in range(repeats):
             cold_ours += timed(lambda: load_dcp(manager, into), 1, before=_drop_caches)
-            cold_alone += timed(
-                lambda: dcp.load(into, storage_reader=FsspecReader(written[-1]), no_dist=True),
-                1,
-                before=_drop_caches,
-            )
+            cold_alone += timed(load_alone_once, 1, before=_drop_caches)
         rows.append(_beside(name, "DCP load, cold cache", mb, cold_ours, "dcp.load alone", cold_alone))
     assert all(torch.equal(into[key], state[key]) for key in state)
     return rows

@@ -78,7 +78,6 @@ def load_dcp(manager: CheckpointManager, into: Any) -> Optional[Checkpoint]:
     current, possibly sharded, state dict), in place, at any world size; None on a fresh run.
     A newer (or as new) step that every rank holds in the memory tier comes first."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
     from torch.distributed.checkpoint.api import CheckpointException
 
     manager.wait()
@@ -91,8 +90,7 @@ def load_dcp(manager: CheckpointManager, into: Any) -> Optional[Checkpoint]:
         return None
     marker, own = found
     group, alone = _checkpoint_group()
-    folder = manager.storage.url_of(step_dir(marker.step), FOLDER)
-    reader = FsspecReader(folder, **manager.storage.options)
+    reader = _reader(manager, marker.step)
     try:
         dcp.load(into, storage_reader=reader, process_group=group, no_dist=alone)
     except CheckpointException as err:  # a BaseException, carrying every rank's failure
@@ -102,6 +100,19 @@ def load_dcp(manager: CheckpointManager, into: Any) -> Optional[Checkpoint]:
         ) from None
     manager.restore_rng(own)
     return Checkpoint(step=marker.step, state=into, metrics=marker.metrics)
+
+
+def _reader(manager: CheckpointManager, step: int):
+    """DCP's reader for ``step``: a local folder's files are read through a mapping
+    (worker_lib.dcp_reader, a third of the time from the page cache); any other storage
+    through DCP's fsspec reader."""
+    if manager.storage.is_local:
+        from worker_lib.dcp_reader import MappedReader
+
+        return MappedReader(manager.storage.path(step_dir(step), FOLDER))
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+    return FsspecReader(manager.storage.url_of(step_dir(step), FOLDER), **manager.storage.options)
 
 
 def _verify_share(manager: CheckpointManager, marker: CommitMarker) -> Tuple[Dict[str, Any], Optional[str]]:
