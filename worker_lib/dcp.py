@@ -12,6 +12,8 @@ adds on top:
   is never loaded.
 - **The vote.** At the load every rank verifies its share of the newest committed step's files;
   the ranks agree through the job's store and fall back step by step on damage, as for parts.
+- **The read.** A local folder's files are read through a mapping, each tensor copied once into
+  the state (worker_lib.dcp_reader); other storage through DCP's fsspec reader.
 - **Asynchronous by default.** ``dcp.async_save`` copies the state to CPU memory on the caller's
   thread and writes in the background; its collectives run on a gloo group of their own, so they
   never interleave with the training loop's.
