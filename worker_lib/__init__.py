@@ -102,7 +102,8 @@ def save_checkpoint(
 
     The state is copied to CPU memory before this returns; writing and the commit happen in the
     background unless ``blocking``. The next save waits for this one, and a background failure
-    is raised there.
+    is raised there. A step this process already saved to storage or loaded from it is not
+    written again (a warning says so): a committed step is never rewritten.
 
     ``to="memory"``: a snapshot of this rank's state into the node's memory tier (ftlaunch keeps
     it in /dev/shm for its run): the copy is all it costs, it survives a crash and the group's

@@ -9,7 +9,7 @@ import collections
 import dataclasses
 import logging
 import threading
-from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
+from typing import Any, BinaryIO, Callable, Dict, List, Optional, Set, Tuple
 
 from worker_lib import contract as c
 from worker_lib.chaos import act, dying_half_way
@@ -89,9 +89,26 @@ class CheckpointManager:
         self._staging: Any = None
         self._error: Optional[BaseException] = None
         self._failed = ""  # why an earlier save failed: this rank writes no further parts
+        # Steps this process saved to storage or loaded from it: every rank saves and loads the
+        # same steps, so every rank knows the same ones and skips a repeated save together.
+        self._steps_in_storage: Set[int] = set()
         atexit.register(self._wait_at_exit)
 
     # -- saving -----------------------------------------------------------------------------
+
+    def repeats(self, step: int) -> bool:
+        """Whether a save of ``step`` to storage repeats one this process already saved or
+        loaded (a resumed loop that saves its first step again, or two saves at one step). It
+        is skipped: writing a committed step's files again leaves it torn until its new marker
+        lands, and a crash in between would lose it."""
+        if step not in self._steps_in_storage:
+            return False
+        log.warning(
+            "checkpoint step %d is already in storage (saved or loaded by this process): not "
+            "written again, so that it stays whole; a new step number saves a new checkpoint",
+            step,
+        )
+        return True
 
     def snapshot(
         self, step: int, state: Any, metrics: Optional[Dict[str, float]] = None, kind: str = "parts"
@@ -119,6 +136,8 @@ class CheckpointManager:
         raises at once: parts of steps that can never be committed would only fill the storage."""
         if self._failed:
             raise CheckpointError(f"rank {self.rank} saves no more checkpoints: {self._failed}")
+        if self.repeats(step):
+            return
         self.wait()
         writes_state = not replicated or self.rank == 0
         # A blocking save serializes before returning: the training loop cannot change the
@@ -149,6 +168,8 @@ class CheckpointManager:
         ``cleanup`` runs once the parts are written, whether or not that worked.
         ``written_elsewhere`` waits for files another writer makes for the step (DCP's) and lists
         this rank's share of them; called first, in the background too."""
+
+        self._steps_in_storage.add(step)
 
         def job() -> None:
             try:
@@ -267,6 +288,8 @@ class CheckpointManager:
             self.memory.forget()
             return None
         self.memory.adopt(step)
+        if step == stored:  # committed in storage too: not to be written again
+            self._steps_in_storage.add(step)
         self.restore_rng(payload)
         self.loaded_tier = c.LOADED_MEMORY
         log.info("checkpoint step %d loaded from the node's memory tier", step)
@@ -276,7 +299,10 @@ class CheckpointManager:
         """(marker, payload) of the newest committed step that ``read`` accepts on every rank;
         the ranks agree through the channel, so all of them load the same step."""
         self.wait()
-        return self._commits.newest_agreed(read)
+        found = self._commits.newest_agreed(read)
+        if found is not None:
+            self._steps_in_storage.add(found[0].step)
+        return found
 
     def restore_rng(self, own_part: Dict[str, Any]) -> None:
         if own_part.get("rng") is not None and self._save_rng:

@@ -46,6 +46,8 @@ def save_dcp(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
+    if manager.repeats(step):
+        return
     manager.wait()
     folder = manager.storage.url_of(step_dir(step), FOLDER)
     writer = FsspecWriter(folder, **manager.storage.options)

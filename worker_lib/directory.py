@@ -37,6 +37,7 @@ _FILES = "files"
 def save_directory(
     manager: CheckpointManager, step: int, metrics: Optional[Dict[str, float]]
 ) -> Iterator[str]:
+    repeated = manager.repeats(step)  # the script still gets a folder; its files are dropped
     manager.wait()
     local = Path(tempfile.mkdtemp(prefix=f"ftlaunch-save-{step}-rank{manager.rank}-"))
     try:
@@ -44,6 +45,9 @@ def save_directory(
     except BaseException:
         shutil.rmtree(local, ignore_errors=True)
         raise
+    if repeated:
+        shutil.rmtree(local, ignore_errors=True)
+        return
     files = sorted(p for p in local.rglob("*") if p.is_file())
     parts = [manager.own_rng_part()]
     parts += [(f"{_FILES}/{p.relative_to(local).as_posix()}", _copier(p)) for p in files]
