@@ -107,9 +107,8 @@ def load_dcp(manager: CheckpointManager, into: Any) -> Optional[Checkpoint]:
 
 
 def _reader(manager: CheckpointManager, step: int):
-    """DCP's reader for ``step``: a local folder's files are read through a mapping
-    (worker_lib.dcp_reader, a third of the time from the page cache); any other storage
-    through DCP's fsspec reader."""
+    """DCP's reader for ``step``: a local folder's files are read through a mapping, each
+    tensor copied once (worker_lib.dcp_reader); any other storage through DCP's fsspec reader."""
     if manager.storage.is_local:
         from worker_lib.dcp_reader import MappedReader
 
