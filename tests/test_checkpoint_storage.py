@@ -373,3 +373,37 @@ def test_a_loaded_state_does_not_depend_on_its_file(tmp_path):
     assert torch.equal(loaded["a"], torch.arange(1024, dtype=torch.float32))
     assert torch.equal(loaded["c"], torch.ones(7))
     assert loaded["a"].data_ptr() == loaded["b"].data_ptr()
+
+
+def test_big_writes_checksummed_beside_the_write_match_the_file_in_a_forked_child_too(tmp_path):
+    """Writes of 1 MiB and more are checksummed on a helper thread while they are written. A
+    child forked after the parent's first such write has no helper thread: it must make its own,
+    not wait for the parent's forever."""
+    from worker_lib import checksum
+
+    storage = Storage(str(tmp_path))
+    pieces = [os.urandom(3 * 2**20), b"small", os.urandom(2**20), os.urandom(100)]
+
+    def fill(handle):
+        for piece in pieces:
+            handle.write(piece)
+
+    assert storage.write_stream("parent.bin", fill) == checksum.of_file(str(tmp_path / "parent.bin"))
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if its own big write checksums right
+        try:
+            found = storage.write_stream("child.bin", fill)
+            os._exit(0 if found == checksum.of_file(str(tmp_path / "child.bin")) else 1)
+        except BaseException:
+            os._exit(2)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.01)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's checksummed write never finished")
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -6,6 +6,7 @@ files are written to a temporary name first. Object stores make a PUT visible wh
 at all, so their objects are written in place.
 """
 
+import concurrent.futures
 import contextlib
 import logging
 import mmap
@@ -13,7 +14,7 @@ import os
 import posixpath
 import time
 import uuid
-from typing import BinaryIO, Callable, Iterator, List, Optional, Tuple, TypeVar
+from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple, TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _RETRY_DELAYS_S = (0.5, 1.0, 2.0)  # then give up: the previous committed step stays loadable
 _CHUNK = 8 * 2**20
+_OVERLAP_MIN = 2**20  # a write this big is checksummed on a helper thread while it is written
 
 
 class StorageError(RuntimeError):
@@ -190,13 +192,21 @@ class _HashingWriter:
         self.error: Optional[OSError] = None
 
     def write(self, data) -> int:
-        self.checksum.update(data)
         self.size += len(data)
+        # A big buffer is checksummed on a helper thread while this one writes it: both release
+        # the GIL, so the checksum costs no time where a second core is free. The buffer is
+        # unchanged until write returns, and the checksum is done by then.
+        summing = _summer().submit(self.checksum.update, data) if len(data) >= _OVERLAP_MIN else None
         try:
+            if summing is None:
+                self.checksum.update(data)
             return self._handle.write(data)
         except OSError as err:  # torch.save hides it behind "unexpected pos": keep the real cause
             self.error = err
             raise
+        finally:
+            if summing is not None:
+                summing.result()
 
     def reraise_cause(self, raised: BaseException) -> None:
         """Raise the storage error behind ``raised`` (e.g. ENOSPC), if that is what it was."""
@@ -205,6 +215,21 @@ class _HashingWriter:
 
     def flush(self) -> None:
         self._handle.flush()
+
+
+_summers: Dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+
+
+def _summer() -> concurrent.futures.ThreadPoolExecutor:
+    """This process's helper thread that checksums big writes, made at its first one; a forked
+    child makes its own (the parent's thread is not in it)."""
+    pid = os.getpid()
+    if pid not in _summers:
+        _summers.clear()
+        _summers[pid] = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="ftlaunch-checksum"
+        )
+    return _summers[pid]
 
 
 def _fill(fill: Callable[[BinaryIO], object], hashing: _HashingWriter) -> None:
