@@ -109,9 +109,9 @@ def test_a_killed_supervisor_is_resumed_from_storage_and_its_memory_is_freed(lau
 
 @pytest.fixture
 def tiny_shm(tmp_path):
+    """A 256 KiB tmpfs: /dev/shm as a container's default 64 MiB is to a large model."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root (CI and dev machines run as root)")
-    """A 256 KiB tmpfs: /dev/shm as a container's default 64 MiB is to a large model."""
     mount = tmp_path / "shm"
     mount.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], check=True)

@@ -24,7 +24,7 @@ import struct
 import sys
 import warnings
 import zipfile
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch.distributed.checkpoint.filesystem import FileSystemReader
@@ -161,11 +161,11 @@ class _Declined(pickle.UnpicklingError):
     """The record holds something this reader leaves to torch.load."""
 
 
-class _Storage:
+class _Storage(NamedTuple):
     """A persistent id resolved: a dtype and the record's bytes."""
 
-    def __init__(self, dtype: torch.dtype, data: torch.Tensor) -> None:
-        self.dtype, self.data = dtype, data
+    dtype: torch.dtype
+    data: torch.Tensor
 
 
 def _rebuild_v2(storage: _Storage, offset: int, size, stride, requires_grad=False, hooks=None, metadata=None):
