@@ -56,9 +56,13 @@ def test_a_crash_reloads_the_newest_memory_step_and_ends_bit_identical(launcher,
     left = SHM / f"ftlaunch-memory-{dead_pid()}-left"  # as a supervisor killed with its guard leaves it
     left.mkdir()
     (left / "rank_0.0").write_bytes(b"x" * 1000)
-    launch, crashed = _run(launcher, tmp_path, "crashed", "--memory-every", "1", "--crash", "17:0")
+    launch, crashed = _run(
+        launcher, tmp_path, "crashed", "--memory-every", "1", "--crash", "17:0", "--crash-after-backward"
+    )
     assert not left.exists()  # the launch removed it
-    # Rank 1 died before step 17; the last storage save was step 10, the last snapshot step 17.
+    # Rank 1 died in step 17, past its all-reduce: rank 0 had taken its snapshot of step 17 too
+    # (a crash at the step's start could kill rank 0 half-way through it: then 16 is right).
+    # Storage holds step 15 at most.
     assert _starts(launch, 1) == {17}, launch.stdout
     assert "attempt 1: every rank loaded step 17 from memory" in launch.stderr
     assert "loaded step 17 from memory)" in launch.stderr  # the summary's recovery line

@@ -28,6 +28,12 @@ def parse() -> argparse.Namespace:
         "--crash", action="append", default=[], help="STEP:ATTEMPT: rank --crash-rank is SIGKILLed"
     )
     p.add_argument("--crash-rank", type=int, default=1)
+    p.add_argument(
+        "--crash-after-backward",
+        action="store_true",
+        help="the crash comes after the step's backward: every rank is in that step, so every rank "
+        "finished what came before it (a crash at the step's start can kill a peer still in the last one)",
+    )
     p.add_argument("--die-before-commit", type=int, help="rank 0 dies after its part, before the marker")
     p.add_argument("--die-mid-write", type=int, help="rank 1 dies half-way through writing its part")
     p.add_argument("--replicated", action="store_true")
@@ -112,7 +118,8 @@ def main() -> None:
     print(f"rank {info.rank} attempt {info.attempt} has WORLD_SIZE {os.environ['WORLD_SIZE']}", flush=True)
     ddp = DDP(model)
     for step in range(start, args.steps):
-        if (step, info.attempt) in crashes and info.rank == args.crash_rank:
+        crash = (step, info.attempt) in crashes and info.rank == args.crash_rank
+        if crash and not args.crash_after_backward:
             print(f"rank {info.rank}: crash at step {step}", flush=True)
             die()
         x = torch.randn(16, 8, generator=torch.Generator().manual_seed(step * 1000 + info.rank))
@@ -120,6 +127,9 @@ def main() -> None:
         loss = torch.nn.functional.mse_loss(ddp(x), y)
         optimizer.zero_grad()
         loss.backward()
+        if crash:  # after the all-reduce: every peer took its snapshot of this step's start
+            print(f"rank {info.rank}: crash at step {step}", flush=True)
+            die()
         optimizer.step()
         time.sleep(args.step_time)
         ft.heartbeat(step + 1)  # steps done: what --chaos at=step: and the hang monitor read
