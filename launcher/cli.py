@@ -91,6 +91,15 @@ ENV_PREFIX = "FTLAUNCH"
     "does not depend on it.",
 )
 @click.option(
+    "--preload",
+    default="",
+    metavar="MODULE[,MODULE...]",
+    help="Modules the fork server imports too, once for every worker of every attempt (by default it "
+    "imports torch, ftlaunch's own modules and the checkpoint storage's; the script's other imports run "
+    "in each worker, as under torchrun). Faster restarts, but what such a module does at import is shared "
+    "by every worker: random generators it seeds, the sys.argv, pid and environment it sees.",
+)
+@click.option(
     "--preempt-signal",
     type=click.Choice(["USR1", "USR2"], case_sensitive=False),
     default="USR1",
@@ -313,6 +322,8 @@ def config_from_options(
     procs = _parse_nproc(o["nproc"], gpus)
     kind = EntryKind.MODULE if o["module"] else EntryKind.EXECUTABLE if o["no_python"] else EntryKind.SCRIPT
     entry = EntrySection(o["script"], tuple(o["script_args"]), kind)
+    fork_server = o["fork_server"] and kind is not EntryKind.EXECUTABLE
+    backend = resolve_backend(o["backend"], procs, gpus)
     at = place(
         entry,
         o["run_dir"],
@@ -329,10 +340,11 @@ def config_from_options(
         entry=entry,
         group=GroupSection(
             nproc=procs,
-            backend=resolve_backend(o["backend"], procs, gpus),
+            backend=backend,
             log_dir=at.log_dir,
             grace_period=o["grace_period"],
-            fork_server=o["fork_server"] and kind is not EntryKind.EXECUTABLE,
+            fork_server=fork_server,
+            preload=tuple(name.strip() for name in o["preload"].split(",") if name.strip()),
             preempt_signal=int(signal.Signals[f"SIG{o['preempt_signal'].upper()}"]),
             master_addr=at.master_addr,
             master_port=o["master_port"],

@@ -92,7 +92,7 @@ def _spawner_for(config: LaunchConfig, say: Callable[[str], None]) -> Spawner:
     if not config.group.fork_server:
         return plain
     log_file = config.group.log_dir / "forkserver.log"
-    server = ForkServer(config.entry, log_file, ignored=(config.group.preempt_signal,))
+    server = ForkServer(config.entry, log_file, (config.group.preempt_signal,), config.group.preload)
     return ForkServerSpawner(server, plain, say)
 
 

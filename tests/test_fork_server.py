@@ -1,6 +1,7 @@
 """The fork server: a worker forked from the warm zygote is, to its script, the worker a new
-interpreter would have been; each attempt's workers are fresh forks; and whenever the zygote
-cannot serve, ftlaunch says so in one line and starts workers as new processes."""
+interpreter would have been (the script's imports run in it, after the fork); each attempt's
+workers are fresh forks; and whenever the zygote cannot serve, ftlaunch says so in one line and
+starts workers as new processes."""
 
 import json
 import os
@@ -9,6 +10,7 @@ import signal
 
 import fsspec
 import psutil
+import pytest
 import torch
 from conftest import use_emulator
 from helpers import ACTOR, SCRIPTS, wait_for_files
@@ -97,56 +99,70 @@ def test_a_run_is_bit_identical_with_and_without_the_fork_server(launcher, tmp_p
     assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
 
 
-def test_a_script_import_that_fails_in_the_zygote_falls_back(launcher, tmp_path):
+def test_a_preloaded_import_that_fails_in_the_zygote_falls_back(launcher, tmp_path):
+    """The script's own imports run in its workers (an optional one may fail there, as it would
+    under torchrun); one named by --preload that fails turns the fork server off, said."""
     script = tmp_path / "optional_import.py"
     script.write_text(
         "try:\n    import not_a_module_ftlaunch_test\nexcept ImportError:\n    pass\n"
         "print('ran', flush=True)\n"
     )
-    launch = launcher.run("--nproc", "2", str(script))
-    assert launch.proc.returncode == 0, launch.stderr
+    own = launcher.run("--nproc", "2", "--run-name", "own", str(script))
+    named = launcher.run("--nproc", "2", "--preload", "not_a_module_ftlaunch_test", str(script))
+    for launch in (own, named):
+        assert launch.proc.returncode == 0, launch.stderr
+        assert launch.stdout.count("ran") == 2
+    assert "fork server off" not in own.stderr
     said = "fork server off: it could not import not_a_module_ftlaunch_test (ModuleNotFoundError"
-    assert said in launch.stderr
-    assert launch.stdout.count("ran") == 2
-    assert launch.survivors() == []
+    assert said in named.stderr
+    assert all(launch.survivors() == [] for launch in launcher.launches)
 
 
-def test_an_import_that_leaves_a_thread_falls_back(launcher, tmp_path):
-    lib = tmp_path / "lib"  # an installed library, not the script's own module: imported in the zygote
+def test_a_preloaded_import_that_leaves_a_thread_falls_back(launcher, tmp_path):
+    lib = tmp_path / "lib"
     lib.mkdir()
     (lib / "starts_a_thread.py").write_text(
         "import threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
     )
     script = tmp_path / "uses_it.py"
     script.write_text("import starts_a_thread\nprint('ran', flush=True)\n")
-    launch = launcher.run("--nproc", "1", str(script), env={"PYTHONPATH": str(lib)})
-    assert launch.proc.returncode == 0, launch.stderr
-    assert "fork server off: importing left 1 thread(s) running in it" in launch.stderr
-    assert launch.survivors() == []
+    env = {"PYTHONPATH": str(lib)}
+    own = launcher.run("--nproc", "1", "--run-name", "own", str(script), env=env)  # its thread, in it
+    named = launcher.run("--nproc", "1", "--preload", "starts_a_thread", str(script), env=env)
+    for launch in (own, named):
+        assert launch.proc.returncode == 0 and "ran" in launch.stdout, launch.stderr
+    assert "fork server off" not in own.stderr
+    assert "fork server off: importing left 1 thread(s) running in it" in named.stderr
+    assert all(launch.survivors() == [] for launch in launcher.launches)
 
 
 def test_a_module_that_reads_its_rank_at_import_sees_its_own(launcher, tmp_path):
-    """The script's own modules are not run in the zygote (their imports are), and a library
-    that reads a rank's variable at import, with or without a default (Lightning's
-    rank_zero_only reads RANK with one), turns the fork server off, said in one line: no rank
-    ever sees rank 0's value, or the default, for its own."""
+    """Modules are imported in each worker, which reads its own rank; a library named by --preload
+    that reads a rank's variable at import, with or without a default (Lightning's rank_zero_only
+    reads RANK with one), turns the fork server off, said in one line: no rank ever sees rank 0's
+    value, or the default, for its own."""
     lib = tmp_path / "lib"
     lib.mkdir()
     reads = {"own": "os.environ['RANK']", "lib": "os.environ['RANK']", "dflt": "os.environ.get('RANK', '0')"}
     for kind, read in reads.items():
         folder = tmp_path if kind == "own" else lib
         (folder / f"{kind}_reads_rank.py").write_text(f"import os\nRANK = {read}\n")
-        show = f"print('{kind}', {kind}_reads_rank.RANK, 'env', os.environ['RANK'], flush=True)\n"
-        (tmp_path / f"show_{kind}.py").write_text(f"import os\nimport {kind}_reads_rank\n" + show)
-    own = launcher.run("--nproc", "2", "--run-name", "own", str(tmp_path / "show_own.py"))
-    assert own.proc.returncode == 0 and "fork server off" not in own.stderr, own.stderr
-    assert "[0] own 0 env 0" in own.stdout and "[1] own 1 env 1" in own.stdout
-    for kind in ("lib", "dflt"):
-        run = launcher.run("--nproc", "2", str(tmp_path / f"show_{kind}.py"), env={"PYTHONPATH": str(lib)})
+    shows = [
+        f"print('{kind}', {kind}_reads_rank.RANK, 'env', os.environ['RANK'], flush=True)" for kind in reads
+    ]
+    script = tmp_path / "show.py"
+    script.write_text(
+        "import os\n" + "".join(f"import {kind}_reads_rank\n" for kind in reads) + "\n".join(shows)
+    )
+    env = {"PYTHONPATH": str(lib)}
+    runs = {name: ["--preload", f"{name}_reads_rank"] for name in ("lib", "dflt")}
+    for name, options in {"own": [], **runs}.items():
+        run = launcher.run("--nproc", "2", "--run-name", name, *options, str(script), env=env)
         assert run.proc.returncode == 0, run.stderr
-        said = f"fork server off: importing {kind}_reads_rank reads RANK (a rank's own) at import"
-        assert said in run.stderr, run.stderr
-        assert f"[0] {kind} 0 env 0" in run.stdout and f"[1] {kind} 1 env 1" in run.stdout
+        for kind in reads:
+            assert f"[0] {kind} 0 env 0" in run.stdout and f"[1] {kind} 1 env 1" in run.stdout
+        said = f"fork server off: importing {name}_reads_rank reads RANK (a rank's own) at import"
+        assert (said in run.stderr) if options else ("fork server off" not in run.stderr), run.stderr
     assert all(launch.survivors() == [] for launch in launcher.launches)
 
 
@@ -191,9 +207,9 @@ def test_a_command_line_and_environment_too_large_for_the_fork_server_are_said_a
     assert launch.survivors() == []
 
 
-def test_a_librarys_random_stream_made_at_import_differs_per_rank_and_attempt(launcher, tmp_path):
-    """`_rng = random.Random()` in a library, made while the zygote imports it: a new interpreter
-    would seed each rank's from the OS, and so must each fork."""
+def test_a_preloaded_librarys_random_stream_made_at_import_differs_per_rank_and_attempt(launcher, tmp_path):
+    """`_rng = random.Random()` in a library preloaded in the zygote: a new interpreter would seed
+    each rank's from the OS, and so must each fork (the one stream a fork can reseed)."""
     lib = tmp_path / "lib"
     lib.mkdir()
     (lib / "lib_rng.py").write_text("import random\nRNG = random.Random()\nSEEDED = random.Random(7)\n")
@@ -204,12 +220,68 @@ def test_a_librarys_random_stream_made_at_import_differs_per_rank_and_attempt(la
         "print('draw', rank, attempt, lib_rng.RNG.random(), lib_rng.SEEDED.random(), flush=True)\n"
         "sys.exit(1 if (rank, attempt) == ('1', '0') else 0)\n"
     )
-    launch = launcher.run("--nproc", "2", "--max-failures", "1", str(script), env={"PYTHONPATH": str(lib)})
+    args = ["--nproc", "2", "--max-failures", "1", "--preload", "lib_rng"]
+    launch = launcher.run(*args, str(script), env={"PYTHONPATH": str(lib)})
     assert launch.proc.returncode == 0 and "fork server off" not in launch.stderr, launch.stderr
     draws = re.findall(r"draw (\d) (\d) (\S+) (\S+)", launch.stdout)
     assert len(draws) == 4, launch.stdout
     assert len({d[2] for d in draws}) == 4  # no two ranks or attempts share the OS-seeded stream
     assert len({d[3] for d in draws}) == 1  # a seeded one is the same everywhere, as it would be
+    assert launch.survivors() == []
+
+
+# A library that makes generators and looks at its process while it is imported.
+IMPORT_STATE = """
+import os, sys
+import numpy as np
+import torch
+RNG = np.random.default_rng()
+LEGACY = np.random.RandomState()
+TORCH_SEED = torch.Generator().seed()
+ARGV = list(sys.argv)
+MAIN_FILE = getattr(sys.modules["__main__"], "__file__", None)
+PID = os.getpid()
+"""
+DRAW_STATE = """
+import json, os, sys
+import import_state as s
+rank, attempt = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
+seen = {
+    "pid": os.getpid(), "argv": sys.argv, "lib_pid": s.PID, "lib_argv": s.ARGV, "lib_main": s.MAIN_FILE,
+    "rng": float(s.RNG.random()), "legacy": float(s.LEGACY.random_sample()), "torch_seed": s.TORCH_SEED,
+}
+with open(os.path.join(sys.argv[1], f"{rank}.{attempt}.json"), "w") as out:
+    json.dump(seen, out)
+sys.exit(1 if (rank, attempt) == ("1", "0") else 0)
+"""
+
+
+@pytest.mark.parametrize("preload", [False, True])
+def test_what_a_library_makes_at_import_is_each_workers_own_unless_preloaded(launcher, tmp_path, preload):
+    """numpy's default_rng() and RandomState(), torch.Generator().seed(), sys.argv,
+    __main__.__file__ and the pid, taken while a library is imported: by default each of 4 workers
+    (2 ranks, one restart) has its own, as under torchrun (the library is imported after the
+    fork). Named by --preload, it is imported once in the fork server, and every worker shares
+    what it made then, as the option's help says."""
+    lib, out = tmp_path / "lib", tmp_path / "out"
+    lib.mkdir()
+    out.mkdir()
+    (lib / "import_state.py").write_text(IMPORT_STATE)
+    script = tmp_path / "draw_state.py"
+    script.write_text(DRAW_STATE)
+    args = ["--nproc", "2", "--max-failures", "1", *(["--preload", "import_state"] if preload else [])]
+    launch = launcher.run(*args, str(script), str(out), env={"PYTHONPATH": str(lib)})
+    assert launch.proc.returncode == 0 and "fork server off" not in launch.stderr, launch.stderr
+    seen = [json.loads(f.read_text()) for f in sorted(out.glob("*.json"))]
+    assert len(seen) == 4 and len({s["pid"] for s in seen}) == 4
+    for key in ("rng", "legacy", "torch_seed", "lib_pid"):
+        assert len({s[key] for s in seen}) == (1 if preload else 4), key
+    for s in seen:
+        assert s["argv"] == [str(script), str(out)]
+        if preload:
+            assert s["lib_pid"] != s["pid"] and s["lib_main"] != str(script)  # the fork server's
+        else:
+            assert (s["lib_pid"], s["lib_argv"], s["lib_main"]) == (s["pid"], s["argv"], str(script))
     assert launch.survivors() == []
 
 

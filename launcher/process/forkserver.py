@@ -15,7 +15,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from launcher.config import EntryKind, EntrySection
 from launcher.process.linux import die_with_parent
@@ -114,8 +114,9 @@ class ForkServer:
     """One zygote per supervisor, started before the first attempt with the first rank's
     environment, less what differs between ranks and attempts."""
 
-    def __init__(self, entry: EntrySection, log_file: Path, ignored=()) -> None:
+    def __init__(self, entry: EntrySection, log_file: Path, ignored=(), preload: Sequence[str] = ()) -> None:
         self._entry = entry
+        self._preload = list(preload)  # --preload: more modules, imported once for every worker
         self._log_file = log_file
         self._ignored = tuple(ignored)
         self._sock: Optional[socket.socket] = None
@@ -136,6 +137,7 @@ class ForkServer:
             "module": self._entry.entrypoint if module else "",
             "supervisor": os.getpid(),
             "rank_vars": list(_PER_WORKER),
+            "preload": self._preload,
             "storage": storage_modules(env.get(c.FT_CHECKPOINT_URL, "")),
         }
         self._log_file.parent.mkdir(parents=True, exist_ok=True)

@@ -1,25 +1,29 @@
-"""The fork server ("zygote"): a process that has already imported torch and the script's own
-top-level imports, and forks one worker per rank on request, so a restart does not pay for a
-new interpreter importing torch.
+"""The fork server ("zygote"): a process that has already imported torch, ftlaunch's own modules
+and the checkpoint storage's filesystem, and forks one worker per rank on request, so a restart
+does not pay for a new interpreter importing torch.
 
 Run as ``python -u -m launcher.process.zygote FD SPEC`` by ``forkserver.ForkServer``; FD is its
 end of a SOCK_SEQPACKET socket pair, SPEC a JSON object: the entry point (script or module),
-the supervisor's pid, the modules to import first.
+the supervisor's pid, the modules to import.
 
 Each request is one JSON message (argv, env, cwd) with two file descriptors (the worker's stdout
 and stderr pipes); the answer is ``{"pid": N}`` or ``{"error": "..."}``. A worker is forked
 twice: the first child forks the worker and exits at once, so the worker is re-parented to the
 supervisor (a child subreaper) and the supervisor waits for it like for any child it spawned.
+A request with ``"store"`` makes the attempt's store host (``store_host``).
 
 Rules the zygote keeps, each because it broke something when it was not kept:
 - No thread when it forks (a lock held by another thread stays locked forever in the child):
   no torch op, no process group, no store; OpenBLAS and OpenMP are kept single-threaded here.
 - No CUDA: a CUDA context does not survive fork.
+- No code whose import-time state differs per process: the script's own imports run in each
+  worker, after the fork, as under torchrun (a library that seeds a generator, reads sys.argv or
+  the pid at import would otherwise hand every worker the zygote's). More is imported here only
+  when named (``--preload``).
 - ``gc.freeze()`` once the imports are done: the children's first collection need not walk (and
   so copy) every page the zygote's objects live in.
 """
 
-import ast
 import gc
 import json
 import os
@@ -34,7 +38,8 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 from launcher.process.linux import set_parent_death_signal, show_as
 from launcher.process.store_host import serve_store
 
-# What every training script imports, directly or lazily at its first DDP step or process group.
+# What every training script imports, directly or lazily at its first DDP step, process group or
+# worker_lib call (ft.init() imports worker_lib's session and checkpoints).
 BASE_PRELOAD = (
     "torch",
     "torch.distributed",
@@ -42,105 +47,13 @@ BASE_PRELOAD = (
     "torch.nn.parallel",
     "torch._dynamo.utils",
     "worker_lib",
+    "worker_lib.session",
+    "worker_lib.checkpoint",
 )
 # In the zygote only: libraries that start their thread pool at import would leave threads behind.
 SINGLE_THREADED = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 _MAX_MESSAGE = 1 << 20
 _REPARENT_WAIT_S = 10.0
-
-
-def top_level_imports(script: str) -> List[str]:
-    """The modules a script imports at its top level (in ``if``/``try`` blocks too), found
-    without running it; relative imports are left out (a script has no package)."""
-    try:
-        with open(script, "rb") as source:
-            tree = ast.parse(source.read(), filename=script)
-    except (OSError, SyntaxError, ValueError):
-        return []
-    names: List[str] = []
-    todo = list(tree.body)
-    while todo:
-        node = todo.pop(0)
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.append(node.module)
-        elif isinstance(node, (ast.If, ast.Try)):
-            todo += node.body + node.orelse + getattr(node, "finalbody", [])
-            todo += [stmt for handler in getattr(node, "handlers", []) for stmt in handler.body]
-    return list(dict.fromkeys(names))
-
-
-def _imports_of(spec: dict) -> List[str]:
-    """What to import here: the entry point's top-level imports and, through the user's own
-    modules (files under the entry point's folder, never run here: they may read a rank's
-    environment at import), theirs. For ``-m pkg.mod``, finding its file imports its parent
-    packages, as ``python -m`` does."""
-    if spec["script"]:
-        entry = os.path.realpath(spec["script"])
-        home = os.path.dirname(entry)  # sys.path[0] of `python SCRIPT`
-        return [name for name in warm_imports(entry, home) if not shadowable(name, home)]
-    import importlib.util
-
-    try:
-        found = importlib.util.find_spec(spec["module"])
-    except (ImportError, ValueError):
-        return []  # the worker's own `python -m` says why
-    if found is None or not found.origin:
-        return []
-    entry, home = os.path.realpath(found.origin), os.getcwd()  # sys.path[0] of `python -m`
-    return warm_imports(entry, home)
-
-
-_SHADOW_LEVELS = 4
-
-
-def shadowable(name: str, home: str) -> bool:
-    """Whether the script's own tree holds a package or module of that name: in a folder above
-    the script's (or its src/), where a script that puts its repository on sys.path
-    (``sys.path.insert(0, repo)``) imports it from. Warm, an installed copy of the same name
-    would be the one imported, and every worker would run it instead of the tree's."""
-    top = name.split(".")[0]
-    folder = home
-    for _ in range(_SHADOW_LEVELS):
-        parent = os.path.dirname(folder)
-        if parent == folder:
-            break
-        folder = parent
-        for base in (folder, os.path.join(folder, "src")):
-            if os.path.isfile(os.path.join(base, top + ".py")) or os.path.isfile(
-                os.path.join(base, top, "__init__.py")
-            ):
-                return True
-    return False
-
-
-def warm_imports(entry: str, home: str) -> List[str]:
-    """The modules outside ``home`` that ``entry`` imports, directly or through modules under
-    ``home`` (whose imports are followed instead of running them)."""
-    wanted: List[str] = []
-    files, done = [entry], set()
-    while files:
-        path = files.pop()
-        if path in done:
-            continue
-        done.add(path)
-        for name in top_level_imports(path):
-            local = _local_file(name, home)
-            if local is not None:
-                files.append(local)
-            else:
-                wanted.append(name)
-    return list(dict.fromkeys(wanted))
-
-
-def _local_file(name: str, home: str) -> Optional[str]:
-    """The file of module ``name`` if it lies under ``home`` (found without importing it)."""
-    parts = name.split(".")
-    for candidate in (os.path.join(home, *parts) + ".py", os.path.join(home, *parts, "__init__.py")):
-        if os.path.isfile(candidate):
-            return os.path.realpath(candidate)
-    return None
 
 
 def preload(modules: List[str], rank_vars: Sequence[str] = ()) -> Tuple[Dict[str, str], Dict[str, List[str]]]:
@@ -307,10 +220,9 @@ def _detach(supervisor: int, middle: int, ready_w: int) -> None:
         _leave(f"its parent is pid {os.getppid()}, not the supervisor {supervisor}")
 
 
-def become_worker(request: dict, fds: List[int], sock: socket.socket, rank_vars: Sequence[str] = ()) -> None:
+def become_worker(request: dict, fds: List[int], rank_vars: Sequence[str] = ()) -> None:
     """The rank's stdio, environment and working directory, fresh random streams, and what ps
     shows: the script's command line, the rank's variables first in its environment."""
-    sock.close()
     _wire_stdio(fds[:2])
     os.chdir(request["cwd"])
     os.environ.clear()
@@ -440,7 +352,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     if spec["script"]:  # sys.path[0] as `python SCRIPT` has it: the script's folder
         sys.path[0] = os.path.dirname(os.path.realpath(spec["script"]))
     rank_vars = spec.get("rank_vars", ())
-    failed, reads = preload(list(BASE_PRELOAD) + _imports_of(spec), rank_vars)
+    failed, reads = preload(list(BASE_PRELOAD) + spec.get("preload", []), rank_vars)
     # Best effort: a worker that cannot import its storage's filesystem says why itself.
     reads.update(preload(spec.get("storage", []), rank_vars)[1])
     gc.freeze()
@@ -449,9 +361,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     job = serve(sock, spec["supervisor"])
     if job is None:
         return
+    sock.close()
     request, fds = job
     try:
-        become_worker(request, fds, sock, spec.get("rank_vars", ()))
+        become_worker(request, fds, rank_vars)
     except BaseException:  # noqa: BLE001 - a worker that cannot be set up says why and leaves
         traceback.print_exc()
         os._exit(1)
