@@ -103,7 +103,7 @@ class AttemptRunner:
             memory_dir=self._memory_dir,
         )
         group = WorkerGroup(specs, self._spawner, pump, self._guard, self.config.group.shows_on_console)
-        self._spawner.prepare(specs[0], self._spawning_may_go_on)
+        group.prepare(self._spawning_may_go_on)
         started = time.monotonic()
         self._chaos.attempt_started()
         try:

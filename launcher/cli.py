@@ -100,6 +100,14 @@ ENV_PREFIX = "FTLAUNCH"
     "by every worker: random generators it seeds, the sys.argv, pid and environment it sees.",
 )
 @click.option(
+    "--warm-spare",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    help="Keep one process per local rank forked ahead from the fork server, its CUDA context and cuBLAS "
+    "handle made on its GPU: a restarted rank starts there. auto: on with nccl (GPUs), else off; on "
+    "without GPUs: a spare without CUDA.",
+)
+@click.option(
     "--preempt-signal",
     type=click.Choice(["USR1", "USR2"], case_sensitive=False),
     default="USR1",
@@ -345,6 +353,7 @@ def config_from_options(
             grace_period=o["grace_period"],
             fork_server=fork_server,
             preload=tuple(name.strip() for name in o["preload"].split(",") if name.strip()),
+            warm_spare=_warm_spare(o["warm_spare"], fork_server, backend),
             preempt_signal=int(signal.Signals[f"SIG{o['preempt_signal'].upper()}"]),
             master_addr=at.master_addr,
             master_port=o["master_port"],
@@ -393,6 +402,11 @@ def options_of(argv: Sequence[str]) -> Dict[str, Any]:
     ``config_from_options`` takes, for tools and tests."""
     with cli.make_context("ftlaunch", list(argv), auto_envvar_prefix=ENV_PREFIX) as context:
         return dict(context.params)
+
+
+def _warm_spare(choice: str, fork_server: bool, backend: str) -> bool:
+    """auto: on where the ranks have GPUs (nccl) and the fork server can make spares."""
+    return choice == "on" or (choice == "auto" and fork_server and backend == "nccl")
 
 
 def _duration(options: Mapping[str, Any], name: str, option: str) -> Optional[float]:

@@ -87,6 +87,7 @@ class GroupSection:
     grace_period: float = 5.0  # seconds between SIGTERM and SIGKILL
     fork_server: bool = True  # fork workers from a process that has imported torch (not --no-python)
     preload: Tuple[str, ...] = ()  # more modules for the fork server to import, shared by every worker
+    warm_spare: bool = False  # a process per local rank forked ahead, CUDA context made (nccl)
     preempt_signal: int = int(signal.SIGUSR1)  # means what SIGTERM means; workers start with it ignored
     master_addr: str = "127.0.0.1"
     master_port: int = 0  # 0: the OS picks a free port for each attempt's store
@@ -106,8 +107,9 @@ class GroupSection:
         bad = [name for name in self.preload if not all(part.isidentifier() for part in name.split("."))]
         if bad:
             raise UsageError(f"--preload takes module names (a.b,c), got {bad[0]!r}")
-        if self.preload and not self.fork_server:
-            raise UsageError("--preload needs the fork server: not with --no-fork-server or --no-python")
+        for wanted, option in ((self.preload, "--preload"), (self.warm_spare, "--warm-spare on")):
+            if wanted and not self.fork_server:
+                raise UsageError(f"{option} needs the fork server: not with --no-fork-server or --no-python")
 
     def shows_on_console(self, rank: int) -> bool:
         return self.console_ranks is None or rank in self.console_ranks

@@ -25,6 +25,7 @@ from launcher.process.linux import become_subreaper
 from launcher.process.memory_tier import MemoryTier
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.signals import SignalInbox
+from launcher.process.spares import WarmSpares
 from launcher.process.workers import PopenSpawner, Spawner
 from launcher.recovery import goodput, recoveries
 from launcher.results import AttemptResult, RunResult
@@ -93,7 +94,9 @@ def _spawner_for(config: LaunchConfig, say: Callable[[str], None]) -> Spawner:
         return plain
     log_file = config.group.log_dir / "forkserver.log"
     server = ForkServer(config.entry, log_file, (config.group.preempt_signal,), config.group.preload)
-    return ForkServerSpawner(server, plain, say)
+    cuda = config.group.backend == "nccl"  # each local rank's GPU is cuda:<local rank>
+    spares = WarmSpares(config.group.nproc, cuda, say, on=config.group.warm_spare)
+    return ForkServerSpawner(server, plain, say, spares)
 
 
 def _follow(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, console) -> RunResult:

@@ -1,5 +1,6 @@
-"""The supervisor's side of the fork server (see ``zygote``): start it, ask it for workers, and
-fall back to plain spawning, with one line saying why, whenever it cannot serve.
+"""The supervisor's side of the fork server (see ``zygote``): start it, ask it for workers (or take
+a rank's warm spare, see ``spares``), and fall back to plain spawning, with one line saying why,
+whenever it cannot serve.
 
 A forked worker is the supervisor's own child (re-parented to it, a child subreaper), so it is
 waited for, signalled and stopped exactly like a spawned one: ``ForkedWorker.poll`` is waitpid.
@@ -19,8 +20,10 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from launcher.config import EntryKind, EntrySection
 from launcher.process.linux import die_with_parent
+from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.plan import WorkerSpec
-from launcher.process.workers import PopenSpawner, Spawned, with_output_pipes
+from launcher.process.spares import WarmSpares
+from launcher.process.workers import ForkedWorker, PopenSpawner, Spawned, with_output_pipes
 from worker_lib import contract as c
 
 __all__ = [
@@ -29,7 +32,6 @@ __all__ = [
     "ForkServerInterrupted",
     "ForkServerSpawner",
     "ForkServerUnavailable",
-    "ForkedWorker",
 ]
 
 
@@ -57,25 +59,6 @@ class ForkServerUnavailable(Exception):
 
 class ForkServerInterrupted(Exception):
     """Its start was cut short (a signal): no verdict on whether it can serve."""
-
-
-class ForkedWorker:
-    """A worker the zygote forked; our child once re-parented, so waitpid works on it."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: Optional[int] = None
-
-    def poll(self) -> Optional[int]:
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:  # reaped elsewhere: it is gone, how is unknown
-                self.returncode = 255
-                return self.returncode
-            if pid == self.pid:
-                self.returncode = os.waitstatus_to_exitcode(status)  # -N for "killed by signal N"
-        return self.returncode
 
 
 class ForkedStore:
@@ -190,6 +173,21 @@ class ForkServer:
         with open(self._log_file, "ab") as log:
             return self._forked(request, [log.fileno(), log.fileno(), listener.fileno()], timeout)
 
+    def fork_spare(self, local_rank: int, cuda: bool, timeout: float = 30.0) -> Tuple[int, socket.socket]:
+        """A warm spare for ``local_rank`` (``spare``): its pid, and our end of the socket it is
+        handed its rank through. Its output goes to the fork server's log until then."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        request = {
+            "argv": ["ftlaunch-spare", str(local_rank)],  # what ps shows
+            "spare": {"local_rank": local_rank, "cuda": cuda},  # the rank's env and cwd come with it
+        }
+        try:
+            with open(self._log_file, "ab") as log, theirs:
+                return self._forked(request, [log.fileno(), log.fileno(), theirs.fileno()], timeout), ours
+        except BaseException:
+            ours.close()
+            raise
+
     def _forked(self, request: dict, fds: List[int], timeout: float) -> int:
         payload = json.dumps(request).encode()
         try:
@@ -232,21 +230,30 @@ class ForkServer:
 
 
 class ForkServerSpawner:
-    """Forks workers from the zygote while it serves; from the first time it cannot, spawns
-    them plainly (and says so once). The run never fails because of the fork server."""
+    """Forks workers from the zygote while it serves (a rank's warm spare first, when there is
+    one); from the first time it cannot, spawns them plainly (and says so once). The run never
+    fails because of the fork server."""
 
-    def __init__(self, server: ForkServer, fallback: PopenSpawner, say: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        server: ForkServer,
+        fallback: PopenSpawner,
+        say: Callable[[str], None],
+        spares: WarmSpares,
+    ) -> None:
         self._server = server
         self._fallback = fallback
         self._say = say
+        self._spares = spares
         self._state = "new"  # new → (launched →) serving | off
         self._stores: List[ForkedStore] = []  # store hosts forked and not yet stopped
+        self._guard: Optional[OrphanGuard] = None  # the run's, once an attempt is prepared
 
     @property
     def helper_pids(self) -> Tuple[int, ...]:
         pid = self._server.pid if self._state in ("launched", "serving") else None
         stores = tuple(store.pid for store in self._stores)
-        return ((pid,) if pid is not None else ()) + stores
+        return ((pid,) if pid is not None else ()) + stores + self._spares.pids
 
     def host_store(self, listener: socket.socket, go_on: Callable[[], bool]) -> Optional[ForkedStore]:
         """The attempt's store served by a process forked from the zygote, once it is ready; None
@@ -271,16 +278,29 @@ class ForkServerSpawner:
             except OSError as err:
                 self._give_up(str(err))
 
-    def prepare(self, spec: WorkerSpec, go_on: Callable[[], bool]) -> None:
+    def prepare(self, specs: Sequence[WorkerSpec], guard: OrphanGuard, go_on: Callable[[], bool]) -> None:
+        """The zygote ready, and a warm spare per local rank (the first ones measured and said)."""
+        self._guard = guard
         if self._state in ("new", "launched"):
-            self._start(spec, go_on)
+            self._start(specs[0], go_on)
+        self.refill()
+        self._spares.say_cost_once(go_on)
 
-    def spawn(self, spec: WorkerSpec) -> Spawned:
+    def refill(self) -> None:
+        if self._state == "serving" and self._guard is not None:
+            try:
+                self._spares.fill(self._server.fork_spare, self._guard)
+            except ForkServerUnavailable as err:
+                self._give_up(str(err))
+            except OSError as err:  # the fork server's log cannot be opened for it
+                self._spares.turn_off(str(err))
+
+    def spawn(self, spec: WorkerSpec, go_on: Callable[[], bool] = lambda: True) -> Spawned:
         if self._state in ("new", "launched"):
             self._start(spec, lambda: True)
         if self._state == "serving":
             try:
-                return self._fork(spec)
+                return self._fork(spec, go_on)
             except ForkServerUnavailable as err:
                 self._give_up(str(err))
         return self._fallback.spawn(spec)
@@ -297,15 +317,21 @@ class ForkServerSpawner:
         except (ForkServerUnavailable, OSError) as err:
             self._give_up(str(err))
 
-    def _fork(self, spec: WorkerSpec) -> Spawned:
-        return with_output_pipes(lambda out_w, err_w: ForkedWorker(self._server.fork(spec, out_w, err_w)))
+    def _fork(self, spec: WorkerSpec, go_on: Callable[[], bool]) -> Spawned:
+        def start(out_w: int, err_w: int) -> ForkedWorker:
+            spare = self._spares.take(spec, out_w, err_w, go_on)
+            return spare or ForkedWorker(self._server.fork(spec, out_w, err_w))
+
+        return with_output_pipes(start)
 
     def _give_up(self, why: str) -> None:
         self._state = "off"
+        self._spares.close()  # they would outlive the zygote: the supervisor's children
         self._server.close()
         self._say(f"fork server off: {why}; starting workers as new processes")
 
     def close(self) -> None:
+        self._spares.close()
         for store in list(self._stores):
             store.stop()
         self._server.close()

@@ -16,7 +16,16 @@ from launcher.process.tree import StopReport, descendants, stop_tree
 
 _GROUP_LOOK_S = 0.5  # how often descendants are looked at for groups of their own
 
-__all__ = ["Exit", "PopenSpawner", "Spawned", "Spawner", "WorkerGroup", "WorkerProcess", "with_output_pipes"]
+__all__ = [
+    "Exit",
+    "ForkedWorker",
+    "PopenSpawner",
+    "Spawned",
+    "Spawner",
+    "WorkerGroup",
+    "WorkerProcess",
+    "with_output_pipes",
+]
 
 
 class WorkerProcess(Protocol):
@@ -38,17 +47,24 @@ class Spawner(Protocol):
     """How workers are started; one small interface so a faster way (a fork server that has
     already imported torch) can replace plain exec without touching the group."""
 
-    def spawn(self, spec: WorkerSpec) -> Spawned: ...
+    def spawn(self, spec: WorkerSpec, go_on: Callable[[], bool] = lambda: True) -> Spawned:
+        """Start ``spec``'s rank; ``go_on()`` turning false (a signal) cuts a wait it makes short."""
+        ...
 
     def warm_up(self, spec: WorkerSpec) -> None:
         """May start warming up for ``spec`` (rank 0's, less what differs per attempt) without
         waiting, so that this overlaps with the supervisor's own set-up for the attempt."""
         ...
 
-    def prepare(self, spec: WorkerSpec, go_on: Callable[[], bool]) -> None:
-        """Called before an attempt's clock starts, with its first rank's spec: a fork server
-        warms up here, so its imports never count as the group's life. ``go_on()`` turning
-        false (a signal) cuts the wait short."""
+    def prepare(self, specs: Sequence[WorkerSpec], guard: OrphanGuard, go_on: Callable[[], bool]) -> None:
+        """Called before an attempt's clock starts, with its ranks' specs: a fork server warms up
+        here (and makes its warm spares, watched by ``guard``), so its imports never count as the
+        group's life. ``go_on()`` turning false (a signal) cuts the wait short."""
+        ...
+
+    def refill(self) -> None:
+        """Called once every rank of the group has started: what the next start will use (a warm
+        spare per local rank) may be made again now, its slow part in the background."""
         ...
 
     @property
@@ -74,7 +90,10 @@ class PopenSpawner:
     def warm_up(self, spec: WorkerSpec) -> None:
         pass  # nothing to warm up
 
-    def prepare(self, spec: WorkerSpec, go_on: Callable[[], bool]) -> None:
+    def prepare(self, specs: Sequence[WorkerSpec], guard: OrphanGuard, go_on: Callable[[], bool]) -> None:
+        pass
+
+    def refill(self) -> None:
         pass
 
     @property
@@ -84,7 +103,7 @@ class PopenSpawner:
     def host_store(self, listener: socket.socket, go_on: Callable[[], bool]) -> Optional[HostedStore]:
         return None
 
-    def spawn(self, spec: WorkerSpec) -> Spawned:
+    def spawn(self, spec: WorkerSpec, go_on: Callable[[], bool] = lambda: True) -> Spawned:
         def start(stdout_w: int, stderr_w: int) -> WorkerProcess:
             return subprocess.Popen(
                 spec.argv,
@@ -115,6 +134,26 @@ def with_output_pipes(start: Callable[[int, int], WorkerProcess]) -> Spawned:
         os.close(out_w)
         os.close(err_w)
     return Spawned(process, out_r, err_r)
+
+
+class ForkedWorker:
+    """A worker the zygote forked (or a spare it made): our child once re-parented, so waitpid
+    works on it."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: it is gone, how is unknown
+                self.returncode = 255
+                return self.returncode
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)  # -N for "killed by signal N"
+        return self.returncode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,20 +187,27 @@ class WorkerGroup:
     def pids(self) -> List[int]:
         return [p.pid for p in self._procs.values()]
 
+    def prepare(self, go_on: Callable[[], bool] = lambda: True) -> None:
+        """Before the group's clock starts: the spawner gets ready for these ranks (see
+        ``Spawner.prepare``)."""
+        self._spawner.prepare(self.specs, self._guard, go_on)
+
     def spawn(self, go_on: Callable[[], bool] = lambda: True) -> None:
         """Start every rank, in order, while ``go_on()`` (asked before each) says so: a signal
-        during the start of many ranks stops the rest from starting."""
+        during the start of many ranks stops the rest from starting. Once all have started, the
+        spawner may make again what their start used."""
         for spec in self.specs:
             if not go_on():
                 return
             spec.log_file.parent.mkdir(parents=True, exist_ok=True)
             log_file = self._pump.open_log(spec.log_file)
-            spawned = self._spawner.spawn(spec)
+            spawned = self._spawner.spawn(spec, go_on)
             self._procs[spec.rank] = spawned.process
             self._guard.watch(spawned.process.pid)
             show = self._to_console(spec.rank)
             self._pump.add(spawned.stdout_fd, "stdout", spec.rank, log_file, show)
             self._pump.add(spawned.stderr_fd, "stderr", spec.rank, log_file, show)
+        self._spawner.refill()
 
     def poll(self) -> List[Exit]:
         """Workers that exited since the last poll, in rank order."""

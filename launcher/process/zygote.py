@@ -10,12 +10,13 @@ Each request is one JSON message (argv, env, cwd) with two file descriptors (the
 and stderr pipes); the answer is ``{"pid": N}`` or ``{"error": "..."}``. A worker is forked
 twice: the first child forks the worker and exits at once, so the worker is re-parented to the
 supervisor (a child subreaper) and the supervisor waits for it like for any child it spawned.
-A request with ``"store"`` makes the attempt's store host (``store_host``).
+A request with ``"store"`` makes the attempt's store host (``store_host``), one with ``"spare"``
+a warm spare (``spare``): a worker forked ahead that waits for its rank's request.
 
 Rules the zygote keeps, each because it broke something when it was not kept:
 - No thread when it forks (a lock held by another thread stays locked forever in the child):
   no torch op, no process group, no store; OpenBLAS and OpenMP are kept single-threaded here.
-- No CUDA: a CUDA context does not survive fork.
+- No CUDA: a CUDA context does not survive fork (a spare makes its own, after the fork).
 - No code whose import-time state differs per process: the script's own imports run in each
   worker, after the fork, as under torchrun (a library that seeds a generator, reads sys.argv or
   the pid at import would otherwise hand every worker the zygote's). More is imported here only
@@ -36,6 +37,7 @@ import weakref
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from launcher.process.linux import set_parent_death_signal, show_as
+from launcher.process.spare import park
 from launcher.process.store_host import serve_store
 
 # What every training script imports, directly or lazily at its first DDP step, process group or
@@ -364,6 +366,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     sock.close()
     request, fds = job
     try:
+        if "spare" in request:  # parked until the supervisor hands it a rank (or lets it go)
+            _wire_stdio(fds[:2])  # the fork server's log, until then
+            show_as(request["argv"][0], request["argv"], [f"{k}={v}" for k, v in os.environ.items()])
+            request, fds = park(fds[2], **request["spare"])
         become_worker(request, fds, rank_vars)
     except BaseException:  # noqa: BLE001 - a worker that cannot be set up says why and leaves
         traceback.print_exc()

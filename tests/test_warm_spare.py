@@ -1,0 +1,152 @@
+"""Warm spares on CPU (``--warm-spare on``): a parked process per local rank is made, handed its rank
+on a restart (the restarted worker's pid is the spare's), made again, and never left behind
+however the run ends. Their CUDA side is tests/gpu/test_warm_spare.py's."""
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Dict
+
+import psutil
+import pytest
+from helpers import wait_for_files
+from test_fork_server import _zygote_of
+
+# Rank r of attempt a writes its pid to <dir>/rank_<r>.attempt_<a>.pid, then waits (bounded) for
+# <dir>/go.<a>, and exits with the code that file holds.
+WAITER = """
+import os, sys, time
+from pathlib import Path
+folder = Path(sys.argv[1])
+rank, attempt = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
+(folder / f"rank_{rank}.attempt_{attempt}.pid").write_text(str(os.getpid()))
+go = folder / f"go.{attempt}"
+deadline = time.monotonic() + 120
+while not go.exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+sys.exit(int(go.read_text()) if go.exists() else 3)
+"""
+
+
+def _start(launcher, tmp_path: Path, *options: str):
+    script = tmp_path / "waiter.py"
+    script.write_text(WAITER)
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    launch = launcher.start("--nproc", "2", "--warm-spare", "on", *options, str(script), str(folder))
+    return launch, folder
+
+
+def _go(folder: Path, attempt: int, code: int) -> None:
+    (folder / f"go.{attempt}.tmp").write_text(str(code))
+    (folder / f"go.{attempt}.tmp").rename(folder / f"go.{attempt}")
+
+
+def _worker_pids(folder: Path, attempt: int) -> Dict[int, int]:
+    found = wait_for_files(folder, f"rank_*.attempt_{attempt}.pid", 2, timeout=60)
+    return {int(f.name.split(".")[0].split("_")[1]): int(f.read_text()) for f in found}
+
+
+def _spares(launch, other_than=(), timeout: float = 60.0) -> Dict[int, int]:
+    """Local rank → pid of the supervisor's parked spares (``ftlaunch-spare R`` in ps), once there
+    is one for each local rank that is none of ``other_than``; bounded."""
+    supervisor = psutil.Process(launch.proc.pid)
+    deadline = time.monotonic() + timeout
+    while True:
+        found = {}
+        for child in supervisor.children():
+            try:
+                if child.status() != psutil.STATUS_ZOMBIE and child.cmdline()[:1] == ["ftlaunch-spare"]:
+                    found[int(child.cmdline()[1])] = child.pid
+            except (psutil.NoSuchProcess, IndexError):
+                continue
+        if sorted(found) == [0, 1] and not set(found.values()) & set(other_than):
+            return found
+        assert time.monotonic() < deadline, f"spares seen: {found} (not new: {other_than})"
+        time.sleep(0.02)
+
+
+def _gone(pids) -> bool:
+    """None of ``pids`` runs (a zombie has exited; an unknown pid is gone)."""
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            continue
+    return True
+
+
+def test_a_spare_is_made_handed_its_rank_on_a_restart_and_made_again(launcher, tmp_path):
+    launch, folder = _start(launcher, tmp_path, "--max-failures", "2")
+    first = _worker_pids(folder, 0)
+    spares = _spares(launch)
+    assert not set(spares.values()) & set(first.values())  # parked beside the workers, not them
+    for pid in spares.values():
+        spare = psutil.Process(pid)
+        assert spare.ppid() == launch.proc.pid and os.getsid(pid) == pid  # ours, its own session
+    _go(folder, 0, 1)  # the group fails: the restart takes the spares
+    assert _worker_pids(folder, 1) == spares
+    again = _spares(launch, other_than=spares.values())  # made again for the next restart
+    _go(folder, 1, 1)
+    assert _worker_pids(folder, 2) == again
+    _go(folder, 2, 0)
+    assert launch.wait(60) == 0, launch.stderr
+    assert "warm spare: 2 parked worker(s), one per local rank, forked ahead (no CUDA)" in launch.stderr
+    assert launch.stderr.count("warm spare:") == 1 and "warm spare off" not in launch.stderr
+    assert "fork server off" not in launch.stderr
+    assert launch.survivors() == []
+
+
+@pytest.mark.parametrize("end", ["success", "failure", "SIGTERM", "kill -9"])
+def test_no_spare_outlives_the_run_however_it_ends(launcher, tmp_path, end):
+    launch, folder = _start(launcher, tmp_path, "--max-failures", "0")
+    _worker_pids(folder, 0)
+    spares = _spares(launch).values()
+    if end in ("success", "failure"):
+        _go(folder, 0, 0 if end == "success" else 1)
+        assert launch.wait(60) == (0 if end == "success" else 1), launch.stderr
+    elif end == "SIGTERM":
+        launch.proc.send_signal(signal.SIGTERM)
+        assert launch.wait(60) == 143, launch.stderr
+    else:
+        launch.proc.send_signal(signal.SIGKILL)  # PDEATHSIG and the orphan guard take them
+        assert launch.wait(60) == -signal.SIGKILL
+    assert launch.survivors_after(10) == []
+    assert _gone(spares)
+
+
+def test_spares_go_with_the_fork_server_when_it_turns_itself_off(launcher, tmp_path):
+    """The zygote dies while spares are parked: the next attempt finds it dead (its store is forked
+    from it), says so, and lets the spares go then, not at the run's end."""
+    launch, folder = _start(launcher, tmp_path, "--max-failures", "1")
+    _worker_pids(folder, 0)
+    spares = _spares(launch).values()
+    zygote = _zygote_of(launch)
+    zygote.send_signal(signal.SIGKILL)
+    psutil.wait_procs([zygote], timeout=10)
+    _go(folder, 0, 1)
+    spawned = _worker_pids(folder, 1)  # started as new processes
+    assert not set(spawned.values()) & set(spares)
+    launch.read_console_until(lambda line: "fork server off" in line, stream="stderr")
+    assert _gone(spares)
+    _go(folder, 1, 0)
+    assert launch.wait(60) == 0, launch.stderr
+    assert launch.survivors() == []
+
+
+def test_a_spare_that_died_while_parked_turns_spares_off_and_the_rank_starts_anyway(launcher, tmp_path):
+    launch, folder = _start(launcher, tmp_path, "--max-failures", "1")
+    _worker_pids(folder, 0)
+    spares = _spares(launch)
+    os.kill(spares[1], signal.SIGKILL)
+    _go(folder, 0, 1)
+    restarted = _worker_pids(folder, 1)
+    assert restarted[0] == spares[0] and restarted[1] != spares[1]  # forked from the zygote instead
+    _go(folder, 1, 0)
+    assert launch.wait(60) == 0, launch.stderr
+    said = "warm spare off: local rank 1's spare died (exit -9); ranks start as forks of the fork server"
+    assert said in launch.stderr, launch.stderr
+    assert "fork server off" not in launch.stderr
+    assert launch.survivors() == []

@@ -1,0 +1,63 @@
+"""--warm-spare and --preload as options, what a spare says of its cost, and which requests a
+spare accepts (its life with real processes is tests/test_warm_spare.py's)."""
+
+import pytest
+
+from launcher.cli import config_from_options, options_of
+from launcher.config import GroupSection
+from launcher.errors import UsageError
+from launcher.process.spare import misfit
+from launcher.process.spares import cost_line
+
+
+def _group(*flags: str) -> GroupSection:
+    return config_from_options(options_of([*flags, "--run-dir", "runs", "train.py"]), environ={}).group
+
+
+def test_a_warm_spare_is_on_by_default_only_with_gpus_and_on_when_asked():
+    assert _group().warm_spare is False  # no GPU on this machine: gloo
+    assert _group("--warm-spare", "on").warm_spare is True
+    assert _group("--warm-spare", "off", "--nproc", "2").warm_spare is False
+    assert _group("--no-fork-server").warm_spare is False  # auto: off without the fork server
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--warm-spare", "on", "--no-fork-server"], "--warm-spare on needs the fork server"),
+        (["--warm-spare", "on", "--no-python"], "--warm-spare on needs the fork server"),
+        (["--preload", "numpy", "--no-fork-server"], "--preload needs the fork server"),
+        (["--preload", "numpy,my-lib"], "--preload takes module names (a.b,c), got 'my-lib'"),
+        (["--preload", "a..b"], "got 'a..b'"),
+    ],
+)
+def test_a_warm_spare_or_preload_that_cannot_be_had_is_a_usage_error(flags, said):
+    with pytest.raises(UsageError) as refused:
+        _group(*flags)
+    assert said in str(refused.value)
+
+
+def test_preload_takes_a_comma_list_of_module_names():
+    assert _group("--preload", " numpy , transformers.models ,").preload == ("numpy", "transformers.models")
+    assert _group().preload == ()
+
+
+def test_the_cost_of_a_spare_is_said_in_one_line_unknown_where_nvml_cannot_count_it():
+    cpu = {"device": "cpu", "seconds": 0.0, "gpu_bytes": None}
+    assert cost_line([cpu, cpu]).endswith("2 parked worker(s), one per local rank, forked ahead (no CUDA)")
+    gpu = {"device": "cuda:0", "seconds": 0.41, "gpu_bytes": 514 * 2**20}
+    other = {"device": "cuda:1", "seconds": 0.52, "gpu_bytes": 530 * 2**20}
+    assert cost_line([gpu]).endswith("made ahead in 0.41 s; GPU memory each: 514 MiB")
+    assert cost_line([gpu, other]).endswith("in 0.52 s; GPU memory each: 514–530 MiB")
+    unknown = {**other, "gpu_bytes": None}
+    assert cost_line([gpu, unknown]).endswith("GPU memory each: unknown (NVML could not count it)")
+
+
+def test_a_spare_takes_only_its_own_local_rank_with_the_gpus_it_was_made_for(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    mine = {"LOCAL_RANK": "1", "CUDA_VISIBLE_DEVICES": "2,3"}
+    assert misfit(mine, 1) == ""
+    assert "local rank 1's spare, asked for local rank 0" in misfit({**mine, "LOCAL_RANK": "0"}, 1)
+    assert "made with CUDA_VISIBLE_DEVICES=2,3, asked for 3" in misfit(
+        {**mine, "CUDA_VISIBLE_DEVICES": "3"}, 1
+    )
