@@ -1,0 +1,79 @@
+"""DDP training on this rank's GPU through worker_lib's checkpoints, for tests/gpu: deterministic
+given its arguments (cuBLAS with CUBLAS_WORKSPACE_CONFIG set, deterministic algorithms), so a run
+resumed after a crash ends with the weights of a run that never stopped only if the model, the
+optimizer and every RNG were restored.
+
+    cuda_train.py --out OUT_DIR [--steps 12] [--save-every 5] [--crash STEP]
+
+Before it touches CUDA it writes OUT_DIR/rank_<r>.attempt_<a>.json: its pid, whether CUDA was
+already initialized in it, its current device then, and on which GPUs a primary context exists
+(a warm spare makes them before the script runs). Rank 0 SIGKILLs itself at step --crash of
+attempt 0; at the end rank 0 writes OUT_DIR/weights.pt.
+"""
+
+import argparse
+import json
+import os
+import signal
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import worker_lib as ft
+
+
+def seen_before_cuda() -> dict:
+    initialized = torch.cuda.is_initialized()
+    return {
+        "pid": os.getpid(),
+        "initialized": initialized,
+        "device": torch.cuda.current_device() if initialized else None,
+        "contexts": [torch._C._cuda_hasPrimaryContext(i) for i in range(torch.cuda.device_count())],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--save-every", type=int, default=5)
+    p.add_argument("--crash", type=int, default=-1)
+    args = p.parse_args()
+    rank, attempt = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
+    (args.out / f"rank_{rank}.attempt_{attempt}.json").write_text(json.dumps(seen_before_cuda()))
+    torch.use_deterministic_algorithms(True)
+    info = ft.init()
+    device = torch.device(info.device)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 8)).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ckpt = ft.load_checkpoint()
+    start = 0
+    if ckpt is not None:
+        model.load_state_dict(ckpt.state["model"])
+        optimizer.load_state_dict(ckpt.state["optimizer"])
+        start = ckpt.step
+    ddp = DDP(model, device_ids=[device.index])
+    for step in range(start, args.steps):
+        if step == args.crash and attempt == "0" and info.rank == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(step * 100 + info.rank)).to(device)
+        noise = 0.1 * torch.randn(32, 8, device=device)  # the CUDA RNG: restored on resume, or not equal
+        loss = torch.nn.functional.mse_loss(ddp(x), x[:, :8] + noise)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if (step + 1) % args.save_every == 0:
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+            ft.save_checkpoint(step + 1, state, replicated=True)
+    ft.wait_for_checkpoint()
+    if info.rank == 0:
+        torch.save({k: v.cpu() for k, v in model.state_dict().items()}, args.out / "weights.pt")
+    dist.barrier()
+    ft.shutdown()
+
+
+if __name__ == "__main__":
+    main()
