@@ -1,5 +1,6 @@
-"""Cold start and recovery of a DDP job with a checkpoint to load: ftlaunch with its fork server,
-ftlaunch without it, and torchrun, side by side.
+"""Cold start and recovery of a DDP job with a checkpoint to load: ftlaunch with its fork server
+(with and without a warm spare per rank: on CPU, a worker forked ahead), ftlaunch without it, and
+torchrun, side by side.
 
     python scripts/bench_fork_server.py [--nproc 2 4] [--repeats 5]
 
@@ -24,7 +25,12 @@ from typing import Dict, List, Optional
 from bench_recovery import ROOT, _cell, _first_step_done, _run_bounded, _stamps, ftlaunch_phases, read_events
 
 WORKER = ROOT / "scripts" / "bench_ddp_worker.py"
-LAUNCHERS = ["ftlaunch, fork server", "ftlaunch, no fork server", "torchrun"]
+LAUNCHERS = [
+    "ftlaunch, fork server",
+    "ftlaunch, fork server + warm spare",
+    "ftlaunch, no fork server",
+    "torchrun",
+]
 PHASES = ["cold start", "detect", "stop", "spawn", "first step", "total"]
 
 
@@ -45,7 +51,8 @@ def _command(launcher: str, nproc: int, work: Path) -> List[str]:
     return [
         sys.executable, "-m", "launcher", "--nproc", str(nproc), "--max-failures", "1",
         "--log-dir", str(work / "logs"), "--run-dir", str(work / "runs"),
-        *(["--no-fork-server"] if "no fork" in launcher else []), str(WORKER), *out,
+        *(["--no-fork-server"] if "no fork" in launcher else []),
+        *(["--warm-spare", "on"] if "warm spare" in launcher else []), str(WORKER), *out,
     ]  # fmt: skip
 
 
@@ -76,7 +83,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="ftlaunch-bench-fork-"))
     try:
         for nproc in args.nproc:
-            for i in range(args.repeats):  # interleaved, so all three see the same machine load
+            for i in range(args.repeats):  # interleaved, so all of them see the same machine load
                 for k, launcher in enumerate(LAUNCHERS):
                     results.setdefault((launcher, nproc), []).append(
                         run_once(launcher, nproc, work / f"n{nproc}_{i}_{k}")
