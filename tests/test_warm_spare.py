@@ -4,6 +4,8 @@ however the run ends. Their CUDA side is tests/gpu/test_warm_spare.py's."""
 
 import os
 import signal
+import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import Dict
@@ -12,6 +14,9 @@ import psutil
 import pytest
 from helpers import wait_for_files
 from test_fork_server import _zygote_of
+
+from launcher.process.plan import WorkerSpec
+from launcher.process.spares import Spare, SpareFailed, SpareState
 
 # Rank r of attempt a writes its pid to <dir>/rank_<r>.attempt_<a>.pid, then waits (bounded) for
 # <dir>/go.<a>, and exits with the code that file holds.
@@ -150,3 +155,23 @@ def test_a_spare_that_died_while_parked_turns_spares_off_and_the_rank_starts_any
     assert said in launch.stderr, launch.stderr
     assert "fork server off" not in launch.stderr
     assert launch.survivors() == []
+
+
+def test_a_rank_too_large_to_hand_to_a_spare_is_said_as_such(tmp_path):
+    """On a node without a store host to fork first (a follower), a rank's request too large for
+    one message is the first thing to meet the limit: said as that, not as a dead spare."""
+    child = subprocess.Popen(["sleep", "60"])  # stands for the parked spare: a live child of ours
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        spare = Spare(0, child.pid, ours)
+        spare.state = SpareState.READY
+        env = {"LOCAL_RANK": "0", **{f"BIG_{i}": "x" * 60_000 for i in range(5)}}
+        spec = WorkerSpec(0, 0, ("python", "train.py"), env, tmp_path / "log", tmp_path / "err")
+        with pytest.raises(
+            SpareFailed, match=r"environment \(29\d KiB\) are more than one message to a spare"
+        ):
+            spare.take(spec, 1, 2, lambda: True)
+    finally:
+        theirs.close()
+        spare.discard()
+    assert child.poll() is not None  # let go: killed and reaped

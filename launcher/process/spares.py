@@ -12,6 +12,7 @@ run, said in one line; ranks then start as forks of the zygote, as without spare
 
 import contextlib
 import enum
+import errno
 import json
 import os
 import select
@@ -77,10 +78,15 @@ class Spare:
     def take(self, spec: WorkerSpec, stdout_w: int, stderr_w: int, go_on: Callable[[], bool]) -> ForkedWorker:
         """Hand it ``spec``'s rank: once it answers, it is that rank's worker."""
         self.wait_ready(_READY_S, go_on)
-        request = {"argv": list(spec.argv), "env": dict(spec.env), "cwd": os.getcwd()}
+        request = json.dumps({"argv": list(spec.argv), "env": dict(spec.env), "cwd": os.getcwd()}).encode()
         try:
-            socket.send_fds(self._sock, [json.dumps(request).encode()], [stdout_w, stderr_w])
-        except OSError:  # its end is closed: it died
+            socket.send_fds(self._sock, [request], [stdout_w, stderr_w])
+        except OSError as err:
+            if err.errno == errno.EMSGSIZE:
+                raise SpareFailed(
+                    f"the rank's command line and environment ({len(request) // 1024} KiB) are more "
+                    "than one message to a spare can carry"
+                ) from None
             raise SpareFailed(f"local rank {self.local_rank}'s spare died ({self._exit()})") from None
         answer = self._receive(_ANSWER_S, "its hand-over")
         if answer.get("pid") != self.pid:
