@@ -283,17 +283,20 @@ class ForkServerSpawner:
         self._guard = guard
         if self._state in ("new", "launched"):
             self._start(specs[0], go_on)
-        self.refill()
+        while self.refill():
+            pass
         self._spares.say_cost_once(go_on)
 
-    def refill(self) -> None:
-        if self._state == "serving" and self._guard is not None:
-            try:
-                self._spares.fill(self._server.fork_spare, self._guard)
-            except ForkServerUnavailable as err:
-                self._give_up(str(err))
-            except OSError as err:  # the fork server's log cannot be opened for it
-                self._spares.turn_off(str(err))
+    def refill(self) -> bool:
+        if self._state != "serving" or self._guard is None:
+            return False
+        try:
+            return self._spares.make_one(self._server.fork_spare, self._guard)
+        except ForkServerUnavailable as err:
+            self._give_up(str(err))
+        except OSError as err:  # the fork server's log cannot be opened for it
+            self._spares.turn_off(str(err))
+        return False
 
     def spawn(self, spec: WorkerSpec, go_on: Callable[[], bool] = lambda: True) -> Spawned:
         if self._state in ("new", "launched"):

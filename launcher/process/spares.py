@@ -152,15 +152,16 @@ class WarmSpares:
     def pids(self) -> Tuple[int, ...]:
         return tuple(spare.pid for spare in self._spares.values())
 
-    def fill(self, make: MakeSpare, guard: OrphanGuard) -> None:
-        """A spare for each local rank that has none; ``make`` forks it (the fork server's; its
-        own errors are the caller's)."""
+    def make_one(self, make: MakeSpare, guard: OrphanGuard) -> bool:
+        """A spare for the first local rank that has none; ``make`` forks it (the fork server's;
+        its errors are the caller's). Returns whether a rank still has none."""
         self._guard = guard
-        for local_rank in range(self._nproc) if self._on else ():
-            if local_rank not in self._spares:
-                pid, sock = make(local_rank, self._cuda)
-                self._spares[local_rank] = Spare(local_rank, pid, sock)
-                guard.watch(pid)
+        missing = [rank for rank in range(self._nproc) if rank not in self._spares] if self._on else []
+        if missing:
+            pid, sock = make(missing[0], self._cuda)
+            self._spares[missing[0]] = Spare(missing[0], pid, sock)
+            guard.watch(pid)
+        return len(missing) > 1
 
     def say_cost_once(self, go_on: Callable[[], bool]) -> None:
         """Wait for the first spares to be ready, then say once what one costs (measured by each

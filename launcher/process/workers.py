@@ -62,9 +62,10 @@ class Spawner(Protocol):
         group's life. ``go_on()`` turning false (a signal) cuts the wait short."""
         ...
 
-    def refill(self) -> None:
-        """Called once every rank of the group has started: what the next start will use (a warm
-        spare per local rank) may be made again now, its slow part in the background."""
+    def refill(self) -> bool:
+        """Called while the group runs, once every rank has started: make again one thing the
+        next start will use (a warm spare), its slow part in the background. Returns whether
+        more remain to make (one at a time: the supervisor's loop is never held for long)."""
         ...
 
     @property
@@ -93,8 +94,8 @@ class PopenSpawner:
     def prepare(self, specs: Sequence[WorkerSpec], guard: OrphanGuard, go_on: Callable[[], bool]) -> None:
         pass
 
-    def refill(self) -> None:
-        pass
+    def refill(self) -> bool:
+        return False
 
     @property
     def helper_pids(self) -> Tuple[int, ...]:
@@ -182,6 +183,7 @@ class WorkerGroup:
         self._exits: Dict[int, Exit] = {}  # rank -> how it ended
         self._other_groups: Set[int] = set()  # groups descendants made of their own
         self._next_look = 0.0
+        self._refilling = False  # the spawner makes again, one poll at a time, what the start used
 
     @property
     def pids(self) -> List[int]:
@@ -195,7 +197,7 @@ class WorkerGroup:
     def spawn(self, go_on: Callable[[], bool] = lambda: True) -> None:
         """Start every rank, in order, while ``go_on()`` (asked before each) says so: a signal
         during the start of many ranks stops the rest from starting. Once all have started, the
-        spawner may make again what their start used."""
+        spawner makes again what their start used, a piece per ``poll``."""
         for spec in self.specs:
             if not go_on():
                 return
@@ -207,10 +209,12 @@ class WorkerGroup:
             show = self._to_console(spec.rank)
             self._pump.add(spawned.stdout_fd, "stdout", spec.rank, log_file, show)
             self._pump.add(spawned.stderr_fd, "stderr", spec.rank, log_file, show)
-        self._spawner.refill()
+        self._refilling = True
 
     def poll(self) -> List[Exit]:
-        """Workers that exited since the last poll, in rank order."""
+        """Workers that exited since the last poll, in rank order. While none did, the spawner
+        makes one more piece of the next start (``Spawner.refill``): after the group is running,
+        never more than one fork's time per look."""
         now = time.monotonic()
         new = []
         for spec in self.specs:
@@ -221,6 +225,8 @@ class WorkerGroup:
             if code is not None:
                 self._exits[spec.rank] = Exit(spec, proc.pid, code, now)
                 new.append(self._exits[spec.rank])
+        if self._refilling and not new:
+            self._refilling = self._spawner.refill()
         return new
 
     def running(self) -> Dict[int, int]:
@@ -253,7 +259,9 @@ class WorkerGroup:
         return new
 
     def stop(self, first_signal: int, grace: float, abort: Callable[[], bool]) -> StopReport:
-        """Stop every worker and every descendant, reap them, and release their groups."""
+        """Stop every worker and every descendant, reap them, and release their groups. Nothing
+        more is made meanwhile: a helper born during the stop would not be spared by it."""
+        self._refilling = False
         report = stop_tree(
             self.pids,
             first_signal,
