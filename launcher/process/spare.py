@@ -18,12 +18,13 @@ import ctypes
 import json
 import os
 import socket
+import sys
 import time
 from typing import List, Optional, Tuple
 
 from worker_lib import contract as c
 
-__all__ = ["device_memory_used", "misfit", "park", "warm_cuda"]
+__all__ = ["device_memory_used", "misfit", "park", "warm_cuda", "warn_of_late_cuda_env"]
 
 _MAX_MESSAGE = 1 << 20
 _CUDA_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")  # what decides which GPU index k is
@@ -52,7 +53,31 @@ def park(sock_fd: int, local_rank: int, cuda: bool) -> Tuple[dict, List[int]]:
         os._exit(0)
     _answer(sock, {"pid": os.getpid()})
     sock.close()
+    if cuda:
+        warn_of_late_cuda_env({name: os.environ.get(name) for name in _CUDA_ENV})
     return request, fds
+
+
+def warn_of_late_cuda_env(made_with: dict) -> None:
+    """Some scripts pick their GPU by setting CUDA_VISIBLE_DEVICES before their first CUDA call;
+    in a spare's worker the context was made before the script ran, with ``made_with``, and such
+    a setting changes nothing: said once on stderr, where the script's own output goes."""
+    original = os._Environ.__setitem__
+    said = []
+
+    def setitem(environ, key, value):
+        original(environ, key, value)
+        if key in made_with and value != made_with[key] and not said:
+            said.append(key)
+            print(
+                f"ftlaunch: {key}={value} set by the script changes nothing: this worker's CUDA context "
+                f"was made by its warm spare with {key}={made_with[key]}; set it where ftlaunch is "
+                "launched, or use --warm-spare off",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    os._Environ.__setitem__ = setitem
 
 
 def misfit(env: dict, local_rank: int) -> str:

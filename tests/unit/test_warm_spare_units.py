@@ -1,12 +1,14 @@
 """--warm-spare and --preload as options, what a spare says of its cost, and which requests a
 spare accepts (its life with real processes is tests/test_warm_spare.py's)."""
 
+import os
+
 import pytest
 
 from launcher.cli import config_from_options, options_of
 from launcher.config import GroupSection
 from launcher.errors import UsageError
-from launcher.process.spare import misfit
+from launcher.process.spare import misfit, warn_of_late_cuda_env
 from launcher.process.spares import cost_line
 
 
@@ -61,3 +63,18 @@ def test_a_spare_takes_only_its_own_local_rank_with_the_gpus_it_was_made_for(mon
     assert "made with CUDA_VISIBLE_DEVICES=2,3, asked for 3" in misfit(
         {**mine, "CUDA_VISIBLE_DEVICES": "3"}, 1
     )
+
+
+def test_a_script_that_picks_its_gpus_after_its_spare_made_the_context_is_told_once(monkeypatch, capsys):
+    monkeypatch.setattr(os._Environ, "__setitem__", os._Environ.__setitem__)  # put back afterwards
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    warn_of_late_cuda_env({"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": None})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # what the context was made with: nothing to say
+    monkeypatch.setenv("FTLAUNCH_TEST_OTHER", "1")
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    said = capsys.readouterr().err
+    assert said.count("ftlaunch:") == 1, said
+    assert "CUDA_VISIBLE_DEVICES=1 set by the script changes nothing" in said
+    assert "made by its warm spare with CUDA_VISIBLE_DEVICES=0,1" in said and "--warm-spare off" in said
