@@ -33,6 +33,7 @@ __all__ = [
     "Laggard",
     "Logged",
     "NodesMet",
+    "RoundAbandoned",
     "PeerInterrupt",
     "Resume",
     "RunEnd",
@@ -196,6 +197,16 @@ class NodesMet:
 
 
 @dataclasses.dataclass(frozen=True)
+class RoundAbandoned:
+    """Many nodes, node 0: a node of the rendezvous round never announced itself (its supervisor
+    died on the way); no attempt ran on the round, every node met again."""
+
+    KIND: ClassVar[str] = "round_abandoned"
+    nnodes: int  # the round's size, which the job would have had
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
 class PeerInterrupt:
     """Many nodes: another node stopped the attempt (a failure, a hang, a lost node, a signal)."""
 
@@ -254,6 +265,7 @@ Event = Union[
     GuardRestarted,
     GroupsGuarded,
     NodesMet,
+    RoundAbandoned,
     PeerInterrupt,
     ChaosInjected,
     InternalError,

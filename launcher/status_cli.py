@@ -179,6 +179,9 @@ def _table(report: Dict[str, Any]) -> List[str]:
             f"{a.attempt:>7}  {_when(a.started_at):<19}  {ran:>8}  {outcome:<16}  {step:>9}  "
             f"{progress:<8}  " + (f"{_nodes(a):<16}  " if many else "") + first
         )
+    resized = [a for a in attempts if a.resize]
+    if resized:
+        lines += ["", "resizes (--nnodes MIN:MAX):"] + [f"  attempt {a.attempt}: {a.resize}" for a in resized]
     progress = report.get("progress")
     if attempts and attempts[-1].nodes and not (progress and progress.get("nodes")):
         lines += [

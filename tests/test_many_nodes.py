@@ -40,7 +40,8 @@ class Job:
         self.args, self.node_timeout, self.env = args, node_timeout, {**LOOPBACK, **(env or {})}
         self.nodes = {}
 
-    def start(self, rank: int, *extra: str) -> Launch:
+    def start(self, rank: int, *extra: str, env=None) -> Launch:
+        """``env``: more environment for this node alone."""
         launch = self.launcher.start(
             "--nnodes",
             self.nnodes_flag,
@@ -53,7 +54,7 @@ class Job:
             *extra,
             *self.args,
             log_dir=self.tmp_path / f"logs_{rank}_{len(self.launcher.launches)}",
-            env=self.env,
+            env={**self.env, **(env or {})},
         )
         launch.log_dir = launch.log_dir / f"node{rank}"  # each node's logs under its own name
         self.nodes[rank] = launch

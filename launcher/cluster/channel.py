@@ -205,3 +205,4 @@ class AttemptChannel:
         if self._call("add", f"claim/{self.node}", 1) > 1:
             raise UsageError(f"two nodes were started with --node-rank {self.node}: each node needs its own")
         self._call("set", f"node/{self.node}", json.dumps(dataclasses.asdict(info)))
+        self._call("append", "nodes", f"{self.node},")

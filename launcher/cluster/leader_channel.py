@@ -8,6 +8,7 @@ from typing import Dict, List, Tuple
 
 from launcher.beats import NodeRow, ProgressRow
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
+from launcher.cluster.rendezvous import RoundFailed
 from launcher.cluster.wire import AttemptPlan, JobVerdict, NodeInfo, NodeReport
 from launcher.errors import Interrupted
 from launcher.failures import Failure, NodeLostFailure
@@ -22,24 +23,39 @@ _GONE_S = 3.0
 
 class LeaderChannel(AttemptChannel):
     def __init__(self, store, spec: ChannelSpec, signals: SignalInbox) -> None:
-        super().__init__(store, spec, signals, watched=[n for n in range(spec.nnodes) if n != spec.node])
+        # No node is watched before it announces itself: nothing here is sized by --nnodes MAX.
+        super().__init__(store, spec, signals, watched=[])
         self._infos: Dict[int, NodeInfo] = {}
 
     def node_infos(self, count: int, limit: float) -> Dict[int, NodeInfo]:
-        """The announcements of the ``count`` nodes that joined the round (each is coming; one
-        lost on the way is left out after ``limit`` seconds: the attempt goes on without it).
-        From then on, the nodes announced are the attempt's, and only they are watched. Any
-        signal ends the wait."""
+        """The announcements of all ``count`` nodes of the round. One that has not announced
+        itself within ``limit`` seconds died on the way (a live one does so as soon as it learns
+        of the round): the round fails (RoundFailed) and every node meets again, so that no
+        attempt starts on fewer nodes than its round counted. Any signal ends the wait. From
+        then on, the nodes announced are the attempt's, and only they are watched."""
         deadline = time.monotonic() + limit
         while True:
-            present = [n for n in range(self.spec.nnodes) if self._has(f"node/{n}")]
-            if len(present) >= count or time.monotonic() >= deadline:
+            present = self._announced()
+            if len(present) >= count:
                 break
+            if time.monotonic() >= deadline:
+                raise RoundFailed(
+                    f"{count - len(present)} of the round's {count} nodes did not announce itself within "
+                    f"{limit:g} s (only node(s) {', '.join(map(str, present))} did)"
+                )
             self._pause(0)
-        self._infos = {n: NodeInfo(**json.loads(self._get(f"node/{n}"))) for n in present}
+        texts = self._call("multi_get", [f"node/{n}" for n in present])
+        self._infos = {n: NodeInfo(**json.loads(t)) for n, t in zip(present, texts)}
         self.set_nodes(present)
-        self._seen = {n: seen for n, seen in self._seen.items() if n in present}
+        now = time.monotonic()
+        self._seen = {n: (-1, now) for n in present if n != self.node}
         return self._infos
+
+    def _announced(self) -> List[int]:
+        """The nodes that announced themselves so far, ascending (one call)."""
+        if not self._has("nodes"):
+            return []
+        return sorted({int(n) for n in self._get("nodes").split(",") if n})
 
     def publish_plan(self, plan: AttemptPlan) -> None:
         self._call("set", "plan", json.dumps(plan.__dict__))

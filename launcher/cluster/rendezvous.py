@@ -16,7 +16,7 @@ from launcher.errors import Interrupted, JobOver, JoinTimeout, UsageError
 from launcher.process.signals import SignalInbox
 from launcher.process.store import listen
 
-__all__ = ["LeaderUnreachable", "Rendezvous", "Round", "connect_job_store", "host_job_store"]
+__all__ = ["LeaderUnreachable", "Rendezvous", "Round", "RoundFailed", "connect_job_store", "host_job_store"]
 
 _CONNECT_TRY_S = 2.0  # one connection try; between tries, signals are looked at
 _ROUND_SLACK_S = 30.0
@@ -30,6 +30,12 @@ LAST_CALL_S = 5
 
 class LeaderUnreachable(Exception):
     """The job's store (node 0's supervisor) cannot be reached: it died, or its machine did."""
+
+
+class RoundFailed(Exception):
+    """A node of the round did not announce itself (its supervisor died on the way): no attempt
+    runs on this round, every node meets again in a new one. A job never starts without a node
+    its round counted on."""
 
 
 def host_job_store(cluster: ClusterSection):

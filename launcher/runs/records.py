@@ -70,6 +70,7 @@ class AttemptEntry:
     nodes: List[Dict[str, Any]] = dataclasses.field(default_factory=list)  # many nodes: node, host, pid
     injected: bool = False  # its root cause was a fault --chaos injected
     world_size: Optional[int] = None  # its ranks, every node's (None: written before it was kept)
+    resize: str = ""  # --nnodes MIN:MAX: it runs on other nodes than the attempt before, and why
 
     @property
     def committed_new(self) -> bool:

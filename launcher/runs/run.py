@@ -16,7 +16,7 @@ from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.runs.checkpoints import CheckpointDir, NewestCheckpoint
 from launcher.runs.directory import PROGRESS_FILE, Holder, RunDir
 from launcher.runs.opening import RunOpening
-from launcher.runs.records import AttemptEntry, FailureEntry
+from launcher.runs.records import AttemptEntry, FailureCause, FailureEntry
 from worker_lib.storage import StorageError
 
 __all__ = ["Run"]
@@ -72,6 +72,7 @@ class Run:
             resumed_from_step=newest_step,
             nodes=nodes or [],
             world_size=world_size,
+            resize=_resize(self.state.attempts[-1] if self.state.attempts else None, nodes or []),
         )
         self.state.attempts.append(entry)  # written once its group runs (a failed start writes nothing)
         return entry
@@ -180,3 +181,23 @@ class Run:
             self._unwritten.discard(name)
             self._say(f"{self.dir.url}/{name} is written again")
         return True
+
+
+def _resize(previous: Optional[AttemptEntry], nodes: List[dict]) -> str:
+    """Why an attempt of many nodes runs on another number of nodes than the one before it ('':
+    the same number): the nodes lost in that attempt, or the ones that did not come to the round."""
+    before = [n["node"] for n in previous.nodes] if previous is not None else []
+    now = [n["node"] for n in nodes]
+    if not before or not now or len(before) == len(now):
+        return ""
+    if len(now) > len(before):
+        return (
+            f"grew from {len(before)} to {len(now)} nodes: node(s) {_listed(set(now) - set(before))} joined"
+        )
+    lost = [f.detail for f in previous.failures if f.cause is FailureCause.NODE_LOST]
+    why = "; ".join(lost) if lost else f"node(s) {_listed(set(before) - set(now))} did not come to the round"
+    return f"shrank from {len(before)} to {len(now)} nodes: {why}"
+
+
+def _listed(nodes) -> str:
+    return ", ".join(map(str, sorted(nodes)))

@@ -44,6 +44,7 @@ def main() -> None:
         opt.load_state_dict(saved["opt"])
         start = saved["step"] + 1
     print(f"rank {RANK} attempt {ATTEMPT} starts at step {start}", flush=True)
+    print(f"rank {RANK} attempt {ATTEMPT} has WORLD_SIZE {dist.get_world_size()}", flush=True)
     for step in range(start, args.steps):
         g = torch.Generator().manual_seed(step * 1000 + RANK)
         x = torch.randn(4, 8, generator=g)
