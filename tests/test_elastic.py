@@ -104,6 +104,14 @@ def test_a_lost_node_shrinks_the_job_and_its_relaunch_grows_it_back_without_losi
     table = _status_table(tmp_path, "elastic")  # each attempt's nodes and ranks, and how many resized
     assert "nodes (ranks)" in table and "0,1 (2)" in table and "0,1,2 (3)" in table, table
     assert "3, 0 failed, 2 resized" in table, table
+    # Each attempt at another size says why, in run.json, status, node 0's summary and console.
+    shrink, grow = state.attempts[1].resize, state.attempts[2].resize
+    assert shrink.startswith("shrank from 3 to 2 nodes: node 2 ("), shrink
+    assert grow == "grew from 2 to 3 nodes: node(s) 2 joined", grow
+    assert state.attempts[0].resize == ""
+    assert f"attempt 1: {shrink}" in table and f"attempt 2: {grow}" in table, table
+    assert f"attempt 1: resized, {shrink}" in node0.stderr
+    assert f"of --nnodes 2:3 ({shrink})" in node0.stderr
     for node in (node0, job.nodes[1]):  # node 0's words, on every node that stayed
         assert "attempt 0: the job's nodes changed (node 2 (" in node.stderr, node.stderr
         assert (
