@@ -90,7 +90,7 @@ class Decision:
 
     KIND: ClassVar[str] = "decision"
     attempt: int
-    verdict: str  # a policy.Verdict value, or "resize" (an elastic job's nodes changed: no policy)
+    verdict: str  # a policy.Verdict value, "resize" (an elastic job's nodes changed) or "node_lost"
     reason: str
     delay: float
 

@@ -117,8 +117,14 @@ class NodeLostFailure:
     silent_for: float
     observed_at: float  # time.monotonic() when it was declared lost
     rank: int = -1  # no one rank: every rank of that node is gone with it
+    stalled: bool = False  # found by the node itself: its supervisor's process did not run
 
     def describe(self) -> str:
+        if self.stalled:
+            return (
+                f"node {self.node} ({self.host}, supervisor pid {self.pid}): its supervisor did not run "
+                f"for {self.silent_for:.1f} s (stopped or starved), so the other nodes lost it"
+            )
         return (
             f"node {self.node} ({self.host}, supervisor pid {self.pid}): lost: no sign of life for "
             f"{self.silent_for:.1f} s"

@@ -136,6 +136,7 @@ def _table(report: Dict[str, Any]) -> List[str]:
         AttemptOutcome.INTERRUPTED,
         AttemptOutcome.SUPERVISOR_LOST,
         AttemptOutcome.RESIZED,
+        AttemptOutcome.NODE_LOST,
     )
     apart = "".join(
         f", {state.count(o)} {o.value.lower().replace('_', ' ')}" for o in others if state.count(o)

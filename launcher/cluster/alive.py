@@ -2,17 +2,33 @@
 stopping workers or writing run.json for a few seconds must not look like a dead supervisor."""
 
 import threading
+import time
 
 __all__ = ["BEAT_EVERY_S", "AliveCounter"]
 
 BEAT_EVERY_S = 0.5  # bumps; watchers look as often
+# A wake-up this much later than asked for means the whole process did not run meanwhile
+# (SIGSTOP, a paused VM, swapping): every thread of it was silent.
+_STALL_S = 2.0
 
 
 class AliveCounter(threading.Thread):
+    """Also this process's own witness: ``stalled`` is the longest time it did not run at all,
+    and ``stalled_until`` when that ended (monotonic), so that a node does not blame the others
+    for a silence that was its own."""
+
     def __init__(self, store, key: str) -> None:
         super().__init__(name=f"ftlaunch-alive-{key}", daemon=True)
         self._store, self._key = store, key
         self._done = threading.Event()
+        self.stalled = 0.0
+        self.stalled_until = 0.0
+        self.bumped = time.monotonic()  # the last bump (or the start)
+
+    @property
+    def running_late(self) -> bool:
+        """It has not bumped for longer than a stall: this process may just have come back."""
+        return time.monotonic() - self.bumped >= _STALL_S
 
     def run(self) -> None:
         while not self._done.is_set():
@@ -20,7 +36,11 @@ class AliveCounter(threading.Thread):
                 self._store.add(self._key, 1)
             except Exception:  # noqa: BLE001 - node 0 gone: the main loop finds out and says so
                 return
+            self.bumped = asleep = time.monotonic()
             self._done.wait(BEAT_EVERY_S)
+            late = time.monotonic() - asleep - BEAT_EVERY_S
+            if late >= _STALL_S:
+                self.stalled, self.stalled_until = max(self.stalled, late), time.monotonic()
 
     def stop(self) -> None:
         self._done.set()

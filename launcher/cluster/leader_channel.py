@@ -7,6 +7,7 @@ import time
 from typing import Dict, List, Tuple
 
 from launcher.beats import NodeRow, ProgressRow
+from launcher.cluster.alive import BEAT_EVERY_S
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
 from launcher.cluster.rendezvous import RoundFailed
 from launcher.cluster.wire import AttemptPlan, JobVerdict, NodeInfo, NodeReport
@@ -75,6 +76,31 @@ class LeaderChannel(AttemptChannel):
                 observed_at=time.monotonic(),
             )
             for n in sorted(self._lost)
+        ]
+
+    def _silences(self) -> Dict[int, float]:
+        """As every node judges silence, but node 0 hosts the store the counters live in: while
+        this process did not run (stopped, starved), no counter could move, and that time is no
+        evidence against anyone. Until its own witness has run again, nobody is judged."""
+        if self._beater.running_late:
+            return {n: 0.0 for n in self._seen if n not in self._lost}
+        until = self._beater.stalled_until
+        self._seen = {n: (counter, max(since, until)) for n, (counter, since) in self._seen.items()}
+        return super()._silences()
+
+    def own_stall(self) -> List[Failure]:
+        """This node itself, when its process did not run for --node-timeout or more: the others
+        lost it then (their blame names it, not the nodes that left it)."""
+        stalled = self._beater.stalled
+        if stalled + BEAT_EVERY_S < self.spec.node_timeout:  # its last bump came up to a beat before
+            return []
+        info = self._infos.get(self.node)
+        host, pid = (info.host, info.pid) if info else ("?", 0)
+        at = self._beater.stalled_until
+        return [
+            NodeLostFailure(
+                node=self.node, host=host, pid=pid, silent_for=round(stalled, 1), observed_at=at, stalled=True
+            )
         ]
 
     def _silent_for(self, node: int) -> float:

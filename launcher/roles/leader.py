@@ -14,6 +14,7 @@ from launcher.cluster.wire import AttemptPlan as WirePlan
 from launcher.cluster.wire import Interrupt, InterruptKind, JobVerdict, NodeInfo, NodeReport, plan_problem
 from launcher.errors import ExitCode, JoinTimeout, UsageError
 from launcher.events import NodesMet, RoundAbandoned
+from launcher.failures import root_cause
 from launcher.layout import Layout
 from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.results import AttemptResult, RunResult
@@ -163,7 +164,7 @@ class Leader(RunHolder):
         result = _merge(
             local,
             reports,
-            channel.lost_failures(),
+            channel.own_stall() + channel.lost_failures(),
             channel.interrupted_by,
             self._layout,
             self.config.cluster.elastic,
@@ -282,12 +283,13 @@ def _merge(
     layout: Layout,
     elastic: bool,
 ) -> AttemptResult:
-    """The job's attempt from every node's report. In an elastic job a lost node is a change of
-    the job's nodes, not a failure: the failures it caused elsewhere (every peer's collective
-    breaks at once) are kept on record but not counted."""
-    failures = [f for r in reports for f in r.failures] + lost
-    if elastic and lost:
-        outcome, signum = AttemptOutcome.RESIZED, None
+    """The job's attempt from every node's report. A lost node (a supervisor that died or froze,
+    this one included) is not a failure of the workers: in an elastic job it is a change of the
+    job's nodes, in a fixed one NODE_LOST; the failures it caused elsewhere (every peer's
+    collective breaks at once) are kept on record but not counted."""
+    failures = _cause_first([f for r in reports for f in r.failures] + lost)
+    if lost:  # a supervisor died or froze: its node's ranks and their peers' collectives with it
+        outcome, signum = (AttemptOutcome.RESIZED if elastic else AttemptOutcome.NODE_LOST), None
     elif interrupt is not None and interrupt.kind is InterruptKind.RESIZE and not failures:
         outcome, signum = AttemptOutcome.RESIZED, None
     elif failures or any(r.outcome == AttemptOutcome.FAILED.value for r in reports):
@@ -301,11 +303,19 @@ def _merge(
     steps = [r.furthest_step for r in reports if r.furthest_step is not None]
     beats = BeatSummary(any(r.beat for r in reports), max(steps) if steps else None)
     cause = f"node {interrupt.node}: {interrupt.detail}" if interrupt is not None else local.cause
-    if outcome is AttemptOutcome.RESIZED and lost:
-        cause = "; ".join(f.describe() for f in lost)
+    if lost:
+        cause = "; ".join(f.describe() for f in sorted(lost, key=lambda f: f.blame_order))
     return dataclasses.replace(
         local, outcome=outcome, failures=failures, signum=signum, beats=beats, cause=cause
     )
+
+
+def _cause_first(failures: list) -> list:
+    """Every node's failures, the root cause first (run.json's first failure is the one to read)."""
+    if not failures:
+        return failures
+    first = root_cause(failures)
+    return [first] + [f for f in failures if f is not first]
 
 
 def _disagreement(config, infos: Dict[int, NodeInfo]) -> str:
