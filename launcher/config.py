@@ -179,6 +179,11 @@ class RunSection:
             raise UsageError(f"--storage-timeout must be more than 0 seconds, got {self.storage_timeout}")
 
 
+# The most nodes a job may name (--nnodes N or MIN:MAX): far beyond today's largest jobs (2,048
+# nodes of 8 GPUs), and small enough that nothing sized by it could exhaust node 0.
+MAX_NODES = 16384
+
+
 @dataclasses.dataclass(frozen=True)
 class ClusterSection:
     """Many nodes, one ftlaunch each. Node 0 leads: it hosts the job's store at ``rdzv_endpoint``
@@ -198,6 +203,11 @@ class ClusterSection:
         _finite(self.node_timeout, "--node-timeout")
         if self.nnodes < 1:
             raise UsageError(f"--nnodes must be at least 1, got {self.nnodes}")
+        if self.nnodes > MAX_NODES:
+            raise UsageError(
+                f"--nnodes {self.nnodes}: at most {MAX_NODES} nodes (torch's c10d rendezvous keeps "
+                "every node of a round in one record that every node reads and writes)"
+            )
         if not 0 <= self.min_nodes <= self.nnodes:
             raise UsageError(
                 f"--nnodes {self.min_nodes}:{self.nnodes}: MIN must be at least 1 and at most MAX"

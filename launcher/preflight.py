@@ -27,6 +27,8 @@ def preflight(config: LaunchConfig, interrupted: Callable[[], None] = lambda: No
     ``interrupted()`` raises when a signal came meanwhile: a slow check does not delay a Ctrl+C."""
     _check_entrypoint(config)
     _check_node_can_hold(config.group.nproc)
+    if config.cluster.many_nodes and config.cluster.node_rank == 0:
+        _check_node_0_can_host(config.cluster.nnodes, config.group.nproc)
     _check_store_address(config.group.master_addr, config.group.master_port)
     _probe_storage("run dir", config.run.url, config.run.storage_timeout, interrupted)
     if config.group.checkpoint_url:
@@ -104,6 +106,23 @@ def _check_node_can_hold(nproc: int) -> None:
     if nproc > most:
         raise UsageError(
             f"--nproc {nproc} is more workers than this node can hold: at most about {most} ({why})"
+        )
+
+
+# Node 0 hosts the job's store: each other node keeps a connection or two to it open.
+_CONNECTIONS_PER_NODE = 2
+
+
+def _check_node_0_can_host(nnodes: int, nproc: int) -> None:
+    """Node 0 can hold a connection from every node (--nnodes MAX of them) beside its own ranks'
+    pipes and log files, within its open-file limit."""
+    files, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = 64 + 3 * nproc + _CONNECTIONS_PER_NODE * nnodes
+    if files != resource.RLIM_INFINITY and need > files:
+        raise UsageError(
+            f"--nnodes {nnodes}: node 0 hosts the job's store and needs about {need} open files (a "
+            f"connection or two per node), more than its limit (ulimit -n {files}): raise it, or "
+            "run fewer nodes"
         )
 
 

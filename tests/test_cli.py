@@ -75,10 +75,28 @@ def test_help_lists_the_options(launcher):
             "MIN must be at least 1 and at most MAX",
         ),
         (["--nnodes", "two:3", str(ACTOR)], "--nnodes takes N or MIN:MAX (whole numbers), got 'two:3'"),
+        # Issue 33.3: nothing is sized by MAX before MAX nodes exist, and MAX is bounded.
+        (
+            ["--nnodes", "2:1000000000", "--rdzv-endpoint", "127.0.0.1:1", str(ACTOR)],
+            "--nnodes 1000000000: at most 16384 nodes",
+        ),
+        (
+            ["--nnodes", "9999999999999999999", "--rdzv-endpoint", "127.0.0.1:1", str(ACTOR)],
+            "--nnodes 9999999999999999999: at most 16384 nodes",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(launcher, args, fragment):
     _assert_usage_error(launcher.run(*args), fragment)
+
+
+def test_node_0_refuses_more_nodes_than_its_open_file_limit_can_connect(launcher):
+    """Node 0 hosts the job's store: each node connects to it, within node 0's ulimit -n."""
+    prelude = "import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))"
+    args = ["--nnodes", "2:3000", "--rdzv-endpoint", "127.0.0.1:1", str(ACTOR)]
+    _assert_usage_error(
+        launcher.run(*args, prelude=prelude), "node 0 hosts the job's store and needs about 6067 open files"
+    )
 
 
 def test_unwritable_log_dir(launcher, tmp_path):

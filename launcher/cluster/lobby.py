@@ -5,6 +5,8 @@ job is refused at once, with exit 2, instead of waiting out --join-timeout:
     lobby/claim/<n>       the token of the supervisor that holds node rank n (host:pid:nonce)
     lobby/alive/<token>   a counter that supervisor's thread bumps every half second
     lobby/hello/<n>       who it is and which job it came for (rendezvous id, command, host, pid)
+    lobby/hellos          "n," appended by each follower that said hello: node 0 reads who came in
+                          one call, whatever --nnodes MAX is
     lobby/refused/<n>     node 0's refusal of it (another command), and lobby/read/<n> its ack
 
 torch's rendezvous decides who is in a round; this only keeps out a node started by mistake: a
@@ -66,6 +68,7 @@ class NodeClaim:
             if _text(store.get(key)) != self.token:
                 raise UsageError(f"node rank {self.node} was taken by another supervisor at the same moment")
         store.set(f"lobby/hello/{self.node}", json.dumps(dataclasses.asdict(self._hello)))
+        store.append("lobby/hellos", f"{self.node},")
 
     def refusal(self, store) -> str:
         """Node 0's refusal of this node, if any (read: node 0 may then go)."""
@@ -85,23 +88,23 @@ class NodeClaim:
 class Lobby:
     """Node 0's side: it reads the followers' hellos while it waits for a round."""
 
-    def __init__(self, store, rdzv_id: str, nnodes: int, command, node_timeout: float) -> None:
+    def __init__(self, store, rdzv_id: str, command, node_timeout: float) -> None:
         self._store = store
         self._rdzv_id = rdzv_id
-        self._nodes = range(1, nnodes)
         self._command = list(command)
         self._node_timeout = node_timeout
         self._refused: set = set()
 
     def strangers(self) -> List[Hello]:
         """Followers that came for another job (another rendezvous id), not refused yet."""
-        found = []
-        for n in self._nodes:
-            if n not in self._refused and self._store.check([f"lobby/hello/{n}"]):
-                hello = Hello(**json.loads(_text(self._store.get(f"lobby/hello/{n}"))))
-                if hello.rdzv_id != self._rdzv_id:
-                    found.append(hello)
-        return found
+        if not self._store.check(["lobby/hellos"]):
+            return []
+        said = sorted(
+            {int(n) for n in _text(self._store.get("lobby/hellos")).split(",") if n} - self._refused
+        )
+        texts = self._store.multi_get([f"lobby/hello/{n}" for n in said]) if said else []
+        hellos = [Hello(**json.loads(_text(text))) for text in texts]
+        return [hello for hello in hellos if hello.rdzv_id != self._rdzv_id]
 
     def refuse(self, hello: Hello, wait: Callable[[float], None]) -> str:
         """Tell ``hello``'s node why it cannot join; wait (--node-timeout at most) until it read it."""

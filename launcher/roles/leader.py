@@ -63,7 +63,6 @@ class Leader(RunHolder):
         self._lobby = Lobby(
             rendezvous.store,
             config.cluster.rdzv_id or config.run.run_id,
-            config.cluster.nnodes,
             config.entry.command,
             config.cluster.node_timeout,
         )

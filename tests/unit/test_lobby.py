@@ -51,7 +51,7 @@ def test_node_0_refuses_a_node_that_came_for_another_job():
     stranger, friend = _claim(1, "other-job", ("script", "train.py", "--lr", "2")), _claim(2)
     stranger.take(store, store, time.sleep)
     friend.take(store, store, time.sleep)
-    lobby = Lobby(store, "job", 3, ("script", "train.py"), node_timeout=5)
+    lobby = Lobby(store, "job", ("script", "train.py"), node_timeout=5)
     (hello,) = lobby.strangers()
     assert hello.node == 1
     assert stranger.refusal(store) == ""
