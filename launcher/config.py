@@ -45,6 +45,15 @@ class EntryKind(str, enum.Enum):
     EXECUTABLE = "executable"  # --no-python
 
 
+def _number(text: str) -> float:
+    """A number of seconds from --rdzv-conf; 0 for anything else (torch's handler says what is wrong
+    with it)."""
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0
+
+
 def _finite(value: Optional[float], option: str) -> None:
     if value is not None and not math.isfinite(value):  # nan compares false with everything
         raise UsageError(f"{option} must be a finite number of seconds, got {value}")
@@ -216,6 +225,12 @@ class ClusterSection:
             raise UsageError(f"--node-rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
         if self.join_timeout <= 0 or self.node_timeout <= 0:
             raise UsageError("--join-timeout and --node-timeout must be more than 0 seconds")
+        last_call = dict(self.rdzv_conf).get("last_call_timeout")
+        if last_call is not None and _number(last_call) >= self.join_timeout:
+            raise UsageError(
+                f"--rdzv-conf last_call_timeout={last_call} must be shorter than --join-timeout "
+                f"({self.join_timeout:g} s): a round would never start short of MAX nodes"
+            )
         if self.nnodes > 1:
             host, _, port = self.rdzv_endpoint.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:

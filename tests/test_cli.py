@@ -75,6 +75,11 @@ def test_help_lists_the_options(launcher):
             "MIN must be at least 1 and at most MAX",
         ),
         (["--nnodes", "two:3", str(ACTOR)], "--nnodes takes N or MIN:MAX (whole numbers), got 'two:3'"),
+        (
+            ["--nnodes", "1:2", "--join-timeout", "5s", "--rdzv-conf", "last_call_timeout=9"]
+            + ["--rdzv-endpoint", "127.0.0.1:1", str(ACTOR)],
+            "last_call_timeout=9 must be shorter than --join-timeout (5 s)",
+        ),
         # Issue 33.3: nothing is sized by MAX before MAX nodes exist, and MAX is bounded.
         (
             ["--nnodes", "2:1000000000", "--rdzv-endpoint", "127.0.0.1:1", str(ACTOR)],

@@ -130,6 +130,26 @@ def test_an_elastic_job_below_its_fewest_nodes_waits_then_gives_up(launcher, tmp
     assert job.survivors() == []
 
 
+def test_an_elastic_job_at_its_fewest_nodes_starts_within_a_short_join_timeout(launcher, tmp_path):
+    """Issue 33.11: --nnodes 1:2 --join-timeout 5s alone said "fewer than 1 of the 2 nodes joined":
+    torch's last call for more nodes (5 s) outlasted the join. It ends within the join now."""
+    job = Job(
+        launcher,
+        tmp_path,
+        2,
+        "--join-timeout",
+        "5s",
+        "--run-name",
+        "one",
+        str(SCRIPTS / "actor.py"),
+        fewest=1,
+    )
+    node0 = job.start(0)
+    assert node0.wait(60) == 0, node0.stderr
+    assert "the job runs on node(s) 0 (1 ranks) of --nnodes 1:2" in node0.stderr
+    assert job.survivors() == []
+
+
 def test_a_script_without_worker_lib_is_restarted_at_once_when_a_node_joins(launcher, tmp_path):
     """Issue 25.3: nothing says where such a script saves, so no rank can be asked to save first:
     the group restarts with the new node at once, as torchrun's would, and says so."""

@@ -163,9 +163,12 @@ class Rendezvous:
             "join_timeout": cluster.join_timeout,
             "keep_alive_interval": _keep_alive_interval(cluster.node_timeout),
             "keep_alive_max_attempt": 3,
-            "last_call_timeout": LAST_CALL_S,
+            # The last call must end within the join's time: with --nnodes 1:2 --join-timeout 5s,
+            # node 0 alone would otherwise time out waiting for a second node it does not need.
+            "last_call_timeout": min(LAST_CALL_S, max(1, int(cluster.join_timeout / 2))),
             **dict(cluster.rdzv_conf),
         }
+
         params = RendezvousParameters(
             backend="c10d",
             endpoint=cluster.rdzv_endpoint,
