@@ -31,16 +31,18 @@ class AliveCounter(threading.Thread):
         return time.monotonic() - self.bumped >= _STALL_S
 
     def run(self) -> None:
+        turned = time.monotonic()  # one turn: a bump and a beat's sleep; a stall anywhere in it shows
         while not self._done.is_set():
             try:
                 self._store.add(self._key, 1)
             except Exception:  # noqa: BLE001 - node 0 gone: the main loop finds out and says so
                 return
-            self.bumped = asleep = time.monotonic()
+            self.bumped = time.monotonic()
             self._done.wait(BEAT_EVERY_S)
-            late = time.monotonic() - asleep - BEAT_EVERY_S
+            now = time.monotonic()
+            late, turned = now - turned - BEAT_EVERY_S, now
             if late >= _STALL_S:
-                self.stalled, self.stalled_until = max(self.stalled, late), time.monotonic()
+                self.stalled, self.stalled_until = max(self.stalled, late), now
 
     def stop(self) -> None:
         self._done.set()

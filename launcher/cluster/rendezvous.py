@@ -22,6 +22,8 @@ _CONNECT_TRY_S = 2.0  # one connection try; between tries, signals are looked at
 _ROUND_SLACK_S = 30.0
 _SAY_EVERY_S = 30.0  # while waiting: one line this often
 _WATCH_EVERY_S = 0.5  # while waiting for a round: how often the caller's watch looks
+# Rendezvous handlers a follower dropped when it lost node 0 (see Rendezvous.drop): a few per run.
+_DROPPED: list = []
 # --nnodes MIN:MAX: once MIN nodes are in, a round waits this long for more before it starts
 # (torch's last_call_timeout, 30 s by default: too long for a shrink's restart). --rdzv-conf
 # last_call_timeout=N overrides it.
@@ -263,6 +265,18 @@ class Rendezvous:
             self._handler.set_closed()
         except Exception:  # noqa: BLE001 - the job's end must not fail on a farewell
             pass
+
+    def drop(self) -> None:
+        """Leave the rendezvous without closing it (node 0 is gone and the job goes on when it
+        comes back: torch's shutdown() would close it for every node). The handler's keep-alive
+        timer is stopped on a thread of its own, since stopping joins the timer's thread, which
+        may be waiting out a call to the dead store; and the handler is kept, never collected:
+        collected in the timer's own thread, it would try to join that thread and Python would
+        print "Exception ignored ... cannot join current thread"."""
+        _DROPPED.append(self._handler)
+        stop = getattr(self._handler, "_stop_heartbeats", None)  # torch's own, not public API
+        if stop is not None:
+            threading.Thread(target=stop, name="ftlaunch-rendezvous-drop", daemon=True).start()
 
     def shutdown(self) -> None:
         try:

@@ -218,6 +218,8 @@ class Follower(Role):
             f"back (the same command relaunched there resumes the job), up to --join-timeout "
             f"{self.config.cluster.join_timeout:g} s"
         )
+        if self._rendezvous is not None:
+            self._rendezvous.drop()
         self._rendezvous, self._kept = None, None
         self._claim.release()
         if self._lobby_store is not None:
