@@ -449,7 +449,10 @@ def visible_gpu_count() -> int:
     """GPUs this node can use; asks NVML through torch, so no CUDA context is created."""
     if not any(os.path.exists(path) for path in _GPU_DRIVER_FILES):
         return 0
+    from launcher.quiet_torch import import_torch
+
     try:
+        import_torch()
         import torch
     except ImportError:  # pragma: no cover - torch is a declared dependency
         return 0

@@ -36,7 +36,7 @@ class LeaderChannel(AttemptChannel):
         then on, the nodes announced are the attempt's, and only they are watched."""
         deadline = time.monotonic() + limit
         while True:
-            present = self._announced()
+            present = self._listed("nodes")
             if len(present) >= count:
                 break
             if time.monotonic() >= deadline:
@@ -51,12 +51,6 @@ class LeaderChannel(AttemptChannel):
         now = time.monotonic()
         self._seen = {n: (-1, now) for n in present if n != self.node}
         return self._infos
-
-    def _announced(self) -> List[int]:
-        """The nodes that announced themselves so far, ascending (one call)."""
-        if not self._has("nodes"):
-            return []
-        return sorted({int(n) for n in self._get("nodes").split(",") if n})
 
     def publish_plan(self, plan: AttemptPlan) -> None:
         self._call("set", "plan", json.dumps(plan.__dict__))
@@ -113,14 +107,15 @@ class LeaderChannel(AttemptChannel):
         brought up to now), and every node's supervisor: host, pid, seconds since its liveness
         counter last moved."""
         wall = time.time()
+        others = [n for n in self._nodes if n != self.node]
+        texts = self._call("multi_get", [f"progress/{n}" for n in others]) if others else []
+        shares = dict(zip(others, (json.loads(text) for text in texts)))  # one call for every node
         ranks, nodes = [], []
         for n in self._nodes:
             rows, silent = own, 0.0
             if n != self.node:
-                silent = self._silent_for(n)
-                shared = json.loads(self._get(f"progress/{n}")) if self._has(f"progress/{n}") else None
-                age = wall - shared["at"] if shared else 0.0
-                rows = [ProgressRow.from_json(row).aged(age) for row in shared["rows"]] if shared else []
+                silent, shared = self._silent_for(n), shares[n]
+                rows = [ProgressRow.from_json(row).aged(wall - shared["at"]) for row in shared["rows"]]
             ranks += [dataclasses.replace(row, node=n) for row in rows]
             info = self._infos.get(n)
             host, pid = (info.host, info.pid) if info else (None, None)
@@ -128,9 +123,6 @@ class LeaderChannel(AttemptChannel):
         return ranks, nodes
 
     # -- the end of the attempt --------------------------------------------------------------------
-
-    def report(self, report: NodeReport) -> None:
-        self._call("set", f"report/{self.node}", report.to_json())
 
     def gather(self, limit: float) -> List[NodeReport]:
         """Every node's report. A node that goes silent before reporting is lost; one still
@@ -141,9 +133,9 @@ class LeaderChannel(AttemptChannel):
         deadline = time.monotonic() + limit
         reports: Dict[int, NodeReport] = {}
         while True:
-            for n in self._nodes:
-                if n not in reports and n not in self._lost and self._has(f"report/{n}"):
-                    reports[n] = NodeReport.from_json(self._get(f"report/{n}"))
+            new = [n for n in self._listed("reported") if n in self._nodes and n not in reports]
+            texts = self._call("multi_get", [f"report/{n}" for n in new]) if new else []
+            reports.update((n, NodeReport.from_json(text.decode())) for n, text in zip(new, texts))
             missing = [n for n in self._nodes if n not in reports and n not in self._lost]
             if not missing:
                 break
@@ -161,9 +153,9 @@ class LeaderChannel(AttemptChannel):
     def publish_verdict(self, verdict: JobVerdict) -> None:
         self._call("set", "verdict", verdict.to_json())
 
-    def await_acks(self, key: str = "ack") -> None:
+    def await_acks(self, key: str = "acked") -> None:
         """Before node 0's store goes away with it: every live node has read what it said last
-        (the verdict: ``ack``; a refused plan: ``planned``), within --node-timeout. A node whose
+        (the verdict: ``acked``; a refused plan: ``planned``), within --node-timeout. A node whose
         liveness counter stands still meanwhile (its supervisor is gone) is not waited for, and
         a signal that arrives ends the wait."""
         waiting = {n for n in self._nodes if n != self.node and n not in self._lost}
@@ -171,8 +163,8 @@ class LeaderChannel(AttemptChannel):
         deadline = time.monotonic() + self.spec.node_timeout
         try:
             while waiting and time.monotonic() < deadline:
-                silences = self._silences()
-                waiting = {n for n in waiting if not self._has(f"{key}/{n}") and silences[n] < _GONE_S}
+                silences, read = self._silences(), set(self._listed(key))
+                waiting = {n for n in waiting if n not in read and silences[n] < _GONE_S}
                 self._pause(since)
         except Interrupted:
             pass

@@ -15,6 +15,7 @@ from launcher.config import ClusterSection
 from launcher.errors import Interrupted, JobOver, JoinTimeout, UsageError
 from launcher.process.signals import SignalInbox
 from launcher.process.store import listen
+from launcher.quiet_torch import import_torch
 
 __all__ = ["LeaderUnreachable", "Rendezvous", "Round", "RoundFailed", "connect_job_store", "host_job_store"]
 
@@ -42,6 +43,7 @@ class RoundFailed(Exception):
 
 def host_job_store(cluster: ClusterSection):
     """Node 0: the store every node meets on, bound to exactly the endpoint's address."""
+    import_torch()
     from torch.distributed import TCPStore
 
     try:
@@ -78,6 +80,7 @@ def connect_job_store(
         signals.raise_if_received()
         left = deadline - time.monotonic()
         if _listening(cluster.rdzv_host, cluster.rdzv_port, min(_CONNECT_TRY_S, max(left, 0.1))):
+            import_torch()
             from torch.distributed import TCPStore  # only now: importing torch takes seconds
 
             try:
@@ -150,6 +153,7 @@ class Rendezvous:
 
     def __init__(self, cluster: ClusterSection, run_id: str, store) -> None:
         """``run_id``: the run's id, the rendezvous' unless --rdzv-id names another."""
+        import_torch()
         from torch.distributed.elastic.rendezvous import RendezvousParameters
         from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
         from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler

@@ -7,14 +7,19 @@ records behind them:
                   with one call, whatever --nnodes MAX is
     plan          node 0: the attempt number, its nodes, its world size and the workers' store (or
                   why the round is refused, or why it failed and every node meets again)
-                  planned/<n>: the plan was read (a refused round's node 0 waits for it)
+                  planned: "n," appended once node n read it (a refused round's node 0 waits)
     alive/<n>     each node: a counter a thread bumps; a node silent for --node-timeout is lost
-    interrupt     the first node to see a failure, a hang, a lost node or a stop signal (first wins)
+    interrupt     the first node to see a failure, a hang, a lost node or a stop signal (first wins);
+                  every node waits for it on a connection of its own (cluster.watch): pushed
     stop/<n>      each node, once asked to stop: where its ranks are (a StopReading); every node
                   computes the same stop step from all of them
-    progress/<n>  each follower, every second: its ranks' steps, for node 0's progress.json
-    report/<n>    each node: how the attempt ended there, its failures
-    verdict       node 0: restart, or end the job with an exit code   ack/<n>: the verdict was read
+    progress/<n>  each node, every 5 s (empty from its announcement on): its ranks' steps, for node
+                  0's progress.json (node 0 reads every node's with one multi_get)
+    report/<n>    each node: how the attempt ended there, its failures; "n," appended to reported
+    verdict       node 0: restart, or end the job with an exit code; acked: "n," once n read it
+
+The lists (nodes, reported, planned, acked) let node 0 learn who did something with one call
+whatever the number of nodes, where a key per node would take a call each.
 """
 
 import dataclasses

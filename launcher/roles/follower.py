@@ -34,8 +34,6 @@ __all__ = ["Follower"]
 
 
 class Follower(Role):
-    progress_every_s = 1.0  # one store write: node 0 publishes every node's ranks
-
     def __init__(self, config, events: EventLog, signals: SignalInbox, say) -> None:
         self.config = config
         self.node = config.cluster.node_rank

@@ -38,6 +38,9 @@ class Inbox:
     def wait(self, seconds: float) -> None:
         time.sleep(seconds)
 
+    def wake(self) -> None:
+        pass
+
 
 def _ends(store, node: int, inbox=None):
     spec = ChannelSpec(node, 2, TIMEOUT, "127.0.0.1:0")
