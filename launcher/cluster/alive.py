@@ -4,12 +4,18 @@ stopping workers or writing run.json for a few seconds must not look like a dead
 import threading
 import time
 
-__all__ = ["BEAT_EVERY_S", "AliveCounter"]
-
-BEAT_EVERY_S = 0.5  # bumps; watchers look as often
+__all__ = ["AliveCounter", "beat_every"]
 # A wake-up this much later than asked for means the whole process did not run meanwhile
 # (SIGSTOP, a paused VM, swapping): every thread of it was silent.
 _STALL_S = 2.0
+
+
+def beat_every(node_timeout: float) -> float:
+    """How often a supervisor bumps its counter, and its watchers look: a tenth of the silence
+    that makes it lost (a healthy node shows several moves in that time, a loaded machine
+    included), within 0.25..1.5 s. A beat is a request to node 0's store per node, the bulk of a
+    healthy job's traffic there: the default --node-timeout (15 s) gives 1.5 s."""
+    return min(max(node_timeout / 10, 0.25), 1.5)
 
 
 class AliveCounter(threading.Thread):
@@ -17,9 +23,9 @@ class AliveCounter(threading.Thread):
     and ``stalled_until`` when that ended (monotonic), so that a node does not blame the others
     for a silence that was its own."""
 
-    def __init__(self, store, key: str) -> None:
+    def __init__(self, store, key: str, every: float) -> None:
         super().__init__(name=f"ftlaunch-alive-{key}", daemon=True)
-        self._store, self._key = store, key
+        self._store, self._key, self.every = store, key, every
         self._done = threading.Event()
         self.stalled = 0.0
         self.stalled_until = 0.0
@@ -38,9 +44,9 @@ class AliveCounter(threading.Thread):
             except Exception:  # noqa: BLE001 - node 0 gone: the main loop finds out and says so
                 return
             self.bumped = time.monotonic()
-            self._done.wait(BEAT_EVERY_S)
+            self._done.wait(self.every)
             now = time.monotonic()
-            late, turned = now - turned - BEAT_EVERY_S, now
+            late, turned = now - turned - self.every, now
             if late >= _STALL_S:
                 self.stalled, self.stalled_until = max(self.stalled, late), now
 

@@ -11,7 +11,7 @@ import json
 import time
 from typing import Dict, List, Optional
 
-from launcher.cluster.alive import BEAT_EVERY_S, AliveCounter
+from launcher.cluster.alive import AliveCounter, beat_every
 from launcher.cluster.rendezvous import LeaderUnreachable
 from launcher.cluster.watch import KeyWatch
 from launcher.cluster.wire import Interrupt, InterruptKind, reading_from_json, reading_to_json
@@ -57,7 +57,7 @@ class AttemptChannel:
         self._interrupt: Optional[Interrupt] = None
         self._lost: Dict[int, str] = {}  # node → why it was declared lost
         self._answered_stop = False
-        self._beater = AliveCounter(store, f"alive/{self.node}")
+        self._beater = AliveCounter(store, f"alive/{self.node}", beat_every(spec.node_timeout))
         self._beater.start()
         self._watch = KeyWatch(store, "interrupt", signals.wake)
         self._watch.start()
@@ -167,7 +167,7 @@ class AttemptChannel:
         most every half second)."""
         now = time.monotonic()
         if now >= self._next_look:
-            self._next_look = now + BEAT_EVERY_S
+            self._next_look = now + self._beater.every
             for node, value in self._counters([n for n in self._seen if n not in self._lost]).items():
                 if value != self._seen[node][0]:
                     self._seen[node] = (value, now)

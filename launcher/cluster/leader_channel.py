@@ -7,7 +7,6 @@ import time
 from typing import Dict, List, Tuple
 
 from launcher.beats import NodeRow, ProgressRow
-from launcher.cluster.alive import BEAT_EVERY_S
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
 from launcher.cluster.rendezvous import RoundFailed
 from launcher.cluster.wire import AttemptPlan, JobVerdict, NodeInfo, NodeReport
@@ -17,9 +16,9 @@ from launcher.process.signals import SignalInbox
 
 __all__ = ["LeaderChannel"]
 
-# A node's liveness thread bumps its counter every half second: one that has not moved for this
-# long is not read a verdict by (its supervisor died), even within --node-timeout.
-_GONE_S = 3.0
+# A node whose liveness counter has not moved for this many of its beats is not waited for to read
+# the verdict (its supervisor died), even within --node-timeout.
+_GONE_BEATS = 6
 
 
 class LeaderChannel(AttemptChannel):
@@ -86,7 +85,7 @@ class LeaderChannel(AttemptChannel):
         """This node itself, when its process did not run for --node-timeout or more: the others
         lost it then (their blame names it, not the nodes that left it)."""
         stalled = self._beater.stalled
-        if stalled + BEAT_EVERY_S < self.spec.node_timeout:  # its last bump came up to a beat before
+        if stalled + self._beater.every < self.spec.node_timeout:  # its last bump came a beat before
             return []
         info = self._infos.get(self.node)
         host, pid = (info.host, info.pid) if info else ("?", 0)
@@ -164,7 +163,8 @@ class LeaderChannel(AttemptChannel):
         try:
             while waiting and time.monotonic() < deadline:
                 silences, read = self._silences(), set(self._listed(key))
-                waiting = {n for n in waiting if n not in read and silences[n] < _GONE_S}
+                gone = _GONE_BEATS * self._beater.every
+                waiting = {n for n in waiting if n not in read and silences[n] < gone}
                 self._pause(since)
         except Interrupted:
             pass

@@ -20,13 +20,13 @@ import socket
 import time
 from typing import Callable, List, Optional
 
-from launcher.cluster.alive import BEAT_EVERY_S, AliveCounter
+from launcher.cluster.alive import AliveCounter, beat_every
 from launcher.errors import UsageError
 
 __all__ = ["Hello", "Lobby", "NodeClaim"]
 
-# How long a claimant's counter is watched before it is judged gone: three of its beats.
-_JUDGE_S = 3 * BEAT_EVERY_S
+# How many of a claimant's beats its counter is watched for before it is judged gone.
+_JUDGE_BEATS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +42,11 @@ class NodeClaim:
     """A follower's hold on its node rank, for as long as its supervisor lives (one token per
     process: a reconnect to the same node 0 finds its own claim)."""
 
-    def __init__(self, node: int, hello: Hello) -> None:
+    def __init__(self, node: int, hello: Hello, node_timeout: float) -> None:
+        """``node_timeout``: the job's --node-timeout, which sets how often its counter beats
+        (every node of a job has the same: one command)."""
         self.node = node
+        self._every = beat_every(node_timeout)
         self.token = f"{socket.gethostname()}:{os.getpid()}:{time.monotonic_ns()}"
         self._hello = hello
         self._beat: Optional[AliveCounter] = None
@@ -53,12 +56,12 @@ class NodeClaim:
         say hello. ``beat_store``: the same store for the liveness thread, whose calls may block
         (``store``'s should not). ``wait`` sleeps, answering signals."""
         self.release()
-        self._beat = AliveCounter(beat_store, f"lobby/alive/{self.token}")
+        self._beat = AliveCounter(beat_store, f"lobby/alive/{self.token}", self._every)
         self._beat.start()
         key = f"lobby/claim/{self.node}"
         holder = _text(store.compare_set(key, "", self.token))
         if holder != self.token:
-            if _alive(store, holder, wait):
+            if _alive(store, holder, wait, self._every):
                 host, pid = holder.split(":")[:2]
                 raise UsageError(
                     f"node rank {self.node} is already held by the supervisor on {host} (pid {pid}), "
@@ -81,7 +84,7 @@ class NodeClaim:
     def release(self) -> None:
         if self._beat is not None:
             self._beat.stop()
-            self._beat.join(2 * BEAT_EVERY_S)  # not left inside a store call at exit, unless stuck there
+            self._beat.join(2 * self._every)  # not left inside a store call at exit, unless stuck there
             self._beat = None
 
 
@@ -120,15 +123,15 @@ class Lobby:
         return reason
 
 
-def _alive(store, token: str, wait: Callable[[float], None]) -> bool:
-    """Whether the supervisor that holds ``token`` still beats. One on this host is asked the
-    kernel at once; another is watched for three of its beats."""
+def _alive(store, token: str, wait: Callable[[float], None], every: float) -> bool:
+    """Whether the supervisor that holds ``token`` still beats (every ``every`` seconds). One on
+    this host is asked the kernel at once; another is watched for three of its beats."""
     host, pid = token.split(":")[:2]
     if host == socket.gethostname() and not _pid_alive(int(pid)):
         return False
     key = f"lobby/alive/{token}"
     before = store.add(key, 0)
-    deadline = time.monotonic() + _JUDGE_S
+    deadline = time.monotonic() + _JUDGE_BEATS * every
     while time.monotonic() < deadline:
         wait(0.1)
         if store.add(key, 0) != before:

@@ -194,9 +194,9 @@ class WorkerGroup:
         self._next_look = now + _GROUP_LOOK_S
         known = {*self.pids, *self._other_groups, os.getpgid(0)}
         new = []
-        for proc in descendants(exclude={self._guard.pid, *self._spawner.helper_pids}):
+        for pid in descendants(exclude={self._guard.pid, *self._spawner.helper_pids}):
             try:
-                pgid = os.getpgid(proc.pid)
+                pgid = os.getpgid(pid)
             except ProcessLookupError:
                 continue
             if pgid not in known:

@@ -49,7 +49,7 @@ class Follower(Role):
         self._verdict: Optional[JobVerdict] = None  # None after an attempt: node 0 was lost
         rdzv_id = config.cluster.rdzv_id or config.run.run_id
         hello = Hello(self.node, socket.gethostname(), os.getpid(), rdzv_id, list(config.entry.command))
-        self._claim = NodeClaim(self.node, hello)
+        self._claim = NodeClaim(self.node, hello, config.cluster.node_timeout)
         self._lobby_store = None  # node 0's store, each call with a deadline
 
     # -- between attempts ------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from launcher.errors import UsageError
 
 
 def _claim(node=1, rdzv_id="job", command=("script", "train.py")):
-    return NodeClaim(node, Hello(node, "here", 1, rdzv_id, list(command)))
+    return NodeClaim(node, Hello(node, "here", 1, rdzv_id, list(command)), node_timeout=5.0)
 
 
 def test_a_live_holder_keeps_its_node_rank():
