@@ -9,14 +9,14 @@ from typing import Callable, List, Optional, Set
 
 from launcher.beats import BeatSummary, NodeRow, ProgressRow
 from launcher.config import LaunchConfig
-from launcher.events import EventLog
+from launcher.events import EventLog, KeptTime
 from launcher.evidence import ProgressEvidence, judge_progress
 from launcher.failures import Failure, root_cause
 from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.runs.checkpoints import CheckpointDir, NewestCheckpoint
 from launcher.runs.directory import PROGRESS_FILE, Holder, RunDir
 from launcher.runs.opening import RunOpening
-from launcher.runs.records import AttemptEntry, FailureEntry
+from launcher.runs.records import AttemptEntry, FailureEntry, kept_seconds
 from worker_lib.storage import StorageError
 
 __all__ = ["Run"]
@@ -73,6 +73,7 @@ class Run:
             nodes=nodes or [],
             world_size=world_size,
         )
+        self._tell_kept(entry.started_at, in_progress=True)
         self.state.attempts.append(entry)  # written once its group runs (a failed start writes nothing)
         return entry
 
@@ -107,7 +108,14 @@ class Run:
             self.state.latest_step, self.state.latest_step_at = newest.step, newest.committed_at
         entry.beat, entry.furthest_step = beats.beat, beats.furthest_step
         entry.progress, entry.progress_evidence = judge_progress(self._evidence(entry, lived))
+        self._tell_kept(now, in_progress=False)
         self.save()
+
+    def _tell_kept(self, now: float, in_progress: bool) -> None:
+        """Goodput's numerator so far, for the metrics (the attempts before ``now``)."""
+        ended = [a for a in self.state.attempts if a.outcome is not None]
+        since = self.state.attempts[0].started_at if self.state.attempts else now
+        self._events.emit(KeptTime(kept_seconds(ended, now), since, in_progress))
 
     def _evidence(self, entry: AttemptEntry, lived: float) -> ProgressEvidence:
         earlier = [a for a in self.state.attempts if a is not entry]
