@@ -25,6 +25,7 @@ from launcher.config import (
     GroupSection,
     HangSection,
     LaunchConfig,
+    MetricsSection,
     RestartSection,
     RunSection,
     place,
@@ -249,6 +250,25 @@ ENV_PREFIX = "FTLAUNCH"
     is_flag=True,
     help="Injected failures count against --max-failures (by default they do not).",
 )
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=None,
+    metavar="PORT",
+    help="Serve the run's metrics (Prometheus text: attempts, failures by kind, downtime, goodput, the "
+    "step, checkpoints by tier, ...) on this port of --metrics-addr; 0: a free port  [default: none]",
+)
+@click.option(
+    "--metrics-addr", default="127.0.0.1", metavar="ADDR", help="The address --metrics-port listens on."
+)
+@click.option(
+    "--metrics-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    metavar="PATH",
+    help="Write the same metrics to PATH (atomically, every few seconds and at the end), for "
+    "node_exporter's textfile collector  [default: none]",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log the supervisor's own decisions.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
@@ -264,6 +284,7 @@ def cli(signals: SignalInbox, verbose: bool, **options) -> int:
     signals.preempt_signal = config.group.preempt_signal
     preflight(config, signals.raise_if_received)
     signals.raise_if_received()
+    from launcher.observe.exporter import open_exporter
     from launcher.summary import summary_lines
     from launcher.supervisor import supervise
 
@@ -273,7 +294,10 @@ def cli(signals: SignalInbox, verbose: bool, **options) -> int:
             f"{chaos}; injected failures {'count' if config.chaos.counts else 'do not count'} "
             "against --max-failures"
         )
-    result = supervise(config, signals, say=say)
+    with open_exporter(config.metrics, config.run.name, config.cluster.node_rank) as metrics:
+        if metrics.port is not None:
+            say(f"metrics on http://{config.metrics.addr}:{metrics.port}/metrics")
+        result = supervise(config, signals, say=say, on_events=metrics.watch)
     for line in summary_lines(result):
         say(line)
     if chaos:
@@ -373,6 +397,7 @@ def config_from_options(
         chaos=ChaosSection(
             _parse_chaos(o["chaos"], at.run_id, at.nnodes) if o["chaos"] else None, o["chaos_counts"]
         ),
+        metrics=MetricsSection(o["metrics_port"], o["metrics_addr"], o["metrics_file"]),
     )
 
 
@@ -480,7 +505,11 @@ def main(argv: Optional[Sequence[str]] = None, signals: Optional[SignalInbox] = 
         if not inbox.is_open:
             inbox.open()
         return cli.main(
-            args=args, prog_name="ftlaunch", standalone_mode=False, auto_envvar_prefix=ENV_PREFIX, obj=inbox
+            args=args,
+            prog_name="ftlaunch",
+            standalone_mode=False,
+            auto_envvar_prefix=ENV_PREFIX,
+            obj=inbox,
         )
     except click.exceptions.Exit as done:  # --help, --version
         return done.exit_code
