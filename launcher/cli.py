@@ -1,7 +1,7 @@
 """``ftlaunch [OPTIONS] SCRIPT [SCRIPT_ARGS]...``: options → LaunchConfig, errors → exit codes.
 
-Every option can also be set as ``FTLAUNCH_<OPTION>`` (``FTLAUNCH_NPROC=8``), as torchrun's
-``PET_*``; the command line wins over the environment.
+Every option can also be set as ``FTLAUNCH_<OPTION>`` (``FTLAUNCH_NPROC=8``), and below that as
+torchrun's ``PET_<OPTION>`` (``launcher.environment``); the command line wins over both.
 """
 
 import logging
@@ -34,6 +34,7 @@ from launcher.config import (
 )
 from launcher.console import say
 from launcher.durations import parse_duration
+from launcher.environment import torchrun_defaults
 from launcher.errors import ExitCode, FtlaunchError, UsageError
 from launcher.preflight import preflight
 from launcher.process.signals import SignalInbox
@@ -46,15 +47,17 @@ ENV_PREFIX = "FTLAUNCH"
 
 @click.command(
     context_settings={"allow_interspersed_args": False, "show_default": True},
-    epilog="Every option can also be set as FTLAUNCH_<OPTION>, e.g. FTLAUNCH_NPROC=8.",
+    epilog="Every option can also be set as FTLAUNCH_<OPTION>, e.g. FTLAUNCH_NPROC=8, or as torchrun's "
+    "PET_<OPTION> (PET_NPROC_PER_NODE, PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT as "
+    "the rendezvous endpoint, ...), which the command line and FTLAUNCH_<OPTION> override.",
 )
 @click.option(
     "--nproc",
     "--nproc-per-node",
     "nproc",
     default="auto",
-    metavar="N|auto",
-    help="Workers on this node; auto: one per visible GPU, else 1.",
+    metavar="N|auto|gpu|cpu",
+    help="Workers on this node; auto: one per visible GPU, else 1; gpu: one per GPU; cpu: one per CPU.",
 )
 @click.option("-m", "--module", is_flag=True, help="Run SCRIPT as a module, like python -m.")
 @click.option("--no-python", is_flag=True, help="Run SCRIPT as an executable, not with python.")
@@ -404,8 +407,15 @@ def config_from_options(
 def options_of(argv: Sequence[str]) -> Dict[str, Any]:
     """The parameters click parses from a command line (defaults and FTLAUNCH_* included): what
     ``config_from_options`` takes, for tools and tests."""
-    with cli.make_context("ftlaunch", list(argv), auto_envvar_prefix=ENV_PREFIX) as context:
+    with cli.make_context(
+        "ftlaunch", list(argv), auto_envvar_prefix=ENV_PREFIX, default_map=_torchrun_defaults()
+    ) as context:
         return dict(context.params)
+
+
+def _torchrun_defaults() -> Dict[str, str]:
+    """torchrun's PET_* variables, below FTLAUNCH_* and the command line."""
+    return torchrun_defaults(os.environ, [p.name for p in cli.params if p.name])
 
 
 def _duration(options: Mapping[str, Any], name: str, option: str) -> Optional[float]:
@@ -430,12 +440,19 @@ def _parse_heartbeat_timeout(value: str) -> Optional[float]:
 
 
 def _parse_nproc(value: str, gpus: int) -> int:
+    """A number, or torchrun's words: auto (one per GPU, else 1), gpu, cpu (one per CPU)."""
     if value == "auto":
         return gpus or 1
+    if value == "gpu":
+        if not gpus:
+            raise UsageError("--nproc gpu: this node sees no GPU")
+        return gpus
+    if value == "cpu":
+        return os.cpu_count() or 1
     try:
         return int(value)
     except ValueError:
-        raise UsageError(f"--nproc must be a whole number or 'auto', got {value!r}") from None
+        raise UsageError(f"--nproc must be a whole number, auto, gpu or cpu, got {value!r}") from None
 
 
 def _parse_nnodes(value: str) -> Tuple[int, int]:
@@ -509,6 +526,7 @@ def main(argv: Optional[Sequence[str]] = None, signals: Optional[SignalInbox] = 
             prog_name="ftlaunch",
             standalone_mode=False,
             auto_envvar_prefix=ENV_PREFIX,
+            default_map=_torchrun_defaults(),
             obj=inbox,
         )
     except click.exceptions.Exit as done:  # --help, --version
