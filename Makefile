@@ -52,6 +52,7 @@ bench: install
 	$(PY) scripts/bench_load_cache.py
 	$(PY) scripts/bench_checkpoint.py
 	$(PY) scripts/bench_heartbeat.py
+	$(PY) scripts/bench_metrics.py
 
 # The reliability matrix: every fault, 10 times, against examples/train.py, and on 2 and 3 nodes
 # against a plain DDP script (docs/reliability.md).

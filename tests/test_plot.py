@@ -9,7 +9,7 @@ import sys
 import pytest
 from helpers import SCRIPTS
 
-from launcher.events import AttemptEnded, Steps
+from launcher.events import AttemptEnded, FirstStep, RunStart, Steps, Transition
 from launcher.observe.plot import draw_run, node_events
 from launcher.runs.directory import RunDir
 
@@ -61,6 +61,16 @@ def test_the_picture_draws_every_attempts_steps_the_failure_and_the_runs_goodput
     assert any(re.fullmatch(r"step \d+ from (memory|storage)", t) for t in texts)
     failure = [line for line in axes.get_lines() if line.get_label() == "failure"]
     assert [(list(f.get_xdata()), list(f.get_ydata())) for f in failure] == [([crash.t_wall - t0], [12])]
+    spans = {patch.get_label(): (patch.get_x(), patch.get_x() + patch.get_width()) for patch in axes.patches}
+    started = next(e for e in events if isinstance(e.event, RunStart))
+    first_steps = [e for e in events if isinstance(e.event, FirstStep)]
+    failed = next(e for e in events if isinstance(e.event, Transition) and e.event.new.value == "FAILED")
+    assert spans["start-up (to the first step)"] == pytest.approx(
+        (started.t_wall - t0, first_steps[0].t_wall - t0), abs=1e-9
+    )
+    assert spans["down (failure to first step)"] == pytest.approx(
+        (failed.t_wall - t0, first_steps[1].t_wall - t0), abs=1e-9
+    )
     said = int(re.search(r"goodput (\d+)%", crashed_run.stderr).group(1))
     drawn_goodput = int(re.search(r"goodput (\d+)%", axes.get_title()).group(1))
     assert abs(drawn_goodput - said) <= 1  # the same rule, a few ms later

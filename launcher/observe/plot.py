@@ -20,6 +20,7 @@ from launcher.events import (
     CheckpointLoaded,
     FirstStep,
     Logged,
+    RunStart,
     Steps,
     Transition,
     parse_logged,
@@ -101,6 +102,10 @@ def _draw_node(axes, n: NodeEvents, t0: float, colour: str, many: bool) -> None:
         axes.plot(xs, ys, color=colour, marker=".", gid=f"steps/node{n.node}/attempt{attempt}", label=who)
     if n.node != 0 and many:
         return  # the job's failures, recoveries and loads are node 0's to tell
+    for start, end in _start_ups(n.events):
+        axes.axvspan(
+            start - t0, end - t0, color="tab:gray", alpha=0.12, lw=0, label="start-up (to the first step)"
+        )
     for start, end in _downtimes(n.events):
         axes.axvspan(
             start - t0, end - t0, color="tab:red", alpha=0.15, lw=0, label="down (failure to first step)"
@@ -165,6 +170,16 @@ def _downtimes(events: Sequence[Logged]) -> List[Tuple[float, float]]:
         )
         if running is not None:  # a recovery (not the run's end)
             spans.append((failed.t_wall, (first or running).t_wall))
+    return spans
+
+
+def _start_ups(events: Sequence[Logged]) -> List[Tuple[float, float]]:
+    """From each supervisor's start to its first attempt's first step: imports, data, the load."""
+    spans = []
+    for start in (e for e in events if isinstance(e.event, RunStart)):
+        first = next((e for e in events if e.t_wall >= start.t_wall and isinstance(e.event, FirstStep)), None)
+        if first is not None:
+            spans.append((start.t_wall, first.t_wall))
     return spans
 
 
