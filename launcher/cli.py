@@ -283,6 +283,9 @@ def cli(signals: SignalInbox, verbose: bool, **options) -> int:
     Everything after SCRIPT is passed to SCRIPT.
     """
     _configure_logging(verbose)
+    torchrun = _torchrun_banner()
+    if torchrun:  # a pod's environment decides how many nodes: say so before anything can fail
+        say(torchrun)
     config = config_from_options(options)
     signals.preempt_signal = config.group.preempt_signal
     preflight(config, signals.raise_if_received)
@@ -315,6 +318,17 @@ def _chaos_banner(config: LaunchConfig) -> str:
     source = click.get_current_context().get_parameter_source("chaos")
     where = f"{ENV_PREFIX}_CHAOS in the environment" if source is ParameterSource.ENVIRONMENT else "--chaos"
     return f"chaos ({where}): injecting {config.chaos.plan} into this run"
+
+
+def _torchrun_banner() -> str:
+    """'' unless torchrun's PET_* variables set an option; else which, to what."""
+    context = click.get_current_context()
+    used = [
+        f"--{name.replace('_', '-')} {value}"
+        for name, value in (context.default_map or {}).items()
+        if context.get_parameter_source(name) is ParameterSource.DEFAULT_MAP
+    ]
+    return f"from torchrun's PET_* environment: {', '.join(used)}" if used else ""
 
 
 def _configure_logging(verbose: bool) -> None:

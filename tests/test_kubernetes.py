@@ -58,6 +58,10 @@ def test_two_pods_with_kubeflow_trainers_environment_run_as_two_nodes_and_surviv
     assert [a.world_size for a in state.attempts] == [2, 2]
     assert [[n["node"] for n in a.nodes] for a in state.attempts] == [[0, 1], [0, 1]]
     for rank, pod in enumerate(pods):
+        said = (
+            f"from torchrun's PET_* environment: --nproc 1, --nnodes 2, --node-rank {rank}, --rdzv-endpoint "
+        )
+        assert said + f"127.0.0.1:{port}" in pod.stderr
         assert "has WORLD_SIZE 2" in pod.stdout
         pod.log_dir = Path(run) / "logs" / f"node{rank}"
         assert [e.nnodes for e in pod.events(NodesMet)] == [2, 2]

@@ -3,6 +3,7 @@ crash and a hang, written to a file for node_exporter's textfile collector, refu
 worker starts when the port is busy, and never in the supervisor's way."""
 
 import math
+import shutil
 import socket
 import time
 import urllib.request
@@ -138,6 +139,18 @@ def test_the_metrics_file_is_whole_at_every_read_and_ends_with_the_runs_final_va
     assert math.isnan(final["ftlaunch_goodput_ratio"][()])
     assert "goodput unknown" in launch.stderr
     assert [p.name for p in metrics.parent.iterdir()] == ["ftlaunch.prom"]  # no temporary left
+
+
+def test_a_metrics_file_that_cannot_be_written_any_more_is_said_once_and_the_run_goes_on(launcher, tmp_path):
+    folder = tmp_path / "textfile"
+    folder.mkdir()
+    launch = launcher.start(
+        "--nproc", "2", "--metrics-file", str(folder / "m.prom"), str(ACTOR), "--run-for", "12",
+    )  # fmt: skip
+    launch.wait_for_event(Transition, lambda e: e.new.value == "RUNNING", timeout=60)
+    shutil.rmtree(folder)  # the disk is gone from under it
+    assert launch.wait() == 0, launch.stderr
+    assert launch.stderr.count("cannot write the metrics to") == 1, launch.stderr
 
 
 def test_a_busy_metrics_port_is_a_usage_error_before_any_worker_starts(launcher, tmp_path):

@@ -4,7 +4,11 @@ at chosen moments. The exporter's port and file, and a real Prometheus, are test
 
 import math
 
+import pytest
+
 from launcher.beats import BeatReading, CheckpointCounters, Phase
+from launcher.config import MetricsSection
+from launcher.errors import UsageError
 from launcher.events import (
     AttemptEnded,
     AttemptPlanned,
@@ -220,3 +224,14 @@ def test_checkpoint_counters_are_summed_over_the_ranks_and_loads_go_under_each_r
         loads_storage=1,
         load_storage_s=0.3,
     )
+
+
+def test_the_metrics_section_refuses_a_port_out_of_range_and_a_folder_for_a_file(tmp_path):
+    for bad, said in (
+        (dict(port=65536), "--metrics-port must be in 0..65535, got 65536"),
+        (dict(port=-1), "--metrics-port must be in 0..65535"),
+        (dict(file=tmp_path), "--metrics-file must name a file"),
+    ):
+        with pytest.raises(UsageError, match=said):
+            MetricsSection(**bad)
+    assert MetricsSection(port=0, file=tmp_path / "m.prom").port == 0
