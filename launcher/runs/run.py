@@ -64,6 +64,7 @@ class Run:
         nodes: Optional[List[dict]] = None,
         world_size: Optional[int] = None,
     ) -> AttemptEntry:
+        self._tell_kept(time.time(), in_progress=True)  # before it is one of the attempts
         entry = AttemptEntry(
             attempt,
             time.time(),
@@ -73,7 +74,6 @@ class Run:
             nodes=nodes or [],
             world_size=world_size,
         )
-        self._tell_kept(entry.started_at, in_progress=True)
         self.state.attempts.append(entry)  # written once its group runs (a failed start writes nothing)
         return entry
 
