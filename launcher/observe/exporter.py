@@ -44,7 +44,11 @@ class MetricsExporter:
         self._unwritten = False
         self._writer: Optional[threading.Thread] = None
         if section.file is not None:
-            self._write_file()  # before any worker starts: an unwritable path is a usage error
+            try:
+                self._write_file()  # before any worker starts: an unwritable path is a usage error
+            except UsageError:
+                self.close()
+                raise
             self._writer = threading.Thread(
                 target=self._keep_writing, name="ftlaunch-metrics-file", daemon=True
             )
