@@ -466,7 +466,7 @@ def _parse_nproc(value: str, gpus: int) -> int:
     try:
         return int(value)
     except ValueError:
-        raise UsageError(f"--nproc must be a whole number, auto, gpu or cpu, got {value!r}") from None
+        raise UsageError(f"--nproc must be a whole number or 'auto' (or gpu, cpu), got {value!r}") from None
 
 
 def _parse_nnodes(value: str) -> Tuple[int, int]:

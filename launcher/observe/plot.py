@@ -57,11 +57,11 @@ def node_events(run_events: Sequence[Logged], log_dir: Optional[str]) -> List[No
     folder = Path(log_dir) if log_dir else None
     if folder is None or not folder.name.startswith("node"):  # one node: its log is the run's
         return found
-    for path in sorted(folder.parent.glob("node*/events.jsonl")):
+    for path in folder.parent.glob("node*/events.jsonl"):
         rank = path.parent.name[len("node") :]
         if rank.isdigit() and int(rank) != 0:
             found.append(NodeEvents(int(rank), _read(path)))
-    return found
+    return sorted(found, key=lambda n: n.node)
 
 
 def draw_run(title: str, nodes: Sequence[NodeEvents], now: Optional[float] = None):
