@@ -3,6 +3,7 @@ crash and a hang, written to a file for node_exporter's textfile collector, refu
 worker starts when the port is busy, and never in the supervisor's way."""
 
 import math
+import re
 import shutil
 import socket
 import time
@@ -102,6 +103,18 @@ def test_a_real_prometheus_scrapes_a_run_with_a_crash_and_a_hang_and_reads_what_
         server.stop()
     assert launch.wait(120) == 0, launch.stderr
     assert (labels["node"], labels["run"]) == ("0", launch.run_url().rsplit("/", 1)[1])
+    # worker_lib's own counts, exactly: the last attempt resumed at step r, snapshotted every even
+    # step and saved every fifth up to 40, on both ranks; rank 0 committed each fifth; both loaded.
+    (r,) = set(re.findall(r"attempt 2 starts at step (\d+)", launch.stdout))
+    steps = range(int(r) + 1, 41)
+    last = [e for e in launch.events(CheckpointTotals) if e.attempt == 2][-1]
+    fifths = sum(s % 5 == 0 for s in steps)
+    assert (last.saves_memory, last.saves_storage, last.commits) == (
+        2 * sum(s % 2 == 0 for s in steps),
+        2 * fifths,
+        fifths,
+    )
+    assert last.loads_memory + last.loads_storage == 2
 
 
 def _families(text: str) -> dict:

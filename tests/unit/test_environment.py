@@ -120,3 +120,11 @@ def test_one_node_ignores_the_master_address_and_nothing_set_means_nothing_read(
     config = _config()
     assert (config.cluster.nnodes, config.cluster.rdzv_endpoint) == (1, "")
     assert torchrun_defaults({}, ["nproc", "nnodes"]) == {}
+
+
+def test_the_metrics_options_read_ftlaunch_and_pet_variables_like_every_option(environ):
+    environ({"PET_METRICS_PORT": "9400"})
+    assert _config().metrics.port == 9400
+    environ({"FTLAUNCH_METRICS_PORT": "9500", "FTLAUNCH_METRICS_FILE": "/tmp/m.prom"})
+    config = _config()
+    assert (config.metrics.port, str(config.metrics.file)) == (9500, "/tmp/m.prom")
