@@ -239,7 +239,7 @@ class AttemptPlanned:
 @dataclasses.dataclass(frozen=True)
 class Steps:
     """This node's ranks' progress, as their heartbeat slots say it: when all have first beaten,
-    then every few seconds while the step moves, and once more when the attempt is over."""
+    then every 5 to 15 s while the step moves (``observe.slots``), and when the attempt is over."""
 
     KIND: ClassVar[str] = "steps"
     attempt: int

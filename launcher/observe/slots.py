@@ -10,10 +10,14 @@ from worker_lib import contract as c
 
 __all__ = ["SlotObserver", "checkpoint_totals"]
 
-# A Steps event at most this often while the step moves (and at the first beat and the end):
-# a weekend's run adds a few MB to the run log, which run.json's writes copy whole.
-_STEPS_EVERY_S = 5.0
-_COUNTERS_EVERY_S = 1.0
+# How often, at most, while the step moves or the counters change (and always at the first beat
+# and the end): often in an attempt's first minute (its load, its first steps), seldom later. The
+# run dir's events.jsonl holds every event and is rewritten whole with run.json: at these rates a
+# weekend of training adds about 2 MB to it.
+_EARLY_S = 60.0
+_STEPS_EVERY_S = (5.0, 15.0)  # early, later
+_TOTALS_EVERY_S = (5.0, 60.0)
+_COUNTERS_READ_S = 1.0
 _TIERS = {c.LOADED_MEMORY: "memory", c.LOADED_STORAGE: "storage"}
 
 
@@ -25,8 +29,10 @@ class SlotObserver:
         self._attempt = attempt
         self._steps: Optional[Steps] = None
         self._totals = CheckpointTotals(attempt)
+        self._born: Optional[float] = None  # the first look
         self._steps_due = 0.0  # the first: as soon as every rank has beaten
-        self._counters_due = 0.0
+        self._totals_due = 0.0
+        self._read_due = 0.0
 
     def look(
         self,
@@ -37,11 +43,14 @@ class SlotObserver:
     ) -> None:
         """``slots``: every local rank's, by rank; ``running``: the ranks still running;
         ``counters()`` reads the slots' checkpoint counters, only when they are due."""
+        self._born = now if self._born is None else self._born
+        later = now - self._born >= _EARLY_S
         if now >= self._steps_due and self._note_steps([slots[r] for r in running if r in slots]):
-            self._steps_due = now + _STEPS_EVERY_S
-        if now >= self._counters_due:
-            self._counters_due = now + _COUNTERS_EVERY_S
-            self._note_totals(counters(), slots)
+            self._steps_due = now + _STEPS_EVERY_S[later]
+        if now >= max(self._totals_due, self._read_due):
+            self._read_due = now + _COUNTERS_READ_S
+            if self._note_totals(counters(), slots):
+                self._totals_due = now + _TOTALS_EVERY_S[later]
 
     def final(self, slots: Dict[int, BeatReading], counters: Dict[int, CheckpointCounters]) -> None:
         """The attempt is over: where its ranks got to, and what they saved."""
@@ -60,11 +69,14 @@ class SlotObserver:
         self._events.emit(self._steps)
         return True
 
-    def _note_totals(self, counters: Dict[int, CheckpointCounters], slots: Dict[int, BeatReading]) -> None:
+    def _note_totals(self, counters: Dict[int, CheckpointCounters], slots: Dict[int, BeatReading]) -> bool:
+        """A CheckpointTotals event when the counters changed."""
         totals = checkpoint_totals(self._attempt, counters, slots)
-        if totals != self._totals:
-            self._totals = totals
-            self._events.emit(totals)
+        if totals == self._totals:
+            return False
+        self._totals = totals
+        self._events.emit(totals)
+        return True
 
 
 def checkpoint_totals(

@@ -235,3 +235,21 @@ def test_the_metrics_section_refuses_a_port_out_of_range_and_a_folder_for_a_file
         with pytest.raises(UsageError, match=said):
             MetricsSection(**bad)
     assert MetricsSection(port=0, file=tmp_path / "m.prom").port == 0
+
+
+def test_after_an_attempts_first_minute_steps_and_totals_are_written_seldom(tmp_path):
+    """The run dir's events.jsonl holds every event: a long attempt adds few lines to it."""
+    with EventLog(tmp_path / "events.jsonl") as log:
+        observer = SlotObserver(log, 0)
+        for t in (0.0, 2.0, 5.5, 61.0, 70.0, 76.5, 100.0, 131.0):
+            saves = int(t) + 1  # a memory snapshot every second: the counters always change
+            observer.look(
+                t,
+                {0: _reading(int(t) + 1, t)},
+                [0],
+                lambda saves=saves: {0: CheckpointCounters(saves_memory=saves)},
+            )
+        steps = [e.event.reported_at for e in log.logged if isinstance(e.event, Steps)]
+        totals = [e.event.saves_memory for e in log.logged if isinstance(e.event, CheckpointTotals)]
+    assert steps == [0.0, 5.5, 61.0, 76.5, 100.0, 131.0]  # every 5 s, then every 15 s
+    assert totals == [1, 6, 62, 132]  # every 5 s, then every 60 s
