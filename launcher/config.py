@@ -26,6 +26,7 @@ __all__ = [
     "GroupSection",
     "HangSection",
     "LaunchConfig",
+    "MetricsSection",
     "Placement",
     "RestartSection",
     "RunSection",
@@ -273,6 +274,22 @@ class ChaosSection:
     counts: bool = False  # injected failures count against --max-failures
 
 
+@dataclasses.dataclass(frozen=True)
+class MetricsSection:
+    """Where the run's metrics go (``launcher.observe``): served on a port, written to a file
+    (node_exporter's textfile collector), both or neither."""
+
+    port: Optional[int] = None  # None: no server; 0: a free port the OS picks
+    addr: str = "127.0.0.1"
+    file: Optional[Path] = None
+
+    def __post_init__(self) -> None:
+        if self.port is not None and not 0 <= self.port < 65536:
+            raise UsageError(f"--metrics-port must be in 0..65535, got {self.port}")
+        if self.file is not None and (self.file.name == "" or self.file.is_dir()):
+            raise UsageError(f"--metrics-file must name a file, got {self.file}")
+
+
 # Where each field of run.json's flat "config" record lives now: section, field.
 _FLAT = {
     "entrypoint": ("entry", "entrypoint"),
@@ -291,6 +308,9 @@ _FLAT = {
     **{f.name: ("cluster", f.name) for f in dataclasses.fields(ClusterSection)},
     "chaos": ("chaos", "plan"),
     "chaos_counts": ("chaos", "counts"),
+    "metrics_port": ("metrics", "port"),
+    "metrics_addr": ("metrics", "addr"),
+    "metrics_file": ("metrics", "file"),
 }
 _SECTIONS = {
     "entry": EntrySection,
@@ -300,6 +320,7 @@ _SECTIONS = {
     "run": RunSection,
     "cluster": ClusterSection,
     "chaos": ChaosSection,
+    "metrics": MetricsSection,
 }
 
 
@@ -315,6 +336,7 @@ class LaunchConfig:
     run: RunSection = RunSection()
     cluster: ClusterSection = ClusterSection()
     chaos: ChaosSection = ChaosSection()
+    metrics: MetricsSection = MetricsSection()
 
     def __post_init__(self) -> None:
         ranks = self.group.console_ranks
@@ -358,6 +380,7 @@ class LaunchConfig:
         data["script_args"] = list(self.entry.script_args)
         data["rdzv_conf"] = dict(self.cluster.rdzv_conf)
         data["chaos"] = str(self.chaos.plan) if self.chaos.plan is not None else None
+        data["metrics_file"] = str(self.metrics.file) if self.metrics.file is not None else None
         return data
 
 

@@ -58,6 +58,7 @@ def run_attempts(role: Role, runner: AttemptRunner) -> RunResult:
         result = role.conclude(local)
         attempts.append(result)
         ended, delay = role.decide(result, attempts)
+        runner.concluded(result, restarting=ended is None)
         if ended is not None:
             return ended
         role.pause(delay)
@@ -70,17 +71,18 @@ def supervise(
     spawner: Optional[Spawner] = None,
     console_out: Optional[BinaryIO] = None,
     console_err: Optional[BinaryIO] = None,
+    on_events: Callable[[EventLog], None] = lambda _events: None,
 ) -> RunResult:
     """Hold the run (unless a follower), set up what a run needs, run it to its end, and tear it
     all down. The caller owns this process (the supervisor reaps its children) and has opened
-    ``signals``."""
+    ``signals``; ``on_events`` is handed the event log once it is open (the metrics read it)."""
     console = (console_out or sys.stdout.buffer, console_err or sys.stderr.buffer)
     own_spawner = spawner is None
     spawner = spawner or _spawner_for(config, say)
     try:
         if config.cluster.many_nodes and not config.cluster.leads:
-            return _follow(config, signals, say, spawner, console)
-        return _lead(config, signals, say, spawner, console)
+            return _follow(config, signals, say, spawner, console, on_events)
+        return _lead(config, signals, say, spawner, console, on_events)
     finally:
         if own_spawner and isinstance(spawner, ForkServerSpawner):
             spawner.close()
@@ -96,10 +98,13 @@ def _spawner_for(config: LaunchConfig, say: Callable[[str], None]) -> Spawner:
     return ForkServerSpawner(server, plain, say)
 
 
-def _follow(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, console) -> RunResult:
+def _follow(
+    config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, console, on_events
+) -> RunResult:
     """A node other than node 0: it holds nothing of the run."""
     become_subreaper()
     with EventLog(config.group.log_dir / "events.jsonl") as events:
+        on_events(events)
         events.emit(RunStart(run_id=config.run.run_id, config=config.to_json(), pid=os.getpid()))
         with OrphanGuard() as guard, _memory_tier(guard) as memory:
             # Whether the script beats is node 0's knowledge (run.json); here it is learned afresh.
@@ -114,7 +119,7 @@ def _follow(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, c
             return result
 
 
-def _lead(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, console) -> RunResult:
+def _lead(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, console, on_events) -> RunResult:
     """Node 0, or the only node: hold the run and supervise it."""
     job_store = (
         host_job_store(config.cluster) if config.cluster.many_nodes else None
@@ -124,6 +129,7 @@ def _lead(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, con
     try:
         become_subreaper()
         with EventLog(config.group.log_dir / "events.jsonl") as events:
+            on_events(events)
             events.emit(RunStart(run_id=config.run.run_id, config=config.to_json(), pid=os.getpid()))
             with OrphanGuard() as guard, _memory_tier(guard) as memory:
                 run = Run(config, directory, events, say, taken_from)

@@ -14,11 +14,19 @@ environment should not pay for torch.
 """
 
 import contextlib
+import time
 from typing import Any, Dict, Optional
 
 from worker_lib import contract
 from worker_lib.backend import choose_backend
-from worker_lib.progress import heartbeat, mark_loaded, pause_heartbeat, should_stop, stop_beating
+from worker_lib.progress import (
+    count_save,
+    heartbeat,
+    mark_loaded,
+    pause_heartbeat,
+    should_stop,
+    stop_beating,
+)
 from worker_lib.retention import RetentionPolicy
 
 __all__ = [
@@ -117,6 +125,7 @@ def save_checkpoint(
         raise ValueError(f"to must be 'storage' or 'memory', not {to!r}")
     if format == "dcp" and replicated:
         raise ValueError("format='dcp' saves each rank's shards: replicated=True does not apply")
+    started = time.monotonic_ns()
     with pause_heartbeat():  # waiting for the previous save, or a blocking save, is not a hang
         if to == "memory" and format == "dcp":
             from worker_lib.dcp import snapshot_dcp
@@ -130,6 +139,7 @@ def save_checkpoint(
             save_dcp(_checkpoints(), step, state, dict(metrics or {}), blocking)
         else:
             _checkpoints().save(step, state, metrics, replicated=replicated, blocking=blocking)
+    count_save(to == "memory", time.monotonic_ns() - started)
 
 
 def load_checkpoint(into: Any = None):
@@ -137,6 +147,7 @@ def load_checkpoint(into: Any = None):
 
     ``into``: the script's current state dict (sharded or not): the newest ``format="dcp"`` step
     is loaded into it in place, resharded to this world size; the record's ``.state`` is it."""
+    started = time.monotonic_ns()
     with pause_heartbeat():
         if into is not None:
             from worker_lib.dcp import load_dcp
@@ -144,7 +155,8 @@ def load_checkpoint(into: Any = None):
             found = load_dcp(_checkpoints(), into)
         else:
             found = _checkpoints().load()
-    mark_loaded(found.step if found is not None else None, _checkpoints().loaded_tier)
+    took = time.monotonic_ns() - started
+    mark_loaded(found.step if found is not None else None, _checkpoints().loaded_tier, took)
     return found
 
 
@@ -170,9 +182,11 @@ def newest_checkpoint_dir():
     from worker_lib.directory import latest_directory
 
     session = _require_session()
+    started = time.monotonic_ns()
     with pause_heartbeat():
         found = latest_directory(_checkpoints(), session.info.run_id, session.info.attempt)
-    mark_loaded(found.step if found is not None else None, contract.LOADED_STORAGE)
+    took = time.monotonic_ns() - started
+    mark_loaded(found.step if found is not None else None, contract.LOADED_STORAGE, took)
     return found
 
 
@@ -200,9 +214,12 @@ def shutdown() -> None:
 
 @contextlib.contextmanager
 def _paused(block):
-    """``block`` (a context manager), with the heartbeat deadline paused for all of it."""
+    """``block`` (a context manager: a directory-mode save), with the heartbeat deadline paused
+    for all of it; a save counted once it returns."""
+    started = time.monotonic_ns()
     with pause_heartbeat(), block as value:
         yield value
+    count_save(False, time.monotonic_ns() - started)
 
 
 def _require_session():

@@ -9,6 +9,7 @@ import collections
 import dataclasses
 import logging
 import threading
+import time
 from typing import Any, BinaryIO, Callable, Dict, List, Optional, Set, Tuple
 
 from worker_lib import contract as c
@@ -34,7 +35,7 @@ from worker_lib.marker import (
     step_dir,
 )
 from worker_lib.memory import MemorySnapshots
-from worker_lib.progress import chaos_request
+from worker_lib.progress import chaos_request, count_commit
 from worker_lib.retention import RetentionPolicy
 from worker_lib.rng import capture_rng, restore_rng
 from worker_lib.storage import Storage
@@ -170,6 +171,7 @@ class CheckpointManager:
         this rank's share of them; called first, in the background too."""
 
         self._steps_in_storage.add(step)
+        called = time.monotonic_ns()
 
         def job() -> None:
             try:
@@ -178,6 +180,8 @@ class CheckpointManager:
             finally:
                 cleanup()
             self._share_and_commit(step, written, metrics, kind)
+            if self.rank == 0:  # rank 0 wrote the marker: the step exists from now on
+                count_commit(time.monotonic_ns() - called)
 
         if blocking:
             try:

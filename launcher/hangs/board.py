@@ -8,7 +8,7 @@ from typing import Dict
 
 import psutil
 
-from launcher.beats import BeatReading
+from launcher.beats import BeatReading, CheckpointCounters
 from worker_lib import contract as c
 
 __all__ = ["HeartbeatBoard"]
@@ -65,6 +65,22 @@ class HeartbeatBoard:
                 loaded_tier=w[c.SLOT_LOADED_TIER],
             )
         return readings
+
+    def checkpoint_counters(self) -> Dict[int, CheckpointCounters]:
+        """Every local rank's checkpoint counters, by global rank."""
+        counters = {}
+        for index in range(self._nproc):
+            w = self._words[index * c.SLOT_WORDS :][: c.SLOT_WORDS].tolist()
+            counters[self._first_rank + index] = CheckpointCounters(
+                saves_memory=w[c.SLOT_SAVES_MEMORY],
+                save_memory_ns=w[c.SLOT_SAVE_MEMORY_NS],
+                saves_storage=w[c.SLOT_SAVES_STORAGE],
+                save_storage_ns=w[c.SLOT_SAVE_STORAGE_NS],
+                commits=w[c.SLOT_COMMITS],
+                commit_ns=w[c.SLOT_COMMIT_NS],
+                load_ns=w[c.SLOT_LOAD_NS],
+            )
+        return counters
 
     def request_stop(self, at_step: int) -> None:
         """Ask every rank to stop once it reaches ``at_step`` (ft.should_stop)."""

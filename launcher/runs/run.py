@@ -9,14 +9,14 @@ from typing import Callable, List, Optional, Set
 
 from launcher.beats import BeatSummary, NodeRow, ProgressRow
 from launcher.config import LaunchConfig
-from launcher.events import EventLog
+from launcher.events import EventLog, KeptTime
 from launcher.evidence import ProgressEvidence, judge_progress
 from launcher.failures import Failure, root_cause
 from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.runs.checkpoints import CheckpointDir, NewestCheckpoint
 from launcher.runs.directory import PROGRESS_FILE, Holder, RunDir
 from launcher.runs.opening import RunOpening
-from launcher.runs.records import AttemptEntry, FailureCause, FailureEntry
+from launcher.runs.records import AttemptEntry, FailureCause, FailureEntry, kept_seconds
 from worker_lib.storage import StorageError
 
 __all__ = ["Run"]
@@ -64,6 +64,7 @@ class Run:
         nodes: Optional[List[dict]] = None,
         world_size: Optional[int] = None,
     ) -> AttemptEntry:
+        self._tell_kept(time.time(), in_progress=True)  # before it is one of the attempts
         entry = AttemptEntry(
             attempt,
             time.time(),
@@ -108,7 +109,14 @@ class Run:
             self.state.latest_step, self.state.latest_step_at = newest.step, newest.committed_at
         entry.beat, entry.furthest_step = beats.beat, beats.furthest_step
         entry.progress, entry.progress_evidence = judge_progress(self._evidence(entry, lived))
+        self._tell_kept(now, in_progress=False)
         self.save()
+
+    def _tell_kept(self, now: float, in_progress: bool) -> None:
+        """Goodput's numerator so far, for the metrics (the attempts before ``now``)."""
+        ended = [a for a in self.state.attempts if a.outcome is not None]
+        since = self.state.attempts[0].started_at if self.state.attempts else now
+        self._events.emit(KeptTime(kept_seconds(ended, now), since, in_progress))
 
     def _evidence(self, entry: AttemptEntry, lived: float) -> ProgressEvidence:
         earlier = [a for a in self.state.attempts if a is not entry]
