@@ -130,9 +130,7 @@ def test_a_library_that_asks_about_cuda_at_import_still_gets_forked_workers(laun
     assert launch.survivors() == []
 
 
-def test_accelerate_left_to_its_defaults_on_a_cpu_node_is_stopped_before_ranks_train_alone(
-    launcher, tmp_path
-):
+def test_accelerate_left_to_its_defaults_on_a_cpu_node_is_stopped_before_ranks_train_alone(launcher):
     """Without cpu=True, Accelerate on a node without a GPU makes no process group: every rank
     would train alone and save as rank 0. The adapter says so on every rank, with the fix."""
     launch = launcher.run(
