@@ -182,9 +182,10 @@ def is_initialized() -> bool:
 
 
 def wait_for_checkpoint() -> None:
-    """Block until the save in flight is committed (or raise its error)."""
+    """Block until the save in flight is committed and the last memory snapshot is held (or
+    raise the error of either)."""
     with pause_heartbeat():
-        _checkpoints().wait()
+        _checkpoints().wait_all()
 
 
 def shutdown() -> None:
