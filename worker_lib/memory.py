@@ -26,8 +26,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from worker_lib.commit import CheckpointError, CommitChannel
 from worker_lib.flat import decode_index, encode_index, rebuild, split
-from worker_lib.memory_slots import MIN_SIZE, Finisher, NoRoom, Record, SlotFiles
-from worker_lib.staging import copy_in, mib
+from worker_lib.memory_slots import Finisher, NoRoom, Record, SlotFiles
+from worker_lib.staging import MIN_SIZE, copy_in, mib
 
 __all__ = ["MemorySnapshots", "Record"]
 

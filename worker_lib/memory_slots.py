@@ -30,11 +30,9 @@ from worker_lib.commit import CheckpointError
 from worker_lib.flat import Layout
 from worker_lib.staging import HostBuffer, mib, read_into
 
-__all__ = ["Finisher", "Record", "SlotFiles", "MIN_SIZE"]
+__all__ = ["Finisher", "NoRoom", "Record", "SlotFiles"]
 
 log = logging.getLogger(__name__)
-
-MIN_SIZE = 4096  # a slot's data file is never empty: an empty file cannot be mapped
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,8 +129,10 @@ class SlotFiles:
         into CPU memory. Returns once every copy is done. Else views of the mapped slot."""
         if not fresh:
             return self.mapped(size).views(layout)
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-        views = self.mapped(size).views(layout) if device and any(e.on_cuda for e in layout.entries) else None
+        device = None  # made only for a CUDA tensor: a CPU state makes no CUDA context
+        if any(e.on_cuda for e in layout.entries) and torch.cuda.is_available():
+            device = torch.device("cuda", torch.cuda.current_device())
+        views = self.mapped(size).views(layout) if device is not None else None
         tensors = []
         with open(self.data, "rb", buffering=0) as handle:
             for i, entry in enumerate(layout.entries):

@@ -32,6 +32,7 @@ from worker_lib.commit import CheckpointError
 from worker_lib.flat import Layout, Split, rebuild, split
 
 __all__ = [
+    "MIN_SIZE",
     "HostBuffer",
     "Staged",
     "StagingArea",
@@ -53,6 +54,7 @@ _warned_unpinned = False  # one warning per process when CUDA cannot register ho
 # loading it (``restore_location``, or a plain torch.load) puts those tensors back on a GPU.
 _origins: Dict[int, str] = {}
 _TAG_PRIORITY = 5  # asked before torch's own taggers (cpu: 10)
+MIN_SIZE = 4096  # bytes of a buffer at least: CUDA registers no empty range, mmap maps no empty file
 
 
 def mib(nbytes: int) -> str:
@@ -272,7 +274,7 @@ class StagingArea:
                 f"where the state is on a GPU), and {mib(free)} is free: free host memory, or save a "
                 "smaller state per rank"
             )
-        self.buffer = HostBuffer(size)
+        self.buffer = HostBuffer(max(size, MIN_SIZE))
         return self.buffer
 
     def _log(self, buffer: HostBuffer) -> None:
@@ -295,11 +297,11 @@ def restore_location(copy_cpu: bool) -> Callable[[Any, str], Any]:
     """torch.load's ``map_location`` for a part: a storage saved from a CUDA device goes to this
     rank's current device, where it has one, in one copy; any other stays on the CPU (copied out
     of the file when ``copy_cpu``: a mapped part's file may be deleted later)."""
-    device = torch.cuda.current_device() if torch.cuda.is_available() else None
 
     def where(storage: Any, location: str) -> Any:
-        if device is not None and location.startswith("cuda"):
-            return storage.cuda(device)
+        # Asked only for a CUDA storage: a CPU-only script on a GPU machine makes no CUDA context.
+        if location.startswith("cuda") and torch.cuda.is_available():
+            return storage.cuda(torch.cuda.current_device())
         return storage.clone() if copy_cpu else storage
 
     return where
