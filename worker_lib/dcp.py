@@ -208,14 +208,12 @@ class PinnedStager:
     gets it through a future that a thread completes once the copy's events have: the loop is
     blocked only while the copies are enqueued."""
 
-    _synchronize_after_execute = False  # the future is the synchronization
-
     def __init__(self, area: StagingArea) -> None:
         self._area = area
 
     @property
     def should_synchronize_after_execute(self) -> bool:
-        return False
+        return False  # the future is the synchronization
 
     def stage(self, state_dict: Any) -> Future:
         staged = self._area.stage_split(split(state_dict, copy_objects=True, dtensors=True))

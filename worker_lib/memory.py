@@ -110,7 +110,11 @@ class MemorySnapshots:
     def _settle(self) -> None:
         """Wait until every rank has shared the step this rank wrote last: only then may the slot
         of the step before it be overwritten."""
-        self._finisher.wait()
+        try:
+            self._finisher.wait()
+        except CheckpointError:
+            self._shared = None  # its record was never written: the slot holds nothing
+            raise
         if self._shared is not None:
             step, _ = self._shared
             self._channel.gather(f"mem/{step}", self.world_size, self._timeout)

@@ -58,7 +58,7 @@ class Record:
 
 
 class NoRoom(Exception):
-    """/dev/shm cannot hold the slot: ``asked`` bytes more than it has free."""
+    """/dev/shm cannot hold the slot: it asks ``asked`` bytes, more than the ``free`` there."""
 
     def __init__(self, asked: int, free: int) -> None:
         super().__init__(f"{mib(asked)} asked, {mib(free)} free")

@@ -77,8 +77,13 @@ class HostBuffer:
         else:
             self._map = mmap.mmap(fd, max(size, 1), flags=mmap.MAP_SHARED)
         self.pinned = False
+        self._refused = False  # CUDA refused to register it: not asked again
         self._views_of: Optional[Layout] = None
         self._views: List[torch.Tensor] = []
+
+    @property
+    def refused(self) -> bool:
+        return self._refused
 
     @property
     def address(self) -> int:
@@ -92,10 +97,11 @@ class HostBuffer:
         """Register the buffer with CUDA (page-locked: the copy engine writes into it
         directly); False, with one warning per process, where CUDA refuses."""
         global _warned_unpinned
-        if self.pinned:
-            return True
+        if self.pinned or self._refused:
+            return self.pinned
         code = int(torch.cuda.cudart().cudaHostRegister(self.address, self.size, 1))  # 1: portable
         self.pinned = code == 0
+        self._refused = not self.pinned
         if not self.pinned and not _warned_unpinned:
             _warned_unpinned = True
             log.warning(
@@ -239,7 +245,7 @@ class StagingArea:
     def stage_split(self, parts: Split) -> Staged:
         layout = parts.layout
         buffer = self._buffer_for(layout.size)
-        if parts.on_cuda and not buffer.pinned:
+        if parts.on_cuda and not buffer.pinned and not buffer.refused:
             buffer.pin()
             self._log(buffer)
         views = buffer.views(layout)

@@ -196,3 +196,22 @@ def test_a_damaged_slot_is_not_read(tmp_path, damage):
     else:
         assert again.held() == {}
     again.close()
+
+
+def test_a_failed_finish_is_raised_at_the_next_wait_and_the_next_job_runs():
+    """The thread that ends a CUDA snapshot (waits on its events, writes its record): a failure
+    there reaches the loop at its next call, as a CheckpointError, once."""
+    from worker_lib.memory_slots import Finisher
+
+    finisher = Finisher("test-finisher")
+    done = []
+
+    def fail():
+        raise OSError("no room for the record")
+
+    finisher.submit(fail)
+    with pytest.raises(CheckpointError, match="the last memory snapshot failed: no room for the record"):
+        finisher.wait()
+    finisher.submit(lambda: done.append(1))
+    finisher.wait()
+    assert done == [1]
