@@ -102,7 +102,9 @@ class HostBuffer:
         code = int(torch.cuda.cudart().cudaHostRegister(self.address, self.size, 1))  # 1: portable
         self.pinned = code == 0
         self._refused = not self.pinned
-        if not self.pinned and not _warned_unpinned:
+        if self._refused:
+            _clear_last_cuda_error()
+        if self._refused and not _warned_unpinned:
             _warned_unpinned = True
             log.warning(
                 "CUDA could not register %s of host memory as pinned (cudaError %d): checkpoints of "
@@ -140,6 +142,17 @@ class HostBuffer:
             self.pinned = False
         self._views, self._views_of = [], None
         self._map = None
+
+
+def _clear_last_cuda_error() -> None:
+    """A failed runtime call stays this thread's "last CUDA error", which torch's check after its
+    next kernel launch would raise as that kernel's. torch's binding of cudaHostRegister leaves
+    it there, and exposes no cudaGetLastError: a kernel launched here has torch's check read (and
+    so clear) it."""
+    try:
+        torch.empty(1, device="cuda").zero_()
+    except RuntimeError:
+        pass
 
 
 class Staged(NamedTuple):
