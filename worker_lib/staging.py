@@ -54,6 +54,7 @@ _warned_unpinned = False  # one warning per process when CUDA cannot register ho
 # loading it (``restore_location``, or a plain torch.load) puts those tensors back on a GPU.
 _origins: Dict[int, str] = {}
 _TAG_PRIORITY = 5  # asked before torch's own taggers (cpu: 10)
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux, Python 3.10+
 MIN_SIZE = 4096  # bytes of a buffer at least: CUDA registers no empty range, mmap maps no empty file
 
 
@@ -74,8 +75,8 @@ class HostBuffer:
         self.size = size
         if fd is None:
             self._map = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        else:
-            self._map = mmap.mmap(fd, max(size, 1), flags=mmap.MAP_SHARED)
+        else:  # its pages are in memory already (tmpfs): map them all now, not one fault a page
+            self._map = mmap.mmap(fd, max(size, 1), flags=mmap.MAP_SHARED | _MAP_POPULATE)
         self.pinned = False
         self._refused = False  # CUDA refused to register it: not asked again
         self._views_of: Optional[Layout] = None
