@@ -42,6 +42,7 @@ from worker_lib.checkpoint import CheckpointManager, LocalChannel  # noqa: E402
 from worker_lib.contract import LOADED_MEMORY, LOADED_STORAGE  # noqa: E402
 from worker_lib.flat import split  # noqa: E402
 from worker_lib.memory import MemorySnapshots  # noqa: E402
+from worker_lib.memory_slots import SlotFiles  # noqa: E402
 from worker_lib.staging import HostBuffer, copy_in  # noqa: E402
 from worker_lib.storage import Storage  # noqa: E402
 
@@ -235,29 +236,26 @@ def load(setup: Setup) -> List[Row]:
 
 
 def _register_rows(setup: Setup) -> List[Row]:
-    """What a process pays once per buffer: registering it with CUDA; and the copy back from a
-    registered buffer (what a process that holds one gets)."""
+    """What the first snapshot into a slot pays once: registering the slot's mapped file with
+    CUDA; and the copy back to the device from registered memory (a process that holds it)."""
     if setup.device.type != "cuda":
         return []
     parts = split(setup.state(), copy_objects=True)
-    buffers = []
+    slot = SlotFiles(setup.shm, 9, 0)  # a rank of its own: the load's slots stay as they are
+    slot.buffer_for(parts.layout.size)  # reserved and mapped, as a slot before its first copy
 
     def register() -> None:
-        buffer = HostBuffer(parts.layout.size)
-        buffer.views(parts.layout)[0].zero_()  # mapped, not yet faulted in: as a fresh slot
-        buffers.append(buffer)
-        assert buffer.pin()
+        assert slot.buffer_for(parts.layout.size).pin()
 
-    registering = timed(register, 3, before=lambda: [b.close() for b in buffers])
-    views = buffers[-1].views(parts.layout)
+    registering = timed(register, 3, before=slot.release)
+    views = slot.buffer_for(parts.layout.size).views(parts.layout)
+    fresh = [torch.empty_like(t) for t in parts.tensors]  # not the model's own tensors
     back = timed(
-        lambda: ([t.copy_(v, non_blocking=True) for t, v in zip(parts.tensors, views)], setup.sync()),
-        setup.repeats,
+        lambda: ([f.copy_(v, non_blocking=True) for f, v in zip(fresh, views)], setup.sync()), setup.repeats
     )
-    for buffer in buffers:
-        buffer.close()
+    slot.discard()
     return [
-        setup.row("cudaHostRegister of the state's size (once per buffer)", registering),
+        setup.row("cudaHostRegister of a slot (once per slot and process)", registering),
         setup.row("pinned host-to-device copy of the state", back),
     ]
 
