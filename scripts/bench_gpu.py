@@ -1,7 +1,7 @@
 """Checkpoints of GPU state at the copy engine's speed (issue 32): one process, one GPU.
 
     python scripts/bench_gpu.py [--sizes 400M,1.6G] [--device cuda|cpu] [--repeats 10]
-                                [--sections copies,storage,memory,load] [--dir /tmp]
+                                [--sections copies,storage,memory,load] [--dir /dev/shm]
 
 For each size, an MLP and its AdamW state (model + two moments ≈ the size) on the device, and
 rows in milliseconds beside **the floor**: the pinned device-to-host copy of the same state,
@@ -136,7 +136,7 @@ def copies(setup: Setup) -> List[Row]:
 
 
 def storage(setup: Setup) -> List[Row]:
-    """ft.save_checkpoint to local disk: what the loop is blocked for, and what a step with a save
+    """ft.save_checkpoint to --dir: what the loop is blocked for, and what a step with a save
     costs beyond a step without (the previous save's write is waited for, untimed)."""
     manager = CheckpointManager(Storage(str(setup.work / "ckpt")), 0, 1, LocalChannel(), save_rng=False)
     steps = iter(range(1, 1_000_000))
@@ -159,7 +159,7 @@ def storage(setup: Setup) -> List[Row]:
     return [
         setup.row("ft.save_checkpoint (storage): the loop blocked", blocked, 2),
         setup.row("a step with a storage save, beyond a step", extra, 1.1),
-        setup.row("torch: torch.save of the state to the same disk", torch_save),
+        setup.row("torch: torch.save of the state to the same folder", torch_save),
         [setup.label, f"pinned host memory of the storage tier: {pinned / 2**20:.0f} MiB", "", "", ""],
     ]
 
@@ -320,7 +320,9 @@ def main() -> None:
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated; see the docstring")
-    p.add_argument("--dir", default=tempfile.gettempdir(), help="where storage saves go (a local disk)")
+    p.add_argument(
+        "--dir", default="/dev/shm", help="where storage saves go (tmpfs: the untimed writes stay short)"
+    )
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the pinned sizes, logged once
     device = torch.device(args.device)
