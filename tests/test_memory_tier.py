@@ -127,11 +127,17 @@ def tiny_shm(tmp_path):
 
 def test_a_snapshot_that_does_not_fit_is_a_clear_error_and_keeps_the_last_one(tiny_shm):
     snaps = MemorySnapshots(tiny_shm, 0, 1, LocalChannel())
-    snaps.save(1, {"state": torch.zeros(20_000), "rng": None}, {})  # 80 KB
-    with pytest.raises(CheckpointError, match=r"rank 0: no room for its memory snapshot .* MiB free"):
-        snaps.save(2, {"state": torch.zeros(60_000), "rng": None}, {})  # 240 KB
-    assert snaps.held() == {1: 0}  # the last whole snapshot is intact, the torn one removed
-    assert sorted(p.name for p in tiny_shm.iterdir()) == ["rank_0.0", "rank_0.0.json"]
+    try:
+        snaps.save(1, {"state": torch.zeros(20_000), "rng": None}, {})  # 80 KB
+        asked = r"rank 0: no room for its memory snapshot in .* \(234 KiB asked, \d+ KiB free; each rank"
+        with pytest.raises(CheckpointError, match=asked):
+            snaps.save(2, {"state": torch.zeros(60_000), "rng": None}, {})  # 240 KB
+        assert snaps.held() == {1: 0}  # the last whole snapshot is intact, the torn one removed
+        assert sorted(p.name for p in tiny_shm.iterdir()) == ["rank_0.0", "rank_0.0.index", "rank_0.0.json"]
+        payload, problem = snaps.read(1)
+        assert problem is None and torch.equal(payload["state"], torch.zeros(20_000))
+    finally:
+        snaps.close()  # its mappings: the tmpfs cannot be unmounted under them
 
 
 def test_a_node_that_lost_its_memory_makes_every_rank_load_from_storage(launcher, tmp_path):

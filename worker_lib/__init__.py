@@ -108,10 +108,12 @@ def save_checkpoint(
     each rank's shards (DTensors, sharded tensors, ``Stateful`` objects) and
     ``load_checkpoint(into=...)`` reshards them at any world size.
 
-    The state is copied to CPU memory before this returns; writing and the commit happen in the
-    background unless ``blocking``. The next save waits for this one, and a background failure
-    is raised there. A step this process already saved to storage or loaded from it is not
-    written again (a warning says so): a committed step is never rewritten.
+    The state is copied to CPU memory before this returns (a state on a GPU: the copy into pinned
+    memory is enqueued on the current CUDA stream, so it is the state at the call while the loop
+    goes on); writing and the commit happen in the background unless ``blocking``. The next save
+    waits for this one, and a background failure is raised there. A step this process already
+    saved to storage or loaded from it is not written again (a warning says so): a committed step
+    is never rewritten.
 
     ``to="memory"``: a snapshot of this rank's state into the node's memory tier (ftlaunch keeps
     it in /dev/shm for its run): the copy is all it costs, it survives a crash and the group's
@@ -143,7 +145,8 @@ def save_checkpoint(
 
 
 def load_checkpoint(into: Any = None):
-    """The newest checkpoint every rank completed and can verify, or None on a fresh run.
+    """The newest checkpoint every rank completed and can verify, or None on a fresh run. Each
+    tensor comes back where it was saved from: a CUDA tensor onto this rank's current GPU.
 
     ``into``: the script's current state dict (sharded or not): the newest ``format="dcp"`` step
     is loaded into it in place, resharded to this world size; the record's ``.state`` is it."""
@@ -196,9 +199,10 @@ def is_initialized() -> bool:
 
 
 def wait_for_checkpoint() -> None:
-    """Block until the save in flight is committed (or raise its error)."""
+    """Block until the save in flight is committed and the last memory snapshot is held (or
+    raise the error of either)."""
     with pause_heartbeat():
-        _checkpoints().wait()
+        _checkpoints().wait_all()
 
 
 def shutdown() -> None:

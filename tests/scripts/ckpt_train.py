@@ -80,21 +80,19 @@ def inject_storage_faults(args, rank: int, attempt: int) -> None:
     if args.die_mid_snapshot is not None and rank == 1:
         import worker_lib.memory as memory
 
-        save = memory._save
+        fill = memory._fill
 
-        def save_half_or_die(payload, handle):
+        def fill_half_or_die(tensors, views):
             if memory_step[0] == args.die_mid_snapshot:
                 print(
                     f"rank 1: dying half-way through its memory snapshot of step {memory_step[0]}", flush=True
                 )
-                whole = io.BytesIO()
-                save(payload, whole)
-                handle.write(whole.getvalue()[: len(whole.getvalue()) // 2])
-                handle.flush()
+                half = len(tensors) // 2
+                fill(tensors[:half], views[:half])
                 die()
-            save(payload, handle)
+            return fill(tensors, views)
 
-        memory._save = save_half_or_die
+        memory._fill = fill_half_or_die
 
 
 memory_step = [0]  # the memory snapshot being taken, for --die-mid-snapshot
