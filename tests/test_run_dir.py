@@ -506,13 +506,13 @@ def test_status_of_a_live_and_of_a_finished_run(launcher, tmp_path):
 def _fill(folder: Path) -> Path:
     """Take every free byte of ``folder``'s filesystem; returns the file that holds them."""
     filler = folder / "filler"
-    with open(filler, "wb") as handle:
-        try:
-            while True:
-                handle.write(b"\0" * 65536)
-                handle.flush()
-        except OSError:
-            pass
+    with open(filler, "wb", buffering=0) as handle:
+        for size in (65536, 4096, 1):  # down to the last byte: a page left free would take a log's lines
+            try:
+                while True:
+                    handle.write(b"\0" * size)
+            except OSError:
+                pass
     return filler
 
 
@@ -543,6 +543,41 @@ def test_a_full_run_dir_disk_is_said_once_and_the_training_goes_on(launcher, tmp
     assert re.search(r"cannot write \S+/full/(progress|run|lock)\.json .*No space left", launch.stderr), (
         launch.stderr
     )
+    assert launch.survivors() == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI and dev machines run as root)")
+def test_a_full_disk_under_the_logs_cuts_them_with_one_warning_and_the_exit_code_stands(launcher, tmp_path):
+    """The run dir (and so the logs) on a 2 MiB tmpfs that fills while a rank prints: its log
+    file cannot take the lines (nor be closed with them still buffered), the run must not care."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(runs)], check=True)
+    try:
+        launch = launcher.start(
+            "--nproc", "2", "--run-dir", str(runs), "--run-name", "full",
+            str(SCRIPTS / "waiter.py"), "--go-file", str(tmp_path / "go"), "--lines", "60", "--pause", "0.02",
+            log_dir=False,
+        )  # fmt: skip
+        waiting = set()
+
+        def every_rank_waits(line: str) -> bool:
+            if "waits for" in line:
+                waiting.add(line.split("]")[0])
+            return len(waiting) == 2
+
+        launch.read_console_until(every_rank_waits, timeout=60)
+        _fill(runs)
+        (tmp_path / "go").touch()
+        assert launch.wait(120) == 0, launch.stderr
+    finally:
+        subprocess.run(["umount", "-l", str(runs)], check=True)
+    assert "Traceback" not in launch.stderr and "internal error" not in launch.stderr
+    assert len(re.findall("logs cut", launch.stderr)) == 1, launch.stderr
+    assert re.search(
+        r"logs cut: cannot write \S+/full/logs/attempt_0/rank_\d\.log \(No space left", launch.stderr
+    )
+    assert launch.stdout.count(" line ") == 120  # every line still reached the console
     assert launch.survivors() == []
 
 
