@@ -80,6 +80,7 @@ class AttemptRunner:
         self._chaos = chaos_for(config, events, say)
         self._role: Optional[Role] = None  # the node's, during run()
         self._logs_cut_said = False
+        self._board_fallback_said = False
 
     def warm_up(self) -> None:
         """Let the spawner (a fork server importing torch) get going while the supervisor sets up
@@ -93,6 +94,9 @@ class AttemptRunner:
         machine = GroupStateMachine(attempt, self._on_transition)
         layout = plan.layout
         board = HeartbeatBoard(self.config.group.nproc, attempt, first_rank=layout.rank(0))
+        if board.fallback and not self._board_fallback_said:
+            self._board_fallback_said = True
+            self._say(f"heartbeat slots in {board.path.parent}: {board.fallback}")
         pump = LogPump(*self._console, cut=self._logs_cut)
         specs = plan_workers(
             self.config,

@@ -1,11 +1,13 @@
-"""The run dir's storage fails under a live supervisor: it dies for good, stops answering, or
-comes back after a while. Real GCS emulators (one per test, stopped and restarted by PID) through
+"""Storage fails under a live supervisor: the run dir's dies for good, stops answering, or comes
+back after a while; /dev/shm is full. Real GCS emulators (one per test, stopped and restarted by PID) through
 gcsfs, real workers. The supervisor's loop never waits on storage: a signal is answered at once
 whatever storage does, a blip shorter than the lease does not end the run, and storage silent for
 longer than the lease ends it with its own exit code and one line."""
 
+import os
 import signal
 import socket
+import tempfile
 import threading
 import time
 import uuid
@@ -176,4 +178,37 @@ def test_a_run_dir_storage_outage_shorter_than_the_lease_does_not_end_the_run(
     assert launch.wait(180) == 0, launch.stderr
     assert run_state(f"gs://{emulator.bucket}/runs/deaf").status.value == "SUCCEEDED"
     assert "Traceback" not in launch.stderr
+    assert launch.survivors() == []
+
+
+# In a mount namespace of the supervisor's own (its workers inherit it), /dev/shm is a 64 KiB
+# tmpfs filled to its last byte before ftlaunch starts.
+_FULL_SHM = """
+import ctypes, subprocess
+if ctypes.CDLL(None, use_errno=True).unshare(0x00020000) != 0:  # CLONE_NEWNS
+    raise OSError(ctypes.get_errno(), "unshare")
+subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", "/dev/shm"], check=True)
+with open("/dev/shm/filler", "wb", buffering=0) as handle:
+    for size in (4096, 1):
+        try:
+            while True:
+                handle.write(bytes(size))
+        except OSError:
+            pass
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace with a tmpfs of its own needs root")
+def test_a_full_dev_shm_at_launch_puts_the_heartbeat_slots_in_the_temp_dir(launcher, tmp_path):
+    launch = launcher.run(
+        "--nproc", "2", "--heartbeat-timeout", "30s", str(SCRIPTS / "beater.py"), "--steps", "20",
+        prelude=_FULL_SHM, timeout=120,
+    )  # fmt: skip
+    assert launch.proc.returncode == 0, launch.stderr  # was: SIGBUS (exit 135), no word
+    fallback = [line for line in launch.stderr.splitlines() if "heartbeat slots in" in line]
+    assert len(fallback) == 1 and "/dev/shm has no room (No space left on device)" in fallback[0], fallback
+    assert "[0] " in launch.stdout and "Traceback" not in launch.stderr
+    left = list(Path(tempfile.gettempdir()).glob(f"ftlaunch-heartbeat-{launch.proc.pid}-*"))
+    assert left == []
     assert launch.survivors() == []
