@@ -25,10 +25,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--slow-from", type=int, default=None, help="steps from here take 3x as long")
     p.add_argument(
         "--hang",
-        choices=["sleep", "stop", "stop-in-save", "stall"],
-        help="what the hanging rank does (stop-in-save: SIGSTOP with its heartbeat paused, as in a save)",
+        choices=["sleep", "stop", "stop-in-save", "stall", "beat-in-place"],
+        help="what the hanging rank does (stop-in-save: SIGSTOP with its heartbeat paused, as in a save; "
+        "beat-in-place: beats its last step again and again, forever)",
     )
-    p.add_argument("--hang-rank", type=int, default=1)
+    p.add_argument("--hang-rank", type=int, default=1, help="-1: every rank")
     p.add_argument("--hang-at", type=int, default=10, help="the step it hangs in (or the first one after)")
     p.add_argument("--hang-attempt", type=int, default=0, help="the attempt in which it hangs")
     p.add_argument("--crash-at", type=int, help="attempt 0: --crash-rank SIGKILLs itself here")
@@ -60,6 +61,9 @@ def hang(how: str, step: int) -> None:
     if how == "stall":  # silent for a while, then goes on
         time.sleep(3.0)
         return
+    while how == "beat-in-place":  # a loop of its own that beats (a retry, a wait that beats)
+        ft.heartbeat(step - 1)
+        time.sleep(0.05)
     sleep_forever()
 
 
@@ -86,7 +90,7 @@ def main() -> None:
         first = ckpt.step + 1 if ckpt else 0
         print(f"rank {RANK} attempt {ATTEMPT} starts at step {first}", flush=True)
     for step in range(first, args.steps):
-        hanging = args.hang and ATTEMPT == args.hang_attempt and RANK == args.hang_rank
+        hanging = args.hang and ATTEMPT == args.hang_attempt and args.hang_rank in (RANK, -1)
         if hanging and (step == args.hang_at if args.hang == "stall" else step >= args.hang_at):
             hang(args.hang, step)  # a stall is one silence of 3 s; the others never return
         if ATTEMPT == 0 and RANK == args.crash_rank and step == args.crash_at:
