@@ -37,7 +37,7 @@ class _Stream:
         log_file: Optional[BinaryIO],
         console: Optional[BinaryIO],
         prefix: bytes,
-        cut: Callable[[str, OSError], None],
+        cut: Callable[[str, OSError], None] = lambda path, err: None,
     ):
         self.fd = fd
         self.log_file = log_file
