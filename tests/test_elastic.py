@@ -138,6 +138,8 @@ def test_a_script_without_worker_lib_is_restarted_at_once_when_a_node_joins(laun
         str(tmp_path / "plain.ckpt"),
         "--ready-dir",
         str(ready),
+        "--until-world",
+        "2",  # node 0 alone trains until node 1 has joined: it cannot finish first
         fewest=1,
     )
     node0 = job.start(0)
