@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from until import add_option, steps
+
 import worker_lib as ft
 
 RANK = int(os.environ["RANK"])
@@ -43,6 +45,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=0, help="async checkpoint of the step every N steps")
     p.add_argument("--stop-aware", action="store_true", help="save and leave when ft.should_stop(step)")
     p.add_argument("--ready-dir", type=Path, help="write <dir>/rank_<r>.attempt_<a> after the first step")
+    add_option(p)
     return p.parse_args()
 
 
@@ -89,7 +92,7 @@ def main() -> None:
         ckpt = ft.load_checkpoint()
         first = ckpt.step + 1 if ckpt else 0
         print(f"rank {RANK} attempt {ATTEMPT} starts at step {first}", flush=True)
-    for step in range(first, args.steps):
+    for step in steps(first, args.steps, ATTEMPT, args.until_attempt):
         hanging = args.hang and ATTEMPT == args.hang_attempt and args.hang_rank in (RANK, -1)
         if hanging and (step == args.hang_at if args.hang == "stall" else step >= args.hang_at):
             hang(args.hang, step)  # a stall is one silence of 3 s; the others never return

@@ -5,8 +5,7 @@ resumes from it; ftlaunch sees no step of it.
 
 ``--ready-dir``: writes <dir>/rank_<r>.attempt_<a> after its first step, so that a test can act
 while every rank is inside its collectives. ``--out``: rank 0 writes the final weights there.
-``--until-world N``: in a job of fewer ranks it does not stop at ``--steps`` but steps on (up to
-five minutes) until the job grows: a test that adds a node never races the training's end.
+``--until-attempt N``: in attempts before N it steps on past ``--steps`` until stopped (until.py).
 """
 
 import argparse
@@ -17,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from until import add_option, steps
 
 RANK = int(os.environ["RANK"])
 ATTEMPT = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
@@ -30,7 +30,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--ckpt", type=Path, required=True, help="the script's own checkpoint file")
     p.add_argument("--ready-dir", type=Path)
     p.add_argument("--out", type=Path)
-    p.add_argument("--until-world", type=int, default=0)
+    add_option(p)
     return p.parse_args()
 
 
@@ -47,10 +47,7 @@ def main() -> None:
         opt.load_state_dict(saved["opt"])
         start = saved["step"] + 1
     print(f"rank {RANK} attempt {ATTEMPT} starts at step {start}", flush=True)
-    waiting = int(os.environ["WORLD_SIZE"]) < args.until_world
-    deadline = time.monotonic() + 300
-    step = start
-    while step < args.steps or (waiting and time.monotonic() < deadline):
+    for step in steps(start, args.steps, ATTEMPT, args.until_attempt):
         g = torch.Generator().manual_seed(step * 1000 + RANK)
         x = torch.randn(4, 8, generator=g)
         loss = model(x).pow(2).mean()
@@ -66,9 +63,6 @@ def main() -> None:
             os.replace(tmp, args.ckpt)
         dist.barrier()  # no rank runs ahead of rank 0's save
         time.sleep(args.step_time)
-        step += 1
-    if waiting:
-        raise SystemExit(f"rank {RANK}: the job did not grow to {args.until_world} ranks within 300 s")
     if RANK == 0 and args.out is not None:
         torch.save(model.module.state_dict(), args.out)
     dist.destroy_process_group()
