@@ -662,6 +662,11 @@ def test_a_relaunch_at_another_nproc_keeps_the_old_steps_and_never_claims_them(l
     assert again.proc.returncode == 1, again.stderr
     said = f"no checkpoint yet; step(s) {', '.join(map(str, old))} were saved at another size"
     assert said in again.stderr, again.stderr
+    warned = f"step(s) {', '.join(map(str, old))} were saved by one rank each (per-rank parts), which load"
+    assert (
+        f"WARNING: run {runs / 'chg'} goes on at another size (--nproc 2 then, 1 now): {warned}"
+        in again.stderr
+    )
     error = (
         f"checkpoint step {old[-1]}: saved by 2 ranks as per-rank parts, which only that many ranks can load"
     )
