@@ -132,10 +132,10 @@ class MemorySnapshots:
 
     def _no_room(self, need: int) -> str:
         free = shutil.disk_usage(self.folder).free
-        wanted = f"about {need / 2**20:.0f} MiB, " if need else ""
+        wanted = f"about {_size_text(need)}, " if need else ""
         return (
             f"rank {self.rank}: no room for its memory snapshot in {self.folder.parent} ({wanted}"
-            f"{free / 2**20:.0f} MiB free; each rank keeps two): give /dev/shm more room (docker: "
+            f"{_size_text(free)} free; each rank keeps two): give /dev/shm more room (docker: "
             "--shm-size) or save to storage only"
         )
 
@@ -241,3 +241,12 @@ def memory_folder() -> Optional[Path]:
 
     folder = os.environ.get(c.FT_MEMORY_DIR)
     return Path(folder) if folder else None
+
+
+def _size_text(count: int) -> str:
+    """A size for a person: "240 KiB", "3.5 MiB", "12 GiB", never "0 MiB" for a small one."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            value = count / scale
+            return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
+    return f"{count} bytes"
