@@ -244,9 +244,13 @@ class Subject:
             text in log.read_text(errors="replace") for log in self.logs.glob("logs_*/attempt_*/rank_*.log")
         )
 
-    def console(self, launch: int) -> str:
-        """What ftlaunch (and its workers) wrote on the console in ``launch`` (1: the first)."""
-        return (self.work / f"console_{launch}.log").read_text(errors="replace")
+    def own_lines(self, launch: int) -> List[str]:
+        """What ftlaunch itself wrote on the console in ``launch`` (1: the first): not its workers'
+        lines (``[r] ...``), which may hold their own tracebacks (a rank whose storage died)."""
+        text = (self.work / f"console_{launch}.log").read_text(errors="replace")
+        return [
+            line for line in text.splitlines() if not line.startswith("[") or line.startswith("[ftlaunch]")
+        ]
 
     def wait_for_commit(
         self, step: int, proc: subprocess.Popen, timeout: float = 60.0, poll: float = 0.01
@@ -512,8 +516,9 @@ def run_dir_death(subject: Subject, rng: random.Random, steps: int) -> Trial:
     code = wait(proc)
     left = subject.left_after()
     subject.place.start_again()
-    errors = [line for line in subject.console(1).splitlines() if line.startswith("ftlaunch: error:")]
-    said = len(errors) == 1 and "has not answered for" in errors[0] and "Traceback" not in subject.console(1)
+    own = subject.own_lines(1)
+    errors = [line for line in own if line.startswith("ftlaunch: error:")]
+    said = len(errors) == 1 and "has not answered for" in errors[0] and not any("Traceback" in o for o in own)
     landed = going and code == 7 and said
     again = wait(subject.start("--lease", "6s"))
     note = "" if landed else f"exit {code}, {errors or 'no error line'}" if going else "the run ended first"
@@ -536,12 +541,12 @@ def full_run_dir(subject: Subject, rng: random.Random, steps: int) -> Trial:
         fill_up(filler)
         time.sleep(0.05)
     code = wait(proc)
-    console = subject.console(1)
-    failed = any(words in console for words in ("logs cut", "cannot write", "is not recorded"))
+    own = "\n".join(subject.own_lines(1))
+    failed = any(words in own for words in ("logs cut", "cannot write", "is not recorded"))
     landed = going and failed
     note = "" if landed else "no write failed" if going else "the run ended first"
-    if "Traceback" in console:
-        landed, note = False, "a traceback"
+    if "Traceback" in own:
+        landed, note = False, "a traceback of ftlaunch's own"
     return Trial(landed=landed, recovered=code == 0, note=note)
 
 
