@@ -75,8 +75,10 @@ class RunDirWriter:
             health = dataclasses.replace(self._health)
             if health.answered_at != self._seen_answer:
                 self._seen_answer, self._excused = health.answered_at, 0.0
-            if now - self._checked_at > _STALL_S:  # not the storage's silence: this process's own
-                self._excused += now - self._checked_at
+            if now - self._checked_at > _STALL_S:  # not the storage's silence: this process's own,
+                # from the last answer on (the thread may have heard from storage meanwhile: a
+                # loop busy elsewhere, the thread not)
+                self._excused += max(0.0, now - max(self._checked_at, health.answered_at))
             self._checked_at = now
             silence = now - health.answered_at - self._excused
         for line in notes:

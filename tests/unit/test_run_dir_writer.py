@@ -113,3 +113,28 @@ def test_a_stopped_supervisor_does_not_blame_storage_for_its_own_silence(tmp_pat
     assert writer.flush(10.0)  # storage answers again: written
     writer.check()
     writer.close(10.0)
+
+
+def test_a_loop_busy_elsewhere_while_storage_answered_excuses_nothing_after(tmp_path, monkeypatch):
+    """Regression (the chaos matrix): the loop did not ask for a minute while the fork server
+    started (the thread heard from storage all along); storage died right after, and the whole
+    minute was taken off the silence: the run ended a minute late."""
+    monkeypatch.setattr(writer_module, "_STALL_S", 0.2)
+    directory = _held(tmp_path, lease=0.5)
+    lock = tmp_path / "run" / LOCK_FILE
+    held = lock.read_bytes()
+    writer = RunDirWriter(directory, lease=0.5, say=lambda line: None)
+    writer.check()
+    time.sleep(3.0)  # the loop busy elsewhere; the thread renews the lease meanwhile
+    writer.check()
+    lock.unlink()
+    os.mkfifo(lock)  # storage hangs from now on
+    died = time.monotonic()
+    try:
+        with pytest.raises(StorageLost):
+            while time.monotonic() - died < 2.0:  # the lease and a look: not the minute's 3 s more
+                writer.check()
+                time.sleep(0.02)
+    finally:
+        _answer(lock, held)
+    writer.close(10.0)
