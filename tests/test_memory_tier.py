@@ -137,6 +137,7 @@ def test_a_snapshot_that_does_not_fit_is_a_clear_error_and_keeps_the_last_one(ti
     assert sorted(p.name for p in tiny_shm.iterdir()) == ["rank_0.0", "rank_0.0.json"]
 
 
+@pytest.mark.timeout(600)  # its own waits (two launches, a relaunch, 180 s for the job) exceed 120 s
 def test_a_node_that_lost_its_memory_makes_every_rank_load_from_storage(launcher, tmp_path):
     """Issue 26.3: node 1's supervisor is killed, and its memory tier with it. Node 0 still holds
     its snapshots, but a step is loadable from memory only when every rank holds it: the
