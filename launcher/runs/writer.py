@@ -17,7 +17,7 @@ be written is said once (and once more when it is written again).
 import dataclasses
 import threading
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Set
 
 from launcher.errors import RunLost, StorageLost
 from launcher.runs.directory import RunDir
@@ -51,7 +51,7 @@ class RunDirWriter:
         self._busy = False  # the thread is writing a batch
         self._closing = False
         self._notes: List[str] = []  # lines for the console, said by the loop
-        self._unwritten: set = set()  # files whose last write failed (said once)
+        self._unwritten: Set[str] = set()  # files whose last write failed (said once)
         now = time.monotonic()
         self._health = _Health(answered_at=now)
         self._checked_at, self._seen_answer, self._excused = now, now, 0.0
@@ -148,7 +148,7 @@ class RunDirWriter:
         renewal = holder.renewed_at + holder.lease / 3 - time.time() if holder else _PROBE_S
         return max(0.0, min(_PROBE_S, renewal))
 
-    def _confirm_and_write(self, batch: Dict[str, bytes]) -> set:
+    def _confirm_and_write(self, batch: Dict[str, bytes]) -> Set[str]:
         """The names written. First the lock is read: a run that is no longer ours is never
         written to again. The lease is renewed when due; that write failing (a full disk) stops
         no other."""
