@@ -314,8 +314,8 @@ class AttemptRunner:
         if not self._logs_cut_said:
             self._logs_cut_said = True
             self._say(
-                f"logs cut: cannot write {path} ({err.strerror or err}); the workers' output goes on to "
-                "the console only where it cannot be written, and the run goes on"
+                f"logs cut: cannot write {path} ({err.strerror or err}); the workers' lines still reach "
+                "the console (the ranks shown there), and the run goes on"
             )
 
     def _stopped_by_signal(self, attempt: int, signum: int) -> AttemptResult:
