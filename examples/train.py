@@ -60,7 +60,13 @@ def parse_args() -> argparse.Namespace:
         default=None,
         help="steps between snapshots into ftlaunch's memory tier (0: none; default: 1 on GPUs, 0 on CPUs)",
     )
-    p.add_argument("--crash-at-step", type=int, default=None, help="kill one rank there, first attempt only")
+    p.add_argument(
+        "--crash-at-step",
+        type=int,
+        default=None,
+        help="kill one rank there, first attempt only, once the checkpoint saved before it is committed "
+        "(so the step it resumes from is known, however slow the machine)",
+    )
     p.add_argument("--crash-rank", type=int, default=1)
     args = p.parse_args()
     if args.memory_every and args.save_as == "files":
@@ -132,7 +138,13 @@ def evaluate(model, data: TensorDataset, device) -> tuple:
 
 
 def maybe_crash(args, step: int, rank: int) -> None:
-    if ft.info().attempt == 0 and step == args.crash_at_step and rank == args.crash_rank:
+    """The injected crash: every rank first waits for the save in flight (rank 0 until it is
+    committed), then meets the others, so the crash never races the commit before it."""
+    if ft.info().attempt != 0 or step != args.crash_at_step:
+        return
+    ft.wait_for_checkpoint()
+    dist.barrier()
+    if rank == args.crash_rank:
         print(f"rank {rank}: injected crash at step {step} (SIGKILL)", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -90,6 +90,8 @@ class AttemptRunner:
         self._chaos = chaos_for(config, events, say)
         self._role: Optional[Role] = None  # the node's, during run()
         self._observer = SlotObserver(events, -1)  # the slots as events: one per attempt
+        self._logs_cut_said = False
+        self._board_fallback_said = False
 
     def warm_up(self) -> None:
         """Let the spawner (a fork server importing torch) get going while the supervisor sets up
@@ -103,7 +105,10 @@ class AttemptRunner:
         machine = GroupStateMachine(attempt, self._on_transition)
         layout = plan.layout
         board = HeartbeatBoard(self.config.group.nproc, attempt, first_rank=layout.rank(0))
-        pump = LogPump(*self._console)
+        if board.fallback and not self._board_fallback_said:
+            self._board_fallback_said = True
+            self._say(f"heartbeat slots in {board.path.parent}: {board.fallback}")
+        pump = LogPump(*self._console, cut=self._logs_cut)
         specs = plan_workers(
             self.config,
             attempt,
@@ -337,6 +342,16 @@ class AttemptRunner:
             self._events.emit(GuardRestarted(dead_pid=dead, new_pid=self._guard.pid))
             self._say(
                 f"the orphan guard (pid {dead}) died; a new one (pid {self._guard.pid}) watches the workers"
+            )
+
+    def _logs_cut(self, path: str, err: OSError) -> None:
+        """A rank's log file could not be written (a full disk): said once a run; it goes on.
+        Called from the log pump's thread."""
+        if not self._logs_cut_said:
+            self._logs_cut_said = True
+            self._say(
+                f"logs cut: cannot write {path} ({err.strerror or err}); the workers' lines still reach "
+                "the console (the ranks shown there), and the run goes on"
             )
 
     def _stopped_by_signal(self, attempt: int, signum: int) -> AttemptResult:

@@ -145,6 +145,13 @@ ENV_PREFIX = "FTLAUNCH"
     help="The smallest deadline auto sets: covers steps that are rarely slow (evaluation, logging).",
 )
 @click.option(
+    "--progress-timeout",
+    default=None,
+    metavar="DURATION",
+    help="Longest a rank may beat without a new step (ft.heartbeat(step) with the same step) before it "
+    "counts as hung  [default: off: a beat proves only that the rank's thread runs]",
+)
+@click.option(
     "--run-dir",
     default="ftlaunch_runs",
     metavar="URL",
@@ -392,6 +399,7 @@ def config_from_options(
             init_timeout=_duration(o, "init_timeout", "--init-timeout"),
             heartbeat_timeout=_parse_heartbeat_timeout(o["heartbeat_timeout"]),
             heartbeat_floor=_duration(o, "heartbeat_floor", "--heartbeat-floor"),
+            progress_timeout=_duration(o, "progress_timeout", "--progress-timeout"),
         ),
         run=RunSection(
             url=at.run_url,

@@ -152,11 +152,15 @@ class HangSection:
     init_timeout: float = 900.0  # seconds from start (or a pause) to a beat, once the script beats
     heartbeat_timeout: Optional[float] = None  # seconds between beats; None: auto; 0: off
     heartbeat_floor: float = 120.0  # the smallest deadline auto sets
+    progress_timeout: Optional[float] = None  # seconds a rank may beat without a new step; None: off
 
     def __post_init__(self) -> None:
         _finite(self.init_timeout, "--init-timeout")
         _finite(self.heartbeat_timeout, "--heartbeat-timeout")
         _finite(self.heartbeat_floor, "--heartbeat-floor")
+        _finite(self.progress_timeout, "--progress-timeout")
+        if self.progress_timeout is not None and self.progress_timeout <= 0:
+            raise UsageError(f"--progress-timeout must be more than 0 seconds, got {self.progress_timeout}")
         if self.init_timeout <= 0 or self.heartbeat_floor <= 0:
             raise UsageError("--init-timeout and --heartbeat-floor must be more than 0 seconds")
         if self.heartbeat_timeout is not None and self.heartbeat_timeout < 0:

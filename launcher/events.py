@@ -118,7 +118,8 @@ class Hang:
     silent_for: float
     deadline: float
     last_step: int  # -1: it never said
-    silent_since: float  # monotonic time of its last sign of life
+    silent_since: float  # monotonic time of its last sign of life (stalled: of its last new step)
+    stalled: bool = False  # it beats, at the same step since silent_since
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,8 +33,9 @@ from launcher.roles.follower import Follower
 from launcher.roles.holder import RunHolder
 from launcher.roles.leader import Leader
 from launcher.roles.single import SingleNode
-from launcher.runs.directory import RunDir
+from launcher.runs.directory import Holder, RunDir
 from launcher.runs.run import Run
+from worker_lib.storage import StorageError
 
 __all__ = ["RunResult", "run_attempts", "supervise"]
 
@@ -124,15 +125,16 @@ def _lead(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, con
     job_store = (
         host_job_store(config.cluster) if config.cluster.many_nodes else None
     )  # the others may already wait
-    directory = RunDir(config.run.url)
-    taken_from = directory.acquire(config.run.lease)  # before anything is written, logs included
+    directory = RunDir(config.run.url, retries=False)
+    taken_from = _acquire(directory, config)  # before anything is written, logs included
+    run: Optional[Run] = None
     try:
         become_subreaper()
         with EventLog(config.group.log_dir / "events.jsonl") as events:
             on_events(events)
             events.emit(RunStart(run_id=config.run.run_id, config=config.to_json(), pid=os.getpid()))
             with OrphanGuard() as guard, _memory_tier(guard) as memory:
-                run = Run(config, directory, events, say, taken_from)
+                run = _open(config, directory, events, say, taken_from)
                 policy = RestartPolicy(
                     config.restart.max_failures,
                     config.restart.failure_window,
@@ -153,7 +155,26 @@ def _lead(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, con
                 runner = AttemptRunner(config, events, signals, guard, say, spawner, console, hangs, memory)
                 return _hold(role, runner, run, events, say)
     finally:
-        directory.release()
+        if run is not None:
+            run.close()
+        else:
+            directory.release()
+
+
+def _acquire(directory: RunDir, config: LaunchConfig) -> Optional[Holder]:
+    """Hold the run; storage that fails here (a full disk, no answer) is one line, and nothing
+    has started."""
+    try:
+        return directory.acquire(config.run.lease)
+    except StorageError as err:
+        raise UsageError(f"run dir {config.run.url} is not usable: {err}") from None
+
+
+def _open(config: LaunchConfig, directory: RunDir, events: EventLog, say, taken_from) -> Run:
+    try:
+        return Run(config, directory, events, say, taken_from)
+    except StorageError as err:
+        raise UsageError(f"run dir {config.run.url} is not usable: {err}") from None
 
 
 @contextlib.contextmanager
@@ -200,6 +221,6 @@ def _already_succeeded(run: Run) -> RunResult:
 
 def _remove_uncommitted_parts(run: Run, say) -> None:
     """The run is over and no worker runs: parts that never got their commit marker go."""
-    removed = run.checkpoints.remove_uncommitted()
+    removed = run.remove_uncommitted()
     if removed:
         say(f"removed the parts of step(s) {', '.join(map(str, removed))}, which were never committed")

@@ -50,6 +50,8 @@ def test_a_lost_node_shrinks_the_job_and_its_relaunch_grows_it_back_without_losi
         "--stop-aware",
         "--out",
         str(tmp_path / "out.pt"),
+        "--until-attempt",
+        "2",  # the shrunk job trains until the relaunched node has joined: it cannot finish first
         fewest=2,
     ).start_all()
     node0 = job.nodes[0]
@@ -166,6 +168,8 @@ def test_a_script_without_worker_lib_is_restarted_at_once_when_a_node_joins(laun
         str(tmp_path / "plain.ckpt"),
         "--ready-dir",
         str(ready),
+        "--until-attempt",
+        "1",  # node 0 alone trains until node 1 has joined (attempt 1): it cannot finish first
         fewest=1,
     )
     node0 = job.start(0)

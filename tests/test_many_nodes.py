@@ -293,7 +293,8 @@ def test_the_failure_budget_is_counted_once_per_job(launcher, tmp_path):
 
 
 def _stepping_job(launcher, tmp_path, nnodes, name):
-    """One rank per node, stepping for 3 s an attempt; returned once every rank has stepped."""
+    """One rank per node, stepping for 3 s an attempt (attempt 0 until the test stops it);
+    returned once every rank has stepped."""
     ready = tmp_path / "ready"
     job = Job(
         launcher,
@@ -310,6 +311,8 @@ def _stepping_job(launcher, tmp_path, nnodes, name):
         "0.05",
         "--ready-dir",
         str(ready),
+        "--until-attempt",
+        "1",
     ).start_all()
     wait_for_files(ready, "rank_*.attempt_0", nnodes, timeout=60)
     return job

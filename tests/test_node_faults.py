@@ -38,6 +38,8 @@ def _ddp_job(launcher, tmp_path, name, *extra, steps=400, node_timeout="3s", max
         str(ready),
         "--out",
         str(tmp_path / f"{name}.pt"),
+        "--until-attempt",
+        "1",  # attempt 0 trains until the test's fault stops it: it cannot finish first
         node_timeout=node_timeout,
     ).start_all()
     wait_for_files(ready, "rank_*.attempt_0", 2, timeout=90)

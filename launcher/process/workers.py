@@ -154,8 +154,7 @@ class WorkerGroup:
         for spec in self.specs:
             if not go_on():
                 return
-            spec.log_file.parent.mkdir(parents=True, exist_ok=True)
-            log_file = self._pump.open_log(spec.log_file)
+            log_file = self._pump.open_log(spec.log_file)  # None: a full disk, the console only
             spawned = self._spawner.spawn(spec)
             self._procs[spec.rank] = spawned.process
             self._guard.watch(spawned.process.pid)
