@@ -5,16 +5,26 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINTED := launcher worker_lib tests scripts examples
 
-.PHONY: install test test-unit demo bench chaos lint integration clean
+.PHONY: install system test test-unit demo bench chaos lint integration clean
 
-install: $(STAMP)
+install: system $(STAMP)
+
+# The system's part: Debian's prometheus server, which a test has scrape a real run. As root only
+# (CI is); elsewhere, or when apt cannot install it, that test says why it is skipped.
+system:
+	@if [ "$$(id -u)" = 0 ] && ! command -v prometheus >/dev/null 2>&1; then \
+		export DEBIAN_FRONTEND=noninteractive; \
+		{ apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1 || \
+		  { apt-get update >/dev/null 2>&1 && apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1; }; } || \
+		echo "make: prometheus could not be installed; the test against a real Prometheus will be skipped"; \
+	fi
 
 # torch is pinned first: that version's CPU wheel is on this machine's disk; an unpinned
 # torch would download a multi-GB CUDA build. Users get `torch>=2.4` from setup.cfg.
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test,examples,lightning,transformers,accelerate]'
+	$(PY) -m pip install --quiet -e '.[test,examples,plot,lightning,transformers,accelerate]'
 	touch $(STAMP)
 
 # Most tests wait (for deadlines, steps, other nodes) rather than compute: twice as many test
@@ -42,6 +52,7 @@ bench: install
 	$(PY) scripts/bench_load_cache.py
 	$(PY) scripts/bench_checkpoint.py
 	$(PY) scripts/bench_heartbeat.py
+	$(PY) scripts/bench_metrics.py
 
 # The reliability matrix: every fault, 10 times, against examples/train.py, and on 2 and 3 nodes
 # against a plain DDP script (docs/reliability.md).

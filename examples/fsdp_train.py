@@ -10,9 +10,15 @@ chunks of its shards). Saves are asynchronous (``format="dcp"``: the shards are 
 memory at the call) and committed once every rank's files are written; a preemption stops every
 rank at one agreed step, which is saved. On GPUs the mesh is CUDA and the backend NCCL; on CPUs,
 gloo. ``--out``: rank 0 writes the model's full tensors there at the end.
+
+On GPUs it follows the GPU recipe: each rank's shards are snapshotted into ftlaunch's node-local
+memory tier after every step (``--memory-every``, default 1 on GPUs, 0 on CPUs), storage every
+``--save-every`` steps; a crash then costs only the step it interrupted.
 """
 
 import argparse
+import os
+import time
 
 import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -30,9 +36,10 @@ def parse() -> argparse.Namespace:
     p.add_argument(
         "--memory-every",
         type=int,
-        default=0,
-        help="steps between snapshots into ftlaunch's memory tier (0: none)",
+        default=None,
+        help="steps between snapshots into ftlaunch's memory tier (0: none; default: 1 on GPUs, 0 on CPUs)",
     )
+    p.add_argument("--step-time", type=float, default=0.0, help="seconds of sleep in each step")
     p.add_argument("--out", default=None)
     return p.parse_args()
 
@@ -51,6 +58,16 @@ def build(info):
     return model, optimizer, device
 
 
+def memory_every(args, device: torch.device) -> int:
+    """Steps between memory snapshots: --memory-every, else the GPU recipe (every step) where
+    ftlaunch gave the node a memory tier and the rank trains on a GPU, where the copy is the
+    device's; none on CPUs, where it would take cores from training, nor under plain torchrun."""
+    if args.memory_every is not None:
+        return args.memory_every
+    tier = ft.contract.FT_MEMORY_DIR in os.environ  # ftlaunch's, in /dev/shm
+    return 1 if tier and device.type == "cuda" else 0
+
+
 def state_of(model, optimizer) -> dict:
     model_state, optim_state = get_state_dict(model, optimizer)  # DTensors: each rank's shards
     return {"model": model_state, "optim": optim_state}
@@ -60,6 +77,7 @@ def main() -> None:
     args = parse()
     info = ft.init()
     model, optimizer, device = build(info)
+    snapshot_every = memory_every(args, device)
     model(torch.zeros(1, 16, device=device)).sum().backward()  # Adam's state exists, to load into
     optimizer.step()
     optimizer.zero_grad()
@@ -76,11 +94,12 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
+        time.sleep(args.step_time)
         ft.heartbeat(step)
         stop = ft.should_stop(step)  # a preemption: every rank saves this step and leaves
         if stop or step % args.save_every == 0:
             ft.save_checkpoint(step, state_of(model, optimizer), format="dcp", blocking=args.blocking)
-        elif args.memory_every and step % args.memory_every == 0:  # this rank's shards, in the node's memory
+        elif snapshot_every and step % snapshot_every == 0:  # this rank's shards, in the node's memory
             ft.save_checkpoint(step, state_of(model, optimizer), format="dcp", to="memory")
         if stop:
             break

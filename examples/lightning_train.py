@@ -9,6 +9,11 @@ beats (a stuck collective is found and the group restarted); a preemption stops 
 agreed step and saves it (Lightning's own SLURM requeue handler is off under ftlaunch, which
 gives torchrun's environment). The data (random features, labels from a fixed linear map) is
 made in code: nothing is downloaded. ``--step-time`` slows each step down, to watch it.
+
+It trains where ftlaunch put the rank: its GPU when ftlaunch chose NCCL (wherever GPUs are
+visible), else the CPU over gloo. ``--deterministic`` is Lightning's ``deterministic=True``
+(deterministic CUDA kernels): with it a resume from an epoch's end is bit-identical on a GPU too,
+dropout masks included (each rank's CUDA random state is restored with the step).
 """
 
 import argparse
@@ -34,7 +39,9 @@ class Classifier(pl.LightningModule):
     def __init__(self, lr: float, step_time: float) -> None:
         super().__init__()
         torch.manual_seed(SEED)  # the same initial weights on every rank
-        self.net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(64, 4)
+        )
         self.lr, self.step_time = lr, step_time
 
     def training_step(self, batch, batch_idx):
@@ -61,17 +68,19 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--save-every", type=int, default=10, help="optimizer steps")
     p.add_argument("--step-time", type=float, default=0.0, help="seconds of sleep in each step")
+    p.add_argument("--deterministic", action="store_true", help="deterministic algorithms only")
     p.add_argument("--out", default=None, help="rank 0 writes the final weights there")
     args = p.parse_args()
 
-    fault_tolerance = FaultTolerance(every_n_steps=args.save_every)
+    fault_tolerance = FaultTolerance(every_n_steps=args.save_every)  # opens ftlaunch's checkpoints
     local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     trainer = pl.Trainer(
-        accelerator="cpu",
+        accelerator=torch.device(worker_lib.info().device).type,  # "cuda" under nccl, else "cpu"
         devices=local,
         num_nodes=int(os.environ.get("WORLD_SIZE", 1)) // local,
         strategy="ddp" if int(os.environ.get("WORLD_SIZE", 1)) > 1 else "auto",
         max_epochs=args.epochs,
+        deterministic=args.deterministic,
         callbacks=[fault_tolerance],
         enable_checkpointing=False,  # ftlaunch's steps are the checkpoints
         enable_progress_bar=False,
@@ -83,14 +92,15 @@ def main() -> None:
     ckpt_path = fault_tolerance.ckpt_path()
     if trainer.global_rank == 0:
         print(
-            f"attempt {worker_lib.info().attempt} starts at step {fault_tolerance.resumed_from or 0}",
+            f"attempt {worker_lib.info().attempt} starts at step {fault_tolerance.resumed_from or 0} "
+            f"on {trainer.strategy.root_device}",
             flush=True,
         )
     trainer.fit(model, loader, ckpt_path=ckpt_path)
     if trainer.global_rank == 0:
         print(f"final: step {trainer.global_step}, loss {float(trainer.callback_metrics['train_loss']):.4f}")
         if args.out:
-            torch.save(model.state_dict(), args.out)
+            torch.save({name: value.cpu() for name, value in model.state_dict().items()}, args.out)
     worker_lib.shutdown()
 
 

@@ -9,6 +9,12 @@ is copied to memory at the call and written in the background; a crash mid-save 
 last committed checkpoint. After a restart every rank loads the newest committed step and continues
 from it, in the same data order.
 
+On GPUs (ftlaunch chose NCCL: each rank trains on its own GPU) it follows the GPU recipe: a
+snapshot of each rank's state into ftlaunch's node-local memory tier after every step, and storage
+every ``--checkpoint-every`` steps. A crash then costs only the step it interrupted: the new group
+loads the newest snapshot every rank holds, unless storage has a newer step. On CPUs (the demo) it
+takes no snapshots unless ``--memory-every`` asks: there the copy shares the cores with training.
+
 ``--save-as files`` saves the other way worker_lib offers, for scripts that write their own files
 (torch.save, save_pretrained, torch.distributed.checkpoint): rank 0 writes ``model.pt`` and
 ``optimizer.pt`` into the step's directory (``ft.checkpoint_dir``), and a restart reads them back from
@@ -48,9 +54,34 @@ def parse_args() -> argparse.Namespace:
         default="state",
         help="state: ft.save_checkpoint (default); files: torch.save into ft.checkpoint_dir",
     )
-    p.add_argument("--crash-at-step", type=int, default=None, help="kill one rank there, first attempt only")
+    p.add_argument(
+        "--memory-every",
+        type=int,
+        default=None,
+        help="steps between snapshots into ftlaunch's memory tier (0: none; default: 1 on GPUs, 0 on CPUs)",
+    )
+    p.add_argument(
+        "--crash-at-step",
+        type=int,
+        default=None,
+        help="kill one rank there, first attempt only, once the checkpoint saved before it is committed "
+        "(so the step it resumes from is known, however slow the machine)",
+    )
     p.add_argument("--crash-rank", type=int, default=1)
-    return p.parse_args()
+    args = p.parse_args()
+    if args.memory_every and args.save_as == "files":
+        p.error("--memory-every: memory snapshots hold a state (--save-as state), not files")
+    return args
+
+
+def memory_every(args, device: torch.device) -> int:
+    """Steps between memory snapshots: --memory-every, else the GPU recipe (every step) where
+    ftlaunch gave the node a memory tier and the rank trains on a GPU, where the copy is the
+    device's; none on CPUs, where it would take cores from training, nor under plain torchrun."""
+    if args.memory_every is not None:
+        return args.memory_every
+    tier = ft.contract.FT_MEMORY_DIR in os.environ  # ftlaunch's, in /dev/shm
+    return 1 if tier and device.type == "cuda" and args.save_as == "state" else 0
 
 
 def load_data():
@@ -107,13 +138,20 @@ def evaluate(model, data: TensorDataset, device) -> tuple:
 
 
 def maybe_crash(args, step: int, rank: int) -> None:
-    if ft.info().attempt == 0 and step == args.crash_at_step and rank == args.crash_rank:
+    """The injected crash: every rank first waits for the save in flight (rank 0 until it is
+    committed), then meets the others, so the crash never races the commit before it."""
+    if ft.info().attempt != 0 or step != args.crash_at_step:
+        return
+    ft.wait_for_checkpoint()
+    dist.barrier()
+    if rank == args.crash_rank:
         print(f"rank {rank}: injected crash at step {step} (SIGKILL)", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
 
 def train(args, device) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
+    snapshot_every = memory_every(args, device)
     train_set, test_set = load_data()
     sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=SEED)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
@@ -141,6 +179,10 @@ def train(args, device) -> None:
                 if rank == 0:
                     print(f"stopping at step {step} on request; run the same command to resume", flush=True)
                 return
+            if snapshot_every and step % snapshot_every == 0:  # this rank's state, in the node's memory
+                ft.save_checkpoint(
+                    step, {"model": model.state_dict(), "optimizer": optimizer.state_dict()}, to="memory"
+                )
             if step % args.checkpoint_every == 0:
                 save(step, model, optimizer, loss, args.save_as)
         if rank == 0:

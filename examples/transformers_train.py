@@ -11,6 +11,12 @@ save one agreed step and stop. The Trainer's own resume is exact (weights, optim
 each rank's RNG streams, the batches already seen), so a run with a crash ends where an
 uninterrupted one would. The model is built from a ``GPT2Config`` and the data are random tokens:
 nothing is downloaded. ``--step-time`` slows each step down, to watch it.
+
+It trains where ftlaunch put the rank: its GPU over NCCL when ftlaunch chose NCCL (wherever GPUs
+are visible), else the CPU over gloo. The Trainer is told so (``use_cpu``, ``ddp_backend``): left
+to itself on a node without a GPU it would train every rank alone. ``--deterministic`` is the
+Trainer's ``full_determinism`` (deterministic CUDA kernels): with it a resumed run ends
+bit-identical to an uninterrupted one on a GPU too, dropout masks included.
 """
 
 import argparse
@@ -54,10 +60,12 @@ def main() -> None:
     p.add_argument("--save-steps", type=int, default=10)
     p.add_argument("--step-time", type=float, default=0.0, help="seconds of sleep after each step")
     p.add_argument("--output-dir", default=None, help="the Trainer's local folder (default: a temporary one)")
+    p.add_argument("--deterministic", action="store_true", help="deterministic algorithms only")
     p.add_argument("--out", default=None, help="rank 0 writes the final weights there")
     args = p.parse_args()
 
-    fault_tolerance = FaultTolerance()
+    fault_tolerance = FaultTolerance()  # opens ftlaunch's checkpoints
+    info = worker_lib.info()  # where ftlaunch put this rank: cuda:<local rank> under nccl, else cpu
     config = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2)
     torch.manual_seed(SEED)
     model = GPT2LMHeadModel(config)
@@ -69,8 +77,9 @@ def main() -> None:
         save_steps=args.save_steps,
         save_total_limit=2,  # the Trainer's local copies; ftlaunch keeps its own steps
         logging_steps=5,
-        use_cpu=True,
-        ddp_backend="gloo",
+        use_cpu=info.device == "cpu",
+        ddp_backend=info.backend,
+        full_determinism=args.deterministic,
         report_to=[],
         seed=SEED,
         disable_tqdm=True,
@@ -81,12 +90,12 @@ def main() -> None:
     )
     resume = fault_tolerance.resume_from()
     if training.process_index == 0:
-        print(f"attempt {worker_lib.info().attempt} resumes from {resume}", flush=True)
+        print(f"attempt {info.attempt} resumes from {resume} on {training.device}", flush=True)
     trainer.train(resume_from_checkpoint=resume)
     if training.process_index == 0:
         print(f"final: step {trainer.state.global_step}", flush=True)
         if args.out:
-            torch.save(model.state_dict(), args.out)
+            torch.save({name: value.cpu() for name, value in model.state_dict().items()}, args.out)
     worker_lib.shutdown()
 
 

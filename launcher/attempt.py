@@ -16,6 +16,8 @@ from launcher.cluster.wire import Interrupt, InterruptKind
 from launcher.config import LaunchConfig
 from launcher.errors import FtlaunchError, StartFailed
 from launcher.events import (
+    AttemptEnded,
+    AttemptPlanned,
     EventLog,
     GroupsGuarded,
     GuardRestarted,
@@ -25,11 +27,19 @@ from launcher.events import (
     Transition,
     WorkerExit,
 )
-from launcher.failures import Failure, HangFailure, ProcessFailure, read_error_file, root_cause
+from launcher.failures import (
+    Failure,
+    HangFailure,
+    NodeLostFailure,
+    ProcessFailure,
+    read_error_file,
+    root_cause,
+)
 from launcher.group_state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine
 from launcher.hangs.board import HeartbeatBoard
 from launcher.hangs.monitor import HangMonitor, progress_rows
 from launcher.hangs.stacks import main_thread_stack
+from launcher.observe.slots import SlotObserver
 from launcher.outcomes import AttemptOutcome
 from launcher.process.logs import LogPump, tail_lines
 from launcher.process.orphan_guard import OrphanGuard
@@ -79,6 +89,9 @@ class AttemptRunner:
         self._next_progress = 0.0
         self._chaos = chaos_for(config, events, say)
         self._role: Optional[Role] = None  # the node's, during run()
+        self._observer = SlotObserver(events, -1)  # the slots as events: one per attempt
+        self._logs_cut_said = False
+        self._board_fallback_said = False
 
     def warm_up(self) -> None:
         """Let the spawner (a fork server importing torch) get going while the supervisor sets up
@@ -92,7 +105,10 @@ class AttemptRunner:
         machine = GroupStateMachine(attempt, self._on_transition)
         layout = plan.layout
         board = HeartbeatBoard(self.config.group.nproc, attempt, first_rank=layout.rank(0))
-        pump = LogPump(*self._console)
+        if board.fallback and not self._board_fallback_said:
+            self._board_fallback_said = True
+            self._say(f"heartbeat slots in {board.path.parent}: {board.fallback}")
+        pump = LogPump(*self._console, cut=self._logs_cut)
         specs = plan_workers(
             self.config,
             attempt,
@@ -103,6 +119,9 @@ class AttemptRunner:
             memory_dir=self._memory_dir,
         )
         group = WorkerGroup(specs, self._spawner, pump, self._guard, self.config.group.shows_on_console)
+        ranks = [spec.rank for spec in specs]
+        self._events.emit(AttemptPlanned(attempt, layout.world_size, list(layout.nodes), ranks))
+        self._observer = SlotObserver(self._events, attempt)
         group.prepare(self._spawning_may_go_on)
         started = time.monotonic()
         self._chaos.attempt_started()
@@ -110,7 +129,9 @@ class AttemptRunner:
             result = self._start_and_watch(machine, group, board)
             lived = time.monotonic() - started
             self._stop(machine, group, result)
-            result = dataclasses.replace(result, lived=lived, beats=BeatSummary.of(board.read().values()))
+            slots = board.read()
+            self._observer.final(slots, board.checkpoint_counters())
+            result = dataclasses.replace(result, lived=lived, beats=BeatSummary.of(slots.values()))
         except FtlaunchError:
             self._kill_after_error(machine, group)
             raise
@@ -175,6 +196,7 @@ class AttemptRunner:
             self._chaos.inject(attempt, group, board, slots)
             rate.observe(time.monotonic(), BeatSummary.of(slots.values()).furthest_step)
             self._publish_progress(attempt, group, slots)
+            self._observer.look(time.monotonic(), slots, group.running(), board.checkpoint_counters)
             hung = self._hangs.check(watch, attempt, group, slots)
             if hung:
                 cause = root_cause(hung)
@@ -185,6 +207,25 @@ class AttemptRunner:
             if remote is not None:
                 return self._stopped_by_peer(machine, group, board, rate, remote)
             self._signals.wait(_MONITOR_TIMEOUT_S)
+
+    def concluded(self, result: AttemptResult, restarting: bool) -> None:
+        """The job's outcome of an attempt (every node's reports merged), for the run log."""
+        cause = result.root_cause
+        kind = ""
+        if result.outcome is AttemptOutcome.FAILED:
+            kinds = {ProcessFailure: "crash", HangFailure: "hang", NodeLostFailure: "lost_node"}
+            kind = kinds.get(type(cause), "unknown")
+        self._events.emit(
+            AttemptEnded(
+                result.attempt,
+                result.outcome.value,
+                kind,
+                rank=cause.rank if cause is not None else None,
+                node=cause.node if cause is not None else None,
+                injected=bool(getattr(cause, "injected", False)),
+                restarting=restarting,
+            )
+        )
 
     def _stopped_by_peer(
         self, machine, group: WorkerGroup, board: HeartbeatBoard, rate: StepRate, remote: Interrupt
@@ -301,6 +342,16 @@ class AttemptRunner:
             self._events.emit(GuardRestarted(dead_pid=dead, new_pid=self._guard.pid))
             self._say(
                 f"the orphan guard (pid {dead}) died; a new one (pid {self._guard.pid}) watches the workers"
+            )
+
+    def _logs_cut(self, path: str, err: OSError) -> None:
+        """A rank's log file could not be written (a full disk): said once a run; it goes on.
+        Called from the log pump's thread."""
+        if not self._logs_cut_said:
+            self._logs_cut_said = True
+            self._say(
+                f"logs cut: cannot write {path} ({err.strerror or err}); the workers' lines still reach "
+                "the console (the ranks shown there), and the run goes on"
             )
 
     def _stopped_by_signal(self, attempt: int, signum: int) -> AttemptResult:

@@ -6,7 +6,7 @@ import dataclasses
 import enum
 from typing import Iterable, Optional
 
-__all__ = ["BeatReading", "BeatSummary", "NodeRow", "Phase", "ProgressRow"]
+__all__ = ["BeatReading", "BeatSummary", "CheckpointCounters", "NodeRow", "Phase", "ProgressRow"]
 
 
 class Phase(str, enum.Enum):
@@ -53,6 +53,19 @@ class BeatSummary:
         beaten = [r for r in readings if r.beats > 0]
         steps = [r.step for r in beaten if r.step >= 0]
         return cls(bool(beaten), max(steps) if steps else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointCounters:
+    """One rank's checkpoint counters as its slot shows them, cumulative in its process."""
+
+    saves_memory: int = 0
+    save_memory_ns: int = 0
+    saves_storage: int = 0
+    save_storage_ns: int = 0
+    commits: int = 0  # commit markers it wrote (the job's rank 0 writes them all)
+    commit_ns: int = 0  # from each save's write to its marker
+    load_ns: int = 0  # how long its load took (the tier is the reading's ``loaded_tier``)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """``ftlaunch [OPTIONS] SCRIPT [SCRIPT_ARGS]...``: options → LaunchConfig, errors → exit codes.
 
-Every option can also be set as ``FTLAUNCH_<OPTION>`` (``FTLAUNCH_NPROC=8``), as torchrun's
-``PET_*``; the command line wins over the environment.
+Every option can also be set as ``FTLAUNCH_<OPTION>`` (``FTLAUNCH_NPROC=8``), and below that as
+torchrun's ``PET_<OPTION>`` (``launcher.environment``); the command line wins over both.
 """
 
 import logging
@@ -25,6 +25,7 @@ from launcher.config import (
     GroupSection,
     HangSection,
     LaunchConfig,
+    MetricsSection,
     RestartSection,
     RunSection,
     place,
@@ -33,6 +34,7 @@ from launcher.config import (
 )
 from launcher.console import say
 from launcher.durations import parse_duration
+from launcher.environment import torchrun_defaults
 from launcher.errors import ExitCode, FtlaunchError, UsageError
 from launcher.preflight import preflight
 from launcher.process.signals import SignalInbox
@@ -45,15 +47,17 @@ ENV_PREFIX = "FTLAUNCH"
 
 @click.command(
     context_settings={"allow_interspersed_args": False, "show_default": True},
-    epilog="Every option can also be set as FTLAUNCH_<OPTION>, e.g. FTLAUNCH_NPROC=8.",
+    epilog="Every option can also be set as FTLAUNCH_<OPTION>, e.g. FTLAUNCH_NPROC=8, or as torchrun's "
+    "PET_<OPTION> (PET_NPROC_PER_NODE, PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT as "
+    "the rendezvous endpoint, ...), which the command line and FTLAUNCH_<OPTION> override.",
 )
 @click.option(
     "--nproc",
     "--nproc-per-node",
     "nproc",
     default="auto",
-    metavar="N|auto",
-    help="Workers on this node; auto: one per visible GPU, else 1.",
+    metavar="N|auto|gpu|cpu",
+    help="Workers on this node; auto: one per visible GPU, else 1; gpu: one per GPU; cpu: one per CPU.",
 )
 @click.option("-m", "--module", is_flag=True, help="Run SCRIPT as a module, like python -m.")
 @click.option("--no-python", is_flag=True, help="Run SCRIPT as an executable, not with python.")
@@ -156,6 +160,13 @@ ENV_PREFIX = "FTLAUNCH"
     default="2m",
     metavar="DURATION",
     help="The smallest deadline auto sets: covers steps that are rarely slow (evaluation, logging).",
+)
+@click.option(
+    "--progress-timeout",
+    default=None,
+    metavar="DURATION",
+    help="Longest a rank may beat without a new step (ft.heartbeat(step) with the same step) before it "
+    "counts as hung  [default: off: a beat proves only that the rank's thread runs]",
 )
 @click.option(
     "--run-dir",
@@ -266,6 +277,25 @@ ENV_PREFIX = "FTLAUNCH"
     is_flag=True,
     help="Injected failures count against --max-failures (by default they do not).",
 )
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=None,
+    metavar="PORT",
+    help="Serve the run's metrics (Prometheus text: attempts, failures by kind, downtime, goodput, the "
+    "step, checkpoints by tier, ...) on this port of --metrics-addr; 0: a free port  [default: none]",
+)
+@click.option(
+    "--metrics-addr", default="127.0.0.1", metavar="ADDR", help="The address --metrics-port listens on."
+)
+@click.option(
+    "--metrics-file",
+    type=click.Path(path_type=Path),
+    default=None,
+    metavar="PATH",
+    help="Write the same metrics to PATH (atomically, every few seconds and at the end), for "
+    "node_exporter's textfile collector  [default: none]",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log the supervisor's own decisions.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
@@ -277,10 +307,14 @@ def cli(signals: SignalInbox, verbose: bool, **options) -> int:
     Everything after SCRIPT is passed to SCRIPT.
     """
     _configure_logging(verbose)
+    torchrun = _torchrun_banner()
+    if torchrun:  # a pod's environment decides how many nodes: say so before anything can fail
+        say(torchrun)
     config = config_from_options(options)
     signals.preempt_signal = config.group.preempt_signal
     preflight(config, signals.raise_if_received)
     signals.raise_if_received()
+    from launcher.observe.exporter import open_exporter
     from launcher.summary import summary_lines
     from launcher.supervisor import supervise
 
@@ -290,7 +324,10 @@ def cli(signals: SignalInbox, verbose: bool, **options) -> int:
             f"{chaos}; injected failures {'count' if config.chaos.counts else 'do not count'} "
             "against --max-failures"
         )
-    result = supervise(config, signals, say=say)
+    with open_exporter(config.metrics, config.run.name, config.cluster.node_rank) as metrics:
+        if metrics.port is not None:
+            say(f"metrics on http://{config.metrics.addr}:{metrics.port}/metrics")
+        result = supervise(config, signals, say=say, on_events=metrics.watch)
     for line in summary_lines(result):
         say(line)
     if chaos:
@@ -305,6 +342,17 @@ def _chaos_banner(config: LaunchConfig) -> str:
     source = click.get_current_context().get_parameter_source("chaos")
     where = f"{ENV_PREFIX}_CHAOS in the environment" if source is ParameterSource.ENVIRONMENT else "--chaos"
     return f"chaos ({where}): injecting {config.chaos.plan} into this run"
+
+
+def _torchrun_banner() -> str:
+    """'' unless torchrun's PET_* variables set an option; else which, to what."""
+    context = click.get_current_context()
+    used = [
+        f"--{name.replace('_', '-')} {value}"
+        for name, value in (context.default_map or {}).items()
+        if context.get_parameter_source(name) is ParameterSource.DEFAULT_MAP
+    ]
+    return f"from torchrun's PET_* environment: {', '.join(used)}" if used else ""
 
 
 def _configure_logging(verbose: bool) -> None:
@@ -372,6 +420,7 @@ def config_from_options(
             init_timeout=_duration(o, "init_timeout", "--init-timeout"),
             heartbeat_timeout=_parse_heartbeat_timeout(o["heartbeat_timeout"]),
             heartbeat_floor=_duration(o, "heartbeat_floor", "--heartbeat-floor"),
+            progress_timeout=_duration(o, "progress_timeout", "--progress-timeout"),
         ),
         run=RunSection(
             url=at.run_url,
@@ -394,19 +443,27 @@ def config_from_options(
         chaos=ChaosSection(
             _parse_chaos(o["chaos"], at.run_id, at.nnodes) if o["chaos"] else None, o["chaos_counts"]
         ),
+        metrics=MetricsSection(o["metrics_port"], o["metrics_addr"], o["metrics_file"]),
     )
 
 
 def options_of(argv: Sequence[str]) -> Dict[str, Any]:
     """The parameters click parses from a command line (defaults and FTLAUNCH_* included): what
     ``config_from_options`` takes, for tools and tests."""
-    with cli.make_context("ftlaunch", list(argv), auto_envvar_prefix=ENV_PREFIX) as context:
+    with cli.make_context(
+        "ftlaunch", list(argv), auto_envvar_prefix=ENV_PREFIX, default_map=_torchrun_defaults()
+    ) as context:
         return dict(context.params)
 
 
 def _warm_spare(choice: str, fork_server: bool, backend: str) -> bool:
     """auto: on where the ranks have GPUs (nccl) and the fork server can make spares."""
     return choice == "on" or (choice == "auto" and fork_server and backend == "nccl")
+
+
+def _torchrun_defaults() -> Dict[str, str]:
+    """torchrun's PET_* variables, below FTLAUNCH_* and the command line."""
+    return torchrun_defaults(os.environ, [p.name for p in cli.params if p.name])
 
 
 def _duration(options: Mapping[str, Any], name: str, option: str) -> Optional[float]:
@@ -431,12 +488,19 @@ def _parse_heartbeat_timeout(value: str) -> Optional[float]:
 
 
 def _parse_nproc(value: str, gpus: int) -> int:
+    """A number, or torchrun's words: auto (one per GPU, else 1), gpu, cpu (one per CPU)."""
     if value == "auto":
         return gpus or 1
+    if value == "gpu":
+        if not gpus:
+            raise UsageError("--nproc gpu: this node sees no GPU")
+        return gpus
+    if value == "cpu":
+        return os.cpu_count() or 1
     try:
         return int(value)
     except ValueError:
-        raise UsageError(f"--nproc must be a whole number or 'auto', got {value!r}") from None
+        raise UsageError(f"--nproc must be a whole number or 'auto' (or gpu, cpu), got {value!r}") from None
 
 
 def _parse_nnodes(value: str) -> Tuple[int, int]:
@@ -506,7 +570,12 @@ def main(argv: Optional[Sequence[str]] = None, signals: Optional[SignalInbox] = 
         if not inbox.is_open:
             inbox.open()
         return cli.main(
-            args=args, prog_name="ftlaunch", standalone_mode=False, auto_envvar_prefix=ENV_PREFIX, obj=inbox
+            args=args,
+            prog_name="ftlaunch",
+            standalone_mode=False,
+            auto_envvar_prefix=ENV_PREFIX,
+            default_map=_torchrun_defaults(),
+            obj=inbox,
         )
     except click.exceptions.Exit as done:  # --help, --version
         return done.exit_code

@@ -26,6 +26,7 @@ __all__ = [
     "GroupSection",
     "HangSection",
     "LaunchConfig",
+    "MetricsSection",
     "Placement",
     "RestartSection",
     "RunSection",
@@ -43,6 +44,15 @@ class EntryKind(str, enum.Enum):
     SCRIPT = "script"
     MODULE = "module"
     EXECUTABLE = "executable"  # --no-python
+
+
+def _number(text: str) -> float:
+    """A number of seconds from --rdzv-conf; 0 for anything else (torch's handler says what is wrong
+    with it)."""
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0
 
 
 def _finite(value: Optional[float], option: str) -> None:
@@ -150,11 +160,15 @@ class HangSection:
     init_timeout: float = 900.0  # seconds from start (or a pause) to a beat, once the script beats
     heartbeat_timeout: Optional[float] = None  # seconds between beats; None: auto; 0: off
     heartbeat_floor: float = 120.0  # the smallest deadline auto sets
+    progress_timeout: Optional[float] = None  # seconds a rank may beat without a new step; None: off
 
     def __post_init__(self) -> None:
         _finite(self.init_timeout, "--init-timeout")
         _finite(self.heartbeat_timeout, "--heartbeat-timeout")
         _finite(self.heartbeat_floor, "--heartbeat-floor")
+        _finite(self.progress_timeout, "--progress-timeout")
+        if self.progress_timeout is not None and self.progress_timeout <= 0:
+            raise UsageError(f"--progress-timeout must be more than 0 seconds, got {self.progress_timeout}")
         if self.init_timeout <= 0 or self.heartbeat_floor <= 0:
             raise UsageError("--init-timeout and --heartbeat-floor must be more than 0 seconds")
         if self.heartbeat_timeout is not None and self.heartbeat_timeout < 0:
@@ -187,6 +201,11 @@ class RunSection:
             raise UsageError(f"--storage-timeout must be more than 0 seconds, got {self.storage_timeout}")
 
 
+# The most nodes a job may name (--nnodes N or MIN:MAX): far beyond today's largest jobs (2,048
+# nodes of 8 GPUs), and small enough that nothing sized by it could exhaust node 0.
+MAX_NODES = 16384
+
+
 @dataclasses.dataclass(frozen=True)
 class ClusterSection:
     """Many nodes, one ftlaunch each. Node 0 leads: it hosts the job's store at ``rdzv_endpoint``
@@ -206,6 +225,11 @@ class ClusterSection:
         _finite(self.node_timeout, "--node-timeout")
         if self.nnodes < 1:
             raise UsageError(f"--nnodes must be at least 1, got {self.nnodes}")
+        if self.nnodes > MAX_NODES:
+            raise UsageError(
+                f"--nnodes {self.nnodes}: at most {MAX_NODES} nodes (torch's c10d rendezvous keeps "
+                "every node of a round in one record that every node reads and writes)"
+            )
         if not 0 <= self.min_nodes <= self.nnodes:
             raise UsageError(
                 f"--nnodes {self.min_nodes}:{self.nnodes}: MIN must be at least 1 and at most MAX"
@@ -214,6 +238,12 @@ class ClusterSection:
             raise UsageError(f"--node-rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
         if self.join_timeout <= 0 or self.node_timeout <= 0:
             raise UsageError("--join-timeout and --node-timeout must be more than 0 seconds")
+        last_call = dict(self.rdzv_conf).get("last_call_timeout")
+        if last_call is not None and _number(last_call) >= self.join_timeout:
+            raise UsageError(
+                f"--rdzv-conf last_call_timeout={last_call} must be shorter than --join-timeout "
+                f"({self.join_timeout:g} s): a round would never start short of MAX nodes"
+            )
         if self.nnodes > 1:
             host, _, port = self.rdzv_endpoint.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -256,6 +286,22 @@ class ChaosSection:
     counts: bool = False  # injected failures count against --max-failures
 
 
+@dataclasses.dataclass(frozen=True)
+class MetricsSection:
+    """Where the run's metrics go (``launcher.observe``): served on a port, written to a file
+    (node_exporter's textfile collector), both or neither."""
+
+    port: Optional[int] = None  # None: no server; 0: a free port the OS picks
+    addr: str = "127.0.0.1"
+    file: Optional[Path] = None
+
+    def __post_init__(self) -> None:
+        if self.port is not None and not 0 <= self.port < 65536:
+            raise UsageError(f"--metrics-port must be in 0..65535, got {self.port}")
+        if self.file is not None and (self.file.name == "" or self.file.is_dir()):
+            raise UsageError(f"--metrics-file must name a file, got {self.file}")
+
+
 # Where each field of run.json's flat "config" record lives now: section, field.
 _FLAT = {
     "entrypoint": ("entry", "entrypoint"),
@@ -274,6 +320,9 @@ _FLAT = {
     **{f.name: ("cluster", f.name) for f in dataclasses.fields(ClusterSection)},
     "chaos": ("chaos", "plan"),
     "chaos_counts": ("chaos", "counts"),
+    "metrics_port": ("metrics", "port"),
+    "metrics_addr": ("metrics", "addr"),
+    "metrics_file": ("metrics", "file"),
 }
 _SECTIONS = {
     "entry": EntrySection,
@@ -283,6 +332,7 @@ _SECTIONS = {
     "run": RunSection,
     "cluster": ClusterSection,
     "chaos": ChaosSection,
+    "metrics": MetricsSection,
 }
 
 
@@ -298,6 +348,7 @@ class LaunchConfig:
     run: RunSection = RunSection()
     cluster: ClusterSection = ClusterSection()
     chaos: ChaosSection = ChaosSection()
+    metrics: MetricsSection = MetricsSection()
 
     def __post_init__(self) -> None:
         ranks = self.group.console_ranks
@@ -341,6 +392,7 @@ class LaunchConfig:
         data["script_args"] = list(self.entry.script_args)
         data["rdzv_conf"] = dict(self.cluster.rdzv_conf)
         data["chaos"] = str(self.chaos.plan) if self.chaos.plan is not None else None
+        data["metrics_file"] = str(self.metrics.file) if self.metrics.file is not None else None
         return data
 
 
@@ -432,7 +484,10 @@ def visible_gpu_count() -> int:
     """GPUs this node can use; asks NVML through torch, so no CUDA context is created."""
     if not any(os.path.exists(path) for path in _GPU_DRIVER_FILES):
         return 0
+    from launcher.quiet_torch import import_torch
+
     try:
+        import_torch()
         import torch
     except ImportError:  # pragma: no cover - torch is a declared dependency
         return 0

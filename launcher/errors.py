@@ -12,6 +12,7 @@ __all__ = [
     "RunBusy",
     "RunLost",
     "StartFailed",
+    "StorageLost",
     "UsageError",
     "exit_code_for_signal",
 ]
@@ -27,6 +28,7 @@ class ExitCode(enum.IntEnum):
     RUN_LOST = 4  # another ftlaunch took the run over (this one's lease expired): its workers were stopped
     JOIN_TIMEOUT = 5  # many nodes: not every node joined within --join-timeout; relaunch to resume
     JOB_OVER = 6  # many nodes: this node came to a job that had already ended (rendezvous closed)
+    STORAGE_LOST = 7  # the run dir answered nothing for longer than the lease: its workers were stopped
     INTERNAL = 70  # a defect in ftlaunch (EX_SOFTWARE): the traceback says where; workers were stopped
     INTERRUPTED_SIGHUP = 128 + signal.SIGHUP  # 129
     INTERRUPTED_SIGINT = 128 + signal.SIGINT  # 130
@@ -62,6 +64,13 @@ class RunLost(FtlaunchError):
     """This supervisor no longer holds its run: another one took it over."""
 
     exit_code = ExitCode.RUN_LOST
+
+
+class StorageLost(FtlaunchError):
+    """The run dir has not answered for longer than the lease: this supervisor can no longer tell
+    whether the run is still its own."""
+
+    exit_code = ExitCode.STORAGE_LOST
 
 
 class JoinTimeout(FtlaunchError):

@@ -19,8 +19,11 @@ from launcher.beats import Phase
 from launcher.group_state import GroupState
 
 __all__ = [
+    "AttemptEnded",
+    "AttemptPlanned",
     "ChaosInjected",
     "CheckpointLoaded",
+    "CheckpointTotals",
     "Decision",
     "Event",
     "EventLog",
@@ -30,13 +33,16 @@ __all__ = [
     "Hang",
     "HeartbeatDeadline",
     "InternalError",
+    "KeptTime",
     "Laggard",
     "Logged",
     "NodesMet",
+    "RoundAbandoned",
     "PeerInterrupt",
     "Resume",
     "RunEnd",
     "RunStart",
+    "Steps",
     "StopRequested",
     "Takeover",
     "Transition",
@@ -89,7 +95,7 @@ class Decision:
 
     KIND: ClassVar[str] = "decision"
     attempt: int
-    verdict: str  # a policy.Verdict value, or "resize" (an elastic job's nodes changed: no policy)
+    verdict: str  # a policy.Verdict value, "resize" (an elastic job's nodes changed) or "node_lost"
     reason: str
     delay: float
 
@@ -112,7 +118,8 @@ class Hang:
     silent_for: float
     deadline: float
     last_step: int  # -1: it never said
-    silent_since: float  # monotonic time of its last sign of life
+    silent_since: float  # monotonic time of its last sign of life (stalled: of its last new step)
+    stalled: bool = False  # it beats, at the same step since silent_since
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +203,16 @@ class NodesMet:
 
 
 @dataclasses.dataclass(frozen=True)
+class RoundAbandoned:
+    """Many nodes, node 0: a node of the rendezvous round never announced itself (its supervisor
+    died on the way); no attempt ran on the round, every node met again."""
+
+    KIND: ClassVar[str] = "round_abandoned"
+    nnodes: int  # the round's size, which the job would have had
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
 class PeerInterrupt:
     """Many nodes: another node stopped the attempt (a failure, a hang, a lost node, a signal)."""
 
@@ -218,6 +235,76 @@ class ChaosInjected:
     pid: int
     step: Optional[int] = None  # the rank's heartbeat step then; None: it never beat
     via: str = "signal"  # "signal": sent now; "worker_lib": asked through the slot, done there
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptPlanned:
+    """The attempt's size, as this node starts its share of it."""
+
+    KIND: ClassVar[str] = "attempt_planned"
+    attempt: int
+    world_size: int
+    nodes: List[int]  # the node ranks that hold the attempt
+    ranks: List[int]  # this node's global ranks
+
+
+@dataclasses.dataclass(frozen=True)
+class Steps:
+    """This node's ranks' progress, as their heartbeat slots say it: when all have first beaten,
+    then every 5 to 15 s while the step moves (``observe.slots``), and when the attempt is over."""
+
+    KIND: ClassVar[str] = "steps"
+    attempt: int
+    step: int  # the newest step every one of this node's ranks has reported (the slowest rank's)
+    furthest: int  # the furthest rank's
+    reported_at: float  # monotonic: the slowest rank's last sign of life, on its own clock
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointTotals:
+    """What this node's ranks have counted of their checkpoints in this attempt so far (worker_lib's
+    counters in the heartbeat slots, summed over the ranks): saves per tier and the seconds the
+    training loop spent in them, commits (the job's rank 0 writes every commit marker) and the
+    seconds from each save's call to its marker, loads per tier and the seconds they took."""
+
+    KIND: ClassVar[str] = "checkpoint_totals"
+    attempt: int
+    saves_memory: int = 0
+    save_memory_s: float = 0.0
+    saves_storage: int = 0
+    save_storage_s: float = 0.0
+    commits: int = 0
+    commit_s: float = 0.0
+    loads_memory: int = 0
+    load_memory_s: float = 0.0
+    loads_storage: int = 0
+    load_storage_s: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptEnded:
+    """How the attempt ended for the job (every node's reports merged) and whether the run goes on."""
+
+    KIND: ClassVar[str] = "attempt_ended"
+    attempt: int
+    outcome: str  # an AttemptOutcome value
+    cause: str = ""  # FAILED: "crash", "hang", "lost_node" or "unknown" (not described); else ""
+    rank: Optional[int] = None  # the root cause's rank (-1: a whole node)
+    node: Optional[int] = None  # the root cause's node, with many nodes
+    injected: bool = False  # --chaos caused it
+    restarting: bool = False  # another attempt follows
+
+
+@dataclasses.dataclass(frozen=True)
+class KeptTime:
+    """Goodput's numerator, written by the node that holds the run at each attempt's start and
+    end: the run's wall time spent on steps that were kept, over its ended attempts (earlier
+    supervisors' included; None: unknown), and when the run's first attempt started."""
+
+    KIND: ClassVar[str] = "kept_time"
+    seconds: Optional[float]
+    since: float  # wall clock
+    in_progress: bool = False  # an attempt starts: its stepping counts as kept while it runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,8 +341,14 @@ Event = Union[
     GuardRestarted,
     GroupsGuarded,
     NodesMet,
+    RoundAbandoned,
     PeerInterrupt,
     ChaosInjected,
+    AttemptPlanned,
+    Steps,
+    CheckpointTotals,
+    AttemptEnded,
+    KeptTime,
     InternalError,
     RunEnd,
 ]
@@ -323,6 +416,12 @@ class EventLog:
             self._append(line)
         log.debug("event %s", line)
         return logged
+
+    def since(self, index: int) -> List[Logged]:
+        """The events after the first ``index``, for a reader on another thread (the metrics
+        exporter): a slice of a list that is only ever appended to, taken without the lock, so
+        the emitting thread never waits for a reader."""
+        return self.logged[index:]
 
     def _append(self, line: str) -> None:
         """A write error (a full disk) must not end the run: the events stay in memory and reach

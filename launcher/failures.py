@@ -78,15 +78,16 @@ class HangFailure:
     stack: Tuple[str, ...] = ()  # its main thread's frames, innermost first (from the stack dump)
     node: Optional[int] = None
     injected: bool = False  # --chaos stopped it (SIGSTOP)
+    stalled: bool = False  # it beat, but at one step since ``observed_at``
 
     def describe(self) -> str:
         """One line: "rank 1 (pid 42): hung: no heartbeat for 5.1 s (deadline 5 s) after step 17, at ..."."""
         silence = {
             Phase.STARTING: "no first heartbeat",
-            Phase.STEPPING: "no heartbeat",
+            Phase.STEPPING: "beats without a new step" if self.stalled else "no heartbeat",
             Phase.PAUSED: "stuck in a save/load/pause",
         }[self.phase]
-        step = f" after step {self.last_step}" if self.last_step >= 0 else ""
+        step = f" {'at' if self.stalled else 'after'} step {self.last_step}" if self.last_step >= 0 else ""
         where = f", in {short_frame(self.stack[0])}" if self.stack else ""
         status = f", process {self.process_status}" if self.process_status in _NOTABLE_STATUS else ""
         return (
@@ -102,9 +103,17 @@ class HangFailure:
     @property
     def blame_order(self) -> tuple:
         """A process frozen by the OS (stopped, traced, in uninterruptible I/O) explains its own
-        silence; then the rank behind (lowest step) and not blocked in a collective."""
+        silence; then the rank behind (lowest step) and not blocked in a collective; at one step,
+        a rank that beats in place before the silent ones (they wait for it in a collective)."""
         frozen = self.process_status in _NOTABLE_STATUS
-        return (not frozen, self.waits_on_peers, self.last_step, self.observed_at, self.rank)
+        return (
+            not frozen,
+            self.waits_on_peers,
+            self.last_step,
+            not self.stalled,
+            self.observed_at,
+            self.rank,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,8 +126,14 @@ class NodeLostFailure:
     silent_for: float
     observed_at: float  # time.monotonic() when it was declared lost
     rank: int = -1  # no one rank: every rank of that node is gone with it
+    stalled: bool = False  # found by the node itself: its supervisor's process did not run
 
     def describe(self) -> str:
+        if self.stalled:
+            return (
+                f"node {self.node} ({self.host}, supervisor pid {self.pid}): its supervisor did not run "
+                f"for {self.silent_for:.1f} s (stopped or starved), so the other nodes lost it"
+            )
         return (
             f"node {self.node} ({self.host}, supervisor pid {self.pid}): lost: no sign of life for "
             f"{self.silent_for:.1f} s"

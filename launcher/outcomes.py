@@ -18,6 +18,7 @@ class AttemptOutcome(str, enum.Enum):
     PREEMPTED = "PREEMPTED"  # SIGTERM to ftlaunch: the scheduler wants the node back
     SUPERVISOR_LOST = "SUPERVISOR_LOST"  # its supervisor died; found by the next one
     RESIZED = "RESIZED"  # --nnodes MIN:MAX: a node was lost or waits to join; not a failure
+    NODE_LOST = "NODE_LOST"  # a fixed-size job lost a node's supervisor (dead or frozen); not a failure
 
     @classmethod
     def stopped_by(cls, signum: int) -> "AttemptOutcome":

@@ -95,13 +95,18 @@ class RestartPolicy:
         return min(self.backoff_cap, self.backoff * 2 ** (failures_in_a_row - 2))
 
 
+# Attempts that ended for something other than the workers: a supervisor died (this one, or a
+# node's in a job of many), or an elastic job's nodes changed.
+_NOT_THE_WORKERS = (AttemptOutcome.SUPERVISOR_LOST, AttemptOutcome.RESIZED, AttemptOutcome.NODE_LOST)
+
+
 def _stalled_in_a_row(history: Sequence[AttemptRecord]) -> int:
     """Failed attempts known to have made no progress at the end of ``history``; any other attempt
     ends the row, except a lost supervisor, a change of an elastic job's nodes or an injected fault
     (not the workers' doing: they neither end nor extend it)."""
     count = 0
     for record in reversed(history):
-        if record.outcome in (AttemptOutcome.SUPERVISOR_LOST, AttemptOutcome.RESIZED) or record.injected:
+        if record.outcome in _NOT_THE_WORKERS or record.injected:
             continue
         if record.outcome is not AttemptOutcome.FAILED or record.progressed is not False:
             break

@@ -27,6 +27,8 @@ def preflight(config: LaunchConfig, interrupted: Callable[[], None] = lambda: No
     ``interrupted()`` raises when a signal came meanwhile: a slow check does not delay a Ctrl+C."""
     _check_entrypoint(config)
     _check_node_can_hold(config.group.nproc)
+    if config.cluster.many_nodes and config.cluster.node_rank == 0:
+        _check_node_0_can_host(config.cluster.nnodes, config.group.nproc)
     _check_store_address(config.group.master_addr, config.group.master_port)
     _probe_storage("run dir", config.run.url, config.run.storage_timeout, interrupted)
     if config.group.checkpoint_url:
@@ -107,6 +109,23 @@ def _check_node_can_hold(nproc: int) -> None:
         )
 
 
+# Node 0 hosts the job's store: each other node keeps a connection or two to it open.
+_CONNECTIONS_PER_NODE = 2
+
+
+def _check_node_0_can_host(nnodes: int, nproc: int) -> None:
+    """Node 0 can hold a connection from every node (--nnodes MAX of them) beside its own ranks'
+    pipes and log files, within its open-file limit."""
+    files, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = 64 + 3 * nproc + _CONNECTIONS_PER_NODE * nnodes
+    if files != resource.RLIM_INFINITY and need > files:
+        raise UsageError(
+            f"--nnodes {nnodes}: node 0 hosts the job's store and needs about {need} open files (a "
+            f"connection or two per node), more than its limit (ulimit -n {files}): raise it, or "
+            "run fewer nodes"
+        )
+
+
 def _check_store_address(addr: str, port: int) -> None:
     """The workers' store can listen there: an address of this machine, a port that is free."""
     from launcher.process.store import listen
@@ -129,19 +148,22 @@ def _check_log_dir_writable(log_dir: Path) -> None:
 
 
 def _probe_storage(label: str, url: str, timeout: float, interrupted: Callable[[], None]) -> None:
-    """Write and delete a probe object within ``timeout`` seconds: a malformed URL, a missing bucket,
-    no permission or no answer at all is one line now, not a stack of retries once per restart.
-    Storage libraries retry for a minute on their own; the probe runs in a daemon thread, and the
-    last error they logged while it ran is the cause given when it does not finish. The timeout
-    counts from when the filesystem is built: importing its library (seconds for gcsfs on a busy
-    machine) is not the storage's silence."""
+    """Build the filesystem, then write and delete a probe object, within ``timeout`` seconds: a
+    malformed URL, a missing bucket, no permission, a server that refuses, a credential look-up
+    that does not end or no answer at all is one line now, not a stack of retries once per
+    restart. Storage libraries retry for a minute on their own; the probe runs in a daemon
+    thread, and the last error they logged while it ran is the cause given when it does not
+    finish. The clock starts once the storage library is imported (seconds for gcsfs on a busy
+    machine: not the storage's silence); building the filesystem (credentials) is on it."""
     from worker_lib.storage import Storage, StorageError
 
     failure: List[BaseException] = []
-    built = threading.Event()
+    loaded, built = threading.Event(), threading.Event()
 
     def probe() -> None:
         try:
+            _import_library(url)
+            loaded.set()
             storage = Storage(url, label=label)
             built.set()
             storage.check_writable("supervisor")
@@ -153,7 +175,7 @@ def _probe_storage(label: str, url: str, timeout: float, interrupted: Callable[[
         thread.start()
         deadline, counting = time.monotonic() + _LIBRARY_LOAD_S, False
         while thread.is_alive() and time.monotonic() < deadline:
-            if not counting and built.is_set():
+            if not counting and loaded.is_set():
                 deadline, counting = time.monotonic() + timeout, True
             interrupted()
             thread.join(min(0.1, max(0.0, deadline - time.monotonic())))
@@ -161,11 +183,29 @@ def _probe_storage(label: str, url: str, timeout: float, interrupted: Callable[[
         raise UsageError(f"{label} {url!r}: its filesystem library did not load within {_LIBRARY_LOAD_S:g} s")
     if thread.is_alive():
         cause = f"; last error: {last.message}" if last.message else ""
+        if not built.is_set():
+            cause = f"; it was still setting up its filesystem (credentials, a connection){cause}"
         raise UsageError(f"{label} {url!r} did not answer within {timeout:g} s (--storage-timeout){cause}")
-    if failure and isinstance(failure[0], StorageError):
+    if failure and isinstance(failure[0], (StorageError, UsageError)):
         raise UsageError(str(failure[0])) from None
+    if failure and isinstance(failure[0], Exception):  # the library's own (ConnectionRefusedError, ...)
+        cause = f"{type(failure[0]).__name__}: {failure[0]}".splitlines()[0]
+        raise UsageError(f"{label} {url!r} is not usable: {cause}") from None
     if failure:
         raise failure[0]
+
+
+def _import_library(url: str) -> None:
+    """Import the filesystem library of each protocol of ``url`` (``simplecache::gs://…`` has two);
+    one that does not exist or cannot be imported is left for ``Storage`` to report."""
+    import fsspec
+    from fsspec.core import split_protocol
+
+    for part in url.split("::"):
+        try:
+            fsspec.get_filesystem_class(split_protocol(part)[0] or "file")
+        except (ValueError, ImportError):
+            return
 
 
 class _LastError(logging.Handler):

@@ -6,8 +6,7 @@ from typing import Callable, List, Optional, Sequence
 
 from launcher.events import CheckpointLoaded, FirstStep, Logged, Transition
 from launcher.group_state import GroupState
-from launcher.outcomes import AttemptOutcome
-from launcher.runs.records import AttemptEntry
+from launcher.runs.records import AttemptEntry, kept_seconds
 
 __all__ = ["Recovery", "goodput", "recoveries"]
 
@@ -64,26 +63,14 @@ def recoveries(log: Sequence[Logged]) -> List[Recovery]:
 
 
 def goodput(attempts: Sequence[AttemptEntry], now: float) -> Optional[float]:
-    """Share of the run's wall time (first start → ``now``) spent stepping towards what was kept:
-    a succeeded attempt's whole run, another one's until its newest commit. Start-up and the work
-    lost after the last commit count against it. None without attempts, and None (unknown) when an
-    attempt ended without success and the script commits no checkpoint ftlaunch can see: what such
-    an attempt kept (in checkpoints of the script's own) is not known."""
+    """Share of the run's wall time (first start → ``now``) spent stepping towards what was kept
+    (``runs.records.kept_seconds``): start-up and the work lost after the last commit count
+    against it. None without attempts, or when what was kept is unknown."""
     if not attempts:
         return None
-    script_commits = any(a.newest_step_at_end is not None for a in attempts)
-    kept = 0.0
-    for a in attempts:
-        end = a.ended_at if a.ended_at is not None else now
-        stepping_from = a.first_step_at or a.started_at  # start-up is not stepping
-        if a.outcome is AttemptOutcome.SUCCEEDED or a.outcome is None:
-            kept += max(0.0, end - stepping_from)
-        elif not script_commits:
-            return None
-        elif a.committed_new and a.newest_step_committed_at is not None:
-            kept += max(0.0, min(end, a.newest_step_committed_at) - stepping_from)
+    kept = kept_seconds(attempts, now)
     total = now - attempts[0].started_at
-    return max(0.0, min(1.0, kept / total)) if total > 0 else None
+    return max(0.0, min(1.0, kept / total)) if kept is not None and total > 0 else None
 
 
 def _entered(logged: Logged, *states: GroupState) -> bool:

@@ -23,6 +23,7 @@ class AttemptResult:
     lived: float = 0.0  # seconds from its start until the supervisor saw it end
     beats: BeatSummary = BeatSummary(beat=False, furthest_step=None)
     cause: str = ""  # many nodes: why this node's ranks were stopped, when another node said so
+    resize: str = ""  # node 0 of an elastic job: it ran on other nodes than the attempt before, and why
 
     @property
     def root_cause(self) -> Optional[Failure]:

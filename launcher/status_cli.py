@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import click
@@ -30,16 +31,28 @@ __all__ = ["status_cli", "run_status"]
     "--run-dir", default="ftlaunch_runs", metavar="URL", help="Where runs live  [default: ftlaunch_runs]"
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
-def status_cli(run: Optional[str], run_dir: str, as_json: bool) -> int:
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="FILE.png|FILE.svg",
+    help="Also draw RUN's timeline into FILE: the step of every attempt over time, failures, downtime, "
+    "goodput (needs matplotlib: pip install 'ftlaunch[plot]').",
+)
+def status_cli(run: Optional[str], run_dir: str, as_json: bool, plot: Optional[Path]) -> int:
     """Show RUN (a name under --run-dir, or a run's path or URL); without RUN, list the runs."""
     from worker_lib.storage import StorageError
 
     where = run_dir if run is None else run
     try:
         if run is None:
+            if plot is not None:
+                raise UsageError("--plot draws one run: name it (ftlaunch status RUN --plot FILE)")
             return _list_runs(run_dir, as_json)
         url = run if ("/" in run or "://" in run) else join_run_url(run_dir, run)
         report = run_status(url)
+        if plot is not None:
+            _plot(report, plot)
         if as_json:
             click.echo(json.dumps({**report, "run": report["run"].to_json()}, indent=1, default=str))
         else:
@@ -49,6 +62,23 @@ def status_cli(run: Optional[str], run_dir: str, as_json: bool) -> int:
         return _reader_gone()
     except (StorageError, OSError) as err:  # a malformed URL, a file where a folder should be, ...
         raise UsageError(f"cannot read {where}: {err}") from None
+
+
+def _plot(report: Dict[str, Any], path: Path) -> None:
+    """The run's picture, from its events (and other nodes' logs this machine sees)."""
+    from launcher.observe.plot import FORMATS, draw_run, node_events
+
+    if path.suffix.lower() not in FORMATS:
+        raise UsageError(f"--plot writes {' or '.join(FORMATS)} files, not {path.name}")
+    state: RunState = report["run"]
+    log_dir = state.config.get("log_dir") if isinstance(state.config, dict) else None
+    nodes = node_events(RunDir(report["url"]).read_events(), log_dir)
+    name = report["url"].rstrip("/").rsplit("/", 1)[-1]
+    figure = draw_run(name, nodes, report["now"] if report["live"] else None)
+    try:
+        figure.savefig(path)
+    except OSError as err:
+        raise UsageError(f"--plot: cannot write {path}: {err.strerror or err}") from None
 
 
 def _reader_gone() -> int:
@@ -136,6 +166,7 @@ def _table(report: Dict[str, Any]) -> List[str]:
         AttemptOutcome.INTERRUPTED,
         AttemptOutcome.SUPERVISOR_LOST,
         AttemptOutcome.RESIZED,
+        AttemptOutcome.NODE_LOST,
     )
     apart = "".join(
         f", {state.count(o)} {o.value.lower().replace('_', ' ')}" for o in others if state.count(o)
@@ -179,6 +210,9 @@ def _table(report: Dict[str, Any]) -> List[str]:
             f"{a.attempt:>7}  {_when(a.started_at):<19}  {ran:>8}  {outcome:<16}  {step:>9}  "
             f"{progress:<8}  " + (f"{_nodes(a):<16}  " if many else "") + first
         )
+    resized = [a for a in attempts if a.resize]
+    if resized:
+        lines += ["", "resizes (--nnodes MIN:MAX):"] + [f"  attempt {a.attempt}: {a.resize}" for a in resized]
     progress = report.get("progress")
     if attempts and attempts[-1].nodes and not (progress and progress.get("nodes")):
         lines += [

@@ -19,8 +19,12 @@ def summary_lines(result: RunResult) -> List[str]:
         f"{len(failed)} failed group(s): {result.reason} (exit {int(result.exit_code)})"
     ]
     for attempt in result.attempts:
+        if attempt.resize:  # an elastic job ran this attempt on another number of nodes: why
+            lines.append(f"  attempt {attempt.attempt}: resized, {attempt.resize}")
         if attempt.outcome is AttemptOutcome.RESIZED:  # an elastic job's nodes changed: why
             lines.append(f"  attempt {attempt.attempt}: the job's nodes changed ({attempt.cause})")
+        elif attempt.outcome is AttemptOutcome.NODE_LOST:
+            lines.append(f"  attempt {attempt.attempt}: {attempt.cause} (not a worker failure: not counted)")
         elif attempt.outcome is AttemptOutcome.FAILED:
             extra = len(attempt.failures) - 1
             more = f" (+{extra} more rank(s) failed)" if extra else ""

@@ -34,8 +34,9 @@ from launcher.roles.follower import Follower
 from launcher.roles.holder import RunHolder
 from launcher.roles.leader import Leader
 from launcher.roles.single import SingleNode
-from launcher.runs.directory import RunDir
+from launcher.runs.directory import Holder, RunDir
 from launcher.runs.run import Run
+from worker_lib.storage import StorageError
 
 __all__ = ["RunResult", "run_attempts", "supervise"]
 
@@ -59,6 +60,7 @@ def run_attempts(role: Role, runner: AttemptRunner) -> RunResult:
         result = role.conclude(local)
         attempts.append(result)
         ended, delay = role.decide(result, attempts)
+        runner.concluded(result, restarting=ended is None)
         if ended is not None:
             return ended
         role.pause(delay)
@@ -71,17 +73,18 @@ def supervise(
     spawner: Optional[Spawner] = None,
     console_out: Optional[BinaryIO] = None,
     console_err: Optional[BinaryIO] = None,
+    on_events: Callable[[EventLog], None] = lambda _events: None,
 ) -> RunResult:
     """Hold the run (unless a follower), set up what a run needs, run it to its end, and tear it
     all down. The caller owns this process (the supervisor reaps its children) and has opened
-    ``signals``."""
+    ``signals``; ``on_events`` is handed the event log once it is open (the metrics read it)."""
     console = (console_out or sys.stdout.buffer, console_err or sys.stderr.buffer)
     own_spawner = spawner is None
     spawner = spawner or _spawner_for(config, say)
     try:
         if config.cluster.many_nodes and not config.cluster.leads:
-            return _follow(config, signals, say, spawner, console)
-        return _lead(config, signals, say, spawner, console)
+            return _follow(config, signals, say, spawner, console, on_events)
+        return _lead(config, signals, say, spawner, console, on_events)
     finally:
         if own_spawner and isinstance(spawner, ForkServerSpawner):
             spawner.close()
@@ -99,10 +102,13 @@ def _spawner_for(config: LaunchConfig, say: Callable[[str], None]) -> Spawner:
     return ForkServerSpawner(server, plain, say, spares)
 
 
-def _follow(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, console) -> RunResult:
+def _follow(
+    config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, console, on_events
+) -> RunResult:
     """A node other than node 0: it holds nothing of the run."""
     become_subreaper()
     with EventLog(config.group.log_dir / "events.jsonl") as events:
+        on_events(events)
         events.emit(RunStart(run_id=config.run.run_id, config=config.to_json(), pid=os.getpid()))
         with OrphanGuard() as guard, _memory_tier(guard) as memory:
             # Whether the script beats is node 0's knowledge (run.json); here it is learned afresh.
@@ -117,19 +123,21 @@ def _follow(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, c
             return result
 
 
-def _lead(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, console) -> RunResult:
+def _lead(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, console, on_events) -> RunResult:
     """Node 0, or the only node: hold the run and supervise it."""
     job_store = (
         host_job_store(config.cluster) if config.cluster.many_nodes else None
     )  # the others may already wait
-    directory = RunDir(config.run.url)
-    taken_from = directory.acquire(config.run.lease)  # before anything is written, logs included
+    directory = RunDir(config.run.url, retries=False)
+    taken_from = _acquire(directory, config)  # before anything is written, logs included
+    run: Optional[Run] = None
     try:
         become_subreaper()
         with EventLog(config.group.log_dir / "events.jsonl") as events:
+            on_events(events)
             events.emit(RunStart(run_id=config.run.run_id, config=config.to_json(), pid=os.getpid()))
             with OrphanGuard() as guard, _memory_tier(guard) as memory:
-                run = Run(config, directory, events, say, taken_from)
+                run = _open(config, directory, events, say, taken_from)
                 policy = RestartPolicy(
                     config.restart.max_failures,
                     config.restart.failure_window,
@@ -150,7 +158,26 @@ def _lead(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, con
                 runner = AttemptRunner(config, events, signals, guard, say, spawner, console, hangs, memory)
                 return _hold(role, runner, run, events, say)
     finally:
-        directory.release()
+        if run is not None:
+            run.close()
+        else:
+            directory.release()
+
+
+def _acquire(directory: RunDir, config: LaunchConfig) -> Optional[Holder]:
+    """Hold the run; storage that fails here (a full disk, no answer) is one line, and nothing
+    has started."""
+    try:
+        return directory.acquire(config.run.lease)
+    except StorageError as err:
+        raise UsageError(f"run dir {config.run.url} is not usable: {err}") from None
+
+
+def _open(config: LaunchConfig, directory: RunDir, events: EventLog, say, taken_from) -> Run:
+    try:
+        return Run(config, directory, events, say, taken_from)
+    except StorageError as err:
+        raise UsageError(f"run dir {config.run.url} is not usable: {err}") from None
 
 
 @contextlib.contextmanager
@@ -197,6 +224,6 @@ def _already_succeeded(run: Run) -> RunResult:
 
 def _remove_uncommitted_parts(run: Run, say) -> None:
     """The run is over and no worker runs: parts that never got their commit marker go."""
-    removed = run.checkpoints.remove_uncommitted()
+    removed = run.remove_uncommitted()
     if removed:
         say(f"removed the parts of step(s) {', '.join(map(str, removed))}, which were never committed")

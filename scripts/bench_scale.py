@@ -6,8 +6,9 @@ N "nodes" on this machine, each its own launcher process with one tiny worker
 (scripts/bench_scale_worker.py: no torch, so that 16 nodes fit on 2 cores), meeting on 127.0.0.1
 through torch.distributed.elastic's c10d rendezvous. Once every worker runs, the store's process
 (ftlaunch's node 0; the torchrun agent that bound the endpoint) is watched for ``--window``
-seconds: its read and write system calls per second (/proc/PID/io; each store request costs
-the server at least one of each), per node. Then the last node's worker exits 1, and from its
+seconds: the system calls on its TCP sockets per second (strace, in a second window: the store's
+traffic, each request at least a read and a write), per node, and every read and write of its
+whole process tree (/proc/PID/io). Then the last node's worker exits 1, and from its
 own stamp (CLOCK_MONOTONIC, one clock for every process here):
 
 - stopped: until every other node's worker got its SIGTERM;
@@ -96,8 +97,31 @@ def _store_process(port: int) -> Optional[psutil.Process]:
 
 
 def _syscalls(proc: psutil.Process) -> int:
-    io = proc.io_counters()
-    return io.read_count + io.write_count
+    """Read and write system calls of ``proc`` and its children (node 0's whole process tree)."""
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            io = p.io_counters()
+            total += io.read_count + io.write_count
+        except psutil.Error:
+            pass
+    return total
+
+
+def _socket_calls(pid: int, seconds: float) -> Optional[float]:
+    """System calls on TCP sockets per second in process ``pid`` (every thread), counted by strace
+    (``-yy`` names each descriptor's kind): the store's traffic alone, server and client sides,
+    without the process's other reads (its /proc looks, its logs). None without strace."""
+    if shutil.which("strace") is None:
+        return None
+    calls = "read,write,recvfrom,sendto,recvmsg,sendmsg,readv,writev"
+    with tempfile.NamedTemporaryFile("r", suffix=".strace") as out:
+        subprocess.run(
+            ["timeout", "-s", "INT", f"{seconds:g}", "strace", "-f", "-qq", "-yy", "-e", f"trace={calls}",
+             "-p", str(pid), "-o", out.name],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        return sum("TCP" in line for line in out) / seconds
 
 
 def run(command, n: int, work: Path, window: float, env: Dict[str, str]) -> Optional[Dict[str, float]]:
@@ -122,6 +146,7 @@ def run(command, n: int, work: Path, window: float, env: Dict[str, str]) -> Opti
         before, started = _syscalls(store), time.monotonic()
         time.sleep(window)  # the measurement window: every node healthy
         per_s = (_syscalls(store) - before) / (time.monotonic() - started)
+        sockets = _socket_calls(store.pid, window)  # a second window, under strace
         (out / "go_crash").touch()
         crashed = out / "crashed"
         if not _wait_for(lambda: crashed.exists() and len(_stamps(out, "start", _read(crashed))) == n, procs):
@@ -135,7 +160,7 @@ def run(command, n: int, work: Path, window: float, env: Dict[str, str]) -> Opti
             "stopped": max(stops.values()) - at if len(stops) == n - 1 else float("nan"),
             "running": max(starts.values()) - at,
             "syscalls": per_s,
-            "per node": per_s / n,
+            "sockets": sockets,
         }
     except subprocess.TimeoutExpired:
         return None
@@ -147,7 +172,7 @@ def run(command, n: int, work: Path, window: float, env: Dict[str, str]) -> Opti
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--nodes", default="2,4,8,16", help="comma-separated node counts")
+    p.add_argument("--nodes", default="2,4,8,16,32", help="comma-separated node counts")
     p.add_argument("--window", type=float, default=5.0, help="seconds the healthy store is watched")
     args = p.parse_args()
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
@@ -163,21 +188,22 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     print(
         "\nA worker on the last node exits 1; N nodes x 1 tiny worker on loopback (seconds from its "
-        "exit); the store's process while healthy (read+write system calls per second)\n"
+        "exit). While healthy, node 0's store process: system calls on its TCP sockets per second "
+        "(strace; the store's traffic, server and client sides) and per node; and every read and "
+        "write of node 0's process tree (its /proc looks included, which grow with the processes "
+        "on this one machine)\n"
     )
     print(
         "| nodes | launcher | every node's workers stopped | every node's new workers running | "
-        "store syscalls/s | per node |"
+        "store socket calls/s | per node | node 0's tree, reads+writes/s |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for n, name, r in rows:
         if r is None:
-            print(f"| {n} | {name} | failed | failed | — | — |")
-        else:
-            print(
-                f"| {n} | {name} | {r['stopped']:.2f} | {r['running']:.2f} | {r['syscalls']:.0f} | "
-                f"{r['per node']:.0f} |"
-            )
+            print(f"| {n} | {name} | failed | failed | — | — | — |")
+            continue
+        sockets = "—" if r["sockets"] is None else f"{r['sockets']:.0f} | {r['sockets'] / n:.1f}"
+        print(f"| {n} | {name} | {r['stopped']:.2f} | {r['running']:.2f} | {sockets} | {r['syscalls']:.0f} |")
 
 
 if __name__ == "__main__":

@@ -147,8 +147,15 @@ class GcsEmulator:
 
     def outage(self, seconds: float) -> None:
         """Stopped (connections refused) for ``seconds``, then serving again what it held."""
-        self.server.stop()
+        self.stop()
         time.sleep(seconds)  # the outage itself, not a wait for something
+        self.start_again()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def start_again(self) -> None:
+        """On its port, serving what it held."""
         port = int(self._endpoint.rsplit(":", 1)[1])
         self.server, _ = self._start(self._folder, port=port, keep_data=True)
 
@@ -166,14 +173,16 @@ class Subject:
         self.setup = setup
         self.place = place
         self.ckpt = place.url(self.work)
+        self.run_dir = str(self.work / "runs")  # a fault may move it (onto the emulator, a tmpfs)
+        self.logs = self.work  # where each launch's logs_<n> folder goes
         self.launches = 0
         self.cleanups: List[Callable[[], None]] = []  # once the trial was judged
 
     def command(self, *extra: str) -> List[str]:
         self.launches += 1
         return [
-            sys.executable, "-m", "launcher", "--nproc", "2", "--run-dir", str(self.work / "runs"),
-            "--run-name", "train", "--log-dir", str(self.work / f"logs_{self.launches}"),
+            sys.executable, "-m", "launcher", "--nproc", "2", "--run-dir", self.run_dir,
+            "--run-name", "train", "--log-dir", str(self.logs / f"logs_{self.launches}"),
             "--checkpoint-dir", self.ckpt, "--heartbeat-timeout", "3s", "--max-failures", "3",
             # A rank stopped inside a save (heartbeat paused) is judged against --init-timeout, 15
             # minutes by default: past the trial's limit. A hang drawn at a save step does that.
@@ -199,7 +208,7 @@ class Subject:
             )
 
     def events(self, launch: int) -> List[dict]:
-        path = self.work / f"logs_{launch}" / "events.jsonl"
+        path = self.logs / f"logs_{launch}" / "events.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
     def attempts(self) -> List[dict]:
@@ -232,8 +241,16 @@ class Subject:
     def logged(self, text: str) -> bool:
         """Some worker of some launch wrote ``text`` to its log."""
         return any(
-            text in log.read_text(errors="replace") for log in self.work.glob("logs_*/attempt_*/rank_*.log")
+            text in log.read_text(errors="replace") for log in self.logs.glob("logs_*/attempt_*/rank_*.log")
         )
+
+    def own_lines(self, launch: int) -> List[str]:
+        """What ftlaunch itself wrote on the console in ``launch`` (1: the first): not its workers'
+        lines (``[r] ...``), which may hold their own tracebacks (a rank whose storage died)."""
+        text = (self.work / f"console_{launch}.log").read_text(errors="replace")
+        return [
+            line for line in text.splitlines() if not line.startswith("[") or line.startswith("[ftlaunch]")
+        ]
 
     def wait_for_commit(
         self, step: int, proc: subprocess.Popen, timeout: float = 60.0, poll: float = 0.01
@@ -485,6 +502,54 @@ def fill_up(filler: Path, leave: int = 0) -> None:
         os.close(fd)
 
 
+def run_dir_death(subject: Subject, rng: random.Random, steps: int) -> Trial:
+    """The run dir (and the checkpoints) on the GCS emulator, which dies for good right after a
+    random step was committed. ftlaunch must end the run once its lease (6 s here) has passed
+    without an answer: exit 7, one line, the workers stopped, whatever the storage library's own
+    retries (a minute and more). Once the emulator is back, the same command resumes the run.
+    Landed: the run was going when storage died, and ended so."""
+    subject.run_dir = f"gcs://{GcsEmulator.BUCKET}/{uuid.uuid4().hex}/runs"
+    proc = subject.start("--lease", "6s")
+    subject.wait_for_commit(_step(rng, steps), proc)
+    going = proc.poll() is None
+    subject.place.stop()
+    code = wait(proc)
+    left = subject.left_after()
+    subject.place.start_again()
+    own = subject.own_lines(1)
+    errors = [line for line in own if line.startswith("ftlaunch: error:")]
+    said = len(errors) == 1 and "has not answered for" in errors[0] and not any("Traceback" in o for o in own)
+    landed = going and code == 7 and said
+    again = wait(subject.start("--lease", "6s"))
+    note = "" if landed else f"exit {code}, {errors or 'no error line'}" if going else "the run ended first"
+    return Trial(landed=landed, recovered=again == 0, left=left, note=note)
+
+
+def full_run_dir(subject: Subject, rng: random.Random, steps: int) -> Trial:
+    """The run dir, and the logs in it, on a small tmpfs that fills up right after a random step
+    was committed and stays full to the end: the training must not care (exit 0, the same final
+    state), and ftlaunch says what it could not write. Landed: the run was going when the disk
+    filled, and a write of ftlaunch's failed of it."""
+    folder = subject.work / "runs"
+    mount_tmpfs(folder, subject.cleanups)
+    subject.run_dir, subject.logs = str(folder), folder
+    proc = subject.start()
+    subject.wait_for_commit(_step(rng, steps), proc)
+    going = proc.poll() is None
+    filler = folder / "filler"
+    while proc.poll() is None:  # whatever is freed (a temporary file removed) is taken again
+        fill_up(filler)
+        time.sleep(0.05)
+    code = wait(proc)
+    own = "\n".join(subject.own_lines(1))
+    failed = any(words in own for words in ("logs cut", "cannot write", "is not recorded"))
+    landed = going and failed
+    note = "" if landed else "no write failed" if going else "the run ended first"
+    if "Traceback" in own:
+        landed, note = False, "a traceback of ftlaunch's own"
+    return Trial(landed=landed, recovered=code == 0, note=note)
+
+
 def two_supervisors(subject: Subject, rng: random.Random, steps: int) -> Trial:
     """The same command started twice at once: one runs the job, the other refuses (exit 2)."""
     first, second = subject.start(), subject.start()
@@ -533,6 +598,10 @@ FAULTS: Dict[str, Fault] = {
     "guard": Fault("kill -9 of the orphan guard", kill_guard),
     "outage": Fault("the GCS emulator stopped for 10 s during a save", storage_outage, needs="gcs"),
     "disk": Fault("a full disk under the checkpoint dir", full_disk, needs="tmpfs"),
+    "rundir-death": Fault(
+        "the run dir's storage dies for good (exit 7), then the same command", run_dir_death, needs="gcs"
+    ),
+    "rundir-disk": Fault("a full disk under the run dir and its logs", full_run_dir, needs="tmpfs"),
     "torn": Fault("a torn part in the newest committed step", damaged_part("torn")),
     "bitflip": Fault("a flipped bit in the newest committed step", damaged_part("flipped")),
     "twice": Fault("two supervisors started at once", two_supervisors),

@@ -31,6 +31,9 @@ import psutil
 from chaos_matrix import _chosen  # the same --faults parsing as the one-node matrix
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from launcher import failpoints  # noqa: E402 - the names of the meeting's moments
+
 DDP = ROOT / "tests" / "scripts" / "ddp_plain.py"
 MARKER = "FTLAUNCH_CHAOS_NODES_MARKER"
 NODE_TIMEOUT_S = 3.0
@@ -65,6 +68,7 @@ class NodeJob:
         self.marker = uuid.uuid4().hex
         self.procs: Dict[int, subprocess.Popen] = {}
         self.launches = 0
+        self.armed: Dict[int, str] = {}  # node → the failpoint its first launch freezes at
 
     @property
     def out(self) -> Path:
@@ -82,6 +86,8 @@ class NodeJob:
             "--out", str(self.out),
         ]  # fmt: skip
         env = {**os.environ, MARKER: self.marker, "PYTHONPATH": str(ROOT)}
+        if node in self.armed and self.launches <= self.nnodes:  # only the node's first launch
+            env["FTLAUNCH_FAILPOINT"] = self.armed[node]
         with open(self.work / f"node{node}_{self.launches}.log", "w") as log:
             proc = subprocess.Popen(
                 argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -196,6 +202,31 @@ def _stop_supervisor(low: float, high: float):
     return fault
 
 
+def _kill_while_meeting(relaunch_after: Callable[[random.Random], float]):
+    """kill -9 of a follower's supervisor at a moment of the nodes' meeting (drawn from the seed:
+    before it joins a round, after it joined one, after it announced itself), where a failpoint
+    froze it; relaunched at once or late. A fixed-size job must never start without it."""
+
+    def fault(job: NodeJob, rng: random.Random) -> Trial:
+        (node,) = job.armed
+        proc, deadline = psutil.Process(job.procs[node].pid), time.monotonic() + 120.0
+        while proc.status() != psutil.STATUS_STOPPED:
+            if time.monotonic() > deadline or job.procs[node].poll() is not None:
+                return Trial(note=f"node {node} never reached failpoint {job.armed[node]}")
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        job.procs[node].wait()
+        time.sleep(relaunch_after(rng))
+        job.start(node)
+        return Trial(landed=True)
+
+    return fault
+
+
+def _arm_a_follower(job: NodeJob, rng: random.Random) -> None:
+    job.armed = {rng.randrange(1, job.nnodes): rng.choice(failpoints.POINTS)}
+
+
 def _kill_worker(job: NodeJob, rng: random.Random) -> Trial:
     """kill -9 of the rank on a follower, once it runs."""
     node = rng.randrange(1, job.nnodes)
@@ -233,6 +264,7 @@ def _late(rng: random.Random) -> float:
 class Fault:
     words: str
     trial: Callable[[NodeJob, random.Random], Trial]
+    arm: Optional[Callable[[NodeJob, random.Random], None]] = None  # before the nodes start
 
 
 FAULTS = {
@@ -251,6 +283,16 @@ FAULTS = {
     "stop-short": Fault("a supervisor stopped for less than --node-timeout", _stop_supervisor(0.2, 0.6)),
     "stop-long": Fault("a supervisor stopped for more than --node-timeout", _stop_supervisor(1.5, 3.0)),
     "worker-kill": Fault("a follower's worker kill -9", _kill_worker),
+    "meeting-kill": Fault(
+        "a follower's supervisor kill -9 while the nodes meet, relaunched at once",
+        _kill_while_meeting(_at_once),
+        _arm_a_follower,
+    ),
+    "meeting-kill-late": Fault(
+        "a follower's supervisor kill -9 while the nodes meet, relaunched late",
+        _kill_while_meeting(_late),
+        _arm_a_follower,
+    ),
 }
 
 
@@ -284,7 +326,10 @@ class Matrix:
         rng = random.Random(f"{seed}/{self.nnodes}/{fault}")
         results = []
         for number in range(trials):
-            job = NodeJob(self.work / f"{fault}_{number}", self.nnodes).start_all()
+            job = NodeJob(self.work / f"{fault}_{number}", self.nnodes)
+            if FAULTS[fault].arm is not None:
+                FAULTS[fault].arm(job, rng)
+            job.start_all()
             try:
                 trial = FAULTS[fault].trial(job, rng)
                 codes = job.wait(time.monotonic() + _TRIAL_TIMEOUT_S)

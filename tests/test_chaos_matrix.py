@@ -3,7 +3,8 @@ injected into examples/train.py at moments drawn from a seed that a failure name
 compared bit for bit with a fault-free one; no process may be left, no committed checkpoint lost.
 
 Every fault runs in the first setup (train.py saving its state on local disk, where a full disk
-is a tmpfs of its own); the GCS emulator's outage runs with checkpoints on it. The other setups
+is a tmpfs of its own); the GCS emulator's outage and its death under the run dir run with
+checkpoints on it. The other setups
 run the faults whose handling depends on how and where a checkpoint is written: a relaunch that
 must find the run's checkpoints on GCS, a kill in a save and a torn file in directory mode, a kill
 before the commit on GCS in directory mode. `make chaos` runs every fault in every setup.
@@ -28,6 +29,7 @@ TRIALS = 1  # the repetitions are make chaos's
 FIRST = matrix.SETUPS["state-local"]
 CASES = [(FIRST.id, fault) for fault, f in matrix.FAULTS.items() if f.fits(FIRST)] + [
     ("state-gcs", "outage"),
+    ("state-gcs", "rundir-death"),
     ("state-gcs", "supervisor"),
     ("files-local", "save"),
     ("files-local", "torn"),

@@ -34,7 +34,9 @@ def test_files_round_trip_and_a_damaged_file_falls_back(storage, tmp_path, caplo
 
 
 def test_every_rank_finds_every_file_fetched_once_per_node(launcher, storage, tmp_path):
-    run_id = f"dir-{tmp_path.name}"
+    # Unique on the node: the node cache is keyed by run id, and tmp_path's name is the same in two
+    # test workers running two storages of this test at once (each numbers its own folders).
+    run_id = f"dir-{uuid.uuid4().hex}"
     launch = launcher.run(
         "--nproc",
         "3",

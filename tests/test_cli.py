@@ -75,10 +75,33 @@ def test_help_lists_the_options(launcher):
             "MIN must be at least 1 and at most MAX",
         ),
         (["--nnodes", "two:3", str(ACTOR)], "--nnodes takes N or MIN:MAX (whole numbers), got 'two:3'"),
+        (
+            ["--nnodes", "1:2", "--join-timeout", "5s", "--rdzv-conf", "last_call_timeout=9"]
+            + ["--rdzv-endpoint", "127.0.0.1:1", str(ACTOR)],
+            "last_call_timeout=9 must be shorter than --join-timeout (5 s)",
+        ),
+        # Issue 33.3: nothing is sized by MAX before MAX nodes exist, and MAX is bounded.
+        (
+            ["--nnodes", "2:1000000000", "--rdzv-endpoint", "127.0.0.1:1", str(ACTOR)],
+            "--nnodes 1000000000: at most 16384 nodes",
+        ),
+        (
+            ["--nnodes", "9999999999999999999", "--rdzv-endpoint", "127.0.0.1:1", str(ACTOR)],
+            "--nnodes 9999999999999999999: at most 16384 nodes",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(launcher, args, fragment):
     _assert_usage_error(launcher.run(*args), fragment)
+
+
+def test_node_0_refuses_more_nodes_than_its_open_file_limit_can_connect(launcher):
+    """Node 0 hosts the job's store: each node connects to it, within node 0's ulimit -n."""
+    prelude = "import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))"
+    args = ["--nnodes", "2:3000", "--rdzv-endpoint", "127.0.0.1:1", str(ACTOR)]
+    _assert_usage_error(
+        launcher.run(*args, prelude=prelude), "node 0 hosts the job's store and needs about 6067 open files"
+    )
 
 
 def test_unwritable_log_dir(launcher, tmp_path):
@@ -192,6 +215,38 @@ def test_storage_that_does_not_answer_is_one_line_within_the_storage_timeout(lau
     )
     if answer == "refused":
         assert "last error:" in launch.stderr and f"127.0.0.1:{port}" in launch.stderr
+
+
+def test_a_credential_look_up_that_never_ends_is_within_the_storage_timeout(launcher):
+    """No token: gcsfs looks for credentials, and asks the machine's metadata server, which here
+    takes every connection and never answers (seconds per try, three tries). The check's clock
+    covers building the filesystem, not only the probe's write."""
+    with socket.socket() as metadata:
+        metadata.bind(("127.0.0.1", 0))
+        metadata.listen(16)
+        where = f"127.0.0.1:{metadata.getsockname()[1]}"
+        env = {"GCE_METADATA_HOST": where, "GCE_METADATA_IP": where}
+        env["FSSPEC_GCS_ENDPOINT_URL"] = "http://127.0.0.1:1"
+        launch = launcher.start(
+            "--storage-timeout", "3", "--run-dir", "gs://no-such-bucket/x", str(ACTOR), env=env
+        )
+        launch.wait(timeout=60)
+        metadata.settimeout(1.0)
+        metadata.accept()[0].close()  # the look-up did reach it (its connection waits in the backlog)
+    _assert_usage_error(
+        launch, "did not answer within 3 s (--storage-timeout); it was still setting up its filesystem"
+    )
+
+
+@pytest.mark.parametrize("option", ["--checkpoint-dir", "--run-dir"])
+def test_a_server_that_refuses_the_connection_is_one_line(launcher, option):
+    """fsspec's FTP filesystem connects when it is built: the refusal is the library's own
+    exception, not a StorageError."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        url = f"ftp://127.0.0.1:{closed.getsockname()[1]}/x"
+        launch = launcher.run(option, url, str(ACTOR))
+    _assert_usage_error(launch, "is not usable: ConnectionRefusedError")
 
 
 def test_a_node_without_a_gpu_driver_counts_no_gpu_without_importing_torch():

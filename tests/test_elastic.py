@@ -50,6 +50,8 @@ def test_a_lost_node_shrinks_the_job_and_its_relaunch_grows_it_back_without_losi
         "--stop-aware",
         "--out",
         str(tmp_path / "out.pt"),
+        "--until-attempt",
+        "2",  # the shrunk job trains until the relaunched node has joined: it cannot finish first
         fewest=2,
     ).start_all()
     node0 = job.nodes[0]
@@ -104,6 +106,14 @@ def test_a_lost_node_shrinks_the_job_and_its_relaunch_grows_it_back_without_losi
     table = _status_table(tmp_path, "elastic")  # each attempt's nodes and ranks, and how many resized
     assert "nodes (ranks)" in table and "0,1 (2)" in table and "0,1,2 (3)" in table, table
     assert "3, 0 failed, 2 resized" in table, table
+    # Each attempt at another size says why, in run.json, status, node 0's summary and console.
+    shrink, grow = state.attempts[1].resize, state.attempts[2].resize
+    assert shrink.startswith("shrank from 3 to 2 nodes: node 2 ("), shrink
+    assert grow == "grew from 2 to 3 nodes: node(s) 2 joined", grow
+    assert state.attempts[0].resize == ""
+    assert f"attempt 1: {shrink}" in table and f"attempt 2: {grow}" in table, table
+    assert f"attempt 1: resized, {shrink}" in node0.stderr
+    assert f"of --nnodes 2:3 ({shrink})" in node0.stderr
     for node in (node0, job.nodes[1]):  # node 0's words, on every node that stayed
         assert "attempt 0: the job's nodes changed (node 2 (" in node.stderr, node.stderr
         assert (
@@ -119,6 +129,26 @@ def test_an_elastic_job_below_its_fewest_nodes_waits_then_gives_up(launcher, tmp
     node0 = job.start(0)
     assert node0.wait(60) == 5, node0.stderr
     assert "fewer than 2 of the 3 nodes (--nnodes 2:3) joined within --join-timeout (3 s)" in node0.stderr
+    assert job.survivors() == []
+
+
+def test_an_elastic_job_at_its_fewest_nodes_starts_within_a_short_join_timeout(launcher, tmp_path):
+    """Issue 33.11: --nnodes 1:2 --join-timeout 5s alone said "fewer than 1 of the 2 nodes joined":
+    torch's last call for more nodes (5 s) outlasted the join. It ends within the join now."""
+    job = Job(
+        launcher,
+        tmp_path,
+        2,
+        "--join-timeout",
+        "5s",
+        "--run-name",
+        "one",
+        str(SCRIPTS / "actor.py"),
+        fewest=1,
+    )
+    node0 = job.start(0)
+    assert node0.wait(60) == 0, node0.stderr
+    assert "the job runs on node(s) 0 (1 ranks) of --nnodes 1:2" in node0.stderr
     assert job.survivors() == []
 
 
@@ -138,6 +168,8 @@ def test_a_script_without_worker_lib_is_restarted_at_once_when_a_node_joins(laun
         str(tmp_path / "plain.ckpt"),
         "--ready-dir",
         str(ready),
+        "--until-attempt",
+        "1",  # node 0 alone trains until node 1 has joined (attempt 1): it cannot finish first
         fewest=1,
     )
     node0 = job.start(0)

@@ -73,6 +73,39 @@ def test_peers_blocked_in_a_collective_are_stopped_and_the_hung_rank_is_blamed(l
     assert launch.survivors() == []
 
 
+def test_a_rank_beating_in_place_is_blamed_for_the_peer_that_waits_for_it(launcher):
+    """Regression (issue 33): rank 1 loops calling heartbeat(9) and never reaches the all-reduce
+    of step 10, where rank 0 waits. Only rank 0 misses the heartbeat deadline, but the blame is
+    rank 1's: it beats, at one step, while its peer is silent in a collective."""
+    launch = launcher.run(
+        "--nproc", "2", "--heartbeat-timeout", "2", "--max-failures", "0",
+        BEATER, "--hang", "beat-in-place", "--collective",
+    )  # fmt: skip
+    assert launch.proc.returncode == 1, launch.stderr
+    named = {h.rank: h for h in launch.events(Hang)}
+    assert sorted(named) == [0, 1] and named[1].stalled and not named[0].stalled
+    assert "beating at one step while they wait: rank(s) 1 at step 9" in launch.stderr
+    assert re.search(
+        r"root cause: rank 1 \(pid \d+\): hung: beats without a new step for [\d.]+ s", launch.stderr
+    )
+    assert re.search(r"line \d+ in all_reduce", (launch.log_dir / "attempt_0" / "rank_0.log").read_text())
+    assert launch.survivors() == []
+
+
+def test_progress_timeout_catches_every_rank_beating_one_step(launcher):
+    """Every rank beats step 9 forever: no beat is ever late, so only --progress-timeout sees it."""
+    launch = launcher.run(
+        "--nproc", "2", "--heartbeat-timeout", "30", "--progress-timeout", "2",
+        BEATER, "--hang", "beat-in-place", "--hang-rank", "-1",
+    )  # fmt: skip
+    assert launch.proc.returncode == 0, launch.stderr  # the restarted group runs through
+    assert sorted(h.rank for h in launch.events(Hang) if h.stalled) == [0, 1]
+    assert "beat without a new step past --progress-timeout" in launch.stderr
+    assert _transitions(launch, 0) == ["STARTING", "RUNNING", "HUNG", "STOPPING", "STOPPED"]
+    assert "[1] rank 1 done after 30 steps" in launch.stdout
+    assert launch.survivors() == []
+
+
 @pytest.mark.parametrize("storage", ["gcs"], indirect=True)
 def test_a_save_longer_than_the_deadline_is_not_a_hang(launcher, storage):
     launch = launcher.run(

@@ -4,6 +4,7 @@ next attempt starts from the newest step every rank committed; a preemption (SIG
 rank at one agreed step, saved on the GCS emulator, and the relaunch goes on from it, no step
 lost. Where the framework's resume is exact, the weights equal an uninterrupted run's."""
 
+import os
 import re
 import signal
 import time
@@ -11,10 +12,10 @@ import time
 import fsspec
 import pytest
 import torch
+from adapter_runs import EXAMPLES, device_of_starts, final_step, starts
 from conftest import use_emulator
-from helpers import ROOT
+from helpers import SCRIPTS
 
-EXAMPLES = ROOT / "examples"
 # Each test starts a framework 3-5 times on 2 ranks (Lightning's import alone is seconds of CPU):
 # on a loaded 2-core machine, past the suite's 120 s.
 pytestmark = pytest.mark.timeout(600)
@@ -39,20 +40,6 @@ def _command(framework, *extra):
     return ["--nproc", "2", "--run-name", framework, *extra, str(EXAMPLES / script), *args]
 
 
-def _starts(stdout: str) -> list:
-    """The step each attempt started from, as the example printed it (rank 0)."""
-    found = re.findall(r"attempt (\d+) (?:starts at step (\d+)|resumes from (\S+))", stdout)
-    return [int(step) if step else _step_of(folder) for _, step, folder in found]
-
-
-def _step_of(folder: str) -> int:
-    return 0 if folder == "None" else int(re.search(r"step_0*(\d+)", folder).group(1))
-
-
-def _final_step(stdout: str) -> int:
-    return int(re.search(r"final: step (\d+)", stdout).group(1))
-
-
 @pytest.mark.parametrize("framework", sorted(JOBS))
 def test_a_torn_save_and_a_hang_are_survived_from_the_newest_committed_step(framework, launcher, tmp_path):
     """The first save is killed half-way (a rank's part torn): the next attempt starts afresh, not
@@ -69,9 +56,12 @@ def test_a_torn_save_and_a_hang_are_survived_from_the_newest_committed_step(fram
         timeout=240,
     )
     assert faulty.proc.returncode == 0, faulty.stderr[-3000:]
-    assert _starts(faulty.stdout) == [0, 0, 20], faulty.stdout[-3000:]
+    assert starts(faulty.stdout) == [0, 0, 20], faulty.stdout[-3000:]
+    placed = [device.split(":")[0] for device in device_of_starts(faulty.stdout)]  # Accelerate: cpu:0
+    assert placed == ["cpu"] * 3  # where ftlaunch put the ranks: gloo here
+    assert "backend gloo" in faulty.stderr
     assert "hung" in faulty.stderr, faulty.stderr[-3000:]
-    assert _final_step(faulty.stdout) == JOBS[framework][2]
+    assert final_step(faulty.stdout) == JOBS[framework][2]
     if framework in EXACT:
         clean = launcher.run(
             *_command(framework, "--run-name", f"{framework}-clean"),
@@ -107,8 +97,8 @@ def test_a_preemption_saves_one_agreed_step_on_gcs_and_the_relaunch_goes_on_from
 
     second = launcher.run(*command, env=gcs_env, timeout=180)
     assert second.proc.returncode == 0, second.stderr[-3000:]
-    assert _starts(second.stdout) == [stop], second.stdout[-3000:]  # no step lost, none done twice
-    assert _final_step(second.stdout) == JOBS[framework][2]
+    assert starts(second.stdout) == [stop], second.stdout[-3000:]  # no step lost, none done twice
+    assert final_step(second.stdout) == JOBS[framework][2]
     assert first.survivors() == [] and second.survivors() == []
 
 
@@ -123,3 +113,31 @@ def _wait_for_commit(path: str, launch, timeout: float = 120) -> None:
         assert launch.proc.poll() is None, launch.stderr
         time.sleep(0.2)
     raise AssertionError(f"no committed step under gcs://{path} after {timeout}s")
+
+
+def test_a_library_that_asks_about_cuda_at_import_still_gets_forked_workers(launcher):
+    """Frameworks ask torch about CUDA when imported (is_available, device_count) to pick a device.
+    On a node without a GPU that initializes nothing a fork cannot carry: the fork server imports
+    such a library (from PYTHONPATH, as an installed one) and forks the workers, which train on
+    gloo; ftlaunch would say "fork server off" once otherwise. tests/gpu has the GPU's side."""
+    path = [str(SCRIPTS / "cuda_touch"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {"PYTHONPATH": os.pathsep.join(path), "TOUCH_CUDA": "query"}
+    launch = launcher.run("--nproc", "2", str(SCRIPTS / "cuda_job.py"), env=env, timeout=120)
+    assert launch.proc.returncode == 0, launch.stderr[-3000:]
+    assert "fork server off" not in launch.stderr, launch.stderr[-3000:]
+    found = re.findall(r"rank (\d) on (\S+) \(query at import\): all-reduce (\d+)", launch.stdout)
+    assert sorted(found) == [("0", "cpu", "3"), ("1", "cpu", "3")], launch.stdout[-3000:]
+    assert launch.survivors() == []
+
+
+def test_accelerate_left_to_its_defaults_on_a_cpu_node_is_stopped_before_ranks_train_alone(launcher):
+    """Without cpu=True, Accelerate on a node without a GPU makes no process group: every rank
+    would train alone and save as rank 0. The adapter says so on every rank, with the fix."""
+    launch = launcher.run(
+        "--nproc", "2", "--max-failures", "0", str(SCRIPTS / "accelerate_defaults.py"), timeout=120
+    )  # fmt: skip
+    assert launch.proc.returncode == 1, launch.stderr[-3000:]
+    assert launch.stdout.count("Accelerate counts 1 process(es)") == 2, launch.stdout[-3000:]
+    said = "Accelerate counts 1 rank(s) where ftlaunch started 2, so each would train alone"
+    assert said in launch.stderr and "Accelerator(cpu=" in launch.stderr, launch.stderr[-3000:]
+    assert launch.survivors() == []

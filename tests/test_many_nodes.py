@@ -40,7 +40,8 @@ class Job:
         self.args, self.node_timeout, self.env = args, node_timeout, {**LOOPBACK, **(env or {})}
         self.nodes = {}
 
-    def start(self, rank: int, *extra: str) -> Launch:
+    def start(self, rank: int, *extra: str, env=None) -> Launch:
+        """``env``: more environment for this node alone."""
         launch = self.launcher.start(
             "--nnodes",
             self.nnodes_flag,
@@ -53,7 +54,7 @@ class Job:
             *extra,
             *self.args,
             log_dir=self.tmp_path / f"logs_{rank}_{len(self.launcher.launches)}",
-            env=self.env,
+            env={**self.env, **(env or {})},
         )
         launch.log_dir = launch.log_dir / f"node{rank}"  # each node's logs under its own name
         self.nodes[rank] = launch
@@ -292,7 +293,8 @@ def test_the_failure_budget_is_counted_once_per_job(launcher, tmp_path):
 
 
 def _stepping_job(launcher, tmp_path, nnodes, name):
-    """One rank per node, stepping for 3 s an attempt; returned once every rank has stepped."""
+    """One rank per node, stepping for 3 s an attempt (attempt 0 until the test stops it);
+    returned once every rank has stepped."""
     ready = tmp_path / "ready"
     job = Job(
         launcher,
@@ -309,6 +311,8 @@ def _stepping_job(launcher, tmp_path, nnodes, name):
         "0.05",
         "--ready-dir",
         str(ready),
+        "--until-attempt",
+        "1",
     ).start_all()
     wait_for_files(ready, "rank_*.attempt_0", nnodes, timeout=60)
     return job
@@ -328,7 +332,7 @@ def test_a_dead_node_supervisor_stops_the_others_and_its_relaunch_resumes_the_jo
     codes = job.wait(120)
     assert codes == {0: 0, 1: 0, 2: 0}, job.nodes[0].stderr
     state = run_state(tmp_path / "runs" / "lost")
-    assert [a.outcome for a in state.attempts] == ["FAILED", "SUCCEEDED"]
+    assert [a.outcome for a in state.attempts] == ["NODE_LOST", "SUCCEEDED"]  # not a worker failure
     assert state.attempts[0].failures[0].cause == "node_lost"
     assert "node 1" in state.attempts[0].failures[0].detail
     assert [e.new_round for e in job.nodes[0].events(NodesMet)] == [True, True]  # a lost node: anew

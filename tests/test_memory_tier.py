@@ -91,6 +91,8 @@ def test_a_killed_supervisor_is_resumed_from_storage_and_its_memory_is_freed(lau
         "0.02",
         "--memory-every",
         "1",
+        "--until-attempt",
+        "1",  # attempt 0 trains until this test kills its supervisor: it cannot finish first
     )
     first = launcher.start(*args, *script)
     wait_for_files(tmp_path / "ckpt", "step_*/COMMITTED", 2, timeout=90)
@@ -127,13 +129,20 @@ def tiny_shm(tmp_path):
 
 def test_a_snapshot_that_does_not_fit_is_a_clear_error_and_keeps_the_last_one(tiny_shm):
     snaps = MemorySnapshots(tiny_shm, 0, 1, LocalChannel())
-    snaps.save(1, {"state": torch.zeros(20_000), "rng": None}, {})  # 80 KB
-    with pytest.raises(CheckpointError, match=r"rank 0: no room for its memory snapshot .* MiB free"):
-        snaps.save(2, {"state": torch.zeros(60_000), "rng": None}, {})  # 240 KB
-    assert snaps.held() == {1: 0}  # the last whole snapshot is intact, the torn one removed
-    assert sorted(p.name for p in tiny_shm.iterdir()) == ["rank_0.0", "rank_0.0.json"]
+    try:
+        snaps.save(1, {"state": torch.zeros(20_000), "rng": None}, {})  # 80 KB
+        asked = r"rank 0: no room for its memory snapshot in .* \(234 KiB asked, \d+ KiB free; each rank"
+        with pytest.raises(CheckpointError, match=asked):
+            snaps.save(2, {"state": torch.zeros(60_000), "rng": None}, {})  # 240 KB
+        assert snaps.held() == {1: 0}  # the last whole snapshot is intact, the torn one removed
+        assert sorted(p.name for p in tiny_shm.iterdir()) == ["rank_0.0", "rank_0.0.index", "rank_0.0.json"]
+        payload, problem = snaps.read(1)
+        assert problem is None and torch.equal(payload["state"], torch.zeros(20_000))
+    finally:
+        snaps.close()  # its mappings: the tmpfs cannot be unmounted under them
 
 
+@pytest.mark.timeout(600)  # its own waits (two launches, a relaunch, 180 s for the job) exceed 120 s
 def test_a_node_that_lost_its_memory_makes_every_rank_load_from_storage(launcher, tmp_path):
     """Issue 26.3: node 1's supervisor is killed, and its memory tier with it. Node 0 still holds
     its snapshots, but a step is loadable from memory only when every rank holds it: the
@@ -144,6 +153,7 @@ def test_a_node_that_lost_its_memory_makes_every_rank_load_from_storage(launcher
         launcher, tmp_path, 2, "--nproc", "1", "--run-name", "lost",
         "--checkpoint-dir", str(tmp_path / "ckpt"), TRAIN, "--out", str(tmp_path / "out.pt"),
         "--steps", "150", "--step-time", "0.02", "--memory-every", "1", "--replicated",
+        "--until-attempt", "1",  # attempt 0 trains until node 1 is killed: it cannot finish first
     ).start_all()  # fmt: skip
     wait_for_files(tmp_path / "ckpt", "step_*/COMMITTED", 2, timeout=90)
     os.kill(job.nodes[1].proc.pid, signal.SIGKILL)

@@ -6,7 +6,7 @@ import re
 import signal
 
 import torch
-from helpers import SCRIPTS, wait_for_files
+from helpers import SCRIPTS, run_state, wait_for_files
 from test_many_nodes import Job
 
 from launcher.events import Decision, NodesMet, Transition
@@ -14,7 +14,7 @@ from launcher.events import Decision, NodesMet, Transition
 DDP = str(SCRIPTS / "ddp_plain.py")
 
 
-def _ddp_job(launcher, tmp_path, name, *extra, steps=400, node_timeout="3s"):
+def _ddp_job(launcher, tmp_path, name, *extra, steps=400, node_timeout="3s", max_failures=3):
     """2 nodes x 1 rank of plain DDP; returned once both ranks have stepped in attempt 0 and the
     script has saved a checkpoint of its own."""
     ready = tmp_path / f"ready_{name}"
@@ -25,7 +25,7 @@ def _ddp_job(launcher, tmp_path, name, *extra, steps=400, node_timeout="3s"):
         "--nproc",
         "1",
         "--max-failures",
-        "3",
+        str(max_failures),
         "--run-name",
         name,
         *extra,
@@ -38,6 +38,8 @@ def _ddp_job(launcher, tmp_path, name, *extra, steps=400, node_timeout="3s"):
         str(ready),
         "--out",
         str(tmp_path / f"{name}.pt"),
+        "--until-attempt",
+        "1",  # attempt 0 trains until the test's fault stops it: it cannot finish first
         node_timeout=node_timeout,
     ).start_all()
     wait_for_files(ready, "rank_*.attempt_0", 2, timeout=90)
@@ -49,18 +51,24 @@ def _starts(launch) -> list:
     return [int(s) for s in re.findall(r"rank 0 attempt \d+ starts at step (\d+)", launch.stdout)]
 
 
-def test_a_follower_supervisor_killed_during_ddp_is_a_failure_and_its_relaunch_resumes(launcher, tmp_path):
+def test_a_follower_supervisor_killed_during_ddp_is_no_failure_and_its_relaunch_resumes(launcher, tmp_path):
     """Node 1's ftlaunch is killed -9: its rank dies with it and node 0's rank fails at once in its
-    collective. Node 0 must still find node 1 lost, restart, and take the relaunched node in."""
-    job = _ddp_job(launcher, tmp_path, "follower")
+    collective. Node 0 must still find node 1 lost, restart, and take the relaunched node in. A
+    supervisor's death is not a worker failure: --max-failures 0 holds (issue 33)."""
+    job = _ddp_job(launcher, tmp_path, "follower", max_failures=0)
     os.kill(job.nodes[1].proc.pid, signal.SIGKILL)
     job.nodes[1].wait(10)
     assert job.nodes[1].survivors_after(10) == []
-    job.nodes[0].wait_for_event(Decision, lambda e: e.verdict == "RESTART", 60)
+    job.nodes[0].wait_for_event(Decision, lambda e: e.verdict == "node_lost", 60)
     job.start(1)
     assert job.wait(180) == {0: 0, 1: 0}, job.nodes[0].stderr
-    failed = [e for e in job.nodes[0].events(Decision)]
-    assert len(failed) == 1, failed
+    decided = job.nodes[0].events(Decision)
+    assert [d.verdict for d in decided] == ["node_lost"], decided
+    assert decided[0].reason.startswith("node 1 ("), decided[0].reason
+    state = run_state(tmp_path / "runs" / "follower")
+    assert [a.outcome.value for a in state.attempts] == ["NODE_LOST", "SUCCEEDED"]
+    assert state.attempts[0].failures[0].cause.value == "node_lost"
+    assert "(not a worker failure: not counted)" in job.nodes[0].stderr
     assert job.nodes[0].events(NodesMet)[-1].new_round is True
     starts = _starts(job.nodes[0])
     assert len(starts) == 2 and starts[1] > 0, job.nodes[0].stdout  # the script's own save was used
@@ -83,8 +91,9 @@ def test_node_0_answers_sigterm_while_a_killed_follower_is_being_found_lost(laun
 
 def test_node_0_stopped_past_the_node_timeout_is_waited_for_and_the_job_resumes(launcher, tmp_path):
     """SIGSTOP of node 0's supervisor for longer than --node-timeout: node 1 finds node 0 lost and
-    waits for it; once node 0 is continued, both meet again and the job finishes."""
-    job = _ddp_job(launcher, tmp_path, "paused")
+    waits for it; once node 0 is continued, both meet again and the job finishes. Node 0 blames its
+    own silence, not node 1, and spends no failure on it (--max-failures 0; issue 33)."""
+    job = _ddp_job(launcher, tmp_path, "paused", max_failures=0)
     os.kill(job.nodes[0].proc.pid, signal.SIGSTOP)
     try:
         job.nodes[1].wait_for_event(Transition, lambda e: e.new == "STOPPED", 60)
@@ -92,5 +101,11 @@ def test_node_0_stopped_past_the_node_timeout_is_waited_for_and_the_job_resumes(
         os.kill(job.nodes[0].proc.pid, signal.SIGCONT)
     assert job.wait(180) == {0: 0, 1: 0}, (job.nodes[0].stderr, job.nodes[1].stderr)
     assert "lost node 0" in job.nodes[1].stderr
+    # Issue 33.11: the follower dropped its rendezvous handler without a word from Python.
+    assert "Traceback" not in job.nodes[1].stderr and "Exception ignored" not in job.nodes[1].stderr
     assert len(_starts(job.nodes[0])) >= 2
+    state = run_state(tmp_path / "runs" / "paused")
+    assert state.attempts[0].outcome.value == "NODE_LOST", state.attempts[0]
+    blamed = state.attempts[0].failures[0]
+    assert blamed.node == 0 and "its supervisor did not run for" in blamed.detail, blamed
     assert job.survivors() == []

@@ -14,11 +14,19 @@ environment should not pay for torch.
 """
 
 import contextlib
+import time
 from typing import Any, Dict, Optional
 
 from worker_lib import contract
 from worker_lib.backend import choose_backend
-from worker_lib.progress import heartbeat, mark_loaded, pause_heartbeat, should_stop, stop_beating
+from worker_lib.progress import (
+    count_save,
+    heartbeat,
+    mark_loaded,
+    pause_heartbeat,
+    should_stop,
+    stop_beating,
+)
 from worker_lib.retention import RetentionPolicy
 
 __all__ = [
@@ -100,10 +108,12 @@ def save_checkpoint(
     each rank's shards (DTensors, sharded tensors, ``Stateful`` objects) and
     ``load_checkpoint(into=...)`` reshards them at any world size.
 
-    The state is copied to CPU memory before this returns; writing and the commit happen in the
-    background unless ``blocking``. The next save waits for this one, and a background failure
-    is raised there. A step this process already saved to storage or loaded from it is not
-    written again (a warning says so): a committed step is never rewritten.
+    The state is copied to CPU memory before this returns (a state on a GPU: the copy into pinned
+    memory is enqueued on the current CUDA stream, so it is the state at the call while the loop
+    goes on); writing and the commit happen in the background unless ``blocking``. The next save
+    waits for this one, and a background failure is raised there. A step this process already
+    saved to storage or loaded from it is not written again (a warning says so): a committed step
+    is never rewritten.
 
     ``to="memory"``: a snapshot of this rank's state into the node's memory tier (ftlaunch keeps
     it in /dev/shm for its run): the copy is all it costs, it survives a crash and the group's
@@ -117,6 +127,7 @@ def save_checkpoint(
         raise ValueError(f"to must be 'storage' or 'memory', not {to!r}")
     if format == "dcp" and replicated:
         raise ValueError("format='dcp' saves each rank's shards: replicated=True does not apply")
+    started = time.monotonic_ns()
     with pause_heartbeat():  # waiting for the previous save, or a blocking save, is not a hang
         if to == "memory" and format == "dcp":
             from worker_lib.dcp import snapshot_dcp
@@ -130,13 +141,16 @@ def save_checkpoint(
             save_dcp(_checkpoints(), step, state, dict(metrics or {}), blocking)
         else:
             _checkpoints().save(step, state, metrics, replicated=replicated, blocking=blocking)
+    count_save(to == "memory", time.monotonic_ns() - started)
 
 
 def load_checkpoint(into: Any = None):
-    """The newest checkpoint every rank completed and can verify, or None on a fresh run.
+    """The newest checkpoint every rank completed and can verify, or None on a fresh run. Each
+    tensor comes back where it was saved from: a CUDA tensor onto this rank's current GPU.
 
     ``into``: the script's current state dict (sharded or not): the newest ``format="dcp"`` step
     is loaded into it in place, resharded to this world size; the record's ``.state`` is it."""
+    started = time.monotonic_ns()
     with pause_heartbeat():
         if into is not None:
             from worker_lib.dcp import load_dcp
@@ -144,7 +158,8 @@ def load_checkpoint(into: Any = None):
             found = load_dcp(_checkpoints(), into)
         else:
             found = _checkpoints().load()
-    mark_loaded(found.step if found is not None else None, _checkpoints().loaded_tier)
+    took = time.monotonic_ns() - started
+    mark_loaded(found.step if found is not None else None, _checkpoints().loaded_tier, took)
     return found
 
 
@@ -170,9 +185,11 @@ def newest_checkpoint_dir():
     from worker_lib.directory import latest_directory
 
     session = _require_session()
+    started = time.monotonic_ns()
     with pause_heartbeat():
         found = latest_directory(_checkpoints(), session.info.run_id, session.info.attempt)
-    mark_loaded(found.step if found is not None else None, contract.LOADED_STORAGE)
+    took = time.monotonic_ns() - started
+    mark_loaded(found.step if found is not None else None, contract.LOADED_STORAGE, took)
     return found
 
 
@@ -182,9 +199,10 @@ def is_initialized() -> bool:
 
 
 def wait_for_checkpoint() -> None:
-    """Block until the save in flight is committed (or raise its error)."""
+    """Block until the save in flight is committed and the last memory snapshot is held (or
+    raise the error of either)."""
     with pause_heartbeat():
-        _checkpoints().wait()
+        _checkpoints().wait_all()
 
 
 def shutdown() -> None:
@@ -200,9 +218,12 @@ def shutdown() -> None:
 
 @contextlib.contextmanager
 def _paused(block):
-    """``block`` (a context manager), with the heartbeat deadline paused for all of it."""
+    """``block`` (a context manager: a directory-mode save), with the heartbeat deadline paused
+    for all of it; a save counted once it returns."""
+    started = time.monotonic_ns()
     with pause_heartbeat(), block as value:
         yield value
+    count_save(False, time.monotonic_ns() - started)
 
 
 def _require_session():

@@ -1,14 +1,18 @@
-"""Per-rank checkpoints: this rank's saves (a CPU copy now, written in the background) and loads.
+"""Per-rank checkpoints: this rank's saves (a host copy now, written in the background) and loads.
+
+A CUDA state is copied into the storage tier's pinned staging set (worker_lib.staging), the
+copies enqueued after the work that made the state; the background writer waits on their event.
+A CPU state is copied as it always was (``staging.to_cpu``).
 
 Where the parts go and what the COMMITTED marker holds: ``worker_lib.marker``. How the ranks
 agree on a commit and on the step to load: ``worker_lib.commit``.
 """
 
 import atexit
-import collections
 import dataclasses
 import logging
 import threading
+import time
 from typing import Any, BinaryIO, Callable, Dict, List, Optional, Set, Tuple
 
 from worker_lib import contract as c
@@ -22,6 +26,7 @@ from worker_lib.commit import (
     LocalChannel,
     StoreChannel,
 )
+from worker_lib.flat import on_cuda
 from worker_lib.marker import (
     REPLICATED,
     RESHARDABLE,
@@ -34,9 +39,10 @@ from worker_lib.marker import (
     step_dir,
 )
 from worker_lib.memory import MemorySnapshots
-from worker_lib.progress import chaos_request
+from worker_lib.progress import chaos_request, count_commit
 from worker_lib.retention import RetentionPolicy
 from worker_lib.rng import capture_rng, restore_rng
+from worker_lib.staging import StagingArea, restore_location, to_cpu
 from worker_lib.storage import Storage
 
 __all__ = [
@@ -87,6 +93,8 @@ class CheckpointManager:
         # The previous async save's CPU copy: written and done with once wait() returns, so the
         # next save copies into it instead of allocating (and page-faulting) as much memory again.
         self._staging: Any = None
+        # A CUDA state's copy: one pinned buffer, reused (DCP's staging too).
+        self.pinned = StagingArea(rank)
         self._error: Optional[BaseException] = None
         self._failed = ""  # why an earlier save failed: this rank writes no further parts
         # Steps this process saved to storage or loaded from it: every rank saves and loads the
@@ -140,19 +148,26 @@ class CheckpointManager:
             return
         self.wait()
         writes_state = not replicated or self.rank == 0
-        # A blocking save serializes before returning: the training loop cannot change the
-        # state under it, so the copy would only cost time and memory.
-        snapshot = None
-        if writes_state:
-            snapshot = state if blocking else _to_cpu(state, self._staging)
-            self._staging = None if blocking else snapshot
+        snapshot, ready = self._copy(state, blocking) if writes_state else (None, _done)
         rng = capture_rng() if self._save_rng else None
         own = {"rng": rng, "state": None if replicated else snapshot}
         parts = [(part_name(self.rank), _writer(own))]
         if replicated and self.rank == 0:
             parts.append((REPLICATED, _writer(snapshot)))
         kind = "replicated" if replicated else "state"
-        self.submit(step, parts, dict(metrics or {}), kind, blocking)
+        self.submit(step, parts, dict(metrics or {}), kind, blocking, ready=ready)
+
+    def _copy(self, state: Any, blocking: bool) -> Tuple[Any, Callable[[], None]]:
+        """(What the writer serializes, what it waits for first). A CUDA state goes into the
+        pinned staging set (blocking too: faster than torch.save's own copies to pageable
+        memory); a blocking save of a CPU state serializes in place (the loop cannot change it
+        meanwhile), an async one copies it into the previous save's copy."""
+        if on_cuda(state):
+            staged = self.pinned.stage(state)
+            return staged.state, staged.wait
+        snapshot = state if blocking else to_cpu(state, self._staging)
+        self._staging = None if blocking else snapshot
+        return snapshot, _done
 
     def submit(
         self,
@@ -163,21 +178,27 @@ class CheckpointManager:
         blocking: bool = False,
         cleanup: Callable[[], None] = lambda: None,
         written_elsewhere: Callable[[], List[Tuple[str, PartEntry]]] = list,
+        ready: Callable[[], None] = lambda: None,
     ) -> None:
         """Write ``parts`` (name, writer into a stream) for ``step``, commit once every rank has;
         ``cleanup`` runs once the parts are written, whether or not that worked.
         ``written_elsewhere`` waits for files another writer makes for the step (DCP's) and lists
-        this rank's share of them; called first, in the background too."""
+        this rank's share of them; called first, in the background too. ``ready`` waits until
+        the state's copy is done (its CUDA event), before anything is written."""
 
         self._steps_in_storage.add(step)
+        called = time.monotonic_ns()
 
         def job() -> None:
             try:
+                ready()
                 written = written_elsewhere()
                 written += [self._write_part(step, name, fill) for name, fill in parts]
             finally:
                 cleanup()
             self._share_and_commit(step, written, metrics, kind)
+            if self.rank == 0:  # rank 0 wrote the marker: the step exists from now on
+                count_commit(time.monotonic_ns() - called)
 
         if blocking:
             try:
@@ -208,6 +229,12 @@ class CheckpointManager:
             self._failed = f"an earlier save failed ({error})"
             raise CheckpointError(f"the previous checkpoint save failed: {error}") from error
 
+    def wait_all(self) -> None:
+        """``wait``, and until the last memory snapshot's copy is done and its record written."""
+        self.wait()
+        if self.memory is not None:
+            self.memory.flush()
+
     def barrier(self, name: str) -> None:
         """Return once every rank has called ``barrier(name)``."""
         self._commits.barrier(name)
@@ -235,7 +262,7 @@ class CheckpointManager:
 
     def _wait_at_exit(self) -> None:
         try:
-            self.wait()
+            self.wait_all()
         except CheckpointError as err:
             log.error("%s", err)
 
@@ -257,9 +284,13 @@ class CheckpointManager:
         state = payload["replicated"] if marker.kind == "replicated" else payload["own"]["state"]
         return Checkpoint(step=marker.step, state=state, metrics=marker.metrics)
 
-    def load_from_memory(self, kind: str, take: Callable[[Any], Any]) -> Optional[Checkpoint]:
+    def load_from_memory(
+        self, kind: str, take: Callable[[Any], Any], fresh: bool = True
+    ) -> Optional[Checkpoint]:
         """Every rank's snapshot of the newest step of ``kind`` they all hold, or None (then
-        storage); ``take(payload)`` makes the state of it (None: this rank could not)."""
+        storage); ``take(payload)`` makes the state of it (None: this rank could not).
+        ``fresh=False``: the payload's tensors are views of the slot, for a ``take`` that copies
+        them into place at once (``MemorySnapshots.read``)."""
         if self.memory is None:
             return None
         stored = next(
@@ -274,7 +305,7 @@ class CheckpointManager:
         if step is None:
             self.memory.forget()
             return None
-        payload, problem = self.memory.read(step)
+        payload, problem = self.memory.read(step, fresh)
         state = None
         if problem is None:
             try:
@@ -339,17 +370,17 @@ class CheckpointManager:
         its allow-list: a class of the script's, a numpy array, or a planted pickle) is a problem
         every rank stops at, with the way out.
 
-        A mapped part is loaded without a read into memory, then its objects are copied out
+        A mapped part is loaded without a read into memory, each storage then copied out
         (tensors sharing storage stay sharing): the state must not depend on a file that
-        retention, or another node, may delete."""
-        import copy
+        retention, or another node, may delete. A storage saved from a CUDA device goes to this
+        rank's current device (worker_lib.staging.restore_location)."""
         import pickle
 
         import torch
 
         def load(weights_only: bool) -> Any:
-            loaded = torch.load(part.source, map_location="cpu", weights_only=weights_only, mmap=part.mapped)
-            return copy.deepcopy(loaded) if part.mapped else loaded
+            where = restore_location(copy_cpu=part.mapped)
+            return torch.load(part.source, map_location=where, weights_only=weights_only, mmap=part.mapped)
 
         if self._trusted:
             return load(weights_only=False), None
@@ -367,30 +398,8 @@ class CheckpointManager:
             )
 
 
-def _to_cpu(state: Any, staging: Any = None) -> Any:
-    """A copy the training loop cannot change under the background writer: tensors are copied
-    to CPU memory, containers rebuilt, anything else deep-copied. ``staging``, an earlier result
-    no longer in use, lends its tensors where shape and dtype match."""
-    import copy
-
-    import torch
-
-    if isinstance(state, torch.Tensor):
-        if (
-            isinstance(staging, torch.Tensor)
-            and staging.shape == state.shape
-            and staging.dtype == state.dtype
-            and staging.is_contiguous()
-        ):
-            return staging.copy_(state.detach())
-        return state.detach().to("cpu", copy=True)
-    if type(state) in (dict, collections.OrderedDict):  # a state_dict is an OrderedDict
-        lend = staging if isinstance(staging, dict) else {}
-        return type(state)((k, _to_cpu(v, lend.get(k))) for k, v in state.items())
-    if type(state) in (list, tuple):
-        lend = staging if type(staging) is type(state) and len(staging) == len(state) else [None] * len(state)
-        return type(state)(_to_cpu(v, s) for v, s in zip(state, lend))
-    return copy.deepcopy(state)
+def _done() -> None:
+    """Nothing to wait for: the copy was made on the caller's thread."""
 
 
 def _writer(payload: Any) -> Callable[[BinaryIO], object]:

@@ -44,6 +44,13 @@ __all__ = [
     "SLOT_CHAOS",
     "SLOT_LOADED_TIER",
     "SLOT_LOADED_STEP",
+    "SLOT_SAVES_MEMORY",
+    "SLOT_SAVE_MEMORY_NS",
+    "SLOT_SAVES_STORAGE",
+    "SLOT_SAVE_STORAGE_NS",
+    "SLOT_COMMITS",
+    "SLOT_COMMIT_NS",
+    "SLOT_LOAD_NS",
     "LOADED_NONE",
     "LOADED_STORAGE",
     "LOADED_MEMORY",
@@ -91,10 +98,10 @@ FT_HEARTBEAT_FILE = "FTLAUNCH_HEARTBEAT_FILE"
 # does not spend the read).
 FT_CHAOS = "FTLAUNCH_CHAOS_REQUESTS"
 
-# A slot is SLOT_WORDS native int64 words (128 bytes: two cache lines per rank). Each word has
+# A slot is SLOT_WORDS native int64 words (256 bytes: four cache lines per rank). Each word has
 # one writer: the worker, except SLOT_STOP_AT_STEP, written by the supervisor. Aligned 8-byte
 # stores are atomic, so a read may be stale by a beat but never torn.
-SLOT_WORDS = 16
+SLOT_WORDS = 32
 SLOT_BEATS = 0  # ft.heartbeat() calls so far in this process
 SLOT_STEP = 1  # the step passed to the last beat (-1: none given)
 SLOT_TIME_NS = 2  # CLOCK_MONOTONIC ns of the last beat, pause start or pause end
@@ -116,7 +123,17 @@ SLOT_CHAOS = 11
 SLOT_LOADED_TIER = 12
 SLOT_LOADED_STEP = 13
 LOADED_NONE, LOADED_STORAGE, LOADED_MEMORY = 0, 1, 2
-# 14..15: spare, zero
+# worker_lib's checkpoint counters, for the supervisor's metrics, cumulative in this process:
+# saves per tier and the ns the training loop spent in them; commit markers written (the job's
+# rank 0 writes them all) and the ns from each save's call to its marker; the ns the load took.
+SLOT_SAVES_MEMORY = 14
+SLOT_SAVE_MEMORY_NS = 15
+SLOT_SAVES_STORAGE = 16
+SLOT_SAVE_STORAGE_NS = 17
+SLOT_COMMITS = 18  # written by the background save thread, the others by the training thread
+SLOT_COMMIT_NS = 19
+SLOT_LOAD_NS = 20
+# 21..31: spare, zero
 
 # Where a --chaos request is carried out, and what it does (a signal number, or one of these).
 CHAOS_AT_BEAT = 0  # in the training thread, at the next ft.heartbeat()

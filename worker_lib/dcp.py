@@ -14,9 +14,11 @@ adds on top:
   the ranks agree through the job's store and fall back step by step on damage, as for parts.
 - **The read.** A local folder's files are read through a mapping, each tensor copied once into
   the state (worker_lib.dcp_reader); other storage through DCP's fsspec reader.
-- **Asynchronous by default.** ``dcp.async_save`` copies the state to CPU memory on the caller's
-  thread and writes in the background; its collectives run on a gloo group of their own, so they
-  never interleave with the training loop's.
+- **Asynchronous by default.** ``dcp.async_save`` writes in the background, its collectives on
+  a gloo group of their own, so they never interleave with the training loop's. The state is
+  staged by ``PinnedStager``: copied into the manager's staging buffer (pinned where the state
+  is on a GPU: the copies enqueued on the current stream, DCP's writer waiting on their event),
+  each DTensor as its local shard, rewrapped; one buffer, reused by every save.
 - Each rank's RNG streams go beside it (``rank_<r>.pt``), restored at the same world size.
 - **The memory tier** (``to="memory"``): each rank's own shards (a DTensor's local tensor) go to
   the node's memory; a load at the same world size copies them back into ``into``'s shards in
@@ -24,13 +26,17 @@ adds on top:
 """
 
 import logging
+import threading
+from concurrent.futures import Future
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from worker_lib import contract as c
 from worker_lib.checkpoint import Checkpoint, CheckpointError, CheckpointManager
+from worker_lib.flat import split
 from worker_lib.marker import CommitMarker, PartEntry, step_dir
+from worker_lib.staging import StagingArea
 
-__all__ = ["FOLDER", "load_dcp", "save_dcp", "snapshot_dcp"]
+__all__ = ["FOLDER", "PinnedStager", "load_dcp", "save_dcp", "snapshot_dcp"]
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +62,10 @@ def save_dcp(
         dcp.save(state, storage_writer=writer, process_group=group, no_dist=alone)
         done: Callable[[], object] = lambda: None  # noqa: E731
     else:
-        future = dcp.async_save(state, storage_writer=writer, process_group=group, no_dist=alone)
+        stager = PinnedStager(manager.pinned)
+        future = dcp.async_save(
+            state, storage_writer=writer, process_group=group, no_dist=alone, async_stager=stager
+        )
         done = getattr(future, "upload_completion", future).result
     written = lambda: _share(manager, step, done)  # noqa: E731 - DCP's files, once it is done
     manager.submit(step, [manager.own_rng_part()], metrics, "dcp", blocking, written_elsewhere=written)
@@ -85,7 +94,9 @@ def load_dcp(manager: CheckpointManager, into: Any) -> Optional[Checkpoint]:
     from torch.distributed.checkpoint.api import CheckpointException
 
     manager.wait()
-    in_memory = manager.load_from_memory("dcp", lambda payload: _copy_into(into, payload["state"]))
+    # The snapshot's tensors are views of its slot, copied once, straight into ``into``'s shards.
+    take = lambda payload: _copy_into(into, payload["state"])  # noqa: E731
+    in_memory = manager.load_from_memory("dcp", take, fresh=False)
     if in_memory is not None:
         return in_memory
     found = manager.newest_agreed(lambda marker: _verify_share(manager, marker))
@@ -188,7 +199,41 @@ def _copy_into(target: Any, saved: Any) -> Any:
     if _stateful(target):
         target.load_state_dict(_copy_into(target.state_dict(), saved))
         return target
-    return saved
+    return saved.clone() if isinstance(saved, torch.Tensor) else saved  # not a view of the slot
+
+
+class PinnedStager:
+    """DCP's ``AsyncStager``: the state (Stateful objects already turned into their state dicts
+    by DCP) copied into ``area``'s buffer, each DTensor as its local shard, rewrapped. DCP's writer
+    gets it through a future that a thread completes once the copy's events have: the loop is
+    blocked only while the copies are enqueued."""
+
+    def __init__(self, area: StagingArea) -> None:
+        self._area = area
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return False  # the future is the synchronization
+
+    def stage(self, state_dict: Any) -> Future:
+        staged = self._area.stage_split(split(state_dict, copy_objects=True, dtensors=True))
+        future: Future = Future()
+
+        def finish() -> None:
+            try:
+                staged.wait()
+                future.set_result(staged.state)
+            except BaseException as err:  # noqa: BLE001 - DCP's writer raises it
+                future.set_exception(err)
+
+        threading.Thread(target=finish, name="ftlaunch-dcp-staging", daemon=True).start()
+        return future
+
+    def synchronize_staging(self) -> None:
+        """Nothing: DCP's writer waits on the future ``stage`` returned."""
+
+    def close(self) -> None:
+        """Nothing: the buffer is the manager's, reused by its next save."""
 
 
 def _stateful(value: Any) -> bool:

@@ -3,53 +3,37 @@ ftlaunch's supervisor owns (``FTLAUNCH_MEMORY_DIR``, in /dev/shm). It outlives t
 group's restart; it goes with the supervisor (its end, a kill -9: its orphan guard removes it)
 and so with the node.
 
-    rank_<r>.<k>        torch.save of {"state", "rng"}; k is 0 or 1 (a double buffer)
-    rank_<r>.<k>.json   written after it: step, kind, world size, bytes, metrics. Without it
-                        the slot holds nothing: a copy cut off half-way is never read.
+Each rank has two slots, k = 0 and 1 (a double buffer); a slot is a flat buffer of the state's
+tensors, an index, and a record written last (worker_lib.memory_slots): without the record the
+slot holds nothing, so a copy cut off half-way is never read. No tensor is serialized: a CPU
+tensor is copied into the buffer, a CUDA tensor is copied by the device into the buffer
+registered as pinned memory, and the record follows once that copy's event has completed (on a
+thread of its own: the training loop only enqueues the copy).
 
 A rank writes into the slot that does not hold the newest step every rank is known to have, and
 before it writes again it waits until every rank has shared the step it wrote last. So the two
 slots of every rank always hold a step that every rank has: a crash during a copy loses only that
 copy. A load takes the newest step every rank holds, at the same world size (a snapshot is one
-rank's state), and only when it is at least as new as the newest step in storage.
+rank's state), and only when it is at least as new as the newest step in storage; each tensor
+comes back where it was (a CUDA tensor onto this rank's current device) in one copy.
 """
 
-import dataclasses
-import errno
 import json
 import logging
 import os
-import shutil
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from worker_lib.commit import CheckpointError, CommitChannel
+from worker_lib.flat import decode_index, encode_index, rebuild, split
+from worker_lib.memory_slots import Finisher, NoRoom, Record, SlotFiles
+from worker_lib.staging import MIN_SIZE, copy_in, mib
 
-__all__ = ["MemorySnapshots", "Snapshot"]
+__all__ = ["MemorySnapshots", "Record"]
 
 log = logging.getLogger(__name__)
 
 _SLOTS = (0, 1)
-
-
-@dataclasses.dataclass(frozen=True)
-class Snapshot:
-    step: int
-    kind: str  # "parts" (ft.load_checkpoint()) or "dcp" (load_checkpoint(into=...))
-    world_size: int
-    size: int  # bytes of the slot's data file
-    metrics: Dict[str, float]
-
-    @classmethod
-    def from_json(cls, text: str) -> "Snapshot":
-        data = json.loads(text)
-        return cls(
-            int(data["step"]),
-            str(data["kind"]),
-            int(data["world_size"]),
-            int(data["size"]),
-            dict(data["metrics"]),
-        )
 
 
 class MemorySnapshots:
@@ -71,11 +55,13 @@ class MemorySnapshots:
         self._open_channel = channel if callable(channel) else (lambda: channel)
         self._opened: Optional[CommitChannel] = None
         self._timeout = timeout
+        self._slots = [SlotFiles(self.folder, rank, slot) for slot in _SLOTS]
+        self._finisher = Finisher(f"ftlaunch-memory-rank{rank}")
         self._agreed: Optional[Tuple[int, int]] = None  # (step, slot) that every rank holds
         self._shared: Optional[Tuple[int, int]] = None  # (step, slot) written, not yet known everywhere
-        self._done_with: Optional[int] = None  # a step whose vote no rank can still be waiting for
         self._loads = 0
         self._kind = "parts"  # of the load in progress
+        self._logged_size = False
 
     @property
     def _channel(self) -> CommitChannel:
@@ -86,34 +72,49 @@ class MemorySnapshots:
     # -- saving -----------------------------------------------------------------------------
 
     def save(self, step: int, payload: Any, metrics: Dict[str, float], kind: str = "parts") -> None:
-        """Copy ``payload`` into the free slot now (its cost is the copy), and say so."""
+        """Copy ``payload`` into the free slot now (CUDA tensors: the copy is enqueued, and the
+        record follows once it is done); the other slot stays whole whatever happens."""
         self._settle()
         slot = 1 - self._agreed[1] if self._agreed is not None else 0
-        data, meta = self._paths(slot)
-        meta.unlink(missing_ok=True)  # the slot's old contents stop counting before they change
-        self._check_room(slot)
+        files = self._slots[slot]
+        files.record.unlink(missing_ok=True)  # the slot's old contents stop counting before they change
+        parts = split(payload, copy_objects=False)
+        layout = parts.layout
         try:
-            # Over the slot's old bytes, not into a truncated file: its pages are reused, not freed
-            # and faulted in again (8 MB: 2.5 ms instead of 6).
-            with os.fdopen(os.open(data, os.O_RDWR | os.O_CREAT, 0o600), "r+b") as handle:
-                _save(payload, handle)
-                size = handle.tell()
-                handle.truncate()
-        except BaseException as err:  # torch's writer wraps a full disk in a RuntimeError
-            data.unlink(missing_ok=True)
-            if _disk_full(err):
-                raise CheckpointError(self._no_room(0)) from None
+            index = encode_index(layout, parts.skeleton)  # the state's other objects, as they are now
+            buffer = files.buffer_for(max(layout.size, MIN_SIZE))
+            if parts.on_cuda:
+                buffer.pin()
+            files.write_index(index)
+            events = _fill(parts.tensors, buffer.views(layout))
+        except NoRoom as err:
+            files.discard()
+            raise CheckpointError(self._no_room(err)) from None
+        except BaseException:
+            files.discard()
             raise
-        record = {"step": step, "kind": kind, "world_size": self.world_size, "size": size, "metrics": metrics}
-        tmp = meta.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record))
-        tmp.rename(meta)
-        self._channel.share(f"mem/{step}", self.rank, "1")
+        self._log_size_once(buffer.size, buffer.pinned)
+        record = Record(step, kind, self.world_size, buffer.size, len(index), metrics)
+        if events:
+            self._finisher.submit(lambda: self._finish(files, record, events))
+        else:
+            self._finish(files, record, events)
         self._shared = (step, slot)
+
+    def _finish(self, files: SlotFiles, record: Record, events: Sequence[Any]) -> None:
+        for event in events:
+            event.synchronize()
+        files.write_record(record)
+        self._channel.share(f"mem/{record.step}", self.rank, "1")
 
     def _settle(self) -> None:
         """Wait until every rank has shared the step this rank wrote last: only then may the slot
         of the step before it be overwritten."""
+        try:
+            self._finisher.wait()
+        except CheckpointError:
+            self._shared = None  # its record was never written: the slot holds nothing
+            raise
         if self._shared is not None:
             step, _ = self._shared
             self._channel.gather(f"mem/{step}", self.world_size, self._timeout)
@@ -122,43 +123,52 @@ class MemorySnapshots:
                 self._channel.drop(f"mem/{self._agreed[0]}", self.rank)
             self._agreed, self._shared = self._shared, None
 
-    def _check_room(self, slot: int) -> None:
-        """A snapshot about as large as the last one (in the other slot) must fit."""
-        data, other = self._paths(slot)[0], self._paths(1 - slot)[0]
-        need = other.stat().st_size if other.exists() else 0
-        free = shutil.disk_usage(self.folder).free + (data.stat().st_size if data.exists() else 0)
-        if need > free:
-            raise CheckpointError(self._no_room(need))
-
-    def _no_room(self, need: int) -> str:
-        free = shutil.disk_usage(self.folder).free
-        wanted = f"about {need / 2**20:.0f} MiB, " if need else ""
+    def _no_room(self, err: NoRoom) -> str:
         return (
-            f"rank {self.rank}: no room for its memory snapshot in {self.folder.parent} ({wanted}"
-            f"{free / 2**20:.0f} MiB free; each rank keeps two): give /dev/shm more room (docker: "
+            f"rank {self.rank}: no room for its memory snapshot in {self.folder.parent} ({mib(err.asked)} "
+            f"asked, {mib(err.free)} free; each rank keeps two): give /dev/shm more room (docker: "
             "--shm-size) or save to storage only"
         )
+
+    def _log_size_once(self, size: int, pinned: bool) -> None:
+        if not self._logged_size:
+            self._logged_size = True
+            log.info(
+                "rank %d: memory snapshots in two slots of %s each in %s%s",
+                self.rank,
+                mib(size),
+                self.folder,
+                ", registered with CUDA as pinned memory" if pinned else "",
+            )
+
+    def flush(self) -> None:
+        """Wait until the last snapshot's record is written (its copy done)."""
+        self._finisher.wait()
+
+    def close(self) -> None:
+        """Flush, then unmap the slots (the files stay, for the next worker)."""
+        try:
+            self.flush()
+        finally:
+            for files in self._slots:
+                files.release()
 
     # -- loading ----------------------------------------------------------------------------
 
     def held(self, kind: str = "parts") -> Dict[int, int]:
         """step → slot of this rank's whole snapshots of ``kind`` taken at this world size."""
         found = {}
-        for slot in _SLOTS:
-            data, meta = self._paths(slot)
-            try:
-                snap = Snapshot.from_json(meta.read_text())
-                whole = data.stat().st_size == snap.size
-            except (OSError, ValueError, KeyError):
-                continue
-            if whole and snap.world_size == self.world_size and snap.kind == kind:
-                found[snap.step] = slot
+        for slot, files in zip(_SLOTS, self._slots):
+            record = files.read_record()
+            if record is not None and record.world_size == self.world_size and record.kind == kind:
+                found[record.step] = slot
         return found
 
     def newest_agreed(self, storage_newest: Optional[int], kind: str = "parts") -> Optional[int]:
         """The newest step of ``kind`` every rank holds in memory, if it is at least as new as
         ``storage_newest`` (this rank's view of the newest such step in storage); every rank gets
         the same answer."""
+        self._finisher.wait()
         self._loads += 1
         key = f"memload/{self._loads}"
         held = self.held(kind)
@@ -171,24 +181,25 @@ class MemorySnapshots:
             return None
         return max(common)
 
-    def read(self, step: int) -> Tuple[Any, Optional[str]]:
-        """(payload, problem) of this rank's snapshot of ``step``."""
+    def read(self, step: int, fresh: bool = True) -> Tuple[Any, Optional[str]]:
+        """(payload, problem) of this rank's snapshot of ``step``: one copy per tensor, a CUDA
+        tensor's onto this rank's current device. ``fresh=False``: tensors are views of the
+        slot, valid until this rank's next snapshot (for a caller that copies them at once)."""
         slot = self.held(self._kind).get(step)
         if slot is None:
             return None, f"rank {self.rank}: no whole memory snapshot of step {step}"
-        import torch
-
+        files = self._slots[slot]
         try:
-            # Not the weights-only loader: the folder is the supervisor's, private to its user
-            # (0700), and written only by this job's ranks.
-            payload = torch.load(self._paths(slot)[0], map_location="cpu", weights_only=False)
+            record = files.read_record()
+            layout, skeleton = decode_index(files.index.read_bytes())
+            tensors = files.read_tensors(record.size, layout, fresh)
         except Exception as err:  # noqa: BLE001 - any failure to read it is a reason to fall back
             return None, f"rank {self.rank}: memory snapshot of step {step}: {err}"
-        return payload, None
+        return rebuild(skeleton, tensors), None
 
     def metrics(self, step: int) -> Dict[str, float]:
         slot = self.held(self._kind)[step]
-        return Snapshot.from_json(self._paths(slot)[1].read_text()).metrics
+        return self._slots[slot].read_record().metrics
 
     def agree_read(self, ok: bool) -> bool:
         """Whether every rank read its snapshot of the step ``newest_agreed`` chose."""
@@ -204,35 +215,10 @@ class MemorySnapshots:
         """The ranks loaded from storage: no snapshot here is known to be everyone's."""
         self._agreed = self._shared = None
 
-    def _paths(self, slot: int) -> List[Path]:
-        data = self.folder / f"rank_{self.rank}.{slot}"
-        return [data, self.folder / f"rank_{self.rank}.{slot}.json"]
 
-
-def _save(payload: Any, handle) -> None:
-    """torch.save without its zip records' CRC-32, where torch lets us (2.6+): it doubled the
-    copy's time (8 MB into /dev/shm: 11 ms, 6 ms without), and the record's size already tells a
-    whole snapshot from a torn one in memory that no disk can damage."""
-    import contextlib
-
-    import torch
-
-    try:
-        from torch.utils.serialization import config
-
-        no_crc = config.patch({"save.compute_crc32": False})
-    except (ImportError, AttributeError):
-        no_crc = contextlib.nullcontext()
-    with no_crc:
-        torch.save(payload, handle)
-
-
-def _disk_full(err: BaseException) -> bool:
-    while err is not None:
-        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
-            return True
-        err = err.__cause__ or err.__context__
-    return False
+def _fill(tensors: Sequence[Any], views: Sequence[Any]) -> List[Any]:
+    """Copy the state's tensors into the slot (the step a test may cut off half-way)."""
+    return copy_in(tensors, views)
 
 
 def memory_folder() -> Optional[Path]:

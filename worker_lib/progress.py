@@ -23,6 +23,8 @@ from worker_lib import contract as c
 
 __all__ = [
     "chaos_request",
+    "count_commit",
+    "count_save",
     "heartbeat",
     "mark_loaded",
     "pause_heartbeat",
@@ -113,13 +115,35 @@ def should_stop(step: int) -> bool:
     return stop_at != 0 and step >= stop_at
 
 
-def mark_loaded(step: Optional[int] = None, tier: int = c.LOADED_NONE) -> None:
-    """The checkpoint is loaded (``step`` from ``tier``; None: a fresh start): the supervisor
-    times this phase of a recovery and says where each rank resumed from."""
+def mark_loaded(step: Optional[int] = None, tier: int = c.LOADED_NONE, took_ns: int = 0) -> None:
+    """The checkpoint is loaded (``step`` from ``tier``, in ``took_ns``; None: a fresh start): the
+    supervisor times this phase of a recovery and says where each rank resumed from."""
     slot = _slot if _slot is not None else _attach()
     slot[c.SLOT_LOADED_TIER] = tier if step is not None else c.LOADED_NONE
     slot[c.SLOT_LOADED_STEP] = step if step is not None else -1
+    slot[c.SLOT_LOAD_NS] = took_ns
     slot[c.SLOT_LOADED_NS] = time.monotonic_ns()
+
+
+def count_save(to_memory: bool, took_ns: int) -> None:
+    """A save returned to the training loop after ``took_ns``: counted for the supervisor's
+    metrics. Called from the training thread only (each word has one writer)."""
+    slot = _slot if _slot is not None else _attach()
+    count, spent = (
+        (c.SLOT_SAVES_MEMORY, c.SLOT_SAVE_MEMORY_NS)
+        if to_memory
+        else (c.SLOT_SAVES_STORAGE, c.SLOT_SAVE_STORAGE_NS)
+    )
+    slot[spent] += took_ns
+    slot[count] += 1
+
+
+def count_commit(took_ns: int) -> None:
+    """This rank wrote a step's commit marker, ``took_ns`` after the save was called. Called from
+    the background save thread only."""
+    slot = _slot if _slot is not None else _attach()
+    slot[c.SLOT_COMMIT_NS] += took_ns
+    slot[c.SLOT_COMMITS] += 1
 
 
 def stop_beating() -> None:

@@ -1,6 +1,7 @@
 """``worker_lib.init()`` and the per-process session the module-level API works on."""
 
 import dataclasses
+import logging
 import os
 from typing import Any, Dict, Optional
 
@@ -9,6 +10,8 @@ from worker_lib.backend import choose_backend
 from worker_lib.retention import RetentionPolicy
 
 __all__ = ["CheckpointOptions", "WorkerInfo", "Session", "start_session"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +54,11 @@ class Session:
         """Finish the run on this rank: the save in flight is committed, every rank arrives,
         then this node's fetched checkpoint copies go and the process group is destroyed.
 
-        The barrier comes before the cleanup (a slower local rank may still read the cache) and
-        before destroying the group: torch 2.13's gloo aborts the process at interpreter
-        shutdown in about one run in three when a rank leaves while a peer is still in its last
-        collective."""
+        The barrier comes before the cleanup (a slower local rank may still read the cache); the
+        cleanup is local rank 0's and done before its ``close`` returns, so once that rank has
+        returned (or exited) the copies are gone. The barrier also comes before destroying the
+        group: torch 2.13's gloo aborts the process at interpreter shutdown in about one run in
+        three when a rank leaves while a peer is still in its last collective."""
         if self.checkpoints is not None:
             self.checkpoints.wait()
         _barrier(self)
@@ -96,11 +100,14 @@ def _remove_node_cache(info: WorkerInfo, keep_attempt: Optional[int]) -> None:
     from worker_lib.directory import node_cache_root
 
     root = node_cache_root(info.run_id)
-    for old in root.glob("attempt_*"):
-        if old.name != f"attempt_{keep_attempt}":
-            shutil.rmtree(old, ignore_errors=True)
-    if keep_attempt is None:
-        shutil.rmtree(root, ignore_errors=True)
+    doomed = [old for old in root.glob("attempt_*") if old.name != f"attempt_{keep_attempt}"]
+    for folder in doomed + ([root] if keep_attempt is None and root.exists() else []):
+        try:
+            shutil.rmtree(folder)
+        except FileNotFoundError:
+            pass
+        except OSError as err:  # said, not hidden: a copy left behind takes the node's disk
+            log.warning("could not remove the node's checkpoint copies %s: %s", folder, err)
 
 
 def _barrier(session: Session) -> None:

@@ -81,9 +81,9 @@ class Storage:
         write = self._write_local if self.is_local else self._write_object
         return self._retrying(lambda: write(target, fill), f"writing {target}", retries)
 
-    def read_bytes(self, rel: str) -> bytes:
+    def read_bytes(self, rel: str, retries: bool = True) -> bytes:
         target = self.path(rel)
-        return self._retrying(lambda: self.fs.cat_file(target), f"reading {target}", True)
+        return self._retrying(lambda: self.fs.cat_file(target), f"reading {target}", retries)
 
     def checksum_of(self, rel: str, algorithm: str = checksum.CRC32C) -> Tuple[int, str]:
         """The size and checksum of a stored file another writer made (DCP's): the CRC32C the

@@ -2,25 +2,53 @@
 stopping workers or writing run.json for a few seconds must not look like a dead supervisor."""
 
 import threading
+import time
 
-__all__ = ["BEAT_EVERY_S", "AliveCounter"]
+__all__ = ["AliveCounter", "beat_every"]
+# A wake-up this much later than asked for means the whole process did not run meanwhile
+# (SIGSTOP, a paused VM, swapping): every thread of it was silent.
+_STALL_S = 2.0
 
-BEAT_EVERY_S = 0.5  # bumps; watchers look as often
+
+def beat_every(node_timeout: float) -> float:
+    """How often a supervisor bumps its counter, and its watchers look: a tenth of the silence
+    that makes it lost (a healthy node shows several moves in that time, a loaded machine
+    included), within 0.25..1.5 s. A beat is a request to node 0's store per node, the bulk of a
+    healthy job's traffic there: the default --node-timeout (15 s) gives 1.5 s."""
+    return min(max(node_timeout / 10, 0.25), 1.5)
 
 
 class AliveCounter(threading.Thread):
-    def __init__(self, store, key: str) -> None:
+    """Also this process's own witness: ``stalled`` is the longest time it did not run at all,
+    and ``stalled_until`` when that ended (monotonic), so that a node does not blame the others
+    for a silence that was its own."""
+
+    def __init__(self, store, key: str, every: float) -> None:
         super().__init__(name=f"ftlaunch-alive-{key}", daemon=True)
-        self._store, self._key = store, key
+        self._store, self._key, self.every = store, key, every
         self._done = threading.Event()
+        self.stalled = 0.0
+        self.stalled_until = 0.0
+        self.bumped = time.monotonic()  # the last bump (or the start)
+
+    @property
+    def running_late(self) -> bool:
+        """It has not bumped for longer than a stall: this process may just have come back."""
+        return time.monotonic() - self.bumped >= _STALL_S
 
     def run(self) -> None:
+        turned = time.monotonic()  # one turn: a bump and a beat's sleep; a stall anywhere in it shows
         while not self._done.is_set():
             try:
                 self._store.add(self._key, 1)
             except Exception:  # noqa: BLE001 - node 0 gone: the main loop finds out and says so
                 return
-            self._done.wait(BEAT_EVERY_S)
+            self.bumped = time.monotonic()
+            self._done.wait(self.every)
+            now = time.monotonic()
+            late, turned = now - turned - self.every, now
+            if late >= _STALL_S:
+                self.stalled, self.stalled_until = max(self.stalled, late), now
 
     def stop(self) -> None:
         self._done.set()

@@ -11,8 +11,9 @@ import json
 import time
 from typing import Dict, List, Optional
 
-from launcher.cluster.alive import BEAT_EVERY_S, AliveCounter
+from launcher.cluster.alive import AliveCounter, beat_every
 from launcher.cluster.rendezvous import LeaderUnreachable
+from launcher.cluster.watch import KeyWatch
 from launcher.cluster.wire import Interrupt, InterruptKind, reading_from_json, reading_to_json
 from launcher.config import ClusterSection
 from launcher.errors import Interrupted, UsageError
@@ -56,11 +57,21 @@ class AttemptChannel:
         self._interrupt: Optional[Interrupt] = None
         self._lost: Dict[int, str] = {}  # node → why it was declared lost
         self._answered_stop = False
-        self._beater = AliveCounter(store, f"alive/{self.node}")
+        self._beater = AliveCounter(store, f"alive/{self.node}", beat_every(spec.node_timeout))
         self._beater.start()
+        self._watch = KeyWatch(store, "interrupt", signals.wake)
+        self._watch.start()
 
     def close(self) -> None:
+        """This node is done with the attempt. Its interrupt is raised if none is in force (every
+        node's watch ends with it; a node still running learns that this one left at once)."""
+        if self._interrupt is None and not self._watch.fired:
+            try:
+                self.interrupt(Interrupt(self.node, InterruptKind.LOST, f"node {self.node} left the attempt"))
+            except Exception:  # noqa: BLE001 - a store that is gone: the others find this node silent
+                pass
         self._beater.stop()
+        self._watch.stop()
 
     def set_nodes(self, nodes) -> None:
         """The nodes that hold the attempt (node 0's plan): those every wait here waits for."""
@@ -88,6 +99,23 @@ class AttemptChannel:
     def _get(self, key: str) -> str:
         return self._call("get", key).decode()
 
+    def _say_done(self, key: str) -> None:
+        """Append this node to the list ``key`` (who announced itself, reported, read the
+        plan or the verdict): node 0 reads who did with one call, however many nodes there are."""
+        self._call("append", key, f"{self.node},")
+
+    def _listed(self, key: str) -> List[int]:
+        """The nodes in the list ``key`` so far, ascending (one call when there are none yet, two
+        when there are)."""
+        if not self._has(key):
+            return []
+        return sorted({int(n) for n in self._get(key).split(",") if n})
+
+    def report(self, report) -> None:
+        """How the attempt ended on this node (a ``NodeReport``), for node 0."""
+        self._call("set", f"report/{self.node}", report.to_json())
+        self._say_done("reported")
+
     # -- while the attempt runs ------------------------------------------------------------------
 
     def tick(self) -> Optional[Interrupt]:
@@ -96,7 +124,7 @@ class AttemptChannel:
         interrupted: a node that dies while the others stop still has to be found."""
         try:
             lost = self._look_for_lost_nodes()
-            if self._interrupt is None and self._has("interrupt"):
+            if self._interrupt is None and self._interrupt_raised():
                 self._interrupt = Interrupt.from_json(self._get("interrupt"))
         except LeaderUnreachable as err:
             if self._interrupt is None:
@@ -121,6 +149,11 @@ class AttemptChannel:
     def interrupted_by(self) -> Optional[Interrupt]:
         return self._interrupt
 
+    def _interrupt_raised(self) -> bool:
+        """Whether some node raised the interrupt: the watch's word (pushed by the store), or a
+        look of our own when the watch could not wait (no second connection, a broken one)."""
+        return self._watch.fired or (self._watch.broken and self._has("interrupt"))
+
     def _look_for_lost_nodes(self) -> Optional[Interrupt]:
         """A watched node whose counter stood still for --node-timeout is lost: an interrupt for
         the first one found (None: none new). Looks at most every half second."""
@@ -134,13 +167,18 @@ class AttemptChannel:
         most every half second)."""
         now = time.monotonic()
         if now >= self._next_look:
-            self._next_look = now + BEAT_EVERY_S
-            for node, (counter, _) in list(self._seen.items()):
-                if node not in self._lost:
-                    value = self._call("add", f"alive/{node}", 0)
-                    if value != counter:
-                        self._seen[node] = (value, now)
+            self._next_look = now + self._beater.every
+            for node, value in self._counters([n for n in self._seen if n not in self._lost]).items():
+                if value != self._seen[node][0]:
+                    self._seen[node] = (value, now)
         return {n: now - since for n, (_, since) in self._seen.items() if n not in self._lost}
+
+    def _counters(self, nodes: List[int]) -> Dict[int, int]:
+        """The liveness counters of ``nodes``, in one call (every node announced creates its own)."""
+        if len(nodes) == 1:  # a follower's look at node 0, which may not have announced yet
+            return {nodes[0]: int(self._call("add", f"alive/{nodes[0]}", 0))}
+        values = self._call("multi_get", [f"alive/{n}" for n in nodes]) if nodes else []
+        return {n: int(value) for n, value in zip(nodes, values)}
 
     def _declare_lost(self, node: int, why: str) -> Interrupt:
         self._lost[node] = why
@@ -205,3 +243,7 @@ class AttemptChannel:
         if self._call("add", f"claim/{self.node}", 1) > 1:
             raise UsageError(f"two nodes were started with --node-rank {self.node}: each node needs its own")
         self._call("set", f"node/{self.node}", json.dumps(dataclasses.asdict(info)))
+        # Its counter and its progress are there before node 0 reads them (one multi_get each).
+        self._call("add", f"alive/{self.node}", 0)
+        self._call("set", f"progress/{self.node}", json.dumps({"at": time.time(), "rows": []}))
+        self._say_done("nodes")

@@ -10,7 +10,7 @@ from launcher.beats import ProgressRow
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
 from launcher.cluster.deadline_store import DeadlineStore
 from launcher.cluster.rendezvous import LeaderUnreachable
-from launcher.cluster.wire import AttemptPlan, Interrupt, JobVerdict, NodeReport
+from launcher.cluster.wire import AttemptPlan, Interrupt, JobVerdict
 from launcher.process.signals import SignalInbox
 
 __all__ = ["FollowerChannel"]
@@ -53,7 +53,7 @@ class FollowerChannel(AttemptChannel):
                 raise LeaderUnreachable(self.broken)
             self._pause(0)
         plan = AttemptPlan(**json.loads(self._get("plan")))
-        self._call("set", f"planned/{self.node}", "1")
+        self._say_done("planned")
         if plan.nodes and not plan.refused:
             self.set_nodes(plan.nodes)
         return plan
@@ -65,9 +65,6 @@ class FollowerChannel(AttemptChannel):
             self._call("set", f"progress/{self.node}", json.dumps(shared))
         except LeaderUnreachable:
             pass  # the next tick says so and ends the attempt
-
-    def report(self, report: NodeReport) -> None:
-        self._call("set", f"report/{self.node}", report.to_json())
 
     def await_verdict(self, limit: float) -> JobVerdict:
         """Node 0's decision: LeaderUnreachable when node 0 goes silent first or decides nothing
@@ -83,5 +80,5 @@ class FollowerChannel(AttemptChannel):
                 raise LeaderUnreachable(self.broken)
             self._pause(since)
         verdict = JobVerdict.from_json(self._get("verdict"))
-        self._call("set", f"ack/{self.node}", "1")
+        self._say_done("acked")
         return verdict

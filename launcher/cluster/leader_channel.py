@@ -8,6 +8,7 @@ from typing import Dict, List, Tuple
 
 from launcher.beats import NodeRow, ProgressRow
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
+from launcher.cluster.rendezvous import RoundFailed
 from launcher.cluster.wire import AttemptPlan, JobVerdict, NodeInfo, NodeReport
 from launcher.errors import Interrupted
 from launcher.failures import Failure, NodeLostFailure
@@ -15,30 +16,39 @@ from launcher.process.signals import SignalInbox
 
 __all__ = ["LeaderChannel"]
 
-# A node's liveness thread bumps its counter every half second: one that has not moved for this
-# long is not read a verdict by (its supervisor died), even within --node-timeout.
-_GONE_S = 3.0
+# A node whose liveness counter has not moved for this many of its beats is not waited for to read
+# the verdict (its supervisor died), even within --node-timeout.
+_GONE_BEATS = 6
 
 
 class LeaderChannel(AttemptChannel):
     def __init__(self, store, spec: ChannelSpec, signals: SignalInbox) -> None:
-        super().__init__(store, spec, signals, watched=[n for n in range(spec.nnodes) if n != spec.node])
+        # No node is watched before it announces itself: nothing here is sized by --nnodes MAX.
+        super().__init__(store, spec, signals, watched=[])
         self._infos: Dict[int, NodeInfo] = {}
 
     def node_infos(self, count: int, limit: float) -> Dict[int, NodeInfo]:
-        """The announcements of the ``count`` nodes that joined the round (each is coming; one
-        lost on the way is left out after ``limit`` seconds: the attempt goes on without it).
-        From then on, the nodes announced are the attempt's, and only they are watched. Any
-        signal ends the wait."""
+        """The announcements of all ``count`` nodes of the round. One that has not announced
+        itself within ``limit`` seconds died on the way (a live one does so as soon as it learns
+        of the round): the round fails (RoundFailed) and every node meets again, so that no
+        attempt starts on fewer nodes than its round counted. Any signal ends the wait. From
+        then on, the nodes announced are the attempt's, and only they are watched."""
         deadline = time.monotonic() + limit
         while True:
-            present = [n for n in range(self.spec.nnodes) if self._has(f"node/{n}")]
-            if len(present) >= count or time.monotonic() >= deadline:
+            present = self._listed("nodes")
+            if len(present) >= count:
                 break
+            if time.monotonic() >= deadline:
+                raise RoundFailed(
+                    f"{count - len(present)} of the round's {count} nodes did not announce itself within "
+                    f"{limit:g} s (only node(s) {', '.join(map(str, present))} did)"
+                )
             self._pause(0)
-        self._infos = {n: NodeInfo(**json.loads(self._get(f"node/{n}"))) for n in present}
+        texts = self._call("multi_get", [f"node/{n}" for n in present])
+        self._infos = {n: NodeInfo(**json.loads(t)) for n, t in zip(present, texts)}
         self.set_nodes(present)
-        self._seen = {n: seen for n, seen in self._seen.items() if n in present}
+        now = time.monotonic()
+        self._seen = {n: (-1, now) for n in present if n != self.node}
         return self._infos
 
     def publish_plan(self, plan: AttemptPlan) -> None:
@@ -61,6 +71,31 @@ class LeaderChannel(AttemptChannel):
             for n in sorted(self._lost)
         ]
 
+    def _silences(self) -> Dict[int, float]:
+        """As every node judges silence, but node 0 hosts the store the counters live in: while
+        this process did not run (stopped, starved), no counter could move, and that time is no
+        evidence against anyone. Until its own witness has run again, nobody is judged."""
+        if self._beater.running_late:
+            return {n: 0.0 for n in self._seen if n not in self._lost}
+        until = self._beater.stalled_until
+        self._seen = {n: (counter, max(since, until)) for n, (counter, since) in self._seen.items()}
+        return super()._silences()
+
+    def own_stall(self) -> List[Failure]:
+        """This node itself, when its process did not run for --node-timeout or more: the others
+        lost it then (their blame names it, not the nodes that left it)."""
+        stalled = self._beater.stalled
+        if stalled + self._beater.every < self.spec.node_timeout:  # its last bump came a beat before
+            return []
+        info = self._infos.get(self.node)
+        host, pid = (info.host, info.pid) if info else ("?", 0)
+        at = self._beater.stalled_until
+        return [
+            NodeLostFailure(
+                node=self.node, host=host, pid=pid, silent_for=round(stalled, 1), observed_at=at, stalled=True
+            )
+        ]
+
     def _silent_for(self, node: int) -> float:
         return round(time.monotonic() - self._seen[node][1], 3) if node in self._seen else 0.0
 
@@ -71,14 +106,15 @@ class LeaderChannel(AttemptChannel):
         brought up to now), and every node's supervisor: host, pid, seconds since its liveness
         counter last moved."""
         wall = time.time()
+        others = [n for n in self._nodes if n != self.node]
+        texts = self._call("multi_get", [f"progress/{n}" for n in others]) if others else []
+        shares = dict(zip(others, (json.loads(text) for text in texts)))  # one call for every node
         ranks, nodes = [], []
         for n in self._nodes:
             rows, silent = own, 0.0
             if n != self.node:
-                silent = self._silent_for(n)
-                shared = json.loads(self._get(f"progress/{n}")) if self._has(f"progress/{n}") else None
-                age = wall - shared["at"] if shared else 0.0
-                rows = [ProgressRow.from_json(row).aged(age) for row in shared["rows"]] if shared else []
+                silent, shared = self._silent_for(n), shares[n]
+                rows = [ProgressRow.from_json(row).aged(wall - shared["at"]) for row in shared["rows"]]
             ranks += [dataclasses.replace(row, node=n) for row in rows]
             info = self._infos.get(n)
             host, pid = (info.host, info.pid) if info else (None, None)
@@ -86,9 +122,6 @@ class LeaderChannel(AttemptChannel):
         return ranks, nodes
 
     # -- the end of the attempt --------------------------------------------------------------------
-
-    def report(self, report: NodeReport) -> None:
-        self._call("set", f"report/{self.node}", report.to_json())
 
     def gather(self, limit: float) -> List[NodeReport]:
         """Every node's report. A node that goes silent before reporting is lost; one still
@@ -99,9 +132,9 @@ class LeaderChannel(AttemptChannel):
         deadline = time.monotonic() + limit
         reports: Dict[int, NodeReport] = {}
         while True:
-            for n in self._nodes:
-                if n not in reports and n not in self._lost and self._has(f"report/{n}"):
-                    reports[n] = NodeReport.from_json(self._get(f"report/{n}"))
+            new = [n for n in self._listed("reported") if n in self._nodes and n not in reports]
+            texts = self._call("multi_get", [f"report/{n}" for n in new]) if new else []
+            reports.update((n, NodeReport.from_json(text.decode())) for n, text in zip(new, texts))
             missing = [n for n in self._nodes if n not in reports and n not in self._lost]
             if not missing:
                 break
@@ -119,9 +152,9 @@ class LeaderChannel(AttemptChannel):
     def publish_verdict(self, verdict: JobVerdict) -> None:
         self._call("set", "verdict", verdict.to_json())
 
-    def await_acks(self, key: str = "ack") -> None:
+    def await_acks(self, key: str = "acked") -> None:
         """Before node 0's store goes away with it: every live node has read what it said last
-        (the verdict: ``ack``; a refused plan: ``planned``), within --node-timeout. A node whose
+        (the verdict: ``acked``; a refused plan: ``planned``), within --node-timeout. A node whose
         liveness counter stands still meanwhile (its supervisor is gone) is not waited for, and
         a signal that arrives ends the wait."""
         waiting = {n for n in self._nodes if n != self.node and n not in self._lost}
@@ -129,8 +162,9 @@ class LeaderChannel(AttemptChannel):
         deadline = time.monotonic() + self.spec.node_timeout
         try:
             while waiting and time.monotonic() < deadline:
-                silences = self._silences()
-                waiting = {n for n in waiting if not self._has(f"{key}/{n}") and silences[n] < _GONE_S}
+                silences, read = self._silences(), set(self._listed(key))
+                gone = _GONE_BEATS * self._beater.every
+                waiting = {n for n in waiting if n not in read and silences[n] < gone}
                 self._pause(since)
         except Interrupted:
             pass

@@ -5,6 +5,8 @@ job is refused at once, with exit 2, instead of waiting out --join-timeout:
     lobby/claim/<n>       the token of the supervisor that holds node rank n (host:pid:nonce)
     lobby/alive/<token>   a counter that supervisor's thread bumps every half second
     lobby/hello/<n>       who it is and which job it came for (rendezvous id, command, host, pid)
+    lobby/hellos          "n," appended by each follower that said hello: node 0 reads who came in
+                          one call, whatever --nnodes MAX is
     lobby/refused/<n>     node 0's refusal of it (another command), and lobby/read/<n> its ack
 
 torch's rendezvous decides who is in a round; this only keeps out a node started by mistake: a
@@ -18,13 +20,13 @@ import socket
 import time
 from typing import Callable, List, Optional
 
-from launcher.cluster.alive import BEAT_EVERY_S, AliveCounter
+from launcher.cluster.alive import AliveCounter, beat_every
 from launcher.errors import UsageError
 
 __all__ = ["Hello", "Lobby", "NodeClaim"]
 
-# How long a claimant's counter is watched before it is judged gone: three of its beats.
-_JUDGE_S = 3 * BEAT_EVERY_S
+# How many of a claimant's beats its counter is watched for before it is judged gone.
+_JUDGE_BEATS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,8 +42,11 @@ class NodeClaim:
     """A follower's hold on its node rank, for as long as its supervisor lives (one token per
     process: a reconnect to the same node 0 finds its own claim)."""
 
-    def __init__(self, node: int, hello: Hello) -> None:
+    def __init__(self, node: int, hello: Hello, node_timeout: float) -> None:
+        """``node_timeout``: the job's --node-timeout, which sets how often its counter beats
+        (every node of a job has the same: one command)."""
         self.node = node
+        self._every = beat_every(node_timeout)
         self.token = f"{socket.gethostname()}:{os.getpid()}:{time.monotonic_ns()}"
         self._hello = hello
         self._beat: Optional[AliveCounter] = None
@@ -51,12 +56,12 @@ class NodeClaim:
         say hello. ``beat_store``: the same store for the liveness thread, whose calls may block
         (``store``'s should not). ``wait`` sleeps, answering signals."""
         self.release()
-        self._beat = AliveCounter(beat_store, f"lobby/alive/{self.token}")
+        self._beat = AliveCounter(beat_store, f"lobby/alive/{self.token}", self._every)
         self._beat.start()
         key = f"lobby/claim/{self.node}"
         holder = _text(store.compare_set(key, "", self.token))
         if holder != self.token:
-            if _alive(store, holder, wait):
+            if _alive(store, holder, wait, self._every):
                 host, pid = holder.split(":")[:2]
                 raise UsageError(
                     f"node rank {self.node} is already held by the supervisor on {host} (pid {pid}), "
@@ -66,6 +71,7 @@ class NodeClaim:
             if _text(store.get(key)) != self.token:
                 raise UsageError(f"node rank {self.node} was taken by another supervisor at the same moment")
         store.set(f"lobby/hello/{self.node}", json.dumps(dataclasses.asdict(self._hello)))
+        store.append("lobby/hellos", f"{self.node},")
 
     def refusal(self, store) -> str:
         """Node 0's refusal of this node, if any (read: node 0 may then go)."""
@@ -78,30 +84,30 @@ class NodeClaim:
     def release(self) -> None:
         if self._beat is not None:
             self._beat.stop()
-            self._beat.join(2 * BEAT_EVERY_S)  # not left inside a store call at exit, unless stuck there
+            self._beat.join(2 * self._every)  # not left inside a store call at exit, unless stuck there
             self._beat = None
 
 
 class Lobby:
     """Node 0's side: it reads the followers' hellos while it waits for a round."""
 
-    def __init__(self, store, rdzv_id: str, nnodes: int, command, node_timeout: float) -> None:
+    def __init__(self, store, rdzv_id: str, command, node_timeout: float) -> None:
         self._store = store
         self._rdzv_id = rdzv_id
-        self._nodes = range(1, nnodes)
         self._command = list(command)
         self._node_timeout = node_timeout
         self._refused: set = set()
 
     def strangers(self) -> List[Hello]:
         """Followers that came for another job (another rendezvous id), not refused yet."""
-        found = []
-        for n in self._nodes:
-            if n not in self._refused and self._store.check([f"lobby/hello/{n}"]):
-                hello = Hello(**json.loads(_text(self._store.get(f"lobby/hello/{n}"))))
-                if hello.rdzv_id != self._rdzv_id:
-                    found.append(hello)
-        return found
+        if not self._store.check(["lobby/hellos"]):
+            return []
+        said = sorted(
+            {int(n) for n in _text(self._store.get("lobby/hellos")).split(",") if n} - self._refused
+        )
+        texts = self._store.multi_get([f"lobby/hello/{n}" for n in said]) if said else []
+        hellos = [Hello(**json.loads(_text(text))) for text in texts]
+        return [hello for hello in hellos if hello.rdzv_id != self._rdzv_id]
 
     def refuse(self, hello: Hello, wait: Callable[[float], None]) -> str:
         """Tell ``hello``'s node why it cannot join; wait (--node-timeout at most) until it read it."""
@@ -117,15 +123,15 @@ class Lobby:
         return reason
 
 
-def _alive(store, token: str, wait: Callable[[float], None]) -> bool:
-    """Whether the supervisor that holds ``token`` still beats. One on this host is asked the
-    kernel at once; another is watched for three of its beats."""
+def _alive(store, token: str, wait: Callable[[float], None], every: float) -> bool:
+    """Whether the supervisor that holds ``token`` still beats (every ``every`` seconds). One on
+    this host is asked the kernel at once; another is watched for three of its beats."""
     host, pid = token.split(":")[:2]
     if host == socket.gethostname() and not _pid_alive(int(pid)):
         return False
     key = f"lobby/alive/{token}"
     before = store.add(key, 0)
-    deadline = time.monotonic() + _JUDGE_S
+    deadline = time.monotonic() + _JUDGE_BEATS * every
     while time.monotonic() < deadline:
         wait(0.1)
         if store.add(key, 0) != before:

@@ -15,13 +15,16 @@ from launcher.config import ClusterSection
 from launcher.errors import Interrupted, JobOver, JoinTimeout, UsageError
 from launcher.process.signals import SignalInbox
 from launcher.process.store import listen
+from launcher.quiet_torch import import_torch
 
-__all__ = ["LeaderUnreachable", "Rendezvous", "Round", "connect_job_store", "host_job_store"]
+__all__ = ["LeaderUnreachable", "Rendezvous", "Round", "RoundFailed", "connect_job_store", "host_job_store"]
 
 _CONNECT_TRY_S = 2.0  # one connection try; between tries, signals are looked at
 _ROUND_SLACK_S = 30.0
 _SAY_EVERY_S = 30.0  # while waiting: one line this often
 _WATCH_EVERY_S = 0.5  # while waiting for a round: how often the caller's watch looks
+# Rendezvous handlers a follower dropped when it lost node 0 (see Rendezvous.drop): a few per run.
+_DROPPED: list = []
 # --nnodes MIN:MAX: once MIN nodes are in, a round waits this long for more before it starts
 # (torch's last_call_timeout, 30 s by default: too long for a shrink's restart). --rdzv-conf
 # last_call_timeout=N overrides it.
@@ -32,8 +35,15 @@ class LeaderUnreachable(Exception):
     """The job's store (node 0's supervisor) cannot be reached: it died, or its machine did."""
 
 
+class RoundFailed(Exception):
+    """A node of the round did not announce itself (its supervisor died on the way): no attempt
+    runs on this round, every node meets again in a new one. A job never starts without a node
+    its round counted on."""
+
+
 def host_job_store(cluster: ClusterSection):
     """Node 0: the store every node meets on, bound to exactly the endpoint's address."""
+    import_torch()
     from torch.distributed import TCPStore
 
     try:
@@ -70,6 +80,7 @@ def connect_job_store(
         signals.raise_if_received()
         left = deadline - time.monotonic()
         if _listening(cluster.rdzv_host, cluster.rdzv_port, min(_CONNECT_TRY_S, max(left, 0.1))):
+            import_torch()
             from torch.distributed import TCPStore  # only now: importing torch takes seconds
 
             try:
@@ -142,6 +153,7 @@ class Rendezvous:
 
     def __init__(self, cluster: ClusterSection, run_id: str, store) -> None:
         """``run_id``: the run's id, the rendezvous' unless --rdzv-id names another."""
+        import_torch()
         from torch.distributed.elastic.rendezvous import RendezvousParameters
         from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
         from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
@@ -157,9 +169,12 @@ class Rendezvous:
             "join_timeout": cluster.join_timeout,
             "keep_alive_interval": _keep_alive_interval(cluster.node_timeout),
             "keep_alive_max_attempt": 3,
-            "last_call_timeout": LAST_CALL_S,
+            # The last call must end within the join's time: with --nnodes 1:2 --join-timeout 5s,
+            # node 0 alone would otherwise time out waiting for a second node it does not need.
+            "last_call_timeout": min(LAST_CALL_S, max(1, int(cluster.join_timeout / 2))),
             **dict(cluster.rdzv_conf),
         }
+
         params = RendezvousParameters(
             backend="c10d",
             endpoint=cluster.rdzv_endpoint,
@@ -254,6 +269,18 @@ class Rendezvous:
             self._handler.set_closed()
         except Exception:  # noqa: BLE001 - the job's end must not fail on a farewell
             pass
+
+    def drop(self) -> None:
+        """Leave the rendezvous without closing it (node 0 is gone and the job goes on when it
+        comes back: torch's shutdown() would close it for every node). The handler's keep-alive
+        timer is stopped on a thread of its own, since stopping joins the timer's thread, which
+        may be waiting out a call to the dead store; and the handler is kept, never collected:
+        collected in the timer's own thread, it would try to join that thread and Python would
+        print "Exception ignored ... cannot join current thread"."""
+        _DROPPED.append(self._handler)
+        stop = getattr(self._handler, "_stop_heartbeats", None)  # torch's own, not public API
+        if stop is not None:
+            threading.Thread(target=stop, name="ftlaunch-rendezvous-drop", daemon=True).start()
 
     def shutdown(self) -> None:
         try:

@@ -3,16 +3,23 @@ the rendezvous round's store, itself a prefix of node 0's store, fresh per attem
 records behind them:
 
     node/<n>      each node: who it is (host, pid, nproc, command)   claim/<n>: one node per rank
-    plan          node 0: the attempt number, its nodes and the workers' store (or why the round
-                  is refused)
-                  planned/<n>: the plan was read (a refused round's node 0 waits for it)
+    nodes         "n," appended by each node once it has announced itself: node 0 reads who came
+                  with one call, whatever --nnodes MAX is
+    plan          node 0: the attempt number, its nodes, its world size and the workers' store (or
+                  why the round is refused, or why it failed and every node meets again)
+                  planned: "n," appended once node n read it (a refused round's node 0 waits)
     alive/<n>     each node: a counter a thread bumps; a node silent for --node-timeout is lost
-    interrupt     the first node to see a failure, a hang, a lost node or a stop signal (first wins)
+    interrupt     the first node to see a failure, a hang, a lost node or a stop signal (first wins);
+                  every node waits for it on a connection of its own (cluster.watch): pushed
     stop/<n>      each node, once asked to stop: where its ranks are (a StopReading); every node
                   computes the same stop step from all of them
-    progress/<n>  each follower, every second: its ranks' steps, for node 0's progress.json
-    report/<n>    each node: how the attempt ended there, its failures
-    verdict       node 0: restart, or end the job with an exit code   ack/<n>: the verdict was read
+    progress/<n>  each node, every 5 s (empty from its announcement on): its ranks' steps, for node
+                  0's progress.json (node 0 reads every node's with one multi_get)
+    report/<n>    each node: how the attempt ended there, its failures; "n," appended to reported
+    verdict       node 0: restart, or end the job with an exit code; acked: "n," once n read it
+
+The lists (nodes, reported, planned, acked) let node 0 learn who did something with one call
+whatever the number of nodes, where a key per node would take a call each.
 """
 
 import dataclasses
@@ -33,6 +40,7 @@ __all__ = [
     "JobVerdict",
     "NodeInfo",
     "NodeReport",
+    "plan_problem",
     "reading_from_json",
     "reading_to_json",
 ]
@@ -43,6 +51,7 @@ class InterruptKind(str, enum.Enum):
     STOP = "stop"  # a signal (preemption, Ctrl+C) reached that node
     LOST = "lost"  # a node's supervisor went silent
     RESIZE = "resize"  # node 0: a node waits to join an elastic job; every rank stops at one step
+    REFUSED = "refused"  # a node refused node 0's plan (plan_problem): the job cannot run as planned
 
     @property
     def asks_to_stop(self) -> bool:
@@ -86,6 +95,29 @@ class AttemptPlan:
     master_port: int
     nodes: List[int] = dataclasses.field(default_factory=list)  # the node ranks that hold the attempt
     refused: str = ""  # node 0 refuses the round (nodes disagree): the reason, for every node
+    world_size: int = 0  # every rank's WORLD_SIZE: each node checks it before it starts a rank
+    round_failed: str = ""  # a node of the round never announced itself: why; every node meets again
+
+
+def plan_problem(plan: AttemptPlan, node: int, nproc: int, fewest: int, nnodes: int) -> str:
+    """Why ``node`` must not start a rank on ``plan`` ('' when it may). Every node checks node
+    0's plan before any worker starts (node 0 its own): the node is in it, no node twice or out of
+    range, at least the job's fewest nodes (every node, for a fixed --nnodes), and a world size
+    that its nodes and --nproc make. A job never trains at a size it was not asked for."""
+    nodes = list(plan.nodes)
+    asked = f"--nnodes {fewest}:{nnodes}" if fewest < nnodes else f"--nnodes {nnodes}"
+    if node not in nodes:
+        return f"node 0's plan for attempt {plan.attempt} leaves out node {node}: nodes {nodes}"
+    if len(set(nodes)) != len(nodes) or not all(0 <= n < nnodes for n in nodes):
+        return f"node 0's plan for attempt {plan.attempt} names impossible nodes {nodes} ({asked})"
+    if len(nodes) < fewest:
+        return f"node 0 planned attempt {plan.attempt} on {len(nodes)} node(s) {nodes}: {asked} asks for more"
+    if plan.world_size != len(nodes) * nproc:
+        return (
+            f"node 0 planned attempt {plan.attempt} at WORLD_SIZE {plan.world_size}, but "
+            f"{len(nodes)} node(s) x --nproc {nproc} make {len(nodes) * nproc}"
+        )
+    return ""
 
 
 @dataclasses.dataclass(frozen=True)

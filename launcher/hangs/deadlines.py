@@ -11,11 +11,16 @@ rank is judged by the phase it is in:
   fixed, or with ``auto`` learned from the beat intervals (``factor`` x their 99th percentile, at
   least ``floor``) once ``MIN_SAMPLES`` intervals are known, ``init_timeout`` until then;
 - starting (no beat yet): ``init_timeout`` since the group started or its last pause ended.
+
+A beat proves that the rank's thread runs, not that it gets anywhere: a rank that beats the same
+step over and over (a retry loop, a wait of its own that beats) is *stalled*. With
+``progress_timeout`` a stall that long is a hang of its own; without, a stalled rank is named
+(and blamed before them) when its peers go silent: they wait for it in the next collective.
 """
 
 import collections
 import dataclasses
-from typing import Deque, Dict, List, Optional
+from typing import Deque, Dict, List, NamedTuple, Optional
 
 from launcher.beats import BeatReading, Phase
 
@@ -31,6 +36,7 @@ class HangLimits:
     heartbeat_timeout: Optional[float]  # seconds between beats; None: auto
     floor: float = 120.0  # auto never sets a deadline below this
     factor: float = 10.0  # auto deadline: factor x p99 of the step interval
+    progress_timeout: Optional[float] = None  # seconds a rank may beat without a new step; None: off
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +48,17 @@ class Overdue:
     silent_for: float
     deadline: float
     last_step: int  # -1: it never said
-    silent_since: float  # monotonic time of its last sign of life
+    silent_since: float  # monotonic time of its last sign of life (stalled: of its last new step)
+    stalled: bool = False  # it beats, at the same step since ``silent_since``
+
+
+class _Step(NamedTuple):
+    """Where a rank's step last moved: the step, the pauses it had made then, when, its beats."""
+
+    step: int
+    pauses: int
+    since: float
+    beats: int
 
 
 class HangWatch:
@@ -55,6 +71,7 @@ class HangWatch:
         self._intervals: Deque[float] = collections.deque(maxlen=_WINDOW)
         self._learned: Optional[float] = None
         self._previous: Dict[int, BeatReading] = {}
+        self._steps: Dict[int, _Step] = {}  # where each rank's step last moved (or a pause ended)
         self.all_stepping = False  # every rank has beaten at least once (set by the monitor)
         self.all_loaded = False  # every rank's checkpoint load has returned (set by the monitor)
 
@@ -74,6 +91,9 @@ class HangWatch:
             if before is not None and _is_clean_interval(before, now):
                 self._intervals.append((now.active_at - before.active_at) / (now.beats - before.beats))
             self._previous[rank] = now
+            moved = self._steps.get(rank)
+            if now.beats > 0 and (moved is None or (moved.step, moved.pauses) != (now.step, now.pauses)):
+                self._steps[rank] = _Step(now.step, now.pauses, now.active_at, now.beats)
         if self.limits.heartbeat_timeout is None and len(self._intervals) >= MIN_SAMPLES:
             self._learned = max(self.limits.floor, self.limits.factor * _p99(self._intervals))
 
@@ -93,9 +113,32 @@ class HangWatch:
             found.append(Overdue(rank, phase, now - since, deadline, r.step, since))
         return found
 
+    def stalls(self, now: float, readings: Dict[int, BeatReading]) -> List[Overdue]:
+        """Every rank that beats at one step (it beat again since the step was new), with how long
+        it has not moved; its deadline is ``progress_timeout``, or the beat deadline when that is off
+        (only the ranks it leaves silent can miss one then). A rank that gives no step (-1), or is
+        inside a pause, is not judged here."""
+        found = []
+        for rank, r in readings.items():
+            moved = self._steps.get(rank)
+            if r.phase is not Phase.STEPPING or r.step < 0 or moved is None or r.beats <= moved.beats:
+                continue
+            deadline = self.limits.progress_timeout or self.step_deadline or self.limits.init_timeout
+            found.append(
+                Overdue(rank, Phase.STEPPING, now - moved.since, deadline, r.step, moved.since, True)
+            )
+        return found
+
+    def stalled(self, now: float, readings: Dict[int, BeatReading]) -> List[Overdue]:
+        """With ``progress_timeout``: the ranks that have beaten without a new step for longer."""
+        if self.limits.progress_timeout is None or not self.known_to_beat:
+            return []
+        return [s for s in self.stalls(now, readings) if s.silent_for > s.deadline]
+
     def overdue(self, now: float, readings: Dict[int, BeatReading]) -> List[Overdue]:
-        """The ranks past their deadline: hung."""
-        return [s for s in self.silences(now, readings) if s.silent_for > s.deadline]
+        """The ranks past their deadline: hung (silent, or stalled past --progress-timeout)."""
+        silent = [s for s in self.silences(now, readings) if s.silent_for > s.deadline]
+        return silent + self.stalled(now, readings)
 
     def silent_with(self, now: float, readings: Dict[int, BeatReading]) -> List[Overdue]:
         """Once a rank is overdue, the ranks that went silent with it: the peers blocked in a hung
@@ -104,17 +147,26 @@ class HangWatch:
         first. So every rank silent for over half its own deadline is named; and so is a rank
         with a longer deadline (inside a save: heartbeat paused) that is silent for over half the
         deadline missed and no further on than the overdue ranks, which may wait for it in their
-        next collective. A rank that is further on (done, saving its last step) is not."""
+        next collective. A rank that is further on (done, saving its last step) is not. A rank
+        that beats without a new step for that long, no further on, is named too (stalled): the
+        silent ones most likely wait for it."""
         silences = self.silences(now, readings)
-        overdue = [s for s in silences if s.silent_for > s.deadline]
+        overdue = self.overdue(now, readings)
         if not overdue:
             return []
         missed, furthest = min(o.deadline for o in overdue), max(o.last_step for o in overdue)
-        return [
+        named = [
             s
             for s in silences
             if s.silent_for > s.deadline / 2 or (s.silent_for > missed / 2 and s.last_step <= furthest)
         ]
+        silent = {s.rank for s in named}
+        stalled = [
+            s
+            for s in self.stalls(now, readings)
+            if s.rank not in silent and s.silent_for > missed / 2 and s.last_step <= furthest
+        ]
+        return named + stalled
 
     def never_beat(self, now: float) -> bool:
         """No rank has beaten within ``init_timeout`` of the start: the script does not beat."""

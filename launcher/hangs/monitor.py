@@ -39,7 +39,12 @@ class HangMonitor:
         """``known_to_beat``: an attempt of an earlier supervisor of this run saw a beat."""
         self._on_first_step = on_first_step
         self._judges = hangs.detects
-        self._limits = HangLimits(hangs.init_timeout, hangs.heartbeat_timeout, hangs.heartbeat_floor)
+        self._limits = HangLimits(
+            hangs.init_timeout,
+            hangs.heartbeat_timeout,
+            hangs.heartbeat_floor,
+            progress_timeout=hangs.progress_timeout,
+        )
         self._events = events
         self._say = say
         self._known_to_beat = known_to_beat  # some rank of this run has called ft.heartbeat()
@@ -101,13 +106,8 @@ class HangMonitor:
         running = group.running()
         for o in silent:
             self._events.emit(Hang(attempt, **dataclasses.asdict(o)))
-        late = ", ".join(str(o.rank) for o in silent if o.silent_for > o.deadline)
-        with_them = [str(o.rank) for o in silent if o.silent_for <= o.deadline]
-        also = f" (silent with them: rank(s) {', '.join(with_them)})" if with_them else ""
-        self._say(
-            f"attempt {attempt}: rank(s) {late} missed the heartbeat deadline{also}; "
-            "their stacks go to the logs"
-        )
+        who = _who_hung(silent, self._limits.progress_timeout)
+        self._say(f"attempt {attempt}: {who}; their stacks go to the logs")
         _dump_stacks(running, readings)
         specs = {spec.rank: spec for spec in group.specs}
         return [
@@ -123,6 +123,7 @@ class HangMonitor:
                 log_file=specs[o.rank].log_file,
                 thread_id=readings[o.rank].main_thread,
                 process_status=_status(running[o.rank]),
+                stalled=o.stalled,
             )
             for o in silent
         ]
@@ -155,6 +156,28 @@ class HangMonitor:
         steps = [r.step for r in readings.values() if r.beats]
         others = f"; all ranks at steps {min(steps)}..{max(steps)}" if steps else ""
         self._say(f"behind: {named}{others}")
+
+
+def _who_hung(named: List[Overdue], progress_timeout: Optional[float]) -> str:
+    """ "rank(s) 1 missed the heartbeat deadline (silent with them: rank(s) 2; beating at one step
+    while they wait: rank(s) 0 at step 30)"."""
+
+    def late(o: Overdue) -> bool:
+        if o.stalled:
+            return progress_timeout is not None and o.silent_for > progress_timeout
+        return o.silent_for > o.deadline
+
+    silent = [str(o.rank) for o in named if late(o) and not o.stalled]
+    stalled = [f"{o.rank} at step {o.last_step}" for o in named if late(o) and o.stalled]
+    words = [f"rank(s) {', '.join(silent)} missed the heartbeat deadline"] if silent else []
+    words += (
+        [f"rank(s) {', '.join(stalled)} beat without a new step past --progress-timeout"] if stalled else []
+    )
+    with_them = [str(o.rank) for o in named if not late(o) and not o.stalled]
+    in_place = [f"{o.rank} at step {o.last_step}" for o in named if not late(o) and o.stalled]
+    also = [f"silent with them: rank(s) {', '.join(with_them)}"] if with_them else []
+    also += [f"beating at one step while they wait: rank(s) {', '.join(in_place)}"] if in_place else []
+    return "; ".join(words) + (f" ({'; '.join(also)})" if also else "")
 
 
 def progress_rows(slots: Dict[int, BeatReading], running: Dict[int, int], now: float) -> List[ProgressRow]:

@@ -11,7 +11,7 @@ import selectors
 import threading
 from collections import deque
 from pathlib import Path
-from typing import BinaryIO, Dict, List, Optional
+from typing import BinaryIO, Callable, Dict, List, Optional
 
 __all__ = ["LogPump", "tail_lines"]
 
@@ -31,12 +31,20 @@ class _Stream:
     own: the buffer stays small and the work per byte constant. The log file gets every byte as is.
     """
 
-    def __init__(self, fd: int, log_file: BinaryIO, console: Optional[BinaryIO], prefix: bytes):
+    def __init__(
+        self,
+        fd: int,
+        log_file: Optional[BinaryIO],
+        console: Optional[BinaryIO],
+        prefix: bytes,
+        cut: Callable[[str, OSError], None] = lambda path, err: None,
+    ):
         self.fd = fd
         self.log_file = log_file
         self.console = console
         self.prefix = prefix
         self.partial = bytearray()
+        self._cut = cut
 
     def take(self, chunk: bytes) -> None:
         self._to_file(chunk)
@@ -67,9 +75,7 @@ class _Stream:
             self.log_file.write(data)
             self.log_file.flush()
         except OSError as err:
-            log.warning(
-                "cannot write %s (%s); this rank's output goes to the console only", self.log_file.name, err
-            )
+            self._cut(self.log_file.name, err)
             self.log_file = None
 
     def _to_console(self, data: bytes) -> None:
@@ -81,10 +87,18 @@ class _Stream:
 
 
 class LogPump:
-    """Copies worker output to log files and the console until ``close()``."""
+    """Copies worker output to log files and the console until ``close()``. A log file that
+    cannot be opened or written (a full disk) is cut there, and ``cut(path, error)`` is told;
+    the console and the run go on."""
 
-    def __init__(self, console_out: BinaryIO, console_err: BinaryIO) -> None:
+    def __init__(
+        self,
+        console_out: BinaryIO,
+        console_err: BinaryIO,
+        cut: Callable[[str, OSError], None] = lambda path, err: None,
+    ) -> None:
         self._console = {"stdout": console_out, "stderr": console_err}
+        self._cut = cut
         self._selector = selectors.DefaultSelector()
         self._streams: Dict[int, _Stream] = {}
         self._files: List[BinaryIO] = []
@@ -93,17 +107,22 @@ class LogPump:
         self._thread = threading.Thread(target=self._run, name="ftlaunch-logs", daemon=True)
         self._thread.start()
 
-    def open_log(self, path: Path) -> BinaryIO:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(path, "ab")
+    def open_log(self, path: Path) -> Optional[BinaryIO]:
+        """The rank's log file, None when it cannot be made (the output then goes to the console only)."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(path, "ab")
+        except OSError as err:
+            self._cut(str(path), err)
+            return None
         self._files.append(handle)
         return handle
 
-    def add(self, fd: int, kind: str, rank: int, log_file: BinaryIO, to_console: bool) -> None:
+    def add(self, fd: int, kind: str, rank: int, log_file: Optional[BinaryIO], to_console: bool) -> None:
         """Start pumping ``fd`` (a worker's stdout or stderr pipe); ``kind`` picks the console."""
         os.set_blocking(fd, False)
         console = self._console[kind] if to_console else None
-        stream = _Stream(fd, log_file, console, f"[{rank}] ".encode())
+        stream = _Stream(fd, log_file, console, f"[{rank}] ".encode(), self._cut)
         with self._lock:
             self._streams[fd] = stream
             self._selector.register(fd, selectors.EVENT_READ)
@@ -121,7 +140,10 @@ class LogPump:
             self._drop(fd)
         self._selector.close()
         for handle in self._files:
-            handle.close()
+            try:
+                handle.close()  # flushes what a failed write left in its buffer
+            except OSError as err:
+                self._cut(handle.name, err)
 
     def _run(self) -> None:
         while not self._stopping.is_set():

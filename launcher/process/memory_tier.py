@@ -26,7 +26,10 @@ class MemoryTier:
         if not os.access(shm, os.W_OK):
             return
         _remove_orphaned(shm)
-        self.folder = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=shm))  # mode 0700
+        try:
+            self.folder = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=shm))  # mode 0700
+        except OSError:  # no room for even a folder: no memory tier, as without /dev/shm
+            self.folder = None
 
     def close(self) -> None:
         if self.folder is not None:

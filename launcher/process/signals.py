@@ -86,6 +86,13 @@ class SignalInbox:
         if self.received:
             raise Interrupted(self.received[0])
 
+    def wake(self) -> None:
+        """From another thread: end the loop's current ``wait`` at once (news it must act on)."""
+        try:
+            os.write(self._write_fd, b"\0")
+        except OSError:  # closed, or full: the loop wakes anyway
+            pass
+
     def wait(self, timeout: float) -> None:
         """Sleep until a signal arrives (a child's exit included) or ``timeout`` passes."""
         ready, _, _ = select.select([self._read_fd], [], [], timeout)

@@ -12,6 +12,8 @@ import socket
 from datetime import timedelta
 from typing import Callable, Optional, Protocol
 
+from launcher.quiet_torch import import_torch
+
 __all__ = ["AttemptStore", "HostedStore", "StoreHost", "host_here", "listen"]
 
 
@@ -43,6 +45,7 @@ class AttemptStore:
         if self._hosted is not None:
             listener.close()  # the host has its own copy
             return
+        import_torch()
         from torch.distributed import TCPStore  # the supervisor's only use of torch on one node
 
         # The store takes ownership of the listening socket we bound, so it serves on exactly

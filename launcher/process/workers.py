@@ -201,8 +201,7 @@ class WorkerGroup:
         for spec in self.specs:
             if not go_on():
                 return
-            spec.log_file.parent.mkdir(parents=True, exist_ok=True)
-            log_file = self._pump.open_log(spec.log_file)
+            log_file = self._pump.open_log(spec.log_file)  # None: a full disk, the console only
             spawned = self._spawner.spawn(spec, go_on)
             self._procs[spec.rank] = spawned.process
             self._guard.watch(spawned.process.pid)
@@ -246,9 +245,9 @@ class WorkerGroup:
         self._next_look = now + _GROUP_LOOK_S
         known = {*self.pids, *self._other_groups, os.getpgid(0)}
         new = []
-        for proc in descendants(exclude={self._guard.pid, *self._spawner.helper_pids}):
+        for pid in descendants(exclude={self._guard.pid, *self._spawner.helper_pids}):
             try:
-                pgid = os.getpgid(proc.pid)
+                pgid = os.getpgid(pid)
             except ProcessLookupError:
                 continue
             if pgid not in known:

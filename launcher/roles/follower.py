@@ -10,13 +10,15 @@ import socket
 import time
 from typing import List, Optional, Tuple
 
+from launcher import failpoints
 from launcher.beats import ProgressRow
 from launcher.cluster.channel import ChannelSpec
 from launcher.cluster.deadline_store import DeadlineStore, StoreTimeout
 from launcher.cluster.follower_channel import FollowerChannel
 from launcher.cluster.lobby import Hello, NodeClaim
-from launcher.cluster.rendezvous import LeaderUnreachable, Rendezvous, Round, connect_job_store
-from launcher.cluster.wire import Interrupt, InterruptKind, JobVerdict, NodeInfo
+from launcher.cluster.rendezvous import LeaderUnreachable, Rendezvous, Round, RoundFailed, connect_job_store
+from launcher.cluster.wire import AttemptPlan as WirePlan
+from launcher.cluster.wire import Interrupt, InterruptKind, JobVerdict, NodeInfo, NodeReport, plan_problem
 from launcher.errors import Interrupted, UsageError
 from launcher.events import EventLog, NodesMet
 from launcher.layout import Layout
@@ -32,8 +34,6 @@ __all__ = ["Follower"]
 
 
 class Follower(Role):
-    progress_every_s = 1.0  # one store write: node 0 publishes every node's ranks
-
     def __init__(self, config, events: EventLog, signals: SignalInbox, say) -> None:
         self.config = config
         self.node = config.cluster.node_rank
@@ -49,7 +49,7 @@ class Follower(Role):
         self._verdict: Optional[JobVerdict] = None  # None after an attempt: node 0 was lost
         rdzv_id = config.cluster.rdzv_id or config.run.run_id
         hello = Hello(self.node, socket.gethostname(), os.getpid(), rdzv_id, list(config.entry.command))
-        self._claim = NodeClaim(self.node, hello)
+        self._claim = NodeClaim(self.node, hello, config.cluster.node_timeout)
         self._lobby_store = None  # node 0's store, each call with a deadline
 
     # -- between attempts ------------------------------------------------------------------------
@@ -63,6 +63,27 @@ class Follower(Role):
                 return self._join(started, new_round)
             except LeaderUnreachable as lost:
                 self._lost_leader(lost)
+            except RoundFailed as failed:
+                self._say(f"node 0: {failed}; meeting again in a new round")
+                self._kept = None
+
+    def _check(self, plan: WirePlan) -> None:
+        """Before any rank starts: node 0's plan is a whole job this node can run its part of.
+        One it cannot (another version of ftlaunch on node 0, say) stops the attempt on every
+        node with the reason (UsageError here, the same reason in node 0's verdict)."""
+        cluster = self.config.cluster
+        problem = plan_problem(plan, self.node, self.config.group.nproc, cluster.fewest, cluster.nnodes)
+        if not problem:
+            return
+        problem = f"node {self.node} refused node 0's plan: {problem}"
+        try:
+            self._channel.interrupt(Interrupt(self.node, InterruptKind.REFUSED, problem))
+            self._channel.report(NodeReport(self.node, AttemptOutcome.FAILED.value, [], False, None))
+        except LeaderUnreachable:
+            pass  # node 0 finds this node gone instead
+        finally:
+            self._channel.close()
+        raise UsageError(problem)
 
     def _join(self, started: float, new_round: bool) -> AttemptPlan:
         if self._rendezvous is None:
@@ -74,14 +95,18 @@ class Follower(Role):
             self._lobby_store = DeadlineStore(store, self.config.cluster.node_timeout)
             self._in_lobby(lambda: self._claim.take(self._lobby_store, store, self._wait))
             self._rendezvous = Rendezvous(self.config.cluster, self.config.run.run_id, store)
+        if self._kept is None:
+            failpoints.reached("before-round")
         round_ = self._kept or self._rendezvous.next_round(self._signals, self._say, watch=self._refused)
         self._kept = None
+        failpoints.reached("round-joined")
         self._channel = FollowerChannel(round_.next_attempt_store(), self._spec, self._signals)
         self._round = round_
         try:
             self._channel.announce(
                 NodeInfo.here(self.node, self.config.group.nproc, self.config.entry.command)
             )
+            failpoints.reached("announced")
             plan = self._channel.read_plan(report_timeout(self.config))
         except BaseException:
             self._channel.close()
@@ -89,10 +114,11 @@ class Follower(Role):
         if plan.refused:
             self._channel.close()
             raise UsageError(plan.refused)
-        nodes = tuple(plan.nodes) or tuple(range(self.config.cluster.nnodes))
-        if self.node not in nodes:  # it announced too late for this attempt: the next one takes it
+        if plan.round_failed:
             self._channel.close()
-            raise LeaderUnreachable(f"node 0 planned attempt {plan.attempt} without this node")
+            raise RoundFailed(plan.round_failed)
+        self._check(plan)
+        nodes = tuple(plan.nodes)
         waited = round(time.monotonic() - started, 3)
         self._events.emit(NodesMet(plan.attempt, len(nodes), waited, new_round, list(nodes)))
         layout = Layout(nodes, self.node, self.config.group.nproc)
@@ -190,6 +216,8 @@ class Follower(Role):
             f"back (the same command relaunched there resumes the job), up to --join-timeout "
             f"{self.config.cluster.join_timeout:g} s"
         )
+        if self._rendezvous is not None:
+            self._rendezvous.drop()
         self._rendezvous, self._kept = None, None
         self._claim.release()
         if self._lobby_store is not None:

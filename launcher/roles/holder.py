@@ -101,6 +101,14 @@ class RunHolder(Role):
             self._events.emit(Decision(number, "resize", why, 0.0))
             self._say(f"attempt {number} ended: {why}; restarting on the nodes present (not a failure)")
             return None, 0.0
+        if result.outcome is AttemptOutcome.NODE_LOST:  # a supervisor, not the workers: no budget
+            self._events.emit(Decision(number, "node_lost", result.cause, 0.0))
+            self._say(
+                f"attempt {number} ended: {result.cause}; not a worker failure (not counted against "
+                "--max-failures): the job restarts once every node is back in the rendezvous (a lost "
+                "node's ftlaunch must be relaunched)"
+            )
+            return None, 0.0
         decision = self._policy.after_failure(self.run.state.history(), time.time())
         self._events.emit(Decision(number, decision.verdict.value, decision.reason, decision.delay))
         self._say(f"attempt {number} failed: {result.describe_cause()}")

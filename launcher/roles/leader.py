@@ -9,11 +9,12 @@ from launcher.beats import BeatSummary, ProgressRow
 from launcher.cluster.channel import ChannelSpec
 from launcher.cluster.leader_channel import LeaderChannel
 from launcher.cluster.lobby import Lobby
-from launcher.cluster.rendezvous import Rendezvous, Round
+from launcher.cluster.rendezvous import Rendezvous, Round, RoundFailed
 from launcher.cluster.wire import AttemptPlan as WirePlan
-from launcher.cluster.wire import Interrupt, InterruptKind, JobVerdict, NodeInfo, NodeReport
-from launcher.errors import ExitCode, UsageError
-from launcher.events import NodesMet
+from launcher.cluster.wire import Interrupt, InterruptKind, JobVerdict, NodeInfo, NodeReport, plan_problem
+from launcher.errors import ExitCode, JoinTimeout, UsageError
+from launcher.events import NodesMet, RoundAbandoned
+from launcher.failures import root_cause
 from launcher.layout import Layout
 from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.results import AttemptResult, RunResult
@@ -25,6 +26,17 @@ __all__ = ["Leader", "node_report", "report_timeout"]
 
 # --nnodes MIN:MAX: how often node 0 asks the rendezvous whether a node waits to join.
 _LOOK_FOR_JOINERS_S = 1.0
+# Beyond --node-timeout, for the nodes of a round to announce themselves: a loaded machine's
+# process may learn of the round a few seconds late.
+_ANNOUNCE_SLACK_S = 5.0
+
+
+def _announce_timeout(config) -> float:
+    """How long node 0 waits for the nodes of a round to announce themselves. A live node does so
+    as soon as it learns of the round (torch's rendezvous tells a waiting node within about a
+    second); one that has not within --node-timeout and some slack died on the way, and torch
+    drops it from the rendezvous after about as long (its keep-alive)."""
+    return config.cluster.node_timeout + _ANNOUNCE_SLACK_S
 
 
 def report_timeout(config) -> float:
@@ -51,49 +63,85 @@ class Leader(RunHolder):
         self._lobby = Lobby(
             rendezvous.store,
             config.cluster.rdzv_id or config.run.run_id,
-            config.cluster.nnodes,
             config.entry.command,
             config.cluster.node_timeout,
         )
         self._planned = 0  # attempts this launch has planned
         self._layout: Optional[Layout] = None  # the attempt's, from meet on
+        self._announced: Optional[Layout] = None  # the last layout said on the console
         self._next_joiners_look = 0.0
 
     # -- between attempts ------------------------------------------------------------------------
 
     def meet(self) -> AttemptPlan:
-        """Every node joins this attempt's round; node 0 checks they agree and plans it."""
-        started, new_round = time.monotonic(), self._round is None
-        if new_round:
-            self._round = self._rendezvous.next_round(self._signals, self._say, watch=self._refuse_strangers)
-        channel = LeaderChannel(self._round.next_attempt_store(), self._spec, self._signals)
-        self._channel = channel
-        channel.announce(NodeInfo.here(0, self.config.group.nproc, self.config.entry.command))
-        infos = channel.node_infos(self._round.size, report_timeout(self.config))
-        problem = _disagreement(self.config, infos)
+        """Every node joins this attempt's round and announces itself; node 0 checks they agree
+        and plans the attempt on every node of the round, never on fewer. A round one of whose
+        nodes never announces itself fails, and the nodes meet again, within --join-timeout."""
+        started = time.monotonic()
+        while True:
+            new_round = self._round is None
+            if new_round:
+                self._round = self._rendezvous.next_round(
+                    self._signals, self._say, watch=self._refuse_strangers
+                )
+            channel = LeaderChannel(self._round.next_attempt_store(), self._spec, self._signals)
+            self._channel = channel
+            channel.announce(NodeInfo.here(0, self.config.group.nproc, self.config.entry.command))
+            try:
+                infos = channel.node_infos(self._round.size, _announce_timeout(self.config))
+            except RoundFailed as failed:
+                self._meet_again(channel, str(failed), started)
+                continue
+            return self._plan(channel, infos, started, new_round)
+
+    def _meet_again(self, channel: LeaderChannel, why: str, started: float) -> None:
+        """The round failed: every node that announced itself is told to meet in a new one."""
+        self._events.emit(RoundAbandoned(self._round.size, why))
+        channel.publish_plan(WirePlan(-1, "", 0, round_failed=why))
+        channel.close()
+        self._channel, self._round = None, None
+        if time.monotonic() - started >= self.config.cluster.join_timeout:
+            raise JoinTimeout(
+                f"the nodes could not meet within --join-timeout ({self.config.cluster.join_timeout:g} s): "
+                f"{why}; the same command relaunched on every node resumes the job"
+            )
+        self._say(f"{why}: the nodes meet again in a new round (a job never starts short of a node)")
+
+    def _plan(
+        self, channel: LeaderChannel, infos: Dict[int, NodeInfo], started: float, new_round: bool
+    ) -> AttemptPlan:
+        """Plan the attempt on the nodes that announced themselves, checked as every node checks it."""
+        cluster, nproc = self.config.cluster, self.config.group.nproc
+        layout = Layout(tuple(sorted(infos)), 0, nproc)
+        draft = WirePlan(-1, "", 0, list(layout.nodes), world_size=layout.world_size)
+        problem = _disagreement(self.config, infos) or plan_problem(
+            draft, 0, nproc, cluster.fewest, cluster.nnodes
+        )
         if problem:
             channel.publish_plan(WirePlan(0, "", 0, refused=problem))
             channel.await_acks("planned")  # the store goes away with this node
             channel.close()
             raise UsageError(problem)
-        layout = Layout(tuple(sorted(infos)), 0, self.config.group.nproc)
-        self._announce_size(layout)
         self._layout = layout
         number = self._open_attempt(channel.members(), layout.world_size)
+        self._announce_size(layout)
         self._planned += 1
         waited = round(time.monotonic() - started, 3)
         self._events.emit(NodesMet(number, len(layout.nodes), waited, new_round, list(layout.nodes)))
         address, port = self.config.group.master_addr, self._store.port
-        channel.publish_plan(WirePlan(number, address, port, list(layout.nodes)))
+        plan = dataclasses.replace(draft, attempt=number, master_addr=address, master_port=port)
+        channel.publish_plan(plan)
         return AttemptPlan(number, address, port, layout)
 
     def _announce_size(self, layout: Layout) -> None:
         """An elastic job says on which nodes each attempt runs, when that changes."""
-        if not self.config.cluster.elastic or (self._layout and self._layout.nodes == layout.nodes):
+        if not self.config.cluster.elastic or (self._announced and self._announced.nodes == layout.nodes):
             return
+        self._announced = layout
+        resize = f" ({self._entry.resize})" if self._entry.resize else ""
         self._say(
             f"the job runs on {layout.describe()} of --nnodes "
-            f"{self.config.cluster.fewest}:{self.config.cluster.nnodes}"
+            f"{self.config.cluster.fewest}:{self.config.cluster.nnodes}{resize}"
         )
 
     def _refuse_strangers(self) -> None:
@@ -115,18 +163,23 @@ class Leader(RunHolder):
         result = _merge(
             local,
             reports,
-            channel.lost_failures(),
+            channel.own_stall() + channel.lost_failures(),
             channel.interrupted_by,
             self._layout,
             self.config.cluster.elastic,
         )
+        result = dataclasses.replace(result, resize=self._entry.resize)
         self._record_end(result)
         return result
 
     def decide(
         self, result: AttemptResult, attempts: List[AttemptResult]
     ) -> Tuple[Optional[RunResult], float]:
-        ended, delay = super().decide(result, attempts)
+        refused = self._channel.interrupted_by
+        if refused is not None and refused.kind is InterruptKind.REFUSED:  # nodes disagree: no retry
+            ended, delay = RunResult(ExitCode.USAGE, RunStatus.FAILED, attempts, refused.detail), 0.0
+        else:
+            ended, delay = super().decide(result, attempts)
         if ended is not None:
             self._tell_nodes(
                 JobVerdict(
@@ -229,12 +282,13 @@ def _merge(
     layout: Layout,
     elastic: bool,
 ) -> AttemptResult:
-    """The job's attempt from every node's report. In an elastic job a lost node is a change of
-    the job's nodes, not a failure: the failures it caused elsewhere (every peer's collective
-    breaks at once) are kept on record but not counted."""
-    failures = [f for r in reports for f in r.failures] + lost
-    if elastic and lost:
-        outcome, signum = AttemptOutcome.RESIZED, None
+    """The job's attempt from every node's report. A lost node (a supervisor that died or froze,
+    this one included) is not a failure of the workers: in an elastic job it is a change of the
+    job's nodes, in a fixed one NODE_LOST; the failures it caused elsewhere (every peer's
+    collective breaks at once) are kept on record but not counted."""
+    failures = _cause_first([f for r in reports for f in r.failures] + lost)
+    if lost:  # a supervisor died or froze: its node's ranks and their peers' collectives with it
+        outcome, signum = (AttemptOutcome.RESIZED if elastic else AttemptOutcome.NODE_LOST), None
     elif interrupt is not None and interrupt.kind is InterruptKind.RESIZE and not failures:
         outcome, signum = AttemptOutcome.RESIZED, None
     elif failures or any(r.outcome == AttemptOutcome.FAILED.value for r in reports):
@@ -248,11 +302,19 @@ def _merge(
     steps = [r.furthest_step for r in reports if r.furthest_step is not None]
     beats = BeatSummary(any(r.beat for r in reports), max(steps) if steps else None)
     cause = f"node {interrupt.node}: {interrupt.detail}" if interrupt is not None else local.cause
-    if outcome is AttemptOutcome.RESIZED and lost:
-        cause = "; ".join(f.describe() for f in lost)
+    if lost:
+        cause = "; ".join(f.describe() for f in sorted(lost, key=lambda f: f.blame_order))
     return dataclasses.replace(
         local, outcome=outcome, failures=failures, signum=signum, beats=beats, cause=cause
     )
+
+
+def _cause_first(failures: list) -> list:
+    """Every node's failures, the root cause first (run.json's first failure is the one to read)."""
+    if not failures:
+        return failures
+    first = root_cause(failures)
+    return [first] + [f for f in failures if f is not first]
 
 
 def _disagreement(config, infos: Dict[int, NodeInfo]) -> str:

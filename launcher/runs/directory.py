@@ -33,6 +33,8 @@ __all__ = [
     "EVENTS_FILE",
     "LOCK_FILE",
     "PROGRESS_FILE",
+    "events_bytes",
+    "state_bytes",
 ]
 
 STATE_FILE = "run.json"
@@ -111,17 +113,26 @@ class Holder:
 
 
 class RunDir:
-    def __init__(self, url: str) -> None:
+    """``retries``: whether each call is tried again (a few times, seconds apart) before it fails;
+    the supervisor's writer thread retries on its own, and must hear of a failure at once."""
+
+    def __init__(self, url: str, retries: bool = True) -> None:
         self.url = url
         self.storage = Storage(url, label="run dir")
+        self._retries = retries
         self._holder: Optional[Holder] = None
+
+    @property
+    def holder(self) -> Optional[Holder]:
+        """This supervisor, while it holds the run."""
+        return self._holder
 
     # -- state and history -----------------------------------------------------------------
 
     def read_state(self) -> Optional[RunState]:
         """The run's state; None when there is none yet; UsageError when run.json is damaged."""
         try:
-            data = json.loads(self.storage.read_bytes(STATE_FILE))
+            data = json.loads(self.storage.read_bytes(STATE_FILE, self._retries))
             return RunState.from_json(data)
         except FileNotFoundError:
             return None
@@ -137,21 +148,21 @@ class RunDir:
 
     def write_state(self, state: RunState) -> None:
         """Atomic: a reader sees the previous state or this one, never half."""
-        self.storage.write_bytes(STATE_FILE, json.dumps(state.to_json(), indent=1).encode())
+        self.storage.write_bytes(STATE_FILE, state_bytes(state), self._retries)
 
     def read_json(self, name: str) -> Optional[Any]:
         try:
-            return json.loads(self.storage.read_bytes(name))
+            return json.loads(self.storage.read_bytes(name, self._retries))
         except (FileNotFoundError, ValueError):
             return None
 
     def write_json(self, name: str, data: Any) -> None:
-        self.storage.write_bytes(name, json.dumps(data, default=str).encode())
+        self.storage.write_bytes(name, json.dumps(data, default=str).encode(), self._retries)
 
     def read_events(self) -> List[Logged]:
         """The run's event log; lines this version cannot read are skipped, with a warning."""
         try:
-            text = self.storage.read_bytes(EVENTS_FILE).decode(errors="replace")
+            text = self.storage.read_bytes(EVENTS_FILE, self._retries).decode(errors="replace")
         except FileNotFoundError:
             return []
         events, skipped = [], 0
@@ -169,8 +180,7 @@ class RunDir:
         return events
 
     def write_events(self, events: List[Logged]) -> None:
-        data = "".join(json.dumps(e.to_json(), default=str) + "\n" for e in events)
-        self.storage.write_bytes(EVENTS_FILE, data.encode())
+        self.storage.write_bytes(EVENTS_FILE, events_bytes(events), self._retries)
 
     # -- the lock --------------------------------------------------------------------------
 
@@ -192,6 +202,11 @@ class RunDir:
     def renew(self) -> None:
         if self._holder is not None:
             self.check_held()
+            self.renew_unchecked()
+
+    def renew_unchecked(self) -> None:
+        """Renew the lease; the caller has just checked that the run is still ours."""
+        if self._holder is not None:
             self._holder = dataclasses.replace(self._holder, renewed_at=time.time())
             self._write_lock(self._holder)
 
@@ -230,7 +245,7 @@ class RunDir:
         """The holder, None when there is none; UsageError when lock.json is damaged (writes are
         atomic, so damage is someone else's doing: guessing who holds the run would be worse)."""
         try:
-            return Holder.from_json(json.loads(self.storage.read_bytes(LOCK_FILE)))
+            return Holder.from_json(json.loads(self.storage.read_bytes(LOCK_FILE, self._retries)))
         except FileNotFoundError:
             return None
         except (ValueError, TypeError) as err:
@@ -239,4 +254,14 @@ class RunDir:
             ) from None
 
     def _write_lock(self, holder: Holder) -> None:
-        self.storage.write_bytes(LOCK_FILE, json.dumps(dataclasses.asdict(holder)).encode())
+        self.storage.write_bytes(LOCK_FILE, json.dumps(dataclasses.asdict(holder)).encode(), self._retries)
+
+
+def state_bytes(state: RunState) -> bytes:
+    """run.json's contents."""
+    return json.dumps(state.to_json(), indent=1).encode()
+
+
+def events_bytes(events: List[Logged]) -> bytes:
+    """events.jsonl's contents: one event a line."""
+    return "".join(json.dumps(e.to_json(), default=str) + "\n" for e in events).encode()

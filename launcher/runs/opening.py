@@ -62,11 +62,12 @@ class RunOpening:
             _check_owner(prior, self.config)
             earlier = self.dir.read_events()
             state = prior
-            self._compare_commands(state)
+            newest = self._newest_checkpoint()  # the lost supervisor may have seen later commits
+            self._compare_commands(state, newest)
         if taken_from is not None:
             self._report_takeover(state, taken_from)
         if prior is not None:
-            self._resume(state)
+            self._resume(state, newest)
         return state, earlier
 
     def _report_takeover(self, state: RunState, previous: Holder) -> None:
@@ -76,7 +77,7 @@ class RunOpening:
         self._events.emit(Takeover(previous=previous.describe(now), why=how))
         self._say(f"took the run over from {previous.describe(now)}: {how}")
 
-    def _resume(self, state: RunState) -> None:
+    def _resume(self, state: RunState, newest: NewestCheckpoint) -> None:
         now = time.time()
         was = state.status
         for entry in state.attempts:
@@ -88,7 +89,6 @@ class RunOpening:
             state.budget_from = state.next_attempt
         state.status, state.reason, state.exit_code = RunStatus.RUNNING, "", None
         state.config = self.config.to_json()
-        newest = self._newest_checkpoint()  # the lost supervisor may have seen later commits
         if newest.known:  # at this world size: the newest a rank of this job can load
             state.latest_step, state.latest_step_at = newest.step, newest.committed_at
         step = (
@@ -107,10 +107,10 @@ class RunOpening:
         )
         self._events.emit(Resume(previous_status=was.value, attempts=len(state.attempts)))
 
-    def _compare_commands(self, state: RunState) -> None:
+    def _compare_commands(self, state: RunState, newest: NewestCheckpoint) -> None:
         """A run resumed by another command takes on the first one's checkpoints: say so loudly."""
         recorded = state.config
-        self._compare_sizes(recorded)
+        self._compare_sizes(recorded, newest)
         before = (recorded.get("entry_kind"), recorded.get("entrypoint"), *recorded.get("script_args", ()))
         if tuple(before) == self.config.entry.command:
             return
@@ -123,20 +123,26 @@ class RunOpening:
         ):
             self._say(f"WARNING: {line}")
 
-    def _compare_sizes(self, recorded: dict) -> None:
-        """Another --nproc or --nnodes: checkpoints of one rank each (not replicated) saved at the
-        old size cannot be loaded at the new one. Said before anything starts."""
+    def _compare_sizes(self, recorded: dict, newest: NewestCheckpoint) -> None:
+        """Another --nproc or --nnodes, said before anything starts; loudly when committed steps
+        of one rank each (per-rank parts) cannot be loaded at the new size. Replicated and DCP
+        steps load at any size: a warning about them would be false."""
         now = {"nproc": self.config.group.nproc, "nnodes": self.config.cluster.nnodes}
         changed = [
             f"--{name} {recorded.get(name)} then, {value} now"
             for name, value in now.items()
             if recorded.get(name) is not None and recorded.get(name) != value
         ]
-        if changed:
-            self._say(
-                f"WARNING: run {self.config.run.url} goes on at another size ({'; '.join(changed)}): "
-                "checkpoints saved by one rank each (not replicated) load only at the size that saved them"
+        if not changed:
+            return
+        line = f"run {self.config.run.url} goes on at another size ({'; '.join(changed)})"
+        if newest.other_size:
+            steps = ", ".join(map(str, sorted(newest.other_size)))
+            line = (
+                f"WARNING: {line}: step(s) {steps} were saved by one rank each (per-rank parts), which "
+                "load only at the size that saved them"
             )
+        self._say(line)
 
     def _archive(self) -> None:
         """--fresh: the old run's state, history and (default) checkpoints move aside, kept."""

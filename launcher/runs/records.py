@@ -4,14 +4,14 @@ serialize to JSON (enums by value) and load back typed; ``runs.run`` decides wha
 import dataclasses
 import enum
 import json
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from launcher.evidence import Progress
 from launcher.failures import Failure, HangFailure, NodeLostFailure
 from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.policy import AttemptRecord
 
-__all__ = ["AttemptEntry", "FailureCause", "FailureEntry", "RunState"]
+__all__ = ["AttemptEntry", "FailureCause", "FailureEntry", "RunState", "kept_seconds"]
 
 
 class FailureCause(str, enum.Enum):
@@ -70,6 +70,7 @@ class AttemptEntry:
     nodes: List[Dict[str, Any]] = dataclasses.field(default_factory=list)  # many nodes: node, host, pid
     injected: bool = False  # its root cause was a fault --chaos injected
     world_size: Optional[int] = None  # its ranks, every node's (None: written before it was kept)
+    resize: str = ""  # --nnodes MIN:MAX: it runs on other nodes than the attempt before, and why
 
     @property
     def committed_new(self) -> bool:
@@ -79,6 +80,17 @@ class AttemptEntry:
     def record(self) -> AttemptRecord:
         progressed = {Progress.MADE: True, Progress.NONE: False}.get(self.progress)
         return AttemptRecord(self.attempt, self.outcome, self.ended_at or 0.0, progressed, self.injected)
+
+    def kept(self, now: float) -> float:
+        """Wall seconds of it spent stepping towards what was kept: a succeeded (or running)
+        attempt's whole run, another one's until its newest commit; start-up is not stepping."""
+        end = self.ended_at if self.ended_at is not None else now
+        stepping_from = self.first_step_at or self.started_at
+        if self.outcome is AttemptOutcome.SUCCEEDED or self.outcome is None:
+            return max(0.0, end - stepping_from)
+        if self.committed_new and self.newest_step_committed_at is not None:
+            return max(0.0, min(end, self.newest_step_committed_at) - stepping_from)
+        return 0.0
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> "AttemptEntry":
@@ -132,3 +144,14 @@ class RunState:
             raise TypeError(f"a JSON object was expected, not {type(data).__name__}")
         attempts = [AttemptEntry.from_json(a) for a in data.get("attempts", [])]
         return cls(**{**data, "status": RunStatus(data["status"]), "attempts": attempts})
+
+
+def kept_seconds(attempts: Sequence[AttemptEntry], now: float) -> Optional[float]:
+    """The wall seconds of ``attempts`` spent on kept steps (goodput's numerator); None (unknown)
+    when one ended without success and the script commits no checkpoint ftlaunch can see: what
+    such an attempt kept, in checkpoints of the script's own, is not known."""
+    script_commits = any(a.newest_step_at_end is not None for a in attempts)
+    done = (AttemptOutcome.SUCCEEDED, None)
+    if not script_commits and any(a.outcome not in done for a in attempts):
+        return None
+    return float(sum(a.kept(now) for a in attempts))

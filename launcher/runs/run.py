@@ -1,28 +1,40 @@
 """The run directory as the supervisor uses it: resume or create the run's state, record each
 attempt and the end, and keep the lease fresh. Storage and the lock live in ``runs.directory``;
-the records in ``runs.records``; this module decides what goes into them and when."""
+the records in ``runs.records``; this module decides what goes into them and when. Once the run
+is open, every read and write goes through ``runs.writer``'s thread: the supervisor's loop never
+waits on storage."""
 
+import json
 import os
 import socket
+import threading
 import time
-from typing import Callable, List, Optional, Set
+from typing import Callable, List, Optional
 
 from launcher.beats import BeatSummary, NodeRow, ProgressRow
 from launcher.config import LaunchConfig
-from launcher.events import EventLog
+from launcher.events import EventLog, KeptTime
 from launcher.evidence import ProgressEvidence, judge_progress
 from launcher.failures import Failure, root_cause
 from launcher.outcomes import AttemptOutcome, RunStatus
 from launcher.runs.checkpoints import CheckpointDir, NewestCheckpoint
-from launcher.runs.directory import PROGRESS_FILE, Holder, RunDir
+from launcher.runs.directory import (
+    EVENTS_FILE,
+    PROGRESS_FILE,
+    STATE_FILE,
+    Holder,
+    RunDir,
+    events_bytes,
+    state_bytes,
+)
 from launcher.runs.opening import RunOpening
-from launcher.runs.records import AttemptEntry, FailureEntry
-from worker_lib.storage import StorageError
+from launcher.runs.records import AttemptEntry, FailureCause, FailureEntry, kept_seconds
+from launcher.runs.writer import RunDirWriter
 
 __all__ = ["Run"]
 
-_RETRY_S = 1.0
-_FINISH_TRIES = 5  # the run's end: tried for a few seconds before it is left unwritten
+_FINISH_S = 5.0  # the run's end: tried this long (a full disk may free up) before it is left unwritten
+_CLOSE_S = 5.0  # then the lock's release
 
 
 class Run:
@@ -42,10 +54,11 @@ class Run:
         self.checkpoints = CheckpointDir(config.group.checkpoint_url, config.world_size)
         self._events = events
         self._say = say
-        self._unwritten: Set[str] = set()  # run dir files whose last write failed (said once)
+        self._listing: Optional[_Listing] = None  # a look at the checkpoint dir still under way
         opening = RunOpening(config, directory, events, say, self.newest_checkpoint)
         # and what earlier supervisors of the run logged, kept in the run's events.jsonl
         self.state, self._earlier_events = opening.open(taken_from)
+        self._writer = RunDirWriter(directory, config.run.lease, say)
 
     @property
     def already_succeeded(self) -> bool:
@@ -64,6 +77,7 @@ class Run:
         nodes: Optional[List[dict]] = None,
         world_size: Optional[int] = None,
     ) -> AttemptEntry:
+        self._tell_kept(time.time(), in_progress=True)  # before it is one of the attempts
         entry = AttemptEntry(
             attempt,
             time.time(),
@@ -72,6 +86,7 @@ class Run:
             resumed_from_step=newest_step,
             nodes=nodes or [],
             world_size=world_size,
+            resize=_resize(self.state.attempts[-1] if self.state.attempts else None, nodes or []),
         )
         self.state.attempts.append(entry)  # written once its group runs (a failed start writes nothing)
         return entry
@@ -107,7 +122,14 @@ class Run:
             self.state.latest_step, self.state.latest_step_at = newest.step, newest.committed_at
         entry.beat, entry.furthest_step = beats.beat, beats.furthest_step
         entry.progress, entry.progress_evidence = judge_progress(self._evidence(entry, lived))
+        self._tell_kept(now, in_progress=False)
         self.save()
+
+    def _tell_kept(self, now: float, in_progress: bool) -> None:
+        """Goodput's numerator so far, for the metrics (the attempts before ``now``)."""
+        ended = [a for a in self.state.attempts if a.outcome is not None]
+        since = self.state.attempts[0].started_at if self.state.attempts else now
+        self._events.emit(KeptTime(kept_seconds(ended, now), since, in_progress))
 
     def _evidence(self, entry: AttemptEntry, lived: float) -> ProgressEvidence:
         earlier = [a for a in self.state.attempts if a is not entry]
@@ -124,59 +146,104 @@ class Run:
         )
 
     def finish(self, status: RunStatus, reason: str, exit_code: int) -> None:
+        """Record the run's end, waiting a few seconds for storage at most (a full disk, storage
+        that does not answer): the next launch of the command finds the run either way."""
         self.state.status, self.state.reason, self.state.exit_code = status, reason, exit_code
-        self.save(tries=_FINISH_TRIES)
+        self.save()
+        if not self._writer.flush(_FINISH_S):
+            why = self._writer.last_error or f"no answer within {_FINISH_S:g} s"
+            self._say(f"the run's end is not recorded in {self.dir.url}/{STATE_FILE} ({why})")
 
-    def save(self, tries: int = 1) -> None:
-        """run.json and the event log, both written whole (atomically on local disks), only while
-        the run is still ours: a supervisor that lost it never overwrites what the new holder wrote.
-        Nothing is written before the first group runs: a launch that fails to start leaves the run
-        as it was. A write that fails (a full disk) is said once and tried again at the next save
-        (``tries`` times now, a second apart): the training goes on."""
-        self.dir.check_held()
+    def close(self) -> None:
+        """Release the run (its lock), if storage answers within a few seconds."""
+        self._writer.close(_CLOSE_S)
+
+    def save(self) -> None:
+        """run.json and the event log, both written whole (atomically on local disks) by the
+        writer's thread, only while the run is still ours: a supervisor that lost it never
+        overwrites what the new holder wrote. Nothing is written before the first group runs: a
+        launch that fails to start leaves the run as it was. Raises RunLost or StorageLost when
+        the run must end."""
+        self._writer.check()
         self.state.updated_at = time.time()
-        for left in range(tries - 1, -1, -1):
-            if self._written("run.json", lambda: self.dir.write_state(self.state), quiet=left > 0):
-                break
-            time.sleep(_RETRY_S)
-        self._written(
-            "events.jsonl", lambda: self.dir.write_events(self._earlier_events + self._events.logged)
-        )
+        self._writer.submit(STATE_FILE, state_bytes(self.state))
+        self._writer.submit(EVENTS_FILE, events_bytes(self._earlier_events + self._events.logged))
 
     def newest_checkpoint(self) -> NewestCheckpoint:
-        newest = self.checkpoints.newest()
+        """The checkpoint dir's newest step, if storage lists it within --storage-timeout. While a
+        listing that did not return is still under way, the answer is unknown at once."""
+        if self._listing is None or self._listing.done.is_set():
+            self._listing = _Listing(self.checkpoints.newest)
+        answer = self._listing.result(self.config.run.storage_timeout)
+        newest = answer or NewestCheckpoint(known=False, error=self._listing.error)
         if newest.error:
             self._say(f"cannot list the checkpoints ({newest.error}); progress unknown")
         return newest
+
+    def remove_uncommitted(self) -> List[int]:
+        """At the run's end: parts never committed go, when the checkpoint dir answers."""
+        if self._listing is not None and not self._listing.done.is_set():
+            return []  # it did not answer the last look
+        return _Listing(self.checkpoints.remove_uncommitted).result(self.config.run.storage_timeout) or []
 
     def publish_progress(
         self, attempt: int, ranks: List[ProgressRow], nodes: Optional[List[NodeRow]] = None
     ) -> None:
         """The live ranks' steps and beat ages (and, with many nodes, each node's supervisor), for
         ``ftlaunch status`` on any machine."""
-        self.dir.check_held()
+        self._writer.check()
         progress = {"attempt": attempt, "written_at": time.time(), "ranks": [r.to_json() for r in ranks]}
         if nodes is not None:
             progress["nodes"] = [n.to_json() for n in nodes]
-        self._written(PROGRESS_FILE, lambda: self.dir.write_json(PROGRESS_FILE, progress))
+        self._writer.submit(PROGRESS_FILE, json.dumps(progress, default=str).encode())
 
-    def keep_alive(self, now: float) -> None:
-        if self.dir.renew_due(now):
-            self._written("lock.json", self.dir.renew)
+    def keep_alive(self, now: Optional[float] = None) -> None:
+        """Called from the supervisor's loop: the writer's thread keeps the lease; this says what
+        it found, and raises RunLost or StorageLost when the run must end."""
+        self._writer.check()
 
-    def _written(self, name: str, write: Callable[[], None], quiet: bool = False) -> bool:
-        """A write to the run dir that must not end the run when storage fails it: said once per
-        file (and once more when it works again); False when it failed."""
+
+class _Listing:
+    """A look at the checkpoint dir on a thread of its own: storage that does not answer keeps
+    the thread, never the supervisor's loop."""
+
+    def __init__(self, look: Callable[[], object]) -> None:
+        self.done = threading.Event()
+        self._answer: object = None
+        self.error = ""
+        threading.Thread(target=self._run, args=(look,), name="ftlaunch-listing", daemon=True).start()
+
+    def _run(self, look: Callable[[], object]) -> None:
         try:
-            write()
-        except (StorageError, OSError) as err:
-            if not quiet and name not in self._unwritten:
-                self._unwritten.add(name)
-                self._say(
-                    f"cannot write {self.dir.url}/{name} ({err}); the run goes on, and tries again later"
-                )
-            return False
-        if name in self._unwritten:
-            self._unwritten.discard(name)
-            self._say(f"{self.dir.url}/{name} is written again")
-        return True
+            self._answer = look()
+        except Exception as err:  # a storage library's own exception: the look failed, nothing more
+            self.error = f"{type(err).__name__}: {err}".splitlines()[0]
+        finally:
+            self.done.set()
+
+    def result(self, timeout: float) -> Optional[object]:
+        """Its answer; None when it failed, or gave none within ``timeout`` seconds (``error``
+        says which)."""
+        if not self.done.wait(timeout):
+            self.error = f"no answer within {timeout:g} s (--storage-timeout)"
+        return self._answer if self.done.is_set() else None
+
+
+def _resize(previous: Optional[AttemptEntry], nodes: List[dict]) -> str:
+    """Why an attempt of many nodes runs on another number of nodes than the one before it ('':
+    the same number): the nodes lost in that attempt, or the ones that did not come to the round."""
+    before = [n["node"] for n in previous.nodes] if previous is not None else []
+    now = [n["node"] for n in nodes]
+    if not before or not now or len(before) == len(now):
+        return ""
+    if len(now) > len(before):
+        return (
+            f"grew from {len(before)} to {len(now)} nodes: node(s) {_listed(set(now) - set(before))} joined"
+        )
+    lost = [f.detail for f in previous.failures if f.cause is FailureCause.NODE_LOST]
+    why = "; ".join(lost) if lost else f"node(s) {_listed(set(before) - set(now))} did not come to the round"
+    return f"shrank from {len(before)} to {len(now)} nodes: {why}"
+
+
+def _listed(nodes) -> str:
+    return ", ".join(map(str, sorted(nodes)))

@@ -1,1 +1,2 @@
-"""CUDA tests (a package, so that its conftest and modules never shadow tests/' own: see conftest.py)."""
+"""CUDA tests. A package, so that a module here (test_warm_spare.py) never clashes with one of the
+same name in tests/."""

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from until import add_option, steps
+
 import worker_lib as ft
 
 RANK = int(os.environ["RANK"])
@@ -25,10 +27,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--slow-from", type=int, default=None, help="steps from here take 3x as long")
     p.add_argument(
         "--hang",
-        choices=["sleep", "stop", "stop-in-save", "stall"],
-        help="what the hanging rank does (stop-in-save: SIGSTOP with its heartbeat paused, as in a save)",
+        choices=["sleep", "stop", "stop-in-save", "stall", "beat-in-place"],
+        help="what the hanging rank does (stop-in-save: SIGSTOP with its heartbeat paused, as in a save; "
+        "beat-in-place: beats its last step again and again, forever)",
     )
-    p.add_argument("--hang-rank", type=int, default=1)
+    p.add_argument("--hang-rank", type=int, default=1, help="-1: every rank")
     p.add_argument("--hang-at", type=int, default=10, help="the step it hangs in (or the first one after)")
     p.add_argument("--hang-attempt", type=int, default=0, help="the attempt in which it hangs")
     p.add_argument("--crash-at", type=int, help="attempt 0: --crash-rank SIGKILLs itself here")
@@ -42,6 +45,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=0, help="async checkpoint of the step every N steps")
     p.add_argument("--stop-aware", action="store_true", help="save and leave when ft.should_stop(step)")
     p.add_argument("--ready-dir", type=Path, help="write <dir>/rank_<r>.attempt_<a> after the first step")
+    add_option(p)
     return p.parse_args()
 
 
@@ -60,6 +64,9 @@ def hang(how: str, step: int) -> None:
     if how == "stall":  # silent for a while, then goes on
         time.sleep(3.0)
         return
+    while how == "beat-in-place":  # a loop of its own that beats (a retry, a wait that beats)
+        ft.heartbeat(step - 1)
+        time.sleep(0.05)
     sleep_forever()
 
 
@@ -85,8 +92,8 @@ def main() -> None:
         ckpt = ft.load_checkpoint()
         first = ckpt.step + 1 if ckpt else 0
         print(f"rank {RANK} attempt {ATTEMPT} starts at step {first}", flush=True)
-    for step in range(first, args.steps):
-        hanging = args.hang and ATTEMPT == args.hang_attempt and RANK == args.hang_rank
+    for step in steps(first, args.steps, ATTEMPT, args.until_attempt):
+        hanging = args.hang and ATTEMPT == args.hang_attempt and args.hang_rank in (RANK, -1)
         if hanging and (step == args.hang_at if args.hang == "stall" else step >= args.hang_at):
             hang(args.hang, step)  # a stall is one silence of 3 s; the others never return
         if ATTEMPT == 0 and RANK == args.crash_rank and step == args.crash_at:

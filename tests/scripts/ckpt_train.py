@@ -14,6 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+from until import add_option, steps
 
 import worker_lib as ft
 from worker_lib.commit import Commits
@@ -42,6 +43,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--memory-every", type=int, default=0, help="steps between memory snapshots (0: none)")
     p.add_argument("--die-mid-snapshot", type=int, help="rank 1 dies half-way through this memory snapshot")
     p.add_argument("--out", required=True)
+    add_option(p)
     return p.parse_args()
 
 
@@ -80,21 +82,19 @@ def inject_storage_faults(args, rank: int, attempt: int) -> None:
     if args.die_mid_snapshot is not None and rank == 1:
         import worker_lib.memory as memory
 
-        save = memory._save
+        fill = memory._fill
 
-        def save_half_or_die(payload, handle):
+        def fill_half_or_die(tensors, views):
             if memory_step[0] == args.die_mid_snapshot:
                 print(
                     f"rank 1: dying half-way through its memory snapshot of step {memory_step[0]}", flush=True
                 )
-                whole = io.BytesIO()
-                save(payload, whole)
-                handle.write(whole.getvalue()[: len(whole.getvalue()) // 2])
-                handle.flush()
+                half = len(tensors) // 2
+                fill(tensors[:half], views[:half])
                 die()
-            save(payload, handle)
+            return fill(tensors, views)
 
-        memory._save = save_half_or_die
+        memory._fill = fill_half_or_die
 
 
 memory_step = [0]  # the memory snapshot being taken, for --die-mid-snapshot
@@ -117,7 +117,7 @@ def main() -> None:
     print(f"rank {info.rank} attempt {info.attempt} starts at step {start}", flush=True)
     print(f"rank {info.rank} attempt {info.attempt} has WORLD_SIZE {os.environ['WORLD_SIZE']}", flush=True)
     ddp = DDP(model)
-    for step in range(start, args.steps):
+    for step in steps(start, args.steps, info.attempt, args.until_attempt):
         crash = (step, info.attempt) in crashes and info.rank == args.crash_rank
         if crash and not args.crash_after_backward:
             print(f"rank {info.rank}: crash at step {step}", flush=True)

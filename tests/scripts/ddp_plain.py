@@ -5,6 +5,7 @@ resumes from it; ftlaunch sees no step of it.
 
 ``--ready-dir``: writes <dir>/rank_<r>.attempt_<a> after its first step, so that a test can act
 while every rank is inside its collectives. ``--out``: rank 0 writes the final weights there.
+``--until-attempt N``: in attempts before N it steps on past ``--steps`` until stopped (until.py).
 """
 
 import argparse
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from until import add_option, steps
 
 RANK = int(os.environ["RANK"])
 ATTEMPT = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
@@ -28,6 +30,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--ckpt", type=Path, required=True, help="the script's own checkpoint file")
     p.add_argument("--ready-dir", type=Path)
     p.add_argument("--out", type=Path)
+    add_option(p)
     return p.parse_args()
 
 
@@ -44,7 +47,8 @@ def main() -> None:
         opt.load_state_dict(saved["opt"])
         start = saved["step"] + 1
     print(f"rank {RANK} attempt {ATTEMPT} starts at step {start}", flush=True)
-    for step in range(start, args.steps):
+    print(f"rank {RANK} attempt {ATTEMPT} has WORLD_SIZE {dist.get_world_size()}", flush=True)
+    for step in steps(start, args.steps, ATTEMPT, args.until_attempt):
         g = torch.Generator().manual_seed(step * 1000 + RANK)
         x = torch.randn(4, 8, generator=g)
         loss = model(x).pow(2).mean()

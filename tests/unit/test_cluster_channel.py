@@ -11,8 +11,16 @@ from launcher.cluster.channel import ChannelSpec
 from launcher.cluster.deadline_store import DeadlineStore, StoreTimeout
 from launcher.cluster.follower_channel import FollowerChannel
 from launcher.cluster.leader_channel import LeaderChannel
-from launcher.cluster.rendezvous import LeaderUnreachable
-from launcher.cluster.wire import Interrupt, InterruptKind, JobVerdict, NodeReport
+from launcher.cluster.rendezvous import LeaderUnreachable, RoundFailed
+from launcher.cluster.wire import (
+    AttemptPlan,
+    Interrupt,
+    InterruptKind,
+    JobVerdict,
+    NodeInfo,
+    NodeReport,
+    plan_problem,
+)
 from launcher.errors import Interrupted
 from launcher.stopping import StopReading
 
@@ -30,11 +38,27 @@ class Inbox:
     def wait(self, seconds: float) -> None:
         time.sleep(seconds)
 
+    def wake(self) -> None:
+        pass
+
 
 def _ends(store, node: int, inbox=None):
     spec = ChannelSpec(node, 2, TIMEOUT, "127.0.0.1:0")
     kind = LeaderChannel if node == 0 else FollowerChannel
     return kind(store, spec, inbox or Inbox())
+
+
+def _info(node: int) -> NodeInfo:
+    return NodeInfo(node, "host", 100 + node, 1, ["train.py"])
+
+
+def _met(store, leader_inbox=None, follower_inbox=None):
+    """Node 0's and node 1's ends once both announced themselves and node 0 read them (every
+    attempt begins so: node 0 watches only the nodes that came)."""
+    leader, follower = _ends(store, 0, leader_inbox), _ends(store, 1, follower_inbox)
+    leader.announce(_info(0)), follower.announce(_info(1))
+    leader.node_infos(2, limit=5.0)
+    return leader, follower
 
 
 @pytest.fixture
@@ -45,7 +69,7 @@ def store():
 def test_a_follower_lost_after_the_attempt_was_interrupted_is_still_found(store):
     """The many-node deadlock: node 0's rank failed first (an interrupt is in force), then the
     follower's supervisor died before it reported. gather must end, with the follower lost."""
-    leader, follower = _ends(store, 0), _ends(store, 1)
+    leader, follower = _met(store)
     leader.interrupt(Interrupt(0, InterruptKind.FAILURE, "rank 0 failed"))
     leader.report(NodeReport(0, "FAILED", [], False, None))
     follower.close()  # its liveness counter stops: a kill -9 of its supervisor
@@ -58,7 +82,7 @@ def test_a_follower_lost_after_the_attempt_was_interrupted_is_still_found(store)
 
 
 def test_tick_keeps_looking_for_lost_nodes_once_interrupted(store):
-    leader, follower = _ends(store, 0), _ends(store, 1)
+    leader, follower = _met(store)
     follower.interrupt(Interrupt(1, InterruptKind.FAILURE, "rank 1 failed"))
     assert leader.tick().node == 1
     follower.close()
@@ -71,7 +95,7 @@ def test_tick_keeps_looking_for_lost_nodes_once_interrupted(store):
 
 
 def test_a_node_that_beats_but_never_reports_is_lost_at_the_report_deadline(store):
-    leader, follower = _ends(store, 0), _ends(store, 1)
+    leader, follower = _met(store)
     leader.report(NodeReport(0, "SUCCEEDED", [], False, None))
     assert [r.node for r in leader.gather(limit=0.5)] == [0]
     (lost,) = leader.lost_failures()
@@ -81,7 +105,7 @@ def test_a_node_that_beats_but_never_reports_is_lost_at_the_report_deadline(stor
 
 def test_a_signal_ends_node_0s_wait_for_reports(store):
     inbox = Inbox()
-    leader, follower = _ends(store, 0, inbox), _ends(store, 1)
+    leader, follower = _met(store, leader_inbox=inbox)
     threading.Timer(0.2, lambda: inbox.received.append(15)).start()
     started = time.monotonic()
     assert leader.gather(limit=30) == []
@@ -93,7 +117,7 @@ def test_a_signal_that_came_before_node_0_began_to_wait_for_reports_ends_the_wai
     """The CI failure: node 0's rank failed (its peer's supervisor was killed), and SIGTERM came
     while node 0 stopped its ranks, before gather began. No one acted on it: gather must not
     wait out the follower's --node-timeout for it."""
-    leader, follower = _ends(store, 0, Inbox(15)), _ends(store, 1)
+    leader, follower = _met(store, leader_inbox=Inbox(15))
     started = time.monotonic()
     assert leader.gather(limit=30) == []
     assert time.monotonic() - started < 1
@@ -102,7 +126,7 @@ def test_a_signal_that_came_before_node_0_began_to_wait_for_reports_ends_the_wai
 
 def test_a_signal_the_attempt_stopped_for_leaves_node_0_waiting_for_the_reports(store):
     """A preemption: every node stops at the agreed step and reports; node 0 waits for them."""
-    leader, follower = _ends(store, 0, Inbox(15, answered=1)), _ends(store, 1)
+    leader, follower = _met(store, leader_inbox=Inbox(15, answered=1))
     leader.report(NodeReport(0, "PREEMPTED", [], True, 7))
     threading.Timer(0.3, lambda: follower.report(NodeReport(1, "PREEMPTED", [], True, 7))).start()
     assert [r.node for r in leader.gather(limit=30)] == [0, 1]
@@ -110,7 +134,7 @@ def test_a_signal_the_attempt_stopped_for_leaves_node_0_waiting_for_the_reports(
 
 
 def test_the_verdict_reaches_the_follower_and_is_acknowledged(store):
-    leader, follower = _ends(store, 0), _ends(store, 1)
+    leader, follower = _met(store)
     verdict = JobVerdict(False, 0, "SUCCEEDED", "every rank exited 0", "SUCCEEDED", [])
     leader.publish_verdict(verdict)
     assert follower.await_verdict(limit=5) == verdict
@@ -121,7 +145,7 @@ def test_the_verdict_reaches_the_follower_and_is_acknowledged(store):
 
 
 def test_node_0_does_not_wait_for_the_ack_of_a_node_whose_supervisor_is_gone(store):
-    leader, follower = _ends(store, 0), _ends(store, 1)
+    leader, follower = _met(store)
     follower.close()
     leader.publish_verdict(JobVerdict(False, 143, "PREEMPTED", "interrupted by SIGTERM", "FAILED", []))
     started = time.monotonic()
@@ -132,7 +156,7 @@ def test_node_0_does_not_wait_for_the_ack_of_a_node_whose_supervisor_is_gone(sto
 
 def test_a_follower_waiting_for_the_verdict_answers_a_signal(store):
     inbox = Inbox()
-    leader, follower = _ends(store, 0), _ends(store, 1, inbox)
+    leader, follower = _met(store, follower_inbox=inbox)
     threading.Timer(0.2, lambda: inbox.received.append(2)).start()
     with pytest.raises(Interrupted):
         follower.await_verdict(limit=30)
@@ -140,14 +164,14 @@ def test_a_follower_waiting_for_the_verdict_answers_a_signal(store):
 
 
 def test_a_follower_leaves_at_once_for_a_signal_it_did_not_stop_for(store):
-    leader, follower = _ends(store, 0), _ends(store, 1, Inbox(2))
+    leader, follower = _met(store, follower_inbox=Inbox(2))
     with pytest.raises(Interrupted):
         follower.await_verdict(limit=30)
     leader.close(), follower.close()
 
 
 def test_a_follower_whose_node_0_falls_silent_loses_it(store):
-    leader, follower = _ends(store, 0), _ends(store, 1)
+    leader, follower = _met(store)
     leader.close()  # node 0's liveness counter stops
     with pytest.raises(LeaderUnreachable, match="--node-timeout"):
         follower.await_verdict(limit=30)
@@ -155,7 +179,7 @@ def test_a_follower_whose_node_0_falls_silent_loses_it(store):
 
 
 def test_every_node_computes_the_same_stop_step(store):
-    leader, follower = _ends(store, 0), _ends(store, 1)
+    leader, follower = _met(store)
     steps = {}
     thread = threading.Thread(
         target=lambda: steps.update(f=follower.agree_stop_step(StopReading(True, 9, 0.0)))
@@ -183,3 +207,45 @@ def test_a_store_call_that_never_returns_ends_at_its_deadline():
         store.add("alive/0", 0)
     release.set()
     store.close()
+
+
+def test_node_0_plans_only_when_every_node_of_the_round_announced_itself(store):
+    leader, follower = _ends(store, 0), _ends(store, 1)
+    leader.announce(_info(0))
+    with pytest.raises(RoundFailed, match="1 of the round's 2 nodes did not announce itself"):
+        leader.node_infos(2, limit=0.3)  # the follower joined the round and died: never fewer nodes
+    follower.announce(_info(1))
+    assert sorted(leader.node_infos(2, limit=0.3)) == [0, 1]
+    leader.close(), follower.close()
+
+
+def test_nothing_is_sized_by_the_largest_job_a_node_could_join(store):
+    """--nnodes 2:1000000000: node 0 watches and reads only the nodes that came (issue 33)."""
+    spec = ChannelSpec(0, 10**9, TIMEOUT, "127.0.0.1:0")
+    leader = LeaderChannel(store, spec, Inbox())
+    leader.announce(_info(0))
+    FollowerChannel(store, ChannelSpec(5, 10**9, TIMEOUT, "127.0.0.1:0"), Inbox()).announce(_info(5))
+    assert sorted(leader.node_infos(2, limit=0.3)) == [0, 5]
+    assert [row.node for row in leader.job_progress([])[1]] == [0, 5]
+    leader.close()
+
+
+@pytest.mark.parametrize(
+    "plan, fewest, problem",
+    [
+        (AttemptPlan(3, "a", 1, [0, 1], world_size=4), 2, ""),
+        (AttemptPlan(3, "a", 1, [1], world_size=2), 2, "planned attempt 3 on 1 node(s) [1]: --nnodes 2 asks"),
+        (
+            AttemptPlan(3, "a", 1, [0, 1], world_size=2),
+            2,
+            "at WORLD_SIZE 2, but 2 node(s) x --nproc 2 make 4",
+        ),
+        (AttemptPlan(3, "a", 1, [0, 2], world_size=4), 2, "leaves out node 1"),
+        (AttemptPlan(3, "a", 1, [1, 1], world_size=4), 2, "names impossible nodes [1, 1]"),
+        (AttemptPlan(3, "a", 1, [1, 5], world_size=4), 1, "names impossible nodes [1, 5] (--nnodes 1:2)"),
+        (AttemptPlan(3, "a", 1, [1], world_size=2), 1, ""),  # an elastic job at its fewest nodes
+    ],
+)
+def test_a_node_refuses_a_plan_that_is_not_a_whole_job(plan, fewest, problem):
+    found = plan_problem(plan, node=1, nproc=2, fewest=fewest, nnodes=2)
+    assert (problem in found and bool(found)) if problem else found == ""

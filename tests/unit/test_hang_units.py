@@ -82,6 +82,62 @@ def test_a_rank_stuck_in_a_save_is_named_with_the_peers_that_wait_for_it():
     assert watch.silent_with(101.0, readings) == []  # nobody overdue: nobody named
 
 
+def test_a_rank_that_beats_in_place_while_its_peer_waits_is_named_and_blamed():
+    """Regression (issue 33): rank 0 loops calling heartbeat(30) while rank 1 waits for it in the
+    all-reduce of step 31. Only rank 1 misses the deadline; rank 0, beating at one step as long,
+    is named with it (stalled) and blamed, before and after the stacks are known."""
+    watch = HangWatch(FIXED, started_at=0.0)
+    for t in (99.9, 100.0):  # both at step 30
+        watch.observe({0: slot(beats=30, step=30, at=t), 1: slot(beats=30, step=30, at=t)})
+    beats = 30
+    for t in (101.0, 103.0, 105.4):  # rank 0 beats again and again at step 30; rank 1 is silent
+        beats += 1
+        readings = {0: slot(beats=beats, step=30, at=t), 1: slot(beats=30, step=30, at=100.0)}
+        watch.observe(readings)
+    assert [o.rank for o in watch.overdue(105.5, readings)] == [1]
+    named = {o.rank: o for o in watch.silent_with(105.5, readings)}
+    assert sorted(named) == [0, 1] and named[0].stalled and not named[1].stalled
+    assert named[0].silent_since == 99.9 and named[0].last_step == 30
+
+    def failure(o, frame):
+        return HangFailure(o.rank, o.rank, 100 + o.rank, o.phase, o.silent_for, o.deadline, o.last_step,
+                           o.silent_since, stack=(frame,) if frame else (), stalled=o.stalled)  # fmt: skip
+
+    assert root_cause([failure(named[1], ""), failure(named[0], "")]).rank == 0  # before the stacks
+    waiting = 'File "/v/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce'
+    looping = 'File "/w/train.py", line 9 in fetch'
+    blamed = root_cause([failure(named[1], waiting), failure(named[0], looping)])
+    assert blamed.rank == 0 and "beats without a new step" in blamed.describe()
+    assert "at step 30" in blamed.describe()
+
+
+def test_progress_timeout_catches_every_rank_beating_one_step_forever():
+    limits = dataclasses.replace(FIXED, progress_timeout=20.0)
+    watch = HangWatch(limits, started_at=0.0)
+    for n, t in enumerate((100.0, 101.0, 110.0, 119.0, 121.0), start=1):
+        readings = {0: slot(beats=n, step=30, at=t), 1: slot(beats=n, step=30, at=t + 0.1)}
+        watch.observe(readings)
+        if t < 120.0:
+            assert watch.overdue(t + 0.5, readings) == []
+    assert [(o.rank, o.stalled, o.last_step) for o in watch.overdue(121.5, readings)] == [
+        (0, True, 30),
+        (1, True, 30),
+    ]
+    assert HangWatch(FIXED, started_at=0.0).stalled(121.5, readings) == []  # off by default
+
+
+def test_progress_timeout_counts_from_a_new_step_or_a_pause_and_skips_ranks_without_steps():
+    limits = dataclasses.replace(FIXED, progress_timeout=20.0)
+    watch = HangWatch(limits, started_at=0.0)
+    watch.observe({0: slot(beats=1, step=5, at=100.0), 1: slot(beats=1, at=100.0)})
+    watch.observe({0: slot(beats=2, step=6, at=115.0), 1: slot(beats=2, at=115.0)})  # a new step
+    watch.observe({0: slot(beats=3, step=6, at=118.0, pauses=1), 1: slot(beats=3, at=118.0)})  # saved
+    readings = {0: slot(beats=4, step=6, at=125.0, pauses=1), 1: slot(beats=4, at=125.0)}
+    watch.observe(readings)
+    assert watch.stalled(130.0, readings) == []  # 12 s since the pause ended; rank 1 gives no step
+    assert [o.rank for o in watch.stalled(138.5, readings)] == [0]
+
+
 def test_a_paused_rank_gets_the_init_timeout_from_the_pause_start():
     watch = HangWatch(FIXED, started_at=0.0)
     readings = {0: slot(beats=1, at=10.0), 1: slot(beats=1, at=20.0, paused=True)}

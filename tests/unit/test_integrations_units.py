@@ -1,5 +1,6 @@
 """The adapters' pure parts: which rank uploads which of a framework's files, the metrics kept,
-and the Lightning callback's base class for either package name."""
+the Lightning callback's base class for either package name, and the check that a framework
+placed the ranks where ftlaunch did."""
 
 import importlib
 import math
@@ -9,7 +10,8 @@ import sys
 import pytest
 import torch
 
-from worker_lib.integrations._common import finite_metrics, is_own, keep_own_files
+from worker_lib.integrations import _common
+from worker_lib.integrations._common import check_placement, finite_metrics, is_own, keep_own_files
 
 TRAINER_RNG = re.compile(r"rng_state_(\d+)\.pth")
 
@@ -72,3 +74,33 @@ def test_the_trainer_callback_refuses_a_jit_checkpoint(tmp_path):
         callback.on_init_end(TrainingArguments(str(tmp_path / "out"), use_cpu=True, report_to=[]), None, None)
     finally:
         ft.shutdown()
+
+
+@pytest.fixture
+def joined(tmp_path, monkeypatch):
+    """worker_lib joined as an adapter joins it (storage only), on this CPU machine: one rank, gloo."""
+    import worker_lib as ft
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "FTLAUNCH_BACKEND"):
+        monkeypatch.delenv(name, raising=False)
+    ft.init(str(tmp_path / "ckpt"), init_process_group=False)
+    yield ft.info()
+    ft.shutdown()
+
+
+def test_a_framework_that_counts_other_ranks_than_ftlaunch_is_stopped_with_the_fix(joined):
+    """Accelerate or the Trainer left to their defaults on a CPU node: each rank alone, as rank 0."""
+    with pytest.raises(RuntimeError, match=r"counts 2 rank\(s\) where ftlaunch started 1.*cpu=True"):
+        check_placement("Accelerate", 2, "cpu", "pass cpu=True")
+
+
+def test_a_framework_on_another_device_than_ftlaunch_chose_is_said_once(joined, caplog, monkeypatch):
+    monkeypatch.setattr(_common, "_WARNED", set())
+    assert joined.device == "cpu"
+    with caplog.at_level("WARNING", logger=_common.__name__):
+        check_placement("Lightning", 1, "cpu", "fix")  # where ftlaunch put it: nothing to say
+        check_placement("Lightning", 1, "cuda:0", "the fix")
+        check_placement("Lightning", 1, "cuda:0", "the fix")
+    assert [r.getMessage() for r in caplog.records] == [
+        "Lightning trains on cuda:0, but ftlaunch chose cpu for this rank (backend gloo): the fix"
+    ]

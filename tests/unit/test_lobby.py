@@ -13,7 +13,7 @@ from launcher.errors import UsageError
 
 
 def _claim(node=1, rdzv_id="job", command=("script", "train.py")):
-    return NodeClaim(node, Hello(node, "here", 1, rdzv_id, list(command)))
+    return NodeClaim(node, Hello(node, "here", 1, rdzv_id, list(command)), node_timeout=5.0)
 
 
 def test_a_live_holder_keeps_its_node_rank():
@@ -51,7 +51,7 @@ def test_node_0_refuses_a_node_that_came_for_another_job():
     stranger, friend = _claim(1, "other-job", ("script", "train.py", "--lr", "2")), _claim(2)
     stranger.take(store, store, time.sleep)
     friend.take(store, store, time.sleep)
-    lobby = Lobby(store, "job", 3, ("script", "train.py"), node_timeout=5)
+    lobby = Lobby(store, "job", ("script", "train.py"), node_timeout=5)
     (hello,) = lobby.strangers()
     assert hello.node == 1
     assert stranger.refusal(store) == ""

@@ -140,3 +140,19 @@ def test_the_votes_of_old_steps_leave_the_store(tmp_path):
     for step in range(1, 6):
         _save_all(ranks, step)
     assert sorted(board.values) == ["mem/4/0", "mem/4/1", "mem/5/0", "mem/5/1"]
+
+
+@pytest.mark.parametrize(
+    "count, text",
+    [
+        (900, "1 KiB"),
+        (245_760, "240 KiB"),
+        (3 * 2**20 + 2**19, "4 MiB"),
+        (12 * 2**30, "12.0 GiB"),
+    ],
+)
+def test_a_size_below_a_mib_is_not_said_as_0_mib(count, text):
+    """Regression (issue 33): "about 0 MiB, 0 MiB free" on a small /dev/shm."""
+    from worker_lib.staging import mib
+
+    assert mib(count) == text

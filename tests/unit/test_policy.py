@@ -136,3 +136,18 @@ def test_a_change_of_an_elastic_jobs_nodes_neither_counts_nor_ends_a_crash_loop(
     assert policy.counted_failures(stalled, now=3.0) == 2
     assert policy.after_failure(stalled, now=3.0).verdict is Verdict.CRASH_LOOP
     assert RestartPolicy(max_failures=1, crash_loop=0).after_failure(stalled[1:], 4.0).restart
+
+
+def test_a_lost_node_of_a_fixed_job_neither_counts_nor_ends_a_crash_loop():
+    """Issue 33.4: a node's supervisor that died or froze (NODE_LOST) is no worker failure."""
+    lost = AttemptOutcome.NODE_LOST
+    history = [AttemptRecord(i, lost, float(i), False) for i in range(5)]
+    assert RestartPolicy(max_failures=0).counted_failures(history, now=5.0) == 0
+    row = [
+        AttemptRecord(0, F, 0.0, False),
+        AttemptRecord(1, lost, 1.0, False),
+        AttemptRecord(2, F, 2.0, False),
+    ]
+    assert (
+        RestartPolicy(max_failures=-1, crash_loop=2).after_failure(row, now=2.0).verdict is Verdict.CRASH_LOOP
+    )

@@ -77,3 +77,33 @@ def test_damaged_event_lines_are_skipped(tmp_path, caplog):
     events = RunDir(str(tmp_path / "run")).read_events()
     assert [(e.event, e.t_mono) for e in events] == [(FirstStep(0), 1.0), (FirstStep(0), 1.0)]
     assert "skipped 2 line(s) that are not events" in caplog.text
+
+
+@pytest.mark.parametrize("kind, warned", [("state", True), ("dcp", False), ("replicated", False)])
+def test_a_run_at_another_size_warns_only_of_steps_it_cannot_load(tmp_path, kind, warned):
+    """Regression (issue 33): a DCP run relaunched at another --nproc was warned that its steps
+    would not load, though DCP reshards them. Only per-rank parts saved at the old size warrant it."""
+    from launcher.config import EntrySection, GroupSection, LaunchConfig, RunSection
+    from launcher.events import EventLog
+    from launcher.runs.checkpoints import CheckpointDir
+    from launcher.runs.opening import RunOpening
+    from worker_lib.marker import MARKER, CommitMarker, step_dir
+
+    url, ckpt = str(tmp_path / "run"), tmp_path / "ckpt"
+    (ckpt / step_dir(20)).mkdir(parents=True)
+    (ckpt / step_dir(20) / MARKER).write_bytes(CommitMarker(20, 2, kind, {}).to_bytes())
+
+    def config(nproc: int) -> LaunchConfig:
+        group = GroupSection(nproc=nproc, log_dir=tmp_path / "logs", checkpoint_url=str(ckpt))
+        return LaunchConfig(EntrySection("train.py"), group=group, run=RunSection(url=url, name="run"))
+
+    before = RunState("run", url, RunStatus.PREEMPTED, 1.0, config(2).to_json())
+    RunDir(url).write_state(before)
+    said = []
+    with EventLog(tmp_path / "events.jsonl") as events:
+        checkpoints = CheckpointDir(str(ckpt), world_size=1)
+        RunOpening(config(1), RunDir(url), events, said.append, checkpoints.newest).open(None)
+    sizes = [line for line in said if "goes on at another size (--nproc 2 then, 1 now)" in line]
+    assert len(sizes) == 1, said
+    assert sizes[0].startswith("WARNING: ") == warned
+    assert ("step(s) 20 were saved by one rank each (per-rank parts)" in sizes[0]) == warned

@@ -1,6 +1,8 @@
 """What the adapters share: joining worker_lib beside a framework that owns the process group,
-and committing a folder a framework wrote, with each rank's files uploaded once."""
+checking that the framework placed the ranks where ftlaunch did, and committing a folder a
+framework wrote, with each rank's files uploaded once."""
 
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -8,7 +10,17 @@ from typing import Dict, Optional, Pattern
 
 import worker_lib as ft
 
-__all__ = ["BeatPause", "join", "is_own", "commit_folder", "keep_own_files", "finite_metrics"]
+__all__ = [
+    "BeatPause",
+    "join",
+    "check_placement",
+    "is_own",
+    "commit_folder",
+    "keep_own_files",
+    "finite_metrics",
+]
+
+log = logging.getLogger(__name__)
 
 
 def join(checkpoint_dir: Optional[str], **options) -> None:
@@ -17,6 +29,32 @@ def join(checkpoint_dir: Optional[str], **options) -> None:
     store, which needs no process group)."""
     if not ft.is_initialized():
         ft.init(checkpoint_dir, init_process_group=False, **options)
+
+
+def check_placement(framework: str, ranks: int, device: object, fix: str) -> None:
+    """The framework's count of ranks and its device against ftlaunch's (every rank calls it).
+
+    Fewer ranks than ftlaunch started means each rank trains alone, every one as rank 0
+    (Accelerate and the Trainer on a node without a GPU unless told ``cpu=True``): their saves
+    would collide, so it is an error. A device other than the one ftlaunch chose (the rank's GPU
+    under NCCL, else the CPU) trains, but not where the user and the launcher's backend expect:
+    a warning, once per process."""
+    info = ft.info()
+    if ranks != info.world_size:
+        raise RuntimeError(
+            f"{framework} counts {ranks} rank(s) where ftlaunch started {info.world_size}, so each "
+            f"would train alone: {fix}"
+        )
+    wanted, found = info.device.split(":")[0], str(device).split(":")[0]
+    if found != wanted and framework not in _WARNED:
+        _WARNED.add(framework)
+        log.warning(
+            "%s trains on %s, but ftlaunch chose %s for this rank (backend %s): %s",
+            framework, device, info.device, info.backend, fix,
+        )  # fmt: skip
+
+
+_WARNED = set()  # the frameworks whose device check warned in this process
 
 
 class BeatPause:

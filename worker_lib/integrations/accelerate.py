@@ -2,7 +2,8 @@
 
     from worker_lib.integrations import accelerate as fault_tolerance
 
-    accelerator = Accelerator(cpu=True)
+    info = worker_lib.init(init_process_group=False)          # ftlaunch's checkpoints and choice
+    accelerator = Accelerator(cpu=info.device == "cpu")      # its GPU under NCCL, else the CPU
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     step = fault_tolerance.load_state(accelerator) or 0
     for batch in accelerator.skip_first_batches(loader, step % len(loader)): ...
@@ -19,27 +20,35 @@ it on any fsspec URL: rank 0 the weights, optimizer, scheduler, samplers and reg
 every rank its own RNG file. ``load_state`` loads the newest step every rank committed (never a
 torn one, which ``load_state()`` of the newest folder may) and returns its number. Accelerate
 restores every rank's RNG streams; the data position is the script's (``skip_first_batches``), so
-a script that skips what it had done resumes exactly. ``accelerate launch --max_restarts`` is
-torchrun's restart: run the script under ftlaunch instead.
+a script that skips what it had done resumes exactly, random layers (dropout) included when its
+DataLoader has a generator of its own (``DataLoader(..., generator=torch.Generator())``): each new
+iterator draws a seed from the loader's generator, else from the global stream just restored.
+``accelerate launch --max_restarts`` is torchrun's restart: run the script under ftlaunch instead.
+
+Both check that Accelerate placed the rank where ftlaunch did: Accelerate on a node without a GPU
+trains each rank alone unless told ``cpu=True`` (an error here, before the saves collide), and a
+device other than ftlaunch's choice is a warning.
 """
 
 import re
 from typing import Dict, Optional
 
 import worker_lib as ft
-from worker_lib.integrations._common import join, keep_own_files
+from worker_lib.integrations._common import check_placement, join, keep_own_files
 
 __all__ = ["save_state", "load_state", "after_step"]
 
 # Accelerate's per-rank file; the others are written by the main process, or by every process
 # alike (a GradScaler's state, a stateful loader's): rank 0's copy is the one kept.
 _PER_RANK = re.compile(r"random_states_(\d+)\.pkl")
+_FIX = "pass Accelerator(cpu=worker_lib.info().device == 'cpu') (examples/accelerate_train.py)"
 
 
 def save_state(accelerator, step: int, metrics: Optional[Dict[str, float]] = None, **kwargs) -> None:
     """Save ``accelerator``'s state as ``step`` (every rank calls it); ``kwargs`` go to
     ``accelerator.save_state``. Written now, uploaded and committed in the background."""
     join(None)
+    check_placement("Accelerate", accelerator.num_processes, accelerator.device, _FIX)
     if accelerator.project_configuration.automatic_checkpoint_naming:
         raise ValueError(
             "save_state writes into ftlaunch's step folder: turn ProjectConfiguration's "
@@ -54,6 +63,7 @@ def load_state(accelerator, **kwargs) -> Optional[int]:
     """Load the newest committed step into ``accelerator`` (every rank calls it) and return its
     number; None on a fresh run. ``kwargs`` go to ``accelerator.load_state``."""
     join(None)
+    check_placement("Accelerate", accelerator.num_processes, accelerator.device, _FIX)
     found = ft.newest_checkpoint_dir()
     if found is None:
         return None

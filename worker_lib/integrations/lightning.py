@@ -2,8 +2,9 @@
 
     from worker_lib.integrations.lightning import FaultTolerance
 
-    fault_tolerance = FaultTolerance(every_n_steps=50)
-    trainer = Trainer(accelerator="cpu", devices=..., strategy="ddp", callbacks=[fault_tolerance])
+    fault_tolerance = FaultTolerance(every_n_steps=50)      # opens ftlaunch's checkpoints
+    accelerator = torch.device(worker_lib.info().device).type  # "cuda" under NCCL, else "cpu"
+    trainer = Trainer(accelerator=accelerator, devices=..., strategy="ddp", callbacks=[fault_tolerance])
     trainer.fit(model, data, ckpt_path=fault_tolerance.ckpt_path())
     worker_lib.shutdown()
 
@@ -19,10 +20,15 @@ and callbacks from the file; worker_lib restores each rank's RNG streams. The da
 Lightning's: a step saved mid-epoch resumes with the epoch's batches counted, but a plain
 DataLoader starts the epoch's batches again from its first (Lightning skips batches only for a
 stateful loader), so the weights differ from an uninterrupted run's; save at epoch ends
-(``every_n_steps`` = the epoch's length) or use a stateful loader for an exact resume.
+(``every_n_steps`` = the epoch's length) or use a stateful loader for an exact resume. Lightning
+2.6.6 also miscounts one case: in a run that resumed from a step at an epoch's end, a step saved
+mid-epoch resumes with that epoch's batches all to do again (a 40-step run stopped at 32 ends at
+52), where a fresh run's mid-epoch step resumes with the rest of its epoch only.
 
 Works with ``import lightning.pytorch`` and ``import pytorch_lightning``: the callback is built on
-the package the script imported first (``lightning.pytorch`` when both or neither are).
+the package the script imported first (``lightning.pytorch`` when both or neither are). At
+``fit``'s start it checks that the Trainer counts the ranks ftlaunch started (an error otherwise)
+and trains on the device ftlaunch chose (a warning otherwise).
 """
 
 import os
@@ -30,11 +36,15 @@ import sys
 from typing import Optional
 
 import worker_lib as ft
-from worker_lib.integrations._common import BeatPause, finite_metrics, join
+from worker_lib.integrations._common import BeatPause, check_placement, finite_metrics, join
 
 __all__ = ["FaultTolerance", "FILENAME"]
 
 FILENAME = "lightning.ckpt"  # in each committed step's folder
+_FIX = (
+    "give the Trainer accelerator=torch.device(worker_lib.info().device).type, devices=LOCAL_WORLD_SIZE "
+    "and num_nodes=WORLD_SIZE // LOCAL_WORLD_SIZE (examples/lightning_train.py)"
+)
 
 
 def _callback_base():
@@ -80,6 +90,9 @@ class FaultTolerance(_callback_base()):
         return path
 
     # -- Lightning's hooks -------------------------------------------------------------------------
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        check_placement("Lightning", trainer.world_size, trainer.strategy.root_device, _FIX)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step  # optimizer steps: the count a resume continues

@@ -18,7 +18,9 @@ Each optimizer step beats (an evaluation or a save is a pause, not a hang), and 
 The Trainer's resume is exact: it restores the weights, optimizer, scheduler, each rank's RNG
 streams and skips the batches already seen, so a run with a crash ends with the weights of an
 uninterrupted one. ``enable_jit_checkpoint`` (a save on a timer per rank at SIGTERM) is refused:
-ftlaunch's stop saves one step agreed by every rank.
+ftlaunch's stop saves one step agreed by every rank. At ``train``'s start it checks that the
+Trainer counts the ranks ftlaunch started (on a node without a GPU it trains each rank alone
+unless ``use_cpu=True``: an error) and trains on the device ftlaunch chose (a warning otherwise).
 """
 
 import os
@@ -29,12 +31,16 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 import worker_lib as ft
-from worker_lib.integrations._common import BeatPause, commit_folder, finite_metrics, join
+from worker_lib.integrations._common import BeatPause, check_placement, commit_folder, finite_metrics, join
 
 __all__ = ["FaultTolerance"]
 
 # The Trainer's per-rank file (``rng_state.pth`` on a single rank, shared then).
 _PER_RANK = re.compile(r"rng_state_(\d+)\.pth")
+_FIX = (
+    "give TrainingArguments use_cpu=worker_lib.info().device == 'cpu' and "
+    "ddp_backend=worker_lib.info().backend (examples/transformers_train.py)"
+)
 
 
 class FaultTolerance(TrainerCallback):
@@ -59,6 +65,9 @@ class FaultTolerance(TrainerCallback):
                 "enable_jit_checkpoint saves on a timer per rank at SIGTERM; under ftlaunch every "
                 "rank saves one agreed step instead: leave enable_jit_checkpoint off"
             )
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        check_placement("The Trainer", args.world_size, args.device, _FIX)
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._pause.end()

@@ -1,0 +1,48 @@
+"""Push, not poll: a node learns that another raised the attempt's interrupt from a blocking wait
+that node 0's store answers the moment the key is set, not from looking at the key on every turn
+of its loop (20 requests a second per node, issue 37). A healthy job sends the store nothing but
+one renewed wait every ``RENEW_S``."""
+
+import threading
+from datetime import timedelta
+from typing import Callable
+
+__all__ = ["KeyWatch", "RENEW_S"]
+
+RENEW_S = 10.0  # a wait the store did not answer is asked again this often (and a stopped watch ends)
+
+
+class KeyWatch(threading.Thread):
+    """Waits, on a connection of its own (a blocking wait holds the one it is on), until ``key``
+    is set; then ``fired`` is true and ``wake()`` ends the loop's sleep at once. A wait that fails
+    otherwise than by its timeout (the store gone) ends the watch: ``broken`` is true, and the
+    caller goes back to looking for itself (its liveness checks say what happened)."""
+
+    def __init__(self, store, key: str, wake: Callable[[], None]) -> None:
+        super().__init__(name=f"ftlaunch-watch-{key}", daemon=True)
+        self._store, self._key, self._wake = store, key, wake
+        self._done = threading.Event()
+        self.fired = False
+        self.broken = False
+
+    def run(self) -> None:
+        try:
+            store = self._store.clone()
+        except Exception:  # noqa: BLE001 - no second connection: the caller looks for itself
+            self.broken = True
+            return
+        while not self._done.is_set():
+            try:
+                store.wait([self._key], timedelta(seconds=RENEW_S))
+            except Exception as err:  # noqa: BLE001 - torch's DistError family, by any name
+                if "timeout" in str(err).lower() or "timed out" in str(err).lower():
+                    continue
+                self.broken = True
+                return
+            self.fired = True
+            self._wake()
+            return
+
+    def stop(self) -> None:
+        """Ends with its current wait (within ``RENEW_S``): a daemon, never joined."""
+        self._done.set()

@@ -1,0 +1,84 @@
+"""torchrun's environment, as Kubernetes' operators set it for the launcher.
+
+torchrun reads every option it is not given from ``PET_<OPTION>``
+(torch/distributed/argparse_util.py), and the operators configure it that way: Kubeflow's
+Trainer sets ``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR`` and
+``PET_MASTER_PORT``; a PyTorchJob's elastic policy ``PET_RDZV_ENDPOINT``, ``PET_RDZV_BACKEND``,
+``PET_MAX_RESTARTS`` and more. So ftlaunch reads them too, below ``FTLAUNCH_<OPTION>`` and the
+command line: every option of its own as ``PET_<OPTION>``, torchrun's names for the same things
+mapped to ours, and, as torchrun's static rendezvous does, ``PET_MASTER_ADDR:PET_MASTER_PORT``
+as where the nodes meet when no rendezvous endpoint is given. What they become is click's
+``default_map``, which click ranks below the command line and the ``FTLAUNCH_`` variables.
+"""
+
+import logging
+from typing import Dict, Iterable, Mapping
+
+from launcher.errors import UsageError
+
+__all__ = ["PET_PREFIX", "torchrun_defaults"]
+
+log = logging.getLogger(__name__)
+
+PET_PREFIX = "PET_"
+
+# torchrun's names for options ftlaunch has under another name, and what they mean here.
+_RENAMED = {
+    "NPROC_PER_NODE": "nproc",  # N, auto, gpu or cpu, as torchrun takes them
+    "MAX_RESTARTS": "max_failures",  # failed groups restarted before giving up: the same count
+}
+# Where torchrun's static rendezvous meets: for ftlaunch, the rendezvous endpoint (node 0 hosts
+# the job's store there). Not ftlaunch's --master-addr/--master-port, which place the workers'
+# store: on node 0 beside the job's store, on a port of its own each attempt.
+_MASTER = ("MASTER_ADDR", "MASTER_PORT")
+# torchrun's rendezvous backends: ftlaunch always meets through torch's c10d handler, with node
+# ranks fixed as a static rendezvous fixes them.
+_BACKENDS = {"c10d": "c10d", "static": "c10d"}
+# torchrun options that ftlaunch does its own way, read and left alone: an operator's full set of
+# variables must not be an error. STANDALONE (one node, a local rendezvous) is ftlaunch's one node.
+_TORCHRUN_ONLY = (
+    "STANDALONE",
+    "MONITOR_INTERVAL",
+    "START_METHOD",
+    "ROLE",
+    "REDIRECTS",
+    "TEE",
+    "LOCAL_RANKS_FILTER",
+    "LOCAL_ADDR",
+    "LOGS_SPECS",
+    "LOG_LINE_PREFIX_TEMPLATE",
+    "RUN_PATH",
+)
+
+
+def torchrun_defaults(environ: Mapping[str, str], options: Iterable[str]) -> Dict[str, str]:
+    """What ``PET_*`` says for each of ``options`` (click's parameter names), as a default_map."""
+    found: Dict[str, str] = {}
+    for torchrun_name, ours in _RENAMED.items():
+        if PET_PREFIX + torchrun_name in environ:
+            found[ours] = environ[PET_PREFIX + torchrun_name]
+    for name in options:  # ftlaunch's own name wins over torchrun's for the same option
+        key = PET_PREFIX + name.upper()
+        if key in environ and name.upper() not in _MASTER:
+            found[name] = environ[key]
+    if "rdzv_backend" in found:
+        found["rdzv_backend"] = _backend(found["rdzv_backend"])
+    addr, port = (environ.get(PET_PREFIX + name) for name in _MASTER)
+    if "rdzv_endpoint" not in found and addr and port:
+        found["rdzv_endpoint"] = f"{addr}:{port}"
+    ignored = sorted(
+        k for k in environ if k.startswith(PET_PREFIX) and k[len(PET_PREFIX) :] in _TORCHRUN_ONLY
+    )
+    if ignored:
+        log.info("torchrun's %s: nothing to do for ftlaunch", ", ".join(ignored))
+    return found
+
+
+def _backend(value: str) -> str:
+    try:
+        return _BACKENDS[value.strip().lower()]
+    except KeyError:
+        raise UsageError(
+            f"{PET_PREFIX}RDZV_BACKEND={value}: ftlaunch meets through torch's c10d rendezvous "
+            f"({', '.join(sorted(_BACKENDS))} are taken)"
+        ) from None

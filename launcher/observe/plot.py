@@ -1,0 +1,213 @@
+"""``ftlaunch status RUN --plot FILE.png|.svg``: the run's timeline in one picture, drawn from its
+events alone: the step over wall time for every attempt (one line per node and attempt), each
+failure marked with its kind and rank, the downtime of each recovery shaded and the tier it
+loaded from, goodput in the title. Many nodes share one time axis (wall clocks).
+
+Node 0's events are the run's ``events.jsonl`` (every supervisor's); another node's are read from
+its log folder when this machine sees it (``<log dir>/node<R>/events.jsonl``, a local run dir).
+matplotlib is an optional extra (``pip install ftlaunch[plot]``), imported only here.
+"""
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from launcher.errors import UsageError
+from launcher.events import (
+    AttemptEnded,
+    CheckpointLoaded,
+    FirstStep,
+    Logged,
+    RunStart,
+    Steps,
+    Transition,
+    parse_logged,
+)
+from launcher.group_state import GroupState
+from launcher.observe.metrics import RunMetrics
+from launcher.outcomes import AttemptOutcome
+
+__all__ = ["FORMATS", "NodeEvents", "draw_run", "node_events"]
+
+FORMATS = (".png", ".svg")
+_FAILED = (GroupState.FAILED, GroupState.HUNG)
+_NODE_COLOURS = (
+    "tab:blue",
+    "tab:green",
+    "tab:purple",
+    "tab:brown",
+    "tab:olive",
+    "tab:cyan",
+    "tab:pink",
+    "tab:gray",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeEvents:
+    node: int
+    events: Sequence[Logged]
+
+
+def node_events(run_events: Sequence[Logged], log_dir: Optional[str]) -> List[NodeEvents]:
+    """Node 0's events (the run's log) and every other node's that this machine can read."""
+    found = [NodeEvents(0, run_events)]
+    folder = Path(log_dir) if log_dir else None
+    if folder is None or not folder.name.startswith("node"):  # one node: its log is the run's
+        return found
+    for path in folder.parent.glob("node*/events.jsonl"):
+        rank = path.parent.name[len("node") :]
+        if rank.isdigit() and int(rank) != 0:
+            found.append(NodeEvents(int(rank), _read(path)))
+    return sorted(found, key=lambda n: n.node)
+
+
+def draw_run(title: str, nodes: Sequence[NodeEvents], now: Optional[float] = None):
+    """The picture, as a matplotlib Figure (not yet saved): its lines carry ``gid``
+    ``steps/node<R>/attempt<K>``, x in seconds since the run's first event, y the step."""
+    try:
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import FuncFormatter
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install 'ftlaunch[plot]'") from None
+    every = [e for n in nodes for e in n.events]
+    if not every:
+        raise UsageError("--plot: the run has no events to draw")
+    t0 = min(e.t_wall for e in every)
+    figure = Figure(figsize=(11, 5.5), layout="constrained")
+    axes = figure.add_subplot()
+    for n in nodes:
+        colour = _NODE_COLOURS[n.node % len(_NODE_COLOURS)]
+        _draw_node(axes, n, t0, colour, many=len(nodes) > 1)
+    axes.set_xlim(left=0)  # from the run's first event: start-up is time too
+    axes.set_title(f"{title}: {_goodput_words(nodes[0].events, now)}")
+    axes.set_xlabel(f"time since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t0))}")
+    axes.set_ylabel("step (every rank of the node)")
+    axes.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: _clock(x)))
+    axes.grid(alpha=0.3)
+    handles, labels = axes.get_legend_handles_labels()
+    if handles:
+        unique = dict(zip(labels, handles))
+        axes.legend(unique.values(), unique.keys(), loc="upper left", fontsize="small")
+    return figure
+
+
+def _draw_node(axes, n: NodeEvents, t0: float, colour: str, many: bool) -> None:
+    who = f"node {n.node}" if many else "steps"
+    for attempt, steps in sorted(_steps_by_attempt(n.events).items()):
+        xs = [s.t_wall - t0 for s in steps]
+        ys = [s.event.step for s in steps]
+        axes.plot(xs, ys, color=colour, marker=".", gid=f"steps/node{n.node}/attempt{attempt}", label=who)
+    if n.node != 0 and many:
+        return  # the job's failures, recoveries and loads are node 0's to tell
+    for start, end in _start_ups(n.events):
+        axes.axvspan(
+            start - t0, end - t0, color="tab:gray", alpha=0.12, lw=0, label="start-up (to the first step)"
+        )
+    for start, end in _downtimes(n.events):
+        axes.axvspan(
+            start - t0, end - t0, color="tab:red", alpha=0.15, lw=0, label="down (failure to first step)"
+        )
+    last_step = _last_steps(n.events)
+    for ended in (e for e in n.events if isinstance(e.event, AttemptEnded)):
+        _mark_end(axes, ended, last_step.get(ended.event.attempt, 0), t0)
+    for loaded in (e for e in n.events if isinstance(e.event, CheckpointLoaded) and e.event.tier):
+        axes.annotate(
+            f"step {loaded.event.step} from {loaded.event.tier}",
+            (loaded.t_wall - t0, loaded.event.step or 0),
+            textcoords="offset points",
+            xytext=(4, 8),
+            fontsize="x-small",
+            color="tab:gray",
+        )
+
+
+def _mark_end(axes, ended: Logged, step: int, t0: float) -> None:
+    e = ended.event
+    if e.outcome == AttemptOutcome.FAILED.value:
+        kind = {"crash": "crash", "hang": "hang", "lost_node": "lost node"}.get(e.cause, "failure")
+        who = f"node {e.node}" if e.cause == "lost_node" else f"rank {e.rank}" if e.rank is not None else ""
+        words = f"{kind} {who}".strip() + (" (chaos)" if e.injected else "")
+        axes.plot([ended.t_wall - t0], [step], "x", color="tab:red", ms=9, mew=2, label="failure")
+        axes.annotate(
+            words,
+            (ended.t_wall - t0, step),
+            textcoords="offset points",
+            xytext=(-6, 6),
+            ha="right",
+            fontsize="small",
+            color="tab:red",
+        )
+    elif e.outcome == AttemptOutcome.SUCCEEDED.value:
+        axes.plot([ended.t_wall - t0], [step], "o", color="tab:green", ms=7, label="succeeded")
+    else:  # preempted, resized, interrupted: the run stopped or changed, nothing failed
+        axes.plot([ended.t_wall - t0], [step], "v", color="tab:orange", ms=8, label=e.outcome.lower())
+
+
+def _steps_by_attempt(events: Sequence[Logged]) -> Dict[int, List[Logged]]:
+    found: Dict[int, List[Logged]] = {}
+    for e in events:
+        if isinstance(e.event, Steps):
+            found.setdefault(e.event.attempt, []).append(e)
+    return found
+
+
+def _last_steps(events: Sequence[Logged]) -> Dict[int, int]:
+    return {attempt: steps[-1].event.step for attempt, steps in _steps_by_attempt(events).items()}
+
+
+def _downtimes(events: Sequence[Logged]) -> List[Tuple[float, float]]:
+    """Wall-clock spans from each failure to the next attempt's first step (or its start, when it
+    never beat); a failure that ended the run has no recovery."""
+    spans = []
+    for failed in (e for e in events if isinstance(e.event, Transition) and e.event.new in _FAILED):
+        after = [e for e in events if e.attempt == failed.attempt + 1]
+        first = next((e for e in after if isinstance(e.event, FirstStep)), None)
+        running = next(
+            (e for e in after if isinstance(e.event, Transition) and e.event.new is GroupState.RUNNING), None
+        )
+        if running is not None:  # a recovery (not the run's end)
+            spans.append((failed.t_wall, (first or running).t_wall))
+    return spans
+
+
+def _start_ups(events: Sequence[Logged]) -> List[Tuple[float, float]]:
+    """From each supervisor's start to its first attempt's first step: imports, data, the load."""
+    spans = []
+    for start in (e for e in events if isinstance(e.event, RunStart)):
+        first = next((e for e in events if e.t_wall >= start.t_wall and isinstance(e.event, FirstStep)), None)
+        if first is not None:
+            spans.append((start.t_wall, first.t_wall))
+    return spans
+
+
+def _goodput_words(events: Sequence[Logged], now: Optional[float]) -> str:
+    metrics = RunMetrics()
+    for e in events:
+        metrics.fold(e)
+    value = metrics.goodput(now if now is not None else events[-1].t_wall)
+    return "goodput unknown" if value != value else f"goodput {value:.0%}"
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}"
+    return f"{minutes}m{secs:02d}" if minutes else f"{secs}s"
+
+
+def _read(path: Path) -> List[Logged]:
+    """A node's own events.jsonl; unreadable lines are skipped."""
+    found = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            logged = parse_logged(json.loads(line))
+        except ValueError:
+            logged = None
+        if logged is not None:
+            found.append(logged)
+    return found

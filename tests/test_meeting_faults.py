@@ -1,0 +1,72 @@
+"""A fixed-size job never trains on fewer nodes than asked (issue 39). A follower's supervisor is
+killed -9 at each moment of the nodes' meeting (frozen there by a failpoint, so the moment is
+exact, not a race) and relaunched at once, or late (once node 0 has acted on its silence): every
+attempt runs on both nodes, every rank sees WORLD_SIZE 2, and the job ends with both nodes'
+result."""
+
+import os
+import re
+import signal
+import time
+
+import psutil
+import pytest
+from helpers import SCRIPTS, run_state
+from test_many_nodes import Job
+
+from launcher.events import Decision, NodesMet, RoundAbandoned
+
+DDP = str(SCRIPTS / "ddp_plain.py")
+
+
+def _frozen_at(launch, point: str, timeout: float = 90.0) -> None:
+    """Wait until the supervisor says it reached ``point``, then until the kernel shows it stopped."""
+    launch.read_console_until(lambda line: f"ftlaunch failpoint {point}" in line, timeout, stream="stderr")
+    proc, deadline = psutil.Process(launch.proc.pid), time.monotonic() + 10
+    while proc.status() != psutil.STATUS_STOPPED:
+        assert time.monotonic() < deadline, proc.status()
+        time.sleep(0.02)
+
+
+def _node0_acted(node0, point: str) -> None:
+    """Evidence that node 0 has acted on the frozen follower, whatever the moment: still waiting
+    for it to join a round (it says so), gave the round up, or ended the attempt it was lost in."""
+    if point == "before-round":
+        node0.read_console_until(lambda line: "waiting for all 2 nodes to join" in line, 60, stream="stderr")
+    elif point == "round-joined":
+        node0.wait_for_event(RoundAbandoned, timeout=60)
+    else:
+        node0.wait_for_event(Decision, timeout=60)
+
+
+def _world_sizes(stdout: str) -> set:
+    return {int(w) for w in re.findall(r"has WORLD_SIZE (\d+)", stdout)}
+
+
+@pytest.mark.parametrize("relaunch", ["at-once", "late"])
+@pytest.mark.parametrize("point", ["before-round", "round-joined", "announced"])
+def test_a_follower_killed_while_nodes_meet_never_shrinks_a_fixed_job(launcher, tmp_path, point, relaunch):
+    out = tmp_path / "out.pt"
+    script = [DDP, "--steps", "30", "--step-time", "0.02", "--ckpt", str(tmp_path / "own"), "--out", str(out)]
+    job = Job(launcher, tmp_path, 2, "--nproc", "1", "--max-failures", "3", "--run-name", "fixed", *script)
+    node0 = job.start(0)
+    frozen = job.start(1, env={"FTLAUNCH_FAILPOINT": point})
+    _frozen_at(frozen, point)
+    if relaunch == "late":
+        _node0_acted(node0, point)
+    os.kill(frozen.proc.pid, signal.SIGKILL)
+    frozen.wait(30)
+    assert frozen.survivors_after(10) == []
+    follower = job.start(1)
+
+    codes = {0: node0.wait(240), 1: follower.wait(240)}
+    assert codes == {0: 0, 1: 0}, (node0.stderr, follower.stderr)
+    # Every attempt node 0 planned ran on both nodes, and every rank of every attempt saw it.
+    met = node0.events(NodesMet)
+    assert met and all(e.nodes == [0, 1] for e in met), met
+    assert _world_sizes(node0.stdout) == {2} and _world_sizes(follower.stdout) == {2}
+    state = run_state(tmp_path / "runs" / "fixed")
+    assert state.status.value == "SUCCEEDED"
+    assert all(a.world_size == 2 and [n["node"] for n in a.nodes] == [0, 1] for a in state.attempts)
+    assert out.exists() and "rank 1 attempt" in follower.stdout
+    assert job.survivors() == []

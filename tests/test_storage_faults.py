@@ -1,0 +1,214 @@
+"""Storage fails under a live supervisor: the run dir's dies for good, stops answering, or comes
+back after a while; /dev/shm is full. Real GCS emulators (one per test, stopped and restarted by PID) through
+gcsfs, real workers. The supervisor's loop never waits on storage: a signal is answered at once
+whatever storage does, a blip shorter than the lease does not end the run, and storage silent for
+longer than the lease ends it with its own exit code and one line."""
+
+import os
+import signal
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import List
+
+import pytest
+from conftest import use_emulator
+from helpers import SCRIPTS, read_logged, run_state
+from storage_servers import start_gcs
+
+from launcher.errors import ExitCode
+from launcher.events import Transition
+from launcher.group_state import GroupState
+
+pytestmark = pytest.mark.timeout(300)  # storage's own retries last minutes; the tests wait out a few
+
+WAITER = str(SCRIPTS / "waiter.py")
+
+
+class Emulator:
+    """A GCS emulator of this test's own, which keeps its objects across a restart on its port."""
+
+    def __init__(self, folder: Path, monkeypatch) -> None:
+        import fsspec
+
+        self.folder = folder
+        self.server, self.env = start_gcs(folder, keep_data=True)
+        self.port = int(self.env["FSSPEC_GCS_ENDPOINT_URL"].rsplit(":", 1)[1])
+        use_emulator("gcs", self.env, monkeypatch)
+        self.bucket = f"test-{uuid.uuid4().hex[:12]}"
+        fsspec.filesystem("gcs").mkdir(self.bucket)
+        self.alive = True
+
+    def kill(self) -> None:
+        self.server.stop()
+        self.alive = False
+
+    def restart(self) -> None:
+        self.server, _ = start_gcs(self.folder, port=self.port, keep_data=True)
+        self.alive = True
+
+
+class BlackHole:
+    """Storage that hangs: a server on the emulator's port that takes every connection and
+    never answers. ``accepted`` counts the connections made to it."""
+
+    def __init__(self, port: int) -> None:
+        self._sock = socket.socket()
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", port))
+        self._sock.listen(64)
+        self._held: List[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def accepted(self) -> int:
+        return len(self._held)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:  # closed
+                return
+            self._held.append(conn)
+
+    def close(self) -> None:
+        self._sock.close()
+        self._thread.join(5)
+        for conn in self._held:
+            conn.close()
+
+
+@pytest.fixture
+def emulator(tmp_path, monkeypatch):
+    folder = tmp_path / "gcs"
+    folder.mkdir()
+    emulator = Emulator(folder, monkeypatch)
+    yield emulator
+    if emulator.alive:
+        emulator.kill()
+
+
+def _start(launcher, emulator: Emulator, tmp_path: Path, *options: str):
+    launch = launcher.start(
+        "--nproc", "1", "--run-dir", f"gs://{emulator.bucket}/runs", "--run-name", "deaf",
+        "--checkpoint-dir", str(tmp_path / "ckpt"), *options,
+        WAITER, "--go-file", str(tmp_path / "go"), env=emulator.env,
+    )  # fmt: skip
+    launch.read_console_until(lambda line: "waits for" in line, timeout=120)
+    return launch
+
+
+def _bounded(predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "not within the deadline"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("event", ["SIGTERM", "a worker's exit"])
+def test_a_signal_or_an_exit_is_answered_at_once_while_the_run_dir_storage_hangs(
+    launcher, emulator, tmp_path, event
+):
+    launch = _start(launcher, emulator, tmp_path)
+    emulator.kill()
+    hole = BlackHole(emulator.port)
+    try:
+        _bounded(lambda: hole.accepted > 0, timeout=60)  # the supervisor's next look waits on it now
+        happened = time.monotonic()
+        if event == "SIGTERM":
+            launch.proc.send_signal(signal.SIGTERM)
+        else:
+            (tmp_path / "go").touch()
+        expected = ExitCode.PREEMPTED if event == "SIGTERM" else ExitCode.SUCCESS
+        assert launch.wait(120) == expected, launch.stderr
+    finally:
+        hole.close()
+    answered = GroupState.STOPPING if event == "SIGTERM" else GroupState.SUCCEEDED
+    seen = [
+        found.t_mono
+        for found in read_logged(launch.log_dir / "events.jsonl")
+        if isinstance(found.event, Transition) and found.event.new is answered
+    ]
+    # A call to storage that hangs lasts minutes: the answer must not wait behind one.
+    assert seen and seen[0] - happened < 5.0, (seen, happened)
+    assert "Traceback" not in launch.stderr and "internal error" not in launch.stderr
+    assert "the run's end is not recorded" in launch.stderr
+    assert launch.survivors() == []
+
+
+def test_run_dir_storage_dead_past_the_lease_ends_the_run_with_its_own_exit_code(
+    launcher, emulator, tmp_path
+):
+    launch = _start(launcher, emulator, tmp_path, "--lease", "6s")
+    emulator.kill()
+    assert launch.wait(120) == ExitCode.STORAGE_LOST, launch.stderr
+    errors = [line for line in launch.stderr.splitlines() if line.startswith("ftlaunch: error:")]
+    assert len(errors) == 1 and "has not answered for" in errors[0] and "--lease 6 s" in errors[0], errors
+    assert "Traceback" not in launch.stderr and "internal error" not in launch.stderr
+    assert launch.survivors() == []
+
+    # Once storage is back, the same command resumes the run: its attempt was left running.
+    emulator.restart()
+    assert run_state(f"gs://{emulator.bucket}/runs/deaf").attempts[-1].outcome is None
+    (tmp_path / "go").touch()
+    again = launcher.run(
+        "--nproc", "1", "--run-dir", f"gs://{emulator.bucket}/runs", "--run-name", "deaf",
+        "--checkpoint-dir", str(tmp_path / "ckpt"), "--lease", "6s",
+        WAITER, "--go-file", str(tmp_path / "go"), env=emulator.env, timeout=120,
+    )  # fmt: skip
+    assert again.proc.returncode == 0, again.stderr
+    assert "took the run over" in again.stderr
+    assert run_state(f"gs://{emulator.bucket}/runs/deaf").status.value == "SUCCEEDED"
+
+
+@pytest.mark.parametrize("outage", [10, 40])
+def test_a_run_dir_storage_outage_shorter_than_the_lease_does_not_end_the_run(
+    launcher, emulator, tmp_path, outage
+):
+    launch = _start(launcher, emulator, tmp_path)
+    emulator.kill()
+    time.sleep(outage)  # the fault itself: storage away this long
+    emulator.restart()
+    (tmp_path / "go").touch()
+    assert launch.wait(180) == 0, launch.stderr
+    assert run_state(f"gs://{emulator.bucket}/runs/deaf").status.value == "SUCCEEDED"
+    assert "Traceback" not in launch.stderr
+    assert launch.survivors() == []
+
+
+# In a mount namespace of the supervisor's own (its workers inherit it), /dev/shm is a 64 KiB
+# tmpfs filled to its last byte before ftlaunch starts.
+_FULL_SHM = """
+import ctypes, subprocess
+if ctypes.CDLL(None, use_errno=True).unshare(0x00020000) != 0:  # CLONE_NEWNS
+    raise OSError(ctypes.get_errno(), "unshare")
+subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", "/dev/shm"], check=True)
+with open("/dev/shm/filler", "wb", buffering=0) as handle:
+    for size in (4096, 1):
+        try:
+            while True:
+                handle.write(bytes(size))
+        except OSError:
+            pass
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace with a tmpfs of its own needs root")
+def test_a_full_dev_shm_at_launch_puts_the_heartbeat_slots_in_the_temp_dir(launcher, tmp_path):
+    launch = launcher.run(
+        "--nproc", "2", "--heartbeat-timeout", "30s", str(SCRIPTS / "beater.py"), "--steps", "20",
+        prelude=_FULL_SHM, timeout=120,
+    )  # fmt: skip
+    assert launch.proc.returncode == 0, launch.stderr  # was: SIGBUS (exit 135), no word
+    fallback = [line for line in launch.stderr.splitlines() if "heartbeat slots in" in line]
+    assert len(fallback) == 1 and "/dev/shm has no room (No space left on device)" in fallback[0], fallback
+    assert "[0] " in launch.stdout and "Traceback" not in launch.stderr
+    left = list(Path(tempfile.gettempdir()).glob(f"ftlaunch-heartbeat-{launch.proc.pid}-*"))
+    assert left == []
+    assert launch.survivors() == []

@@ -1,0 +1,207 @@
+"""One memory-tier slot's files, and the thread that finishes a CUDA snapshot.
+
+    rank_<r>.<k>          the flat buffer: every tensor's bytes at its offset (worker_lib.flat);
+                          mapped by the rank (shared), registered with CUDA where the state is on
+                          a GPU, so the device's copy lands in it directly
+    rank_<r>.<k>.index    names, dtypes, shapes, offsets, devices, and the state's other objects
+                          (pickled): written before the copy
+    rank_<r>.<k>.json     the record, written last: step, kind, world size, both files' sizes,
+                          metrics. Without it the slot holds nothing.
+
+The data file keeps its pages between snapshots of the same size: the mapping (and its
+registration with CUDA, the costly part) is made once per slot and process, and its pages are
+reserved in /dev/shm before any byte is copied (``posix_fallocate``): a full /dev/shm is an
+error at the call, never a SIGBUS in the middle of a copy.
+"""
+
+import dataclasses
+import errno
+import json
+import logging
+import os
+import queue
+import threading
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from worker_lib.commit import CheckpointError
+from worker_lib.flat import Layout
+from worker_lib.staging import HostBuffer, mib, read_into
+
+__all__ = ["Finisher", "NoRoom", "Record", "SlotFiles"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    step: int
+    kind: str  # "parts" (ft.load_checkpoint()) or "dcp" (load_checkpoint(into=...))
+    world_size: int
+    size: int  # bytes of the slot's data file
+    index_size: int  # bytes of its index
+    metrics: Dict[str, float]
+
+    @classmethod
+    def from_json(cls, text: str) -> "Record":
+        data = json.loads(text)
+        return cls(
+            int(data["step"]),
+            str(data["kind"]),
+            int(data["world_size"]),
+            int(data["size"]),
+            int(data["index_size"]),
+            dict(data["metrics"]),
+        )
+
+
+class NoRoom(Exception):
+    """/dev/shm cannot hold the slot: it asks ``asked`` bytes, more than the ``free`` there."""
+
+    def __init__(self, asked: int, free: int) -> None:
+        super().__init__(f"{mib(asked)} asked, {mib(free)} free")
+        self.asked = asked
+        self.free = free
+
+
+class SlotFiles:
+    """A slot's three files and this process's mapping of its data file."""
+
+    def __init__(self, folder: Path, rank: int, slot: int) -> None:
+        self.data = folder / f"rank_{rank}.{slot}"
+        self.index = folder / f"rank_{rank}.{slot}.index"
+        self.record = folder / f"rank_{rank}.{slot}.json"
+        self._buffer: Optional[HostBuffer] = None
+
+    def read_record(self) -> Optional[Record]:
+        """The slot's record if both files are whole, else None."""
+        try:
+            record = Record.from_json(self.record.read_text())
+            whole = self.data.stat().st_size == record.size and self.index.stat().st_size == record.index_size
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return record if whole else None
+
+    def buffer_for(self, size: int) -> HostBuffer:
+        """The data file, ``size`` bytes of it reserved in /dev/shm and mapped (NoRoom if they
+        do not fit: then the file is gone, and the other slot untouched)."""
+        if self._buffer is not None and self._buffer.size == size:
+            return self._buffer
+        self.release()
+        fd = os.open(self.data, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            have = os.fstat(fd).st_size
+            free = os.statvfs(fd).f_bavail * os.statvfs(fd).f_frsize
+            if size - have > free:
+                raise NoRoom(size, free + have)
+            os.ftruncate(fd, size)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as err:
+                if err.errno == errno.ENOSPC:
+                    raise NoRoom(size, free + have) from None
+                raise
+            self._buffer = HostBuffer(size, fd)
+        except BaseException:
+            os.close(fd)
+            self.discard()
+            raise
+        os.close(fd)  # the mapping keeps the file
+        return self._buffer
+
+    def mapped(self, size: int) -> HostBuffer:
+        """The whole data file of a held slot, mapped to be read (no pages reserved: they are)."""
+        if self._buffer is None or self._buffer.size != size:
+            self.release()
+            fd = os.open(self.data, os.O_RDWR)
+            try:
+                self._buffer = HostBuffer(size, fd)
+            finally:
+                os.close(fd)
+        return self._buffer
+
+    def read_tensors(self, size: int, layout: Layout, fresh: bool) -> List[torch.Tensor]:
+        """The slot's tensors. ``fresh``: each a tensor of its own, where it was when saved (a
+        CUDA tensor onto this rank's current device, copied from the slot's mapped pages, at the
+        copy engine's speed where this process registered them); the rest read from the file
+        into CPU memory. Returns once every copy is done. Else views of the mapped slot."""
+        if not fresh:
+            return self.mapped(size).views(layout)
+        device = None  # made only for a CUDA tensor: a CPU state makes no CUDA context
+        if any(e.on_cuda for e in layout.entries) and torch.cuda.is_available():
+            device = torch.device("cuda", torch.cuda.current_device())
+        views = self.mapped(size).views(layout) if device is not None else None
+        tensors = []
+        with open(self.data, "rb", buffering=0) as handle:
+            for i, entry in enumerate(layout.entries):
+                if device is not None and entry.on_cuda:
+                    fresh_tensor = torch.empty(entry.shape, dtype=entry.torch_dtype, device=device)
+                    tensors.append(fresh_tensor.copy_(views[i], non_blocking=True))
+                else:
+                    tensors.append(
+                        read_into(handle, torch.empty(entry.shape, dtype=entry.torch_dtype), entry.offset)
+                    )
+        if views is not None:
+            torch.cuda.current_stream(device).synchronize()
+        return tensors
+
+    def write_index(self, data: bytes) -> None:
+        with open(self.index, "wb") as handle:
+            handle.write(data)
+
+    def write_record(self, record: Record) -> None:
+        tmp = self.record.with_suffix(".tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(record)))
+        tmp.rename(self.record)
+
+    def release(self) -> None:
+        """Unmap (and unregister) the data file; the files stay."""
+        if self._buffer is not None:
+            self._buffer.close()
+            self._buffer = None
+
+    def discard(self) -> None:
+        """The slot holds nothing: its files go."""
+        self.release()
+        for path in (self.record, self.index, self.data):
+            path.unlink(missing_ok=True)
+
+
+class Finisher:
+    """One thread that ends each CUDA snapshot once its copy is done (waits on the copy's
+    events, writes the record, tells the other ranks): the training loop only enqueues. A job's
+    failure is raised by the next ``wait``."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._jobs: queue.Queue[Callable[[], Any]] = queue.Queue()
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+
+    def submit(self, job: Callable[[], Any]) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+        self._jobs.put(job)
+
+    def wait(self) -> None:
+        """Block until every job submitted so far is done; raise the first failure."""
+        if self._thread is not None:
+            self._jobs.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise CheckpointError(f"the last memory snapshot failed: {error}") from error
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                if self._error is None:  # after a failure, later snapshots are not announced
+                    job()
+            except BaseException as err:  # raised on the loop's thread, at its next call
+                log.error("memory snapshot failed: %s", err)
+                self._error = err
+            finally:
+                self._jobs.task_done()
