@@ -150,8 +150,12 @@ class AttemptRunner:
         self, machine: GroupStateMachine, group: WorkerGroup, board: HeartbeatBoard
     ) -> AttemptResult:
         if self._signals.first is not None:  # interrupted between two attempts
+            signum = self._signals.first
             self._signals.answer_first()
-            return self._stopped_by_signal(machine.attempt, self._signals.first)
+            # The other nodes were planned with this one and start their ranks: they must stop
+            # too, now, not once this node has gone silent for --node-timeout.
+            self._role.interrupt(InterruptKind.STOP, "signal", signum)
+            return self._stopped_by_signal(machine.attempt, signum)
         self._say(
             f"attempt {machine.attempt}: starting {self.config.group.nproc} worker(s), "
             f"backend {self.config.group.backend}, logs in {group.specs[0].log_file.parent}"

@@ -297,3 +297,56 @@ def test_stopping_never_signals_a_group_that_is_no_longer_ours():
     finally:
         stranger.kill()
         _wait_dead(stranger)  # its parent (init) reaps it
+
+
+_THREAD_FORKS = """
+import subprocess, sys, threading, time
+def spawn():
+    child = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+    open(sys.argv[1] + ".tmp", "w").write(str(child.pid))
+    __import__("os").rename(sys.argv[1] + ".tmp", sys.argv[1])
+    time.sleep(1000)
+threading.Thread(target=spawn, daemon=True).start()
+time.sleep(1000)
+"""
+
+
+def test_the_descendant_walk_finds_children_of_every_thread(tmp_path):
+    """tree.descendants reads each thread's children file (a child is listed under the thread
+    that forked it): a child started from a thread that still runs, one whose thread has exited
+    (re-parented to another thread of the process), and a grandchild in a session of its own
+    that a thread of its parent started."""
+    import subprocess
+    import sys
+    import threading
+
+    from launcher.process.tree import descendants
+
+    started: dict = {}
+
+    def spawn(name: str) -> None:
+        started[name] = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+
+    spawn_and_exit = threading.Thread(target=spawn, args=("thread gone",))
+    spawn_and_exit.start()
+    spawn_and_exit.join()
+    done = threading.Event()
+    alive = threading.Thread(target=lambda: (spawn("thread alive"), done.wait(60)), daemon=True)
+    alive.start()
+    grandchild_file = tmp_path / "grandchild"
+    parent = subprocess.Popen([sys.executable, "-c", _THREAD_FORKS, str(grandchild_file)])
+    grandchild = None
+    try:
+        (found,) = wait_for_files(tmp_path, grandchild_file.name, 1)
+        grandchild = int(found.read_text())
+        _wait_for(lambda: "thread alive" in started, 10)
+        expected = {started["thread gone"].pid, started["thread alive"].pid, parent.pid, grandchild}
+        assert expected <= set(descendants()), (expected, descendants())
+        assert parent.pid not in descendants(exclude={parent.pid})
+    finally:
+        done.set()
+        for proc in [*started.values(), parent]:
+            proc.kill()
+            proc.wait()
+        if grandchild is not None:  # re-parented out of our tree once its parent is gone
+            os.kill(grandchild, signal.SIGKILL)

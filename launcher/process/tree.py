@@ -55,14 +55,33 @@ def _walk(root: int) -> List[int]:
             except (FileNotFoundError, ProcessLookupError):
                 continue
             for tid in tids:  # a child belongs to the thread that forked it
-                try:
-                    with open(f"/proc/{pid}/task/{tid}/children") as listed:
-                        below += map(int, listed.read().split())
-                except (FileNotFoundError, ProcessLookupError):
-                    continue
+                below += _children_of(f"/proc/{pid}/task/{tid}/children")
         found += below
         level = below
     return found
+
+
+def _children_of(path: str) -> List[int]:
+    """The pids a thread's children file lists ([]: the thread is gone). Read with bare system
+    calls: a worker may have a hundred threads, and Python's open() adds five calls to each file
+    (fstat twice, lseek twice, ioctl), which made this walk cost twice psutil's at 100 threads a
+    rank."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+    try:
+        chunks = []
+        while True:  # one read holds thousands of pids; a longer list comes in several
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except ProcessLookupError:  # the thread exited between the open and the read
+        return []
+    finally:
+        os.close(fd)
+    return [int(pid) for pid in b"".join(chunks).split()]
 
 
 def stop_tree(
