@@ -10,6 +10,7 @@ import traceback
 from pathlib import Path
 from typing import BinaryIO, Callable, List, Optional, Tuple
 
+from launcher import failpoints
 from launcher.beats import BeatSummary
 from launcher.chaos.driver import chaos_for
 from launcher.cluster.wire import Interrupt, InterruptKind
@@ -122,6 +123,7 @@ class AttemptRunner:
         ranks = [spec.rank for spec in specs]
         self._events.emit(AttemptPlanned(attempt, layout.world_size, list(layout.nodes), ranks))
         self._observer = SlotObserver(self._events, attempt)
+        failpoints.reached("planned")
         group.prepare(self._spawning_may_go_on)
         started = time.monotonic()
         self._chaos.attempt_started()

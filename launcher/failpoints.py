@@ -7,6 +7,7 @@ import; no other effect. Not for users: a moment in the protocol is not an inter
     before-round    a follower is in the lobby and about to join a rendezvous round
     round-joined    a follower's round is complete; it has not announced itself yet
     announced       a follower announced itself; it has not read node 0's plan yet
+    planned         a node holds its attempt's plan; its ranks have not started
 """
 
 import os
@@ -15,7 +16,7 @@ import sys
 
 __all__ = ["POINTS", "reached"]
 
-POINTS = ("before-round", "round-joined", "announced")
+POINTS = ("before-round", "round-joined", "announced", "planned")
 _ARMED = frozenset(name for name in os.environ.get("FTLAUNCH_FAILPOINT", "").split(",") if name)
 
 

@@ -286,3 +286,13 @@ def dead_pid() -> int:
         except PermissionError:
             continue
     raise AssertionError("no free pid")
+
+
+def frozen_at(launch: "Launch", point: str, timeout: float = 90.0) -> None:
+    """Wait until a supervisor run with ``FTLAUNCH_FAILPOINT`` says it reached ``point``, then
+    until the kernel shows it stopped there (launcher/failpoints.py)."""
+    launch.read_console_until(lambda line: f"ftlaunch failpoint {point}" in line, timeout, stream="stderr")
+    proc, deadline = psutil.Process(launch.proc.pid), time.monotonic() + 10
+    while proc.status() != psutil.STATUS_STOPPED:
+        assert time.monotonic() < deadline, proc.status()
+        time.sleep(0.02)

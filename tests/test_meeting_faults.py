@@ -7,25 +7,14 @@ result."""
 import os
 import re
 import signal
-import time
 
-import psutil
 import pytest
-from helpers import SCRIPTS, run_state
+from helpers import SCRIPTS, frozen_at, run_state
 from test_many_nodes import Job
 
 from launcher.events import Decision, NodesMet, RoundAbandoned
 
 DDP = str(SCRIPTS / "ddp_plain.py")
-
-
-def _frozen_at(launch, point: str, timeout: float = 90.0) -> None:
-    """Wait until the supervisor says it reached ``point``, then until the kernel shows it stopped."""
-    launch.read_console_until(lambda line: f"ftlaunch failpoint {point}" in line, timeout, stream="stderr")
-    proc, deadline = psutil.Process(launch.proc.pid), time.monotonic() + 10
-    while proc.status() != psutil.STATUS_STOPPED:
-        assert time.monotonic() < deadline, proc.status()
-        time.sleep(0.02)
 
 
 def _node0_acted(node0, point: str) -> None:
@@ -51,7 +40,7 @@ def test_a_follower_killed_while_nodes_meet_never_shrinks_a_fixed_job(launcher, 
     job = Job(launcher, tmp_path, 2, "--nproc", "1", "--max-failures", "3", "--run-name", "fixed", *script)
     node0 = job.start(0)
     frozen = job.start(1, env={"FTLAUNCH_FAILPOINT": point})
-    _frozen_at(frozen, point)
+    frozen_at(frozen, point)
     if relaunch == "late":
         _node0_acted(node0, point)
     os.kill(frozen.proc.pid, signal.SIGKILL)

@@ -6,7 +6,7 @@ import re
 import signal
 
 import torch
-from helpers import SCRIPTS, run_state, wait_for_files
+from helpers import SCRIPTS, frozen_at, run_state, wait_for_files
 from test_many_nodes import Job
 
 from launcher.events import AttemptPlanned, Decision, NodesMet, PeerInterrupt, Transition
@@ -111,45 +111,21 @@ def test_node_0_stopped_past_the_node_timeout_is_waited_for_and_the_job_resumes(
     assert job.survivors() == []
 
 
-# A module the script imports at its top level, so that the fork server imports it while it warms
-# up: on the node given FTLAUNCH_TEST_GATE, it holds that import (and so the node's first ranks)
-# until the gate file exists (bounded), whatever the machine's load.
-_GATED_IMPORT = """
-import os, time
-gate = os.environ.get("FTLAUNCH_TEST_GATE")
-deadline = time.monotonic() + 300
-while gate and not os.path.exists(gate) and time.monotonic() < deadline:
-    time.sleep(0.05)
-"""
-_GATED_SCRIPT = """
-import gated_import  # noqa: F401
-import runpy, sys
-sys.argv[0] = {ddp!r}
-runpy.run_path({ddp!r}, run_name="__main__")
-"""
-
-
 def test_a_follower_signalled_before_its_ranks_start_stops_every_node_at_once(launcher, tmp_path):
-    """SIGTERM reaches node 1 after node 0's plan and before its ranks start (its fork server
-    still imports the script's modules). Node 1 must tell the other nodes, as it does once its
-    ranks run: the job ends PREEMPTED on every node, at once. It did not: node 1 stopped alone
-    and waited 70 s for a verdict; node 0's rank waited for node 1's in its process group, found
-    node 1 lost 15 s after it exited, and waited --join-timeout for it to be relaunched."""
-    lib, home = tmp_path / "lib", tmp_path / "script"  # the module outside the script's folder:
-    lib.mkdir()  # the fork server imports it (it does not import the script's own files)
-    home.mkdir()
-    (lib / "gated_import.py").write_text(_GATED_IMPORT)
-    script = home / "train.py"
-    script.write_text(_GATED_SCRIPT.format(ddp=DDP))
-    args = [str(script), "--steps", "300", "--step-time", "0.02", "--ckpt", str(tmp_path / "own")]
-    job = Job(
-        launcher, tmp_path, 2, "--nproc", "1", "--run-name", "gated", *args, env={"PYTHONPATH": str(lib)}
-    )
+    """SIGTERM reaches node 1 after node 0's plan and before its ranks start (frozen there by a
+    failpoint; the signal is delivered when it goes on). Node 1 must tell the other nodes, as it
+    does once its ranks run: the job ends PREEMPTED on every node, at once. It did not: node 1
+    stopped alone and waited 70 s for a verdict; node 0's rank waited for node 1's in its process
+    group, found node 1 lost 15 s after it exited, and waited --join-timeout for it to be
+    relaunched."""
+    args = [DDP, "--steps", "300", "--step-time", "0.02", "--ckpt", str(tmp_path / "own")]
+    job = Job(launcher, tmp_path, 2, "--nproc", "1", "--run-name", "gated", *args)
     node0 = job.start(0)
-    node1 = job.start(1, env={"FTLAUNCH_TEST_GATE": str(tmp_path / "never")})
-    node1.wait_for_event(AttemptPlanned, timeout=120)  # node 0 planned; node 1 waits for its fork server
-    assert not [e for e in node1.events(Transition) if e.new == "RUNNING"]
-    os.kill(node1.proc.pid, signal.SIGTERM)
+    node1 = job.start(1, env={"FTLAUNCH_FAILPOINT": "planned"})
+    frozen_at(node1, "planned")
+    assert node1.events(AttemptPlanned) and not [e for e in node1.events(Transition) if e.new == "RUNNING"]
+    os.kill(node1.proc.pid, signal.SIGTERM)  # pending while it is stopped
+    os.kill(node1.proc.pid, signal.SIGCONT)
 
     assert job.wait(60) == {0: 143, 1: 143}, (node0.stderr, node1.stderr)
     assert [(e.node, e.kind) for e in node0.events(PeerInterrupt)] == [(1, "stop")]
