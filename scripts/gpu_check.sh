@@ -54,7 +54,7 @@ run() {
     bench_gpu_restart)
         # shellcheck disable=SC2086  # the sizes are words
         step bench_gpu_restart 150 $PY scripts/bench_gpu_restart.py --device "$DEVICE" --sizes ${RESTART_SIZES:-400 1600} ;;
-    probe) step probe 45 $PY scripts/probe_cuda_imports.py ;;
+    probe) step probe 60 $PY scripts/probe_cuda_imports.py ;;
     *) echo "unknown step $1 (machine, tests, bench_gpu, bench_gpu_restart, probe)"; return 2 ;;
     esac
 }
