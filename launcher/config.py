@@ -300,6 +300,20 @@ class MetricsSection:
             raise UsageError(f"--metrics-port must be in 0..65535, got {self.port}")
         if self.file is not None and (self.file.name == "" or self.file.is_dir()):
             raise UsageError(f"--metrics-file must name a file, got {self.file}")
+        if self.file is not None and os.path.lexists(self.file) and not _regular(self.file):
+            # Each write renames a new file over the path: a device (/dev/null), a FIFO or a
+            # symlink there would be replaced by a regular file, for everyone.
+            raise UsageError(
+                f"--metrics-file must be a regular file (each write renames a new one over it), "
+                f"got {self.file}, which is not"
+            )
+
+
+def _regular(path: Path) -> bool:
+    """A regular file itself (not a link to one): what a rename may replace."""
+    import stat
+
+    return stat.S_ISREG(os.lstat(path).st_mode)
 
 
 # Where each field of run.json's flat "config" record lives now: section, field.
