@@ -7,6 +7,7 @@ Nothing the supervisor's loop does waits for either: the event list is read with
 """
 
 import logging
+import os
 import threading
 import time
 from typing import Iterator, Optional
@@ -41,11 +42,12 @@ class MetricsExporter:
         self.registry.register(self)
         self._server = self._serve() if section.port is not None else None
         self._stop = threading.Event()
+        self._kick = threading.Event()
         self._unwritten = False
         self._writer: Optional[threading.Thread] = None
         if section.file is not None:
             try:
-                self._write_file()  # before any worker starts: an unwritable path is a usage error
+                self._probe_file()  # before any worker starts: an unwritable path is a usage error
             except UsageError:
                 self.close()
                 raise
@@ -61,12 +63,15 @@ class MetricsExporter:
 
     def watch(self, events: EventLog) -> None:
         self._events = events
+        self._kick.set()  # the run is this supervisor's: the file's first write, on the writer's thread
 
     def close(self) -> None:
         self._stop.set()
+        self._kick.set()
         if self._writer is not None:
             self._writer.join()
-            self._write_file(quiet=True)
+            if self._events is not None:  # the run was ours: its final values
+                self._write_file()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -120,7 +125,20 @@ class MetricsExporter:
             raise UsageError(f"--metrics-port: cannot listen on {where}: {err.strerror or err}") from None
         return server
 
-    def _write_file(self, quiet: bool = False) -> None:
+    def _probe_file(self) -> None:
+        """Whether the file can be written, without writing it: until this supervisor holds the
+        run (``watch``), the file may be another live supervisor's (a second launch of a held
+        run is refused), and its counters must not drop to 0 there."""
+        path = self._section.file
+        probe = path.with_name(f".{path.name}.probe.{os.getpid()}")
+        try:
+            with open(probe, "wb"):
+                pass
+            os.unlink(probe)
+        except OSError as err:
+            raise UsageError(f"--metrics-file: cannot write {path}: {err.strerror or err}") from None
+
+    def _write_file(self) -> None:
         """Atomically (prometheus_client writes a temporary file beside it and renames it). A
         failure during the run (a full disk) is said once, and once more when it works again."""
         from prometheus_client import write_to_textfile
@@ -129,8 +147,6 @@ class MetricsExporter:
         try:
             write_to_textfile(str(path), self.registry)
         except OSError as err:
-            if not quiet:
-                raise UsageError(f"--metrics-file: cannot write {path}: {err.strerror or err}") from None
             if not self._unwritten:
                 log.warning(
                     "cannot write the metrics to %s (%s); trying again every %g s", path, err, _FILE_EVERY_S
@@ -142,8 +158,11 @@ class MetricsExporter:
         self._unwritten = False
 
     def _keep_writing(self) -> None:
-        while not self._stop.wait(_FILE_EVERY_S):
-            self._write_file(quiet=True)
+        while not self._stop.is_set():
+            self._kick.wait(_FILE_EVERY_S)
+            self._kick.clear()
+            if self._events is not None and not self._stop.is_set():
+                self._write_file()
 
 
 class NoExport:
