@@ -5,13 +5,14 @@ worker starts when the port is busy, and never in the supervisor's way."""
 import math
 import re
 import shutil
+import signal
 import socket
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import ACTOR, SCRIPTS, read_logged
+from helpers import ACTOR, SCRIPTS, read_logged, wait_for_files
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_server import Prometheus, why_not_here
 
@@ -182,6 +183,26 @@ def test_a_metrics_file_in_a_missing_folder_is_a_usage_error_before_any_worker_s
     launch = launcher.run("--metrics-file", str(nowhere), str(ACTOR), "--run-for", "0")
     assert launch.proc.returncode == 2, launch.stderr
     assert "--metrics-file: cannot write" in launch.stderr and "starting" not in launch.stderr
+
+
+def test_a_refused_second_launch_leaves_the_live_runs_metrics_file_alone(launcher, tmp_path):
+    """A second ftlaunch on a held run is refused (exit 2); it must not write the live run's
+    --metrics-file (all counters 0: a counter reset for Prometheus) on its way in or out."""
+    metrics = tmp_path / "m.prom"
+    ready = tmp_path / "ready"
+    args = ("--run-name", "held", "--metrics-file", str(metrics), str(ACTOR), "--run-for", "60",
+            "--ready-dir", str(ready))  # fmt: skip
+    live = launcher.start(*args)
+    wait_for_files(ready, "rank_0.attempt_0.pid", 1, timeout=90)
+    deadline = time.monotonic() + 30  # the live supervisor's first write
+    while not (metrics.exists() and _families(metrics.read_text())["ftlaunch_attempts_total"] == {(): 1.0}):
+        assert time.monotonic() < deadline, "the live run never wrote its metrics file"
+        time.sleep(0.05)
+    refused = launcher.run(*args, timeout=60)
+    assert refused.proc.returncode == 2 and "is held by another ftlaunch" in refused.stderr, refused.stderr
+    assert _families(metrics.read_text())["ftlaunch_attempts_total"] == {(): 1.0}
+    live.proc.send_signal(signal.SIGTERM)
+    assert live.wait() == 143, live.stderr
 
 
 def test_a_stuck_scraper_holds_up_neither_the_run_nor_other_scrapes(launcher, tmp_path):
