@@ -77,10 +77,33 @@ def use_emulator(protocol: str, env: Dict[str, str], monkeypatch) -> None:
 _GPU_TESTS = Path(__file__).resolve().parent / "gpu"
 
 
+# The modules whose tests take longest (a make test on this 2-core machine, 2026-11-26: the chaos
+# matrices 60-165 s a test, the frameworks 90-130 s, many nodes 40-85 s), slowest first. `make
+# test` hands tests to its workers one at a time in collection order (--dist loadgroup), so these
+# go first and the quick ones fill the end: a 2-minute test started last held the run's end alone.
+_SLOWEST_FIRST = (
+    "test_chaos_matrix.py",
+    "test_chaos_nodes.py",
+    "test_integrations.py",
+    "test_many_nodes.py",
+    "test_slurm.py",
+    "test_meeting_faults.py",
+    "test_node_faults.py",
+    "test_elastic.py",
+    "test_checkpoint_e2e.py",
+    "test_run_dir.py",
+    "test_fork_server.py",
+    "test_warm_spare.py",
+)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """tests/gpu needs a CUDA GPU: where none is visible its tests are skipped with that reason,
-    never faked (run them on a GPU machine: DEVELOPERS.md). Here, not in a conftest.py of its own:
-    two modules named conftest would take each other's place under pytest-xdist."""
+    """Slowest modules first (above). tests/gpu needs a CUDA GPU: where none is visible its tests
+    are skipped with that reason, never faked (run them on a GPU machine: DEVELOPERS.md). Here,
+    not in a conftest.py of its own: two modules named conftest would take each other's place
+    under pytest-xdist."""
+    rank = {name: i for i, name in enumerate(_SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))  # stable
     gpu_tests = [item for item in items if _GPU_TESTS in Path(str(item.fspath)).resolve().parents]
     if not gpu_tests or _cuda_visible():
         return

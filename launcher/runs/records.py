@@ -85,8 +85,10 @@ class AttemptEntry:
         """Wall seconds of it spent stepping towards what was kept: a succeeded (or running)
         attempt's whole run, another one's until its newest commit; start-up is not stepping."""
         end = self.ended_at if self.ended_at is not None else now
-        stepping_from = self.first_step_at or self.started_at
-        if self.outcome is AttemptOutcome.SUCCEEDED or self.outcome is None:
+        if self.outcome is None:  # running: nothing is known to be stepping before its first step
+            return max(0.0, end - self.first_step_at) if self.first_step_at is not None else 0.0
+        stepping_from = self.first_step_at or self.started_at  # a script that never beats
+        if self.outcome is AttemptOutcome.SUCCEEDED:
             return max(0.0, end - stepping_from)
         if self.committed_new and self.newest_step_committed_at is not None:
             return max(0.0, min(end, self.newest_step_committed_at) - stepping_from)

@@ -84,7 +84,11 @@ def test_a_follower_lost_after_the_attempt_was_interrupted_is_still_found(store)
 def test_tick_keeps_looking_for_lost_nodes_once_interrupted(store):
     leader, follower = _met(store)
     follower.interrupt(Interrupt(1, InterruptKind.FAILURE, "rank 1 failed"))
-    assert leader.tick().node == 1
+    # Pushed: node 0's watching thread wakes on the set, some time after it (a bounded wait)
+    deadline = time.monotonic() + 10 * TIMEOUT
+    while (seen := leader.tick()) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert seen is not None and seen.node == 1
     follower.close()
     deadline = time.monotonic() + 10 * TIMEOUT
     while not leader.lost_failures() and time.monotonic() < deadline:

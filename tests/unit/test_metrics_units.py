@@ -254,11 +254,6 @@ def test_the_metrics_section_refuses_a_path_that_a_rename_would_replace(tmp_path
     assert MetricsSection(file=regular).file == regular  # a regular file is replaced, as before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: before the attempt's first step the attempt in progress counts as kept (the run "
-    "record's fallback for scripts that never beat), so a run in its start-up reads goodput 1.0",
-)
 def test_goodput_before_any_step_is_not_a_run_that_kept_all_its_time():
     """The run opens (the in-progress KeptTime), its first attempt starts, and for 60 s no rank
     has stepped (imports, data, the fork server's start): nothing was spent on steps yet."""
