@@ -138,12 +138,14 @@ def main() -> None:
     deadline = time.monotonic() + 120
     while args.go_file and not args.go_file.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
+    # Said before the ready file: a test that signals this rank once it is ready must not land
+    # its handler's line inside this one (print writes the text and its newline apart).
+    print(f"rank {RANK} attempt {ATTEMPT} started", flush=True)
     if args.ready_dir:
         args.ready_dir.mkdir(parents=True, exist_ok=True)
         ready = args.ready_dir / f"rank_{RANK}.attempt_{ATTEMPT}.pid"
         ready.with_suffix(".tmp").write_text(str(os.getpid()))
         ready.with_suffix(".tmp").rename(ready)  # whole, or not there at all
-    print(f"rank {RANK} attempt {ATTEMPT} started", flush=True)
     if args.beat:
         import worker_lib as ft
 
