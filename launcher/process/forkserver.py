@@ -152,7 +152,9 @@ class ForkServer:
             name, why = next(iter(ready["failed"].items()))
             raise ForkServerUnavailable(f"it could not import {name} ({why})")
         if ready["cuda"]:
-            raise ForkServerUnavailable("an import initialized CUDA, which a fork cannot inherit")
+            raise ForkServerUnavailable(
+                "an import initialized CUDA or its driver, which a fork cannot inherit"
+            )
         if ready["threads"] != 1:
             raise ForkServerUnavailable(f"importing left {ready['threads'] - 1} thread(s) running in it")
 

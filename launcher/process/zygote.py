@@ -130,10 +130,28 @@ class _ReadsOf:
 
 
 def _cuda_initialized() -> bool:
-    """An import that initialized CUDA (a CUDA context does not survive fork). Asked without
-    initializing it."""
+    """An import that initialized CUDA (a CUDA context does not survive fork), or only its driver:
+    `torch.cuda.is_available()` runs cuInit, which torch does not count as initialized, and CUDA
+    is unusable in a process forked after it. Asked without initializing either."""
     torch = sys.modules.get("torch")
-    return bool(torch is not None and torch.cuda.is_initialized())
+    return bool(torch is not None and torch.cuda.is_initialized()) or _driver_initialized()
+
+
+def _driver_initialized() -> bool:
+    """cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED (3) until cuInit, and 0 after it; it
+    starts nothing. Asked only where libcuda is already loaded (a CUDA torch loads it at import;
+    the same question scripts/probe_cuda_imports.py asks, which said 3 after `import torch` on an
+    H200)."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as maps:
+            if "libcuda.so" not in maps.read():
+                return False
+        count = ctypes.c_int()
+        return ctypes.CDLL("libcuda.so.1").cuDeviceGetCount(ctypes.byref(count)) == 0
+    except (OSError, AttributeError):  # no such library or symbol: nothing initialized it
+        return False
 
 
 def thread_count() -> int:

@@ -10,15 +10,23 @@ import pytest
 from helpers import SCRIPTS
 
 
+@pytest.mark.parametrize("preloaded", [False, True], ids=["in-the-worker", "preloaded"])
 @pytest.mark.parametrize("how", ["query", "init"])
-def test_a_worker_starts_on_its_gpu_when_a_library_touches_cuda_at_import(how, launcher):
+def test_a_worker_starts_on_its_gpu_when_a_library_touches_cuda_at_import(how, preloaded, launcher):
+    """Imported by the script, the library runs in each worker after the fork: nothing to carry.
+    Preloaded (--preload), it runs in the fork server, which must see that it initialized CUDA or
+    only its driver (is_available's cuInit) and turn itself off, saying so once."""
     path = [str(SCRIPTS / "cuda_touch"), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {"PYTHONPATH": os.pathsep.join(path), "TOUCH_CUDA": how}
     job = str(SCRIPTS / "cuda_job.py")
-    launch = launcher.run("--nproc", "1", "--max-failures", "0", job, env=env, timeout=180)
+    preload = ["--preload", "touch_cuda"] if preloaded else []
+    launch = launcher.run("--nproc", "1", "--max-failures", "0", *preload, job, env=env, timeout=180)
     assert launch.proc.returncode == 0, launch.stderr[-3000:]
     assert f"rank 0 on cuda:0 ({how} at import): all-reduce 1" in launch.stdout, launch.stdout[-3000:]
     assert "backend nccl" in launch.stderr
     off = re.findall(r"fork server off: (.*)", launch.stderr)
-    assert off == [] or (len(off) == 1 and "CUDA" in off[0]), off
+    if preloaded:
+        assert len(off) == 1 and "CUDA" in off[0], off
+    else:
+        assert off == [], off
     assert launch.survivors() == []

@@ -5,8 +5,8 @@
   counting CUDA as initialized, and a process forked after that cannot use CUDA.
 - ``init``: ``torch.cuda.init()``, torch's own CUDA initialization (a GPU only).
 
-It lives outside the script's folder and is found through PYTHONPATH, as an installed library is:
-ftlaunch's fork server imports such modules before it forks any worker."""
+It lives outside the script's folder and is found through PYTHONPATH, as an installed library is;
+a worker imports it after the fork, or the fork server does before any fork with --preload."""
 
 import os
 
