@@ -53,8 +53,15 @@ def test_a_lost_node_shrinks_the_job_and_its_relaunch_grows_it_back_without_losi
         "--until-attempt",
         "2",  # the shrunk job trains until the relaunched node has joined: it cannot finish first
         fewest=2,
-    ).start_all()
-    node0 = job.nodes[0]
+    )
+    # The followers first, each until it polls for node 0: they join node 0's first round within
+    # its 1 s last call, however slowly this machine starts three supervisors (a node 2 still
+    # importing after the last call made attempt 0 a 2-node one, and every attempt number moved).
+    for rank in (1, 2):
+        job.start(rank)
+    for rank in (1, 2):
+        job.nodes[rank].read_console_until(lambda line: "waiting for node 0 at" in line, 120, stream="stderr")
+    node0 = job.start(0)
     first = node0.wait_for_event(NodesMet, lambda e: e.nodes == [0, 1, 2], timeout=90)
     node0.read_console_until(lambda line: "attempt 0 has WORLD_SIZE 3" in line, timeout=60)
     wait_for_files(tmp_path / "runs" / "elastic" / "checkpoints", "step_*/COMMITTED", 1, timeout=60)

@@ -133,6 +133,9 @@ def test_a_preloaded_import_that_leaves_a_thread_falls_back(launcher, tmp_path):
         assert launch.proc.returncode == 0 and "ran" in launch.stdout, launch.stderr
     assert "fork server off" not in own.stderr
     assert "fork server off: importing left 1 thread(s) running in it" in named.stderr
+    # what it costs, measured: each new process imports what the fork server did
+    paid = r"starting workers as new processes \(each imports what it imported: [\d.]+ s here\)"
+    assert re.search(paid, named.stderr), named.stderr
     assert all(launch.survivors() == [] for launch in launcher.launches)
 
 

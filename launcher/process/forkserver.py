@@ -104,6 +104,8 @@ class ForkServer:
         self._ignored = tuple(ignored)
         self._sock: Optional[socket.socket] = None
         self._proc: Optional[subprocess.Popen] = None
+        self._launched_at = 0.0
+        self.import_s: Optional[float] = None  # how long its imports took: what each new process pays
 
     @property
     def pid(self) -> Optional[int]:
@@ -137,11 +139,13 @@ class ForkServer:
                 preexec_fn=die_with_parent(ignore=self._ignored),
             )
         self._sock = ours
+        self._launched_at = time.monotonic()
 
     def await_ready(self, timeout: float, go_on: Callable[[], bool] = lambda: True) -> None:
         """Wait until the launched zygote has imported everything; ForkServerUnavailable when it
         cannot serve (a module that fails to import, a thread left behind, a death)."""
         ready = self._receive(timeout, "start", go_on)
+        self.import_s = time.monotonic() - self._launched_at
         if ready.get("reads"):  # first: a failed import of such a module says less
             name, read = next(iter(ready["reads"].items()))
             raise ForkServerUnavailable(
@@ -333,7 +337,9 @@ class ForkServerSpawner:
         self._state = "off"
         self._spares.close()  # they would outlive the zygote: the supervisor's children
         self._server.close()
-        self._say(f"fork server off: {why}; starting workers as new processes")
+        cost = self._server.import_s
+        paid = f" (each imports what it imported: {cost:.1f} s here)" if cost is not None else ""
+        self._say(f"fork server off: {why}; starting workers as new processes{paid}")
 
     def close(self) -> None:
         self._spares.close()
