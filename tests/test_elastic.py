@@ -16,10 +16,11 @@ TRAIN = str(SCRIPTS / "ckpt_train.py")
 DDP = str(SCRIPTS / "ddp_plain.py")
 
 
-def _elastic(launcher, tmp_path, nodes: int, *run_name_and_script, fewest: int) -> Job:
+def _elastic(launcher, tmp_path, nodes: int, *run_name_and_script, fewest: int, last_call: int = 1) -> Job:
     """Nodes of one rank each, that fail the job at its first failure (so a membership change
-    that counted as one would show), with torch's last call for more nodes cut to 1 s."""
-    options = ["--nproc", "1", "--max-failures", "0", "--rdzv-conf", "last_call_timeout=1", "--run-name"]
+    that counted as one would show), with torch's last call for more nodes cut to ``last_call`` s."""
+    conf = f"last_call_timeout={last_call}"
+    options = ["--nproc", "1", "--max-failures", "0", "--rdzv-conf", conf, "--run-name"]
     return Job(launcher, tmp_path, nodes, *options, *run_name_and_script, fewest=fewest)
 
 
@@ -53,6 +54,7 @@ def test_a_lost_node_shrinks_the_job_and_its_relaunch_grows_it_back_without_losi
         "--until-attempt",
         "2",  # the shrunk job trains until the relaunched node has joined: it cannot finish first
         fewest=2,
+        last_call=10,  # the first round waits for all three however loaded the machine (1 s did not)
     )
     # The followers first, each until it polls for node 0: they join node 0's first round within
     # its 1 s last call, however slowly this machine starts three supervisors (a node 2 still
