@@ -11,7 +11,7 @@ import gc
 import os
 import sys
 
-_INTERNAL = 70  # ExitCode.INTERNAL; launcher.errors may be what failed to import
+_INTERNAL = 70  # ExitCode.INTERNAL; launcher.grammar.errors may be what failed to import
 
 
 def entry() -> None:

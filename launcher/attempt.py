@@ -8,15 +8,14 @@ import signal
 import time
 import traceback
 from pathlib import Path
-from typing import BinaryIO, Callable, List, Optional, Tuple
+from typing import BinaryIO, Callable, Dict, List, Optional, Tuple
 
-from launcher import failpoints
-from launcher.beats import BeatSummary
 from launcher.chaos.driver import chaos_for
 from launcher.cluster.wire import Interrupt, InterruptKind
-from launcher.config import LaunchConfig
-from launcher.errors import FtlaunchError, StartFailed
-from launcher.events import (
+from launcher.core import failpoints
+from launcher.core.beats import BeatReading, BeatSummary
+from launcher.core.config import LaunchConfig
+from launcher.core.events import (
     AttemptEnded,
     AttemptPlanned,
     EventLog,
@@ -28,7 +27,7 @@ from launcher.events import (
     Transition,
     WorkerExit,
 )
-from launcher.failures import (
+from launcher.core.failures import (
     Failure,
     HangFailure,
     NodeLostFailure,
@@ -36,20 +35,22 @@ from launcher.failures import (
     read_error_file,
     root_cause,
 )
-from launcher.group_state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine
+from launcher.core.group_state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine
+from launcher.core.outcomes import AttemptOutcome
+from launcher.core.results import AttemptResult
+from launcher.core.stopping import CooperativeStop, StepRate
+from launcher.grammar.errors import FtlaunchError, StartFailed
 from launcher.hangs.board import HeartbeatBoard
-from launcher.hangs.monitor import HangMonitor, progress_rows
+from launcher.hangs.deadlines import Overdue
+from launcher.hangs.monitor import HangMonitor, hang_failures, progress_rows
 from launcher.hangs.stacks import main_thread_stack
 from launcher.observe.slots import SlotObserver
-from launcher.outcomes import AttemptOutcome
 from launcher.process.logs import LogPump, tail_lines
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.plan import plan_workers
 from launcher.process.signals import SignalInbox
 from launcher.process.workers import Exit, Spawner, WorkerGroup
-from launcher.results import AttemptResult
 from launcher.roles.base import AttemptPlan, Role
-from launcher.stopping import CooperativeStop, StepRate
 
 __all__ = ["AttemptRunner"]
 
@@ -203,8 +204,9 @@ class AttemptRunner:
             rate.observe(time.monotonic(), BeatSummary.of(slots.values()).furthest_step)
             self._publish_progress(attempt, group, slots)
             self._observer.look(time.monotonic(), slots, group.running(), board.checkpoint_counters)
-            hung = self._hangs.check(watch, attempt, group, slots)
-            if hung:
+            overdue = self._hangs.check(watch, attempt, group.running(), slots)
+            if overdue:
+                hung = _hang_failures(group, overdue, slots)
                 cause = root_cause(hung)
                 machine.transition(GroupState.HUNG, ranks=[f.rank for f in hung], failed_at=cause.observed_at)
                 role.interrupt(InterruptKind.FAILURE, cause.describe())
@@ -390,3 +392,15 @@ def _with_log_tails(result: AttemptResult) -> AttemptResult:
 
 def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}".splitlines()[0]
+
+
+def _hang_failures(
+    group: WorkerGroup, overdue: List[Overdue], slots: Dict[int, BeatReading]
+) -> List[Failure]:
+    """The monitor's decision acted on: every rank that can writes its stacks, then the hung ranks
+    become failures with their process state as evidence."""
+    running = group.running()
+    signals = {rank: (r.pid, r.dump_signal) for rank, r in slots.items() if r.dump_signal}
+    statuses = group.dump_stacks(signals)
+    where = {spec.rank: (spec.local_rank, spec.log_file) for spec in group.specs}
+    return hang_failures([o for o in overdue if o.rank in running], running, slots, where, statuses)

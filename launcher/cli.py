@@ -16,8 +16,8 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 import click
 from click.core import ParameterSource
 
-from launcher.cluster.slurm import slurm_step
-from launcher.config import (
+from launcher.console import say
+from launcher.core.config import (
     ChaosSection,
     ClusterSection,
     EntryKind,
@@ -28,14 +28,11 @@ from launcher.config import (
     MetricsSection,
     RestartSection,
     RunSection,
-    place,
-    resolve_backend,
-    visible_gpu_count,
 )
-from launcher.console import say
-from launcher.durations import parse_duration
+from launcher.discover import place, resolve_backend, slurm_step, visible_gpu_count
 from launcher.environment import torchrun_defaults
-from launcher.errors import ExitCode, FtlaunchError, UsageError
+from launcher.grammar.durations import parse_duration
+from launcher.grammar.errors import ExitCode, FtlaunchError, UsageError
 from launcher.preflight import preflight
 from launcher.process.signals import SignalInbox
 from worker_lib.backend import BACKENDS
@@ -473,7 +470,7 @@ def _duration(options: Mapping[str, Any], name: str, option: str) -> Optional[fl
 
 def _parse_chaos(spec: str, run_id: str, nnodes: int):
     """The plan; without seed= a random seed, or on many nodes one every node derives alike."""
-    from launcher.chaos.spec import parse_chaos
+    from launcher.grammar.chaos import parse_chaos
 
     seed = zlib.crc32(run_id.encode()) if nnodes > 1 else secrets.randbelow(2**31)
     return parse_chaos(spec, seed)

@@ -14,7 +14,7 @@ as where the nodes meet when no rendezvous endpoint is given. What they become i
 import logging
 from typing import Dict, Iterable, Mapping
 
-from launcher.errors import UsageError
+from launcher.grammar.errors import UsageError
 
 __all__ = ["PET_PREFIX", "torchrun_defaults"]
 

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Callable, List
 
-from launcher.config import EntryKind, LaunchConfig
-from launcher.errors import UsageError
+from launcher.core.config import EntryKind, LaunchConfig
+from launcher.grammar.errors import UsageError
 
 __all__ = ["preflight"]
 

@@ -13,14 +13,14 @@ from typing import Any, Dict, List, Optional
 
 import click
 
-from launcher.beats import NodeRow, ProgressRow
-from launcher.config import join_run_url
-from launcher.errors import UsageError
-from launcher.failures import seconds
-from launcher.outcomes import AttemptOutcome, RunStatus
+from launcher.core.beats import NodeRow, ProgressRow
+from launcher.core.config import join_run_url
+from launcher.core.failures import seconds
+from launcher.core.outcomes import AttemptOutcome, RunStatus
+from launcher.core.records import RunState
+from launcher.grammar.errors import UsageError
 from launcher.runs.checkpoints import CheckpointDir
 from launcher.runs.directory import PROGRESS_FILE, HolderState, RunDir
-from launcher.runs.records import RunState
 
 __all__ = ["status_cli", "run_status"]
 

@@ -2,10 +2,10 @@
 
 from typing import List
 
-from launcher.failures import Failure, HangFailure, NodeLostFailure
-from launcher.outcomes import AttemptOutcome, RunStatus
-from launcher.recovery import Recovery
-from launcher.results import RunResult
+from launcher.core.failures import Failure, HangFailure, NodeLostFailure
+from launcher.core.outcomes import AttemptOutcome, RunStatus
+from launcher.core.recovery import Recovery
+from launcher.core.results import RunResult
 
 __all__ = ["summary_lines"]
 

@@ -13,13 +13,15 @@ from typing import BinaryIO, Callable, Iterator, List, Optional
 
 from launcher.attempt import AttemptRunner
 from launcher.cluster.rendezvous import Rendezvous, host_job_store
-from launcher.config import LaunchConfig
 from launcher.console import say as say_on_stderr
-from launcher.errors import ExitCode, Interrupted, JoinTimeout, StartFailed, UsageError
-from launcher.events import EventLog, RunEnd, RunStart
+from launcher.core.config import LaunchConfig
+from launcher.core.events import EventLog, RunEnd, RunStart
+from launcher.core.outcomes import RunStatus
+from launcher.core.policy import RestartPolicy
+from launcher.core.recovery import goodput, recoveries
+from launcher.core.results import AttemptResult, RunResult
+from launcher.grammar.errors import ExitCode, Interrupted, JoinTimeout, StartFailed, UsageError
 from launcher.hangs.monitor import HangMonitor
-from launcher.outcomes import RunStatus
-from launcher.policy import RestartPolicy
 from launcher.process.forkserver import ForkServer, ForkServerSpawner
 from launcher.process.linux import become_subreaper
 from launcher.process.memory_tier import MemoryTier
@@ -27,8 +29,6 @@ from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.signals import SignalInbox
 from launcher.process.spares import WarmSpares
 from launcher.process.workers import PopenSpawner, Spawner
-from launcher.recovery import goodput, recoveries
-from launcher.results import AttemptResult, RunResult
 from launcher.roles.base import Role
 from launcher.roles.follower import Follower
 from launcher.roles.holder import RunHolder

@@ -22,9 +22,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from launcher.config import MetricsSection
-from launcher.events import AttemptEnded, EventLog, KeptTime, Steps, Transition
-from launcher.group_state import GroupState
+from launcher.core.config import MetricsSection
+from launcher.core.events import AttemptEnded, EventLog, KeptTime, Steps, Transition
+from launcher.core.group_state import GroupState
 from launcher.observe.exporter import MetricsExporter
 
 

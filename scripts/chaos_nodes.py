@@ -32,7 +32,7 @@ from chaos_matrix import _chosen  # the same --faults parsing as the one-node ma
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from launcher import failpoints  # noqa: E402 - the names of the meeting's moments
+from launcher.core import failpoints  # noqa: E402 - the names of the meeting's moments
 
 DDP = ROOT / "tests" / "scripts" / "ddp_plain.py"
 MARKER = "FTLAUNCH_CHAOS_NODES_MARKER"

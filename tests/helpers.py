@@ -17,11 +17,11 @@ from typing import Callable, List, Optional, Type, TypeVar, Union
 
 import psutil
 
-from launcher.events import Logged, parse_logged
+from launcher.core.events import Logged, parse_logged
+from launcher.core.records import RunState
 from launcher.runs.directory import RunDir
-from launcher.runs.records import RunState
 
-E = TypeVar("E")  # an event record type of launcher.events
+E = TypeVar("E")  # an event record type of launcher.core.events
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 ACTOR = SCRIPTS / "actor.py"
@@ -100,7 +100,7 @@ class Launch:
         raise AssertionError(f"no matching {stream} line after {timeout}s:\n{''.join(early)[-2000:]}")
 
     def logged(self, kind: Type[E]) -> List[Logged]:
-        """This node's events of ``kind`` (an event record type of launcher.events), with their
+        """This node's events of ``kind`` (an event record type of launcher.core.events), with their
         times, read back by ftlaunch's own reader."""
         return [found for found in read_logged(self.log_dir / "events.jsonl") if type(found.event) is kind]
 
@@ -290,7 +290,7 @@ def dead_pid() -> int:
 
 def frozen_at(launch: "Launch", point: str, timeout: float = 90.0) -> None:
     """Wait until a supervisor run with ``FTLAUNCH_FAILPOINT`` says it reached ``point``, then
-    until the kernel shows it stopped there (launcher/failpoints.py)."""
+    until the kernel shows it stopped there (launcher/core/failpoints.py)."""
     launch.read_console_until(lambda line: f"ftlaunch failpoint {point}" in line, timeout, stream="stderr")
     proc, deadline = psutil.Process(launch.proc.pid), time.monotonic() + 10
     while proc.status() != psutil.STATUS_STOPPED:

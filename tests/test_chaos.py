@@ -5,7 +5,7 @@ as it would have without them."""
 import torch
 from helpers import SCRIPTS
 
-from launcher.events import ChaosInjected, RunStart
+from launcher.core.events import ChaosInjected, RunStart
 from worker_lib import contract
 
 TRAIN = str(SCRIPTS / "ckpt_train.py")

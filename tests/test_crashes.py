@@ -6,7 +6,7 @@ import json
 import pytest
 from helpers import ACTOR
 
-from launcher.events import InternalError, Transition, WorkerExit
+from launcher.core.events import InternalError, Transition, WorkerExit
 
 ROOT_CAUSES = {
     "exit": "exit code 1",

@@ -9,8 +9,8 @@ import signal
 from helpers import SCRIPTS, run_state, wait_for_files
 from test_many_nodes import Job, _status_table
 
-from launcher.events import Decision, NodesMet, StopRequested
-from launcher.outcomes import AttemptOutcome
+from launcher.core.events import Decision, NodesMet, StopRequested
+from launcher.core.outcomes import AttemptOutcome
 
 TRAIN = str(SCRIPTS / "ckpt_train.py")
 DDP = str(SCRIPTS / "ddp_plain.py")

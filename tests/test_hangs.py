@@ -6,7 +6,7 @@ import re
 import pytest
 from helpers import SCRIPTS, wait_for_files
 
-from launcher.events import FirstStep, Hang, HeartbeatDeadline, Transition
+from launcher.core.events import FirstStep, Hang, HeartbeatDeadline, Transition
 
 BEATER = str(SCRIPTS / "beater.py")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from helpers import SCRIPTS, run_state
 
-from launcher.events import NodesMet, Transition
+from launcher.core.events import NodesMet, Transition
 from launcher.observe.plot import draw_run, node_events
 from launcher.runs.directory import RunDir
 

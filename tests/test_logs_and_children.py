@@ -9,7 +9,7 @@ import time
 import psutil
 from helpers import ACTOR, SCRIPTS
 
-from launcher.events import Transition
+from launcher.core.events import Transition
 from launcher.process.tree import stop_tree
 
 

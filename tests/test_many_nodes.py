@@ -14,7 +14,7 @@ import uuid
 import torch
 from helpers import ACTOR, MARKER, ROOT, SCRIPTS, Launch, processes_with_marker, run_state, wait_for_files
 
-from launcher.events import Hang, NodesMet, PeerInterrupt, Transition
+from launcher.core.events import Hang, NodesMet, PeerInterrupt, Transition
 
 TRAIN = str(SCRIPTS / "ckpt_train.py")
 BEATER = str(SCRIPTS / "beater.py")
@@ -489,7 +489,7 @@ def test_a_node_that_joins_a_closed_rendezvous_ends_at_once(launcher, tmp_path, 
     rendezvous, as it does when the job ends; a node started now is told so and exits 6 at once,
     not after its --join-timeout."""
     from launcher.cluster.rendezvous import Rendezvous, host_job_store
-    from launcher.config import LaunchConfig
+    from launcher.core.config import LaunchConfig
 
     job = Job(
         launcher, tmp_path, 2, "--nproc", "1", "--rdzv-id", "closed", "--join-timeout", "10m", str(ACTOR)

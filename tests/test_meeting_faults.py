@@ -12,7 +12,7 @@ import pytest
 from helpers import SCRIPTS, frozen_at, run_state
 from test_many_nodes import Job
 
-from launcher.events import Decision, NodesMet, RoundAbandoned
+from launcher.core.events import Decision, NodesMet, RoundAbandoned
 
 DDP = str(SCRIPTS / "ddp_plain.py")
 

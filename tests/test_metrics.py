@@ -16,8 +16,8 @@ from helpers import ACTOR, SCRIPTS, read_logged, wait_for_files
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_server import Prometheus, why_not_here
 
-from launcher.events import AttemptEnded, CheckpointTotals, Hang, Steps, Transition
-from launcher.recovery import recoveries
+from launcher.core.events import AttemptEnded, CheckpointTotals, Hang, Steps, Transition
+from launcher.core.recovery import recoveries
 
 OBSERVED = str(SCRIPTS / "observed.py")
 

@@ -9,7 +9,7 @@ import torch
 from helpers import SCRIPTS, frozen_at, run_state, wait_for_files
 from test_many_nodes import Job
 
-from launcher.events import AttemptPlanned, Decision, NodesMet, PeerInterrupt, Transition
+from launcher.core.events import AttemptPlanned, Decision, NodesMet, PeerInterrupt, Transition
 
 DDP = str(SCRIPTS / "ddp_plain.py")
 

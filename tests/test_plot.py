@@ -9,7 +9,7 @@ import sys
 import pytest
 from helpers import SCRIPTS
 
-from launcher.events import AttemptEnded, FirstStep, RunStart, Steps, Transition
+from launcher.core.events import AttemptEnded, FirstStep, RunStart, Steps, Transition
 from launcher.observe.plot import draw_run, node_events
 from launcher.runs.directory import RunDir
 

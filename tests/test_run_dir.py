@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import ACTOR, SCRIPTS, read_logged, run_state, wait_for_files
 
-from launcher.events import RunStart, Transition
+from launcher.core.events import RunStart, Transition
 
 BEATER = str(SCRIPTS / "beater.py")
 

@@ -11,8 +11,8 @@ import psutil
 import pytest
 from helpers import ACTOR, wait_for_files
 
-from launcher.config import EntryKind, LaunchConfig
-from launcher.events import GroupsGuarded, GuardRestarted, Transition
+from launcher.core.config import EntryKind, LaunchConfig
+from launcher.core.events import GroupsGuarded, GuardRestarted, Transition
 from launcher.process.logs import LogPump
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.plan import plan_workers

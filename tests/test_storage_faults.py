@@ -19,9 +19,9 @@ from conftest import use_emulator
 from helpers import SCRIPTS, read_logged, run_state
 from storage_servers import start_gcs
 
-from launcher.errors import ExitCode
-from launcher.events import Transition
-from launcher.group_state import GroupState
+from launcher.core.events import Transition
+from launcher.core.group_state import GroupState
+from launcher.grammar.errors import ExitCode
 
 pytestmark = pytest.mark.timeout(300)  # storage's own retries last minutes; the tests wait out a few
 

@@ -7,10 +7,10 @@ import time
 from typing import Callable, List
 
 from launcher.chaos.injector import ChaosInjector, Injection, mark_injected, not_landed
-from launcher.config import LaunchConfig
-from launcher.events import ChaosInjected, EventLog
-from launcher.failures import Failure
-from launcher.layout import Layout
+from launcher.core.config import LaunchConfig
+from launcher.core.events import ChaosInjected, EventLog
+from launcher.core.failures import Failure
+from launcher.core.layout import Layout
 
 __all__ = ["ChaosDriver", "NoChaos", "chaos_for"]
 

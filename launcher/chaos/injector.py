@@ -13,9 +13,9 @@ import random
 import signal
 from typing import AbstractSet, List, Mapping, Optional
 
-from launcher.beats import BeatReading
-from launcher.chaos.spec import ChaosPlan, Fault, FaultKind, TriggerKind
-from launcher.failures import Failure, HangFailure, ProcessFailure
+from launcher.core.beats import BeatReading
+from launcher.core.failures import Failure, HangFailure, ProcessFailure
+from launcher.grammar.chaos import ChaosPlan, Fault, FaultKind, TriggerKind
 from worker_lib import contract as c
 
 __all__ = ["ChaosInjector", "Injection", "mark_injected", "not_landed"]

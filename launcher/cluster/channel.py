@@ -15,10 +15,10 @@ from launcher.cluster.alive import AliveCounter, beat_every
 from launcher.cluster.rendezvous import LeaderUnreachable
 from launcher.cluster.watch import KeyWatch
 from launcher.cluster.wire import Interrupt, InterruptKind, reading_from_json, reading_to_json
-from launcher.config import ClusterSection
-from launcher.errors import Interrupted, UsageError
+from launcher.core.config import ClusterSection
+from launcher.core.stopping import StopReading, stop_step
+from launcher.grammar.errors import Interrupted, UsageError
 from launcher.process.signals import SignalInbox
-from launcher.stopping import StopReading, stop_step
 
 __all__ = ["AttemptChannel", "ChannelSpec"]
 

@@ -6,11 +6,11 @@ import json
 import time
 from typing import List, NoReturn
 
-from launcher.beats import ProgressRow
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
 from launcher.cluster.deadline_store import DeadlineStore
 from launcher.cluster.rendezvous import LeaderUnreachable
 from launcher.cluster.wire import AttemptPlan, Interrupt, JobVerdict
+from launcher.core.beats import ProgressRow
 from launcher.process.signals import SignalInbox
 
 __all__ = ["FollowerChannel"]

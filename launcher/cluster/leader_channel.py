@@ -6,12 +6,12 @@ import json
 import time
 from typing import Dict, List, Tuple
 
-from launcher.beats import NodeRow, ProgressRow
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
 from launcher.cluster.rendezvous import RoundFailed
 from launcher.cluster.wire import AttemptPlan, JobVerdict, NodeInfo, NodeReport
-from launcher.errors import Interrupted
-from launcher.failures import Failure, NodeLostFailure
+from launcher.core.beats import NodeRow, ProgressRow
+from launcher.core.failures import Failure, NodeLostFailure
+from launcher.grammar.errors import Interrupted
 from launcher.process.signals import SignalInbox
 
 __all__ = ["LeaderChannel"]

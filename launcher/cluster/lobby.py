@@ -21,7 +21,7 @@ import time
 from typing import Callable, List, Optional
 
 from launcher.cluster.alive import AliveCounter, beat_every
-from launcher.errors import UsageError
+from launcher.grammar.errors import UsageError
 
 __all__ = ["Hello", "Lobby", "NodeClaim"]
 

@@ -11,11 +11,11 @@ import time
 from datetime import timedelta
 from typing import Callable, Optional
 
-from launcher.config import ClusterSection
-from launcher.errors import Interrupted, JobOver, JoinTimeout, UsageError
+from launcher.core.config import ClusterSection
+from launcher.grammar.errors import Interrupted, JobOver, JoinTimeout, UsageError
+from launcher.process.quiet_torch import import_torch
 from launcher.process.signals import SignalInbox
 from launcher.process.store import listen
-from launcher.quiet_torch import import_torch
 
 __all__ = ["LeaderUnreachable", "Rendezvous", "Round", "RoundFailed", "connect_job_store", "host_job_store"]
 

@@ -30,8 +30,8 @@ import socket
 import time
 from typing import List, Optional
 
-from launcher.failures import Failure, failure_from_json, failure_to_json
-from launcher.stopping import StopReading
+from launcher.core.failures import Failure, failure_from_json, failure_to_json
+from launcher.core.stopping import StopReading
 
 __all__ = [
     "AttemptPlan",

@@ -8,7 +8,7 @@ from typing import Dict, Tuple
 
 import psutil
 
-from launcher.beats import BeatReading, CheckpointCounters
+from launcher.core.beats import BeatReading, CheckpointCounters
 from worker_lib import contract as c
 
 __all__ = ["HeartbeatBoard"]

@@ -22,7 +22,7 @@ import collections
 import dataclasses
 from typing import Deque, Dict, List, NamedTuple, Optional
 
-from launcher.beats import BeatReading, Phase
+from launcher.core.beats import BeatReading, Phase
 
 __all__ = ["HangLimits", "HangWatch", "Overdue", "MIN_SAMPLES"]
 

@@ -1,26 +1,21 @@
-"""Watching heartbeats during an attempt: apply the deadlines (launcher.hangs.deadlines), say who is behind,
-and when a rank is hung, have every rank write its stacks before the group is stopped."""
+"""Watching heartbeats during an attempt: apply the deadlines (launcher.hangs.deadlines), say who is
+behind, and decide which ranks are hung. It decides only: the process layer acts on the decision
+(``WorkerGroup.dump_stacks`` has every rank write its stacks before the group is stopped)."""
 
 import dataclasses
-import os
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from pathlib import Path
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
-import psutil
-
-from launcher.beats import BeatReading, Phase, ProgressRow
-from launcher.config import HangSection
-from launcher.events import CheckpointLoaded, EventLog, FirstStep, Hang, HeartbeatDeadline, Laggard
-from launcher.failures import Failure, HangFailure, seconds
+from launcher.core.beats import BeatReading, Phase, ProgressRow
+from launcher.core.config import HangSection
+from launcher.core.events import CheckpointLoaded, EventLog, FirstStep, Hang, HeartbeatDeadline, Laggard
+from launcher.core.failures import Failure, HangFailure, seconds
 from launcher.hangs.deadlines import HangLimits, HangWatch, Overdue
-from launcher.process.workers import WorkerGroup
 from worker_lib import contract as c
 
-__all__ = ["HangMonitor", "progress_rows"]
+__all__ = ["HangMonitor", "hang_failures", "progress_rows"]
 
-# After the stack-dump signal, before SIGTERM: a pending SIGTERM would be delivered first (Linux
-# delivers lower-numbered signals first) and kill the worker before faulthandler writes.
-_STACK_DUMP_WAIT_S = 0.5
 _LAGGARD_REPORT_EVERY_S = 10.0  # at most one "rank N is behind" report per this many seconds
 
 
@@ -59,10 +54,10 @@ class HangMonitor:
         return HangWatch(self._limits, time.monotonic(), self._known_to_beat)
 
     def check(
-        self, watch: HangWatch, attempt: int, group: WorkerGroup, slots: Dict[int, BeatReading]
-    ) -> List[Failure]:
-        """The ranks past their deadline, their stacks already dumped; [] while all is well."""
-        running = group.running()
+        self, watch: HangWatch, attempt: int, running: Mapping[int, int], slots: Dict[int, BeatReading]
+    ) -> List[Overdue]:
+        """The hung ranks, with those silent beside them (whose stacks show where the group stood);
+        [] while all is well. ``running``: rank → pid of the group's live ranks."""
         readings = {rank: r for rank, r in slots.items() if rank in running}
         watch.observe(readings)
         self._known_to_beat = watch.known_to_beat
@@ -72,7 +67,7 @@ class HangMonitor:
         self._report_deadline(attempt, watch.step_deadline)
         now = time.monotonic()
         if watch.overdue(now, readings):
-            return self._declare_hang(attempt, group, watch.silent_with(now, readings), readings)
+            return self._declare_hang(attempt, watch.silent_with(now, readings))
         self._report_laggards(attempt, now, watch.silences(now, readings), readings)
         if watch.never_beat(now) and not self._said_never_beats:
             self._said_never_beats = True
@@ -100,33 +95,12 @@ class HangMonitor:
             self._events.emit(FirstStep(attempt))
             self._on_first_step()
 
-    def _declare_hang(
-        self, attempt: int, group: WorkerGroup, silent: List[Overdue], readings: Dict[int, BeatReading]
-    ) -> List[Failure]:
-        running = group.running()
+    def _declare_hang(self, attempt: int, silent: List[Overdue]) -> List[Overdue]:
         for o in silent:
             self._events.emit(Hang(attempt, **dataclasses.asdict(o)))
         who = _who_hung(silent, self._limits.progress_timeout)
         self._say(f"attempt {attempt}: {who}; their stacks go to the logs")
-        _dump_stacks(running, readings)
-        specs = {spec.rank: spec for spec in group.specs}
-        return [
-            HangFailure(
-                rank=o.rank,
-                local_rank=specs[o.rank].local_rank,
-                pid=running[o.rank],
-                phase=o.phase,
-                silent_for=o.silent_for,
-                deadline=o.deadline,
-                last_step=o.last_step,
-                observed_at=o.silent_since,
-                log_file=specs[o.rank].log_file,
-                thread_id=readings[o.rank].main_thread,
-                process_status=_status(running[o.rank]),
-                stalled=o.stalled,
-            )
-            for o in silent
-        ]
+        return silent
 
     def _report_deadline(self, attempt: int, now_in_force: Optional[float]) -> None:
         """Said when first learned and when it moves by half or more, not on every wiggle."""
@@ -180,6 +154,34 @@ def _who_hung(named: List[Overdue], progress_timeout: Optional[float]) -> str:
     return "; ".join(words) + (f" ({'; '.join(also)})" if also else "")
 
 
+def hang_failures(
+    silent: List[Overdue],
+    running: Mapping[int, int],
+    readings: Mapping[int, BeatReading],
+    where: Mapping[int, Tuple[int, Path]],
+    statuses: Mapping[int, str],
+) -> List[Failure]:
+    """The decision as failures. ``where``: rank → (local rank, log file); ``statuses``: rank →
+    its process's state once the stacks were asked for ("stopped" is the evidence of a SIGSTOP)."""
+    return [
+        HangFailure(
+            rank=o.rank,
+            local_rank=where[o.rank][0],
+            pid=running[o.rank],
+            phase=o.phase,
+            silent_for=o.silent_for,
+            deadline=o.deadline,
+            last_step=o.last_step,
+            observed_at=o.silent_since,
+            log_file=where[o.rank][1],
+            thread_id=readings[o.rank].main_thread,
+            process_status=statuses.get(o.rank, ""),
+            stalled=o.stalled,
+        )
+        for o in silent
+    ]
+
+
 def progress_rows(slots: Dict[int, BeatReading], running: Dict[int, int], now: float) -> List[ProgressRow]:
     """Each running rank's step and beat age, as ``ftlaunch status`` shows them."""
     rows = []
@@ -196,29 +198,6 @@ def progress_rows(slots: Dict[int, BeatReading], running: Dict[int, int], now: f
             )
         )
     return rows
-
-
-def _dump_stacks(running: Dict[int, int], readings: Dict[int, BeatReading]) -> None:
-    """Every live rank that registered the dump signal writes all its threads' stacks to its log:
-    the hung ones, and the peers they left waiting (which show where the group stood)."""
-    signalled = False
-    for rank, pid in running.items():
-        reading = readings.get(rank)
-        if reading is not None and reading.dump_signal and reading.pid == pid:
-            try:
-                os.kill(pid, reading.dump_signal)
-                signalled = True
-            except ProcessLookupError:
-                pass
-    if signalled:
-        time.sleep(_STACK_DUMP_WAIT_S)
-
-
-def _status(pid: int) -> str:
-    try:
-        return psutil.Process(pid).status()
-    except psutil.Error:
-        return ""
 
 
 _TIERS = {c.LOADED_STORAGE: "storage", c.LOADED_MEMORY: "memory"}

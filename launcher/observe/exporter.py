@@ -12,9 +12,9 @@ import threading
 import time
 from typing import Iterator, Optional
 
-from launcher.config import MetricsSection
-from launcher.errors import UsageError
-from launcher.events import EventLog
+from launcher.core.config import MetricsSection
+from launcher.core.events import EventLog
+from launcher.grammar.errors import UsageError
 from launcher.observe.metrics import Family, RunMetrics
 
 __all__ = ["MetricsExporter", "NoExport", "open_exporter"]

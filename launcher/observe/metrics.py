@@ -11,7 +11,7 @@ import dataclasses
 import math
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from launcher.events import (
+from launcher.core.events import (
     AttemptEnded,
     AttemptPlanned,
     ChaosInjected,
@@ -24,9 +24,9 @@ from launcher.events import (
     Steps,
     Transition,
 )
-from launcher.group_state import GroupState
-from launcher.outcomes import AttemptOutcome
-from launcher.recovery import recoveries
+from launcher.core.group_state import GroupState
+from launcher.core.outcomes import AttemptOutcome
+from launcher.core.recovery import recoveries
 
 __all__ = ["FAILURE_KINDS", "TIERS", "Family", "RunMetrics"]
 

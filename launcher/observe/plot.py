@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from launcher.errors import UsageError
-from launcher.events import (
+from launcher.core.events import (
     AttemptEnded,
     CheckpointLoaded,
     FirstStep,
@@ -25,9 +24,10 @@ from launcher.events import (
     Transition,
     parse_logged,
 )
-from launcher.group_state import GroupState
+from launcher.core.group_state import GroupState
+from launcher.core.outcomes import AttemptOutcome
+from launcher.grammar.errors import UsageError
 from launcher.observe.metrics import RunMetrics
-from launcher.outcomes import AttemptOutcome
 
 __all__ = ["FORMATS", "NodeEvents", "draw_run", "node_events"]
 

@@ -4,8 +4,8 @@ change. Looked at from the attempt's monitor loop: between two due times a look 
 
 from typing import Callable, Dict, Iterable, Optional
 
-from launcher.beats import BeatReading, CheckpointCounters
-from launcher.events import CheckpointTotals, EventLog, Steps
+from launcher.core.beats import BeatReading, CheckpointCounters
+from launcher.core.events import CheckpointTotals, EventLog, Steps
 from worker_lib import contract as c
 
 __all__ = ["SlotObserver", "checkpoint_totals"]

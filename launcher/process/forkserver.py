@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from launcher.config import EntryKind, EntrySection
+from launcher.core.config import EntryKind, EntrySection
 from launcher.process.linux import die_with_parent
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.plan import WorkerSpec

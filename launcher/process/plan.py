@@ -5,8 +5,8 @@ import os
 from pathlib import Path
 from typing import List, Mapping, Optional, Tuple
 
-from launcher.config import LaunchConfig
-from launcher.layout import Layout
+from launcher.core.config import LaunchConfig
+from launcher.core.layout import Layout
 from worker_lib import contract as c
 
 __all__ = ["WorkerSpec", "attempt_dir", "plan_workers", "worker_env"]

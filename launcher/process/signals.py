@@ -13,7 +13,7 @@ import select
 import signal
 from typing import List, Optional
 
-from launcher.errors import Interrupted
+from launcher.grammar.errors import Interrupted
 
 __all__ = ["SignalInbox"]
 

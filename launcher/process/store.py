@@ -12,7 +12,7 @@ import socket
 from datetime import timedelta
 from typing import Callable, Optional, Protocol
 
-from launcher.quiet_torch import import_torch
+from launcher.process.quiet_torch import import_torch
 
 __all__ = ["AttemptStore", "HostedStore", "StoreHost", "host_here", "listen"]
 

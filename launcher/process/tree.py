@@ -142,6 +142,14 @@ def _quietly(send: Callable[[int, int], None], target: int, sig: int) -> None:
         pass
 
 
+def process_status(pid: int) -> str:
+    """psutil's state of ``pid`` ("running", "sleeping", "stopped", ...); "" once it is gone."""
+    try:
+        return psutil.Process(pid).status()
+    except psutil.Error:
+        return ""
+
+
 def _alive(pids: Iterable[int]) -> List[int]:
     """Pids still running: zombies have exited and only wait for a reap, so they don't count."""
     alive = []

@@ -5,15 +5,18 @@ import os
 import socket
 import subprocess
 import time
-from typing import Callable, Dict, List, Optional, Protocol, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Set, Tuple
 
 from launcher.process.linux import die_with_parent
 from launcher.process.logs import LogPump
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.plan import WorkerSpec
 from launcher.process.store import HostedStore
-from launcher.process.tree import StopReport, descendants, stop_tree
+from launcher.process.tree import StopReport, descendants, process_status, stop_tree
 
+# After the stack-dump signal, before SIGTERM: a pending SIGTERM would be delivered first (Linux
+# delivers lower-numbered signals first) and kill the worker before faulthandler writes.
+_STACK_DUMP_WAIT_S = 0.5
 _GROUP_LOOK_S = 0.5  # how often descendants are looked at for groups of their own
 
 __all__ = [
@@ -231,6 +234,24 @@ class WorkerGroup:
     def running(self) -> Dict[int, int]:
         """Rank → pid of every worker not yet seen to exit."""
         return {rank: proc.pid for rank, proc in self._procs.items() if rank not in self._exits}
+
+    def dump_stacks(self, signals: Mapping[int, Tuple[int, int]]) -> Dict[int, str]:
+        """Has every live rank that registered a dump signal write all its threads' stacks to its
+        log (the hung ones, and the peers they left waiting, which show where the group stood).
+        ``signals``: rank → (the pid that registered it, the signal). Returns each running rank's
+        process state afterwards ("stopped": the evidence of a SIGSTOP; "": gone)."""
+        signalled = False
+        for rank, pid in self.running().items():
+            registered = signals.get(rank)
+            if registered is not None and registered[0] == pid:
+                try:
+                    os.kill(pid, registered[1])
+                    signalled = True
+                except ProcessLookupError:
+                    pass
+        if signalled:
+            time.sleep(_STACK_DUMP_WAIT_S)
+        return {rank: process_status(pid) for rank, pid in self.running().items()}
 
     def all_exited(self) -> bool:
         return len(self._exits) == len(self.specs)

@@ -6,11 +6,11 @@ import abc
 import dataclasses
 from typing import List, Optional, Tuple
 
-from launcher.beats import ProgressRow
 from launcher.cluster.wire import Interrupt, InterruptKind
-from launcher.layout import Layout
-from launcher.results import AttemptResult, RunResult
-from launcher.stopping import StopReading
+from launcher.core.beats import ProgressRow
+from launcher.core.layout import Layout
+from launcher.core.results import AttemptResult, RunResult
+from launcher.core.stopping import StopReading
 
 __all__ = ["AttemptPlan", "Role"]
 

@@ -10,8 +10,6 @@ import socket
 import time
 from typing import List, Optional, Tuple
 
-from launcher import failpoints
-from launcher.beats import ProgressRow
 from launcher.cluster.channel import ChannelSpec
 from launcher.cluster.deadline_store import DeadlineStore, StoreTimeout
 from launcher.cluster.follower_channel import FollowerChannel
@@ -19,16 +17,18 @@ from launcher.cluster.lobby import Hello, NodeClaim
 from launcher.cluster.rendezvous import LeaderUnreachable, Rendezvous, Round, RoundFailed, connect_job_store
 from launcher.cluster.wire import AttemptPlan as WirePlan
 from launcher.cluster.wire import Interrupt, InterruptKind, JobVerdict, NodeInfo, NodeReport, plan_problem
-from launcher.errors import Interrupted, UsageError
-from launcher.events import EventLog, NodesMet
-from launcher.layout import Layout
-from launcher.outcomes import AttemptOutcome, RunStatus
+from launcher.core import failpoints
+from launcher.core.beats import ProgressRow
+from launcher.core.events import EventLog, NodesMet
+from launcher.core.layout import Layout
+from launcher.core.outcomes import AttemptOutcome, RunStatus
+from launcher.core.results import AttemptResult, RunResult
+from launcher.core.stopping import StopReading
+from launcher.grammar.errors import Interrupted, UsageError
 from launcher.process.signals import SignalInbox
-from launcher.results import AttemptResult, RunResult
 from launcher.roles.base import AttemptPlan, Role
 from launcher.roles.leader import node_report, report_timeout
 from launcher.runs.directory import RunDir
-from launcher.stopping import StopReading
 
 __all__ = ["Follower"]
 

@@ -5,16 +5,16 @@ import signal
 import time
 from typing import List, Optional, Tuple
 
-from launcher.errors import ExitCode, Interrupted, StartFailed, exit_code_for_signal
-from launcher.events import Decision, EventLog
-from launcher.outcomes import AttemptOutcome, RunStatus
-from launcher.policy import RestartPolicy, Verdict
+from launcher.core.events import Decision, EventLog
+from launcher.core.outcomes import AttemptOutcome, RunStatus
+from launcher.core.policy import RestartPolicy, Verdict
+from launcher.core.records import AttemptEntry
+from launcher.core.results import AttemptResult, RunResult
+from launcher.grammar.errors import ExitCode, Interrupted, StartFailed, exit_code_for_signal
 from launcher.process.signals import SignalInbox
 from launcher.process.store import AttemptStore, StoreHost, host_here
-from launcher.results import AttemptResult, RunResult
 from launcher.roles.base import Role
 from launcher.runs.checkpoints import NewestCheckpoint
-from launcher.runs.records import AttemptEntry
 from launcher.runs.run import Run
 
 __all__ = ["RunHolder"]

@@ -5,22 +5,22 @@ import dataclasses
 import time
 from typing import Dict, List, Optional, Tuple
 
-from launcher.beats import BeatSummary, ProgressRow
 from launcher.cluster.channel import ChannelSpec
 from launcher.cluster.leader_channel import LeaderChannel
 from launcher.cluster.lobby import Lobby
 from launcher.cluster.rendezvous import Rendezvous, Round, RoundFailed
 from launcher.cluster.wire import AttemptPlan as WirePlan
 from launcher.cluster.wire import Interrupt, InterruptKind, JobVerdict, NodeInfo, NodeReport, plan_problem
-from launcher.errors import ExitCode, JoinTimeout, UsageError
-from launcher.events import NodesMet, RoundAbandoned
-from launcher.failures import root_cause
-from launcher.layout import Layout
-from launcher.outcomes import AttemptOutcome, RunStatus
-from launcher.results import AttemptResult, RunResult
+from launcher.core.beats import BeatSummary, ProgressRow
+from launcher.core.events import NodesMet, RoundAbandoned
+from launcher.core.failures import root_cause
+from launcher.core.layout import Layout
+from launcher.core.outcomes import AttemptOutcome, RunStatus
+from launcher.core.results import AttemptResult, RunResult
+from launcher.core.stopping import StopReading
+from launcher.grammar.errors import ExitCode, JoinTimeout, UsageError
 from launcher.roles.base import AttemptPlan
 from launcher.roles.holder import RunHolder
-from launcher.stopping import StopReading
 
 __all__ = ["Leader", "node_report", "report_timeout"]
 

@@ -2,12 +2,12 @@
 
 from typing import List, Optional
 
-from launcher.beats import ProgressRow
-from launcher.layout import Layout
-from launcher.results import AttemptResult
+from launcher.core.beats import ProgressRow
+from launcher.core.layout import Layout
+from launcher.core.results import AttemptResult
+from launcher.core.stopping import StopReading, local_stop_step
 from launcher.roles.base import AttemptPlan
 from launcher.roles.holder import RunHolder
-from launcher.stopping import StopReading, local_stop_step
 
 __all__ = ["SingleNode"]
 

@@ -20,9 +20,9 @@ from typing import Any, List, Optional
 
 import psutil
 
-from launcher.errors import RunBusy, RunLost, UsageError
-from launcher.events import Logged, parse_logged
-from launcher.runs.records import RunState
+from launcher.core.events import Logged, parse_logged
+from launcher.core.records import RunState
+from launcher.grammar.errors import RunBusy, RunLost, UsageError
 from worker_lib.storage import Storage
 
 __all__ = [

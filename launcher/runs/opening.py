@@ -7,13 +7,13 @@ import shlex
 import time
 from typing import Callable, List, Optional, Tuple
 
-from launcher.config import LaunchConfig
-from launcher.errors import UsageError
-from launcher.events import EventLog, Logged, Resume, Takeover
-from launcher.outcomes import AttemptOutcome, RunStatus
+from launcher.core.config import LaunchConfig
+from launcher.core.events import EventLog, Logged, Resume, Takeover
+from launcher.core.outcomes import AttemptOutcome, RunStatus
+from launcher.core.records import RunState
+from launcher.grammar.errors import UsageError
 from launcher.runs.checkpoints import NewestCheckpoint
 from launcher.runs.directory import Holder, RunDir
-from launcher.runs.records import RunState
 
 __all__ = ["RunOpening"]
 

@@ -11,12 +11,13 @@ import threading
 import time
 from typing import Callable, List, Optional
 
-from launcher.beats import BeatSummary, NodeRow, ProgressRow
-from launcher.config import LaunchConfig
-from launcher.events import EventLog, KeptTime
-from launcher.evidence import ProgressEvidence, judge_progress
-from launcher.failures import Failure, root_cause
-from launcher.outcomes import AttemptOutcome, RunStatus
+from launcher.core.beats import BeatSummary, NodeRow, ProgressRow
+from launcher.core.config import LaunchConfig
+from launcher.core.events import EventLog, KeptTime
+from launcher.core.evidence import ProgressEvidence, judge_progress
+from launcher.core.failures import Failure, root_cause
+from launcher.core.outcomes import AttemptOutcome, RunStatus
+from launcher.core.records import AttemptEntry, FailureCause, FailureEntry, kept_seconds
 from launcher.runs.checkpoints import CheckpointDir, NewestCheckpoint
 from launcher.runs.directory import (
     EVENTS_FILE,
@@ -28,7 +29,6 @@ from launcher.runs.directory import (
     state_bytes,
 )
 from launcher.runs.opening import RunOpening
-from launcher.runs.records import AttemptEntry, FailureCause, FailureEntry, kept_seconds
 from launcher.runs.writer import RunDirWriter
 
 __all__ = ["Run"]

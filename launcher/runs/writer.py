@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Set
 
-from launcher.errors import RunLost, StorageLost
+from launcher.grammar.errors import RunLost, StorageLost
 from launcher.runs.directory import RunDir
 
 __all__ = ["RunDirWriter"]

@@ -5,13 +5,13 @@ import signal
 
 import pytest
 
-from launcher.beats import BeatReading
 from launcher.chaos.injector import ChaosInjector, mark_injected, not_landed
-from launcher.chaos.spec import FaultKind, TriggerKind, parse_chaos
-from launcher.errors import UsageError
-from launcher.failures import ProcessFailure
-from launcher.outcomes import AttemptOutcome
-from launcher.policy import AttemptRecord, RestartPolicy, Verdict
+from launcher.core.beats import BeatReading
+from launcher.core.failures import ProcessFailure
+from launcher.core.outcomes import AttemptOutcome
+from launcher.core.policy import AttemptRecord, RestartPolicy, Verdict
+from launcher.grammar.chaos import FaultKind, TriggerKind, parse_chaos
+from launcher.grammar.errors import UsageError
 from worker_lib import contract as c
 
 
@@ -209,8 +209,8 @@ def test_injected_failures_do_not_count_unless_asked():
 def test_an_injected_failure_is_the_root_cause_over_a_peer_that_looks_more_guilty():
     """Found by the matrix: a rank asked to sleep and its peer (blocked in DDP's backward, one
     beat earlier) were both hung; the peer was blamed and the attempt counted as a real failure."""
-    from launcher.beats import Phase
-    from launcher.failures import HangFailure, root_cause
+    from launcher.core.beats import Phase
+    from launcher.core.failures import HangFailure, root_cause
 
     peer = HangFailure(0, 0, 10, Phase.STEPPING, 3.0, 3.0, 78, observed_at=1.0)
     asleep = HangFailure(1, 1, 11, Phase.STEPPING, 3.0, 3.0, 78, observed_at=1.1, injected=True)

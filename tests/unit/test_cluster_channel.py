@@ -21,8 +21,8 @@ from launcher.cluster.wire import (
     NodeReport,
     plan_problem,
 )
-from launcher.errors import Interrupted
-from launcher.stopping import StopReading
+from launcher.core.stopping import StopReading
+from launcher.grammar.errors import Interrupted
 
 TIMEOUT = 0.6  # --node-timeout, in seconds
 

@@ -1,6 +1,6 @@
 """LaunchConfig's derived values."""
 
-from launcher.config import EntryKind, default_run_name
+from launcher.core.config import EntryKind, default_run_name
 
 
 def test_a_script_whose_name_has_spaces_gets_a_plain_run_name():

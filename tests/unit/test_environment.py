@@ -21,7 +21,7 @@ import pytest
 
 from launcher.cli import config_from_options, options_of
 from launcher.environment import torchrun_defaults
-from launcher.errors import UsageError
+from launcher.grammar.errors import UsageError
 
 TRAINER_NODE_1 = {  # Kubeflow Trainer's five, for node 1 of a TrainJob named "mnist"
     "PET_NNODES": "2",

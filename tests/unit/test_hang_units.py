@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from helpers import dead_pid
 
-from launcher.beats import BeatReading, Phase
-from launcher.durations import parse_duration
-from launcher.errors import UsageError
-from launcher.failures import HangFailure, root_cause, short_frame
+from launcher.core.beats import BeatReading, Phase
+from launcher.core.failures import HangFailure, root_cause, short_frame
+from launcher.grammar.durations import parse_duration
+from launcher.grammar.errors import UsageError
 from launcher.hangs.board import HeartbeatBoard
 from launcher.hangs.deadlines import MIN_SAMPLES, HangLimits, HangWatch
 from launcher.hangs.stacks import last_stacks

@@ -1,29 +1,27 @@
 """The import graph, read from the source: no circle between modules (lazy imports inside
-functions included), worker_lib never imports the launcher, and the shared vocabulary never
-imports the parts that use it (issue 21, item 2)."""
+functions included), and between packages every import runs down the layers (issue 35, item 1):
+worker_lib never imports the launcher, the shared vocabulary (``launcher.core``) imports only the
+grammar leaf below it, and the hang monitor decides while the process layer acts."""
 
 import ast
 from pathlib import Path
-from typing import Dict, List, Set
+from typing import Dict, List, Set, Tuple
 
 ROOT = Path(__file__).resolve().parents[2]
-# The vocabulary: records and pure rules every part of the launcher shares.
-_VOCABULARY = (
-    "launcher.errors",
-    "launcher.outcomes",
-    "launcher.beats",
-    "launcher.results",
-    "launcher.durations",
-    "launcher.config",
-    "launcher.events",
-    "launcher.failures",
-    "launcher.stopping",
-    "launcher.evidence",
-    "launcher.policy",
-    "launcher.group_state",
+# Every package of launcher/ and worker_lib/, lowest first. A package imports only packages of the
+# layers below its own (siblings in one layer do not import each other). A package missing here
+# fails the test: a new one is placed on purpose.
+_LAYERS: Tuple[Tuple[str, ...], ...] = (
+    ("worker_lib",),  # the workers' library and the contract with the supervisor
+    ("worker_lib.integrations",),  # framework adapters (nothing imports them)
+    ("launcher.grammar",),  # what a user may write, and the errors that refuse it
+    ("launcher.core",),  # the vocabulary: configuration, events, outcomes, failures, policy
+    ("launcher.process",),  # processes: spawn, signal, stop, logs, the fork server
+    # the mechanisms of one node's watch and of many nodes' meeting
+    ("launcher.runs", "launcher.observe", "launcher.hangs", "launcher.chaos", "launcher.cluster"),
+    ("launcher.roles",),  # single node, node 0, follower: one loop over a Role
+    ("launcher",),  # the command line, the supervisor's loop and the attempt
 )
-# What uses it: the loop, the roles, the attempt, the command line.
-_USERS = ("launcher.supervisor", "launcher.attempt", "launcher.roles", "launcher.cli", "launcher.status_cli")
 
 
 def _modules() -> Dict[str, Path]:
@@ -94,15 +92,51 @@ def test_worker_lib_never_imports_the_launcher():
     ] == []
 
 
-def test_the_vocabulary_never_imports_its_users():
-    graph = _graph()
+def _package(module: str, modules: Dict[str, Path]) -> str:
+    """The package a module belongs to: itself for a package's ``__init__``."""
+    if modules[module].name == "__init__.py":
+        return module
+    return module.rpartition(".")[0]
+
+
+def _package_graph() -> Dict[str, Set[str]]:
+    modules, graph = _modules(), _graph()
+    packages: Dict[str, Set[str]] = {_package(m, modules): set() for m in modules}
+    for module, imported in graph.items():
+        mine = _package(module, modules)
+        packages[mine].update(p for p in (_package(d, modules) for d in imported) if p != mine)
+    return packages
+
+
+def test_every_package_has_a_layer():
+    placed = [p for layer in _LAYERS for p in layer]
+    assert sorted(placed) == sorted(_package_graph()), "place a new package in _LAYERS"
+
+
+def test_every_import_between_packages_runs_down_the_layers():
+    height = {p: i for i, layer in enumerate(_LAYERS) for p in layer}
+    graph, modules = _graph(), _modules()
     upward = [
-        (m, d)
-        for m in _VOCABULARY
-        for d in graph[m]
-        if any(d == user or d.startswith(user + ".") for user in _USERS)
+        f"{m} imports {d}"
+        for m in sorted(graph)
+        for d in sorted(graph[m])
+        if _package(m, modules) != _package(d, modules)
+        and height[_package(d, modules)] >= height[_package(m, modules)]
     ]
     assert upward == []
+
+
+def test_no_package_imports_itself_round_a_circle():
+    assert _circles(_package_graph()) == []
+
+
+def test_the_hang_monitor_decides_and_the_process_layer_acts():
+    """launcher.hangs reads beats and names hung ranks; it never signals, sleeps on or imports the
+    process layer (attempt.py hands its decision to ``WorkerGroup.dump_stacks``)."""
+    packages = _package_graph()
+    assert "launcher.process" not in packages["launcher.hangs"]
+    for path in (ROOT / "launcher" / "hangs").glob("*.py"):
+        assert "os.kill" not in path.read_text() and "time.sleep" not in path.read_text(), path
 
 
 def test_the_circle_finder_finds_a_circle():

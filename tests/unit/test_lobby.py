@@ -9,7 +9,7 @@ from helpers import dead_pid
 from torch.distributed import HashStore
 
 from launcher.cluster.lobby import Hello, Lobby, NodeClaim
-from launcher.errors import UsageError
+from launcher.grammar.errors import UsageError
 
 
 def _claim(node=1, rdzv_id="job", command=("script", "train.py")):

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.beats import BeatReading, CheckpointCounters, Phase
-from launcher.config import MetricsSection
-from launcher.errors import UsageError
-from launcher.events import (
+from launcher.core.beats import BeatReading, CheckpointCounters, Phase
+from launcher.core.config import MetricsSection
+from launcher.core.events import (
     AttemptEnded,
     AttemptPlanned,
     CheckpointLoaded,
@@ -26,7 +25,8 @@ from launcher.events import (
     Steps,
     Transition,
 )
-from launcher.group_state import GroupState
+from launcher.core.group_state import GroupState
+from launcher.grammar.errors import UsageError
 from launcher.observe.metrics import RunMetrics
 from launcher.observe.slots import SlotObserver, checkpoint_totals
 from worker_lib import contract as c

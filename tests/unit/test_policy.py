@@ -2,9 +2,9 @@
 
 import pytest
 
-from launcher.evidence import Progress, ProgressEvidence, judge_progress
-from launcher.outcomes import AttemptOutcome
-from launcher.policy import AttemptRecord, RestartPolicy, Verdict
+from launcher.core.evidence import Progress, ProgressEvidence, judge_progress
+from launcher.core.outcomes import AttemptOutcome
+from launcher.core.policy import AttemptRecord, RestartPolicy, Verdict
 
 F, P, L = AttemptOutcome.FAILED, AttemptOutcome.PREEMPTED, AttemptOutcome.SUPERVISOR_LOST
 

@@ -2,11 +2,11 @@
 
 import pytest
 
-from launcher.events import CheckpointLoaded, FirstStep, Logged, Transition
-from launcher.group_state import GroupState as S
-from launcher.outcomes import AttemptOutcome
-from launcher.recovery import goodput, recoveries
-from launcher.runs.records import AttemptEntry
+from launcher.core.events import CheckpointLoaded, FirstStep, Logged, Transition
+from launcher.core.group_state import GroupState as S
+from launcher.core.outcomes import AttemptOutcome
+from launcher.core.records import AttemptEntry
+from launcher.core.recovery import goodput, recoveries
 
 
 def _t(attempt, new, t, **extra):

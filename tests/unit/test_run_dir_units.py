@@ -6,11 +6,11 @@ import os
 
 import pytest
 
-from launcher.errors import RunBusy, UsageError
-from launcher.events import FirstStep
-from launcher.outcomes import AttemptOutcome, RunStatus
+from launcher.core.events import FirstStep
+from launcher.core.outcomes import AttemptOutcome, RunStatus
+from launcher.core.records import AttemptEntry, RunState
+from launcher.grammar.errors import RunBusy, UsageError
 from launcher.runs.directory import LOCK_FILE, Holder, RunDir
-from launcher.runs.records import AttemptEntry, RunState
 
 
 def test_the_lock_is_held_renewed_and_released(tmp_path):
@@ -83,8 +83,8 @@ def test_damaged_event_lines_are_skipped(tmp_path, caplog):
 def test_a_run_at_another_size_warns_only_of_steps_it_cannot_load(tmp_path, kind, warned):
     """Regression (issue 33): a DCP run relaunched at another --nproc was warned that its steps
     would not load, though DCP reshards them. Only per-rank parts saved at the old size warrant it."""
-    from launcher.config import EntrySection, GroupSection, LaunchConfig, RunSection
-    from launcher.events import EventLog
+    from launcher.core.config import EntrySection, GroupSection, LaunchConfig, RunSection
+    from launcher.core.events import EventLog
     from launcher.runs.checkpoints import CheckpointDir
     from launcher.runs.opening import RunOpening
     from worker_lib.marker import MARKER, CommitMarker, step_dir

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from launcher.errors import RunLost, StorageLost
+from launcher.grammar.errors import RunLost, StorageLost
 from launcher.runs import writer as writer_module
 from launcher.runs.directory import LOCK_FILE, RunDir
 from launcher.runs.writer import RunDirWriter

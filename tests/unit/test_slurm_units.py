@@ -3,8 +3,9 @@
 import pytest
 
 from launcher.cli import config_from_options, options_of
-from launcher.cluster.slurm import expand_hostlist, slurm_step
-from launcher.errors import UsageError
+from launcher.grammar.errors import UsageError
+from launcher.grammar.slurm import expand_hostlist
+from launcher.grammar.slurm import read_slurm_step as slurm_step
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """The cooperative stop's rule and the step rate, with scripted readings and times."""
 
-from launcher.stopping import STOP_PROPAGATION_S, StepRate, StopReading, local_stop_step, stop_step
+from launcher.core.stopping import STOP_PROPAGATION_S, StepRate, StopReading, local_stop_step, stop_step
 
 
 def test_the_stop_step_lies_past_the_furthest_rank_by_the_fastest_pace():

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from helpers import dead_pid
 
-from launcher.config import EntryKind, LaunchConfig, resolve_backend
-from launcher.errors import UsageError
-from launcher.failures import ErrorRecord, ProcessFailure, describe_exit, read_error_file, root_cause
-from launcher.group_state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine, IllegalTransition
+from launcher.core.config import EntryKind, LaunchConfig
+from launcher.core.failures import ErrorRecord, ProcessFailure, describe_exit, read_error_file, root_cause
+from launcher.core.group_state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine, IllegalTransition
+from launcher.discover import resolve_backend
+from launcher.grammar.errors import UsageError
 from launcher.process.logs import _Stream
 from launcher.process.plan import plan_workers
 from worker_lib import contract
@@ -162,7 +163,7 @@ def test_the_fork_server_warms_the_filesystem_of_the_checkpoint_url(url, modules
 def test_an_elastic_attempt_numbers_its_ranks_densely_over_the_nodes_present(tmp_path):
     """Issue 25.2: node 2 of a --nnodes 2:3 job with node 1 gone runs ranks 2 and 3 of 4, as
     torchrun's group rank 1 of 2."""
-    from launcher.layout import Layout
+    from launcher.core.layout import Layout
 
     config = LaunchConfig.of(
         entrypoint="train.py",

@@ -6,8 +6,8 @@ import os
 import pytest
 
 from launcher.cli import config_from_options, options_of
-from launcher.config import GroupSection
-from launcher.errors import UsageError
+from launcher.core.config import GroupSection
+from launcher.grammar.errors import UsageError
 from launcher.process.spare import misfit, warn_of_late_cuda_env
 from launcher.process.spares import cost_line
 

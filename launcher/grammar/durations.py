@@ -2,7 +2,7 @@
 
 import math
 
-from launcher.errors import UsageError
+from launcher.grammar.errors import UsageError
 
 __all__ = ["parse_duration"]
 

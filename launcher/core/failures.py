@@ -7,7 +7,7 @@ import signal
 from pathlib import Path
 from typing import Optional, Sequence, Tuple, Union
 
-from launcher.beats import Phase
+from launcher.core.beats import Phase
 
 __all__ = [
     "ErrorRecord",

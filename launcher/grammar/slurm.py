@@ -4,13 +4,11 @@ the job's id (stable across requeues). Read from SLURM's environment, never gues
 import dataclasses
 import itertools
 import re
-import shutil
-import subprocess
 from typing import List, Mapping, Optional
 
-from launcher.errors import UsageError
+from launcher.grammar.errors import UsageError
 
-__all__ = ["SlurmStep", "expand_hostlist", "slurm_step"]
+__all__ = ["SlurmStep", "expand_hostlist", "read_slurm_step"]
 
 # torchrun's default rendezvous port is 29400; a job on a shared node gets its own.
 _BASE_PORT = 29400
@@ -22,14 +20,15 @@ class SlurmStep:
     job_id: str
     nnodes: int
     node_rank: int
-    first_host: str  # node 0: it hosts the job's store
+    first_host: str  # node 0: it hosts the job's store (the node list's first, as read here)
+    nodelist: str = ""  # as SLURM wrote it; ``launcher.discover`` asks scontrol to name node 0
 
     @property
     def rdzv_endpoint(self) -> str:
         return f"{self.first_host}:{_BASE_PORT + int(self.job_id) % _PORT_SPREAD}"
 
 
-def slurm_step(environ: Mapping[str, str]) -> Optional[SlurmStep]:
+def read_slurm_step(environ: Mapping[str, str]) -> Optional[SlurmStep]:
     """The srun step this process is a task of, or None outside one. A batch script's own shell
     is no step (it has no SLURM_STEP_NUM_NODES): ftlaunch run there is one node, as without SLURM."""
     if "SLURM_JOB_ID" not in environ or "SLURM_STEP_NUM_NODES" not in environ:
@@ -48,24 +47,10 @@ def slurm_step(environ: Mapping[str, str]) -> Optional[SlurmStep]:
             f"this SLURM step runs {tasks} tasks on {nnodes} node(s); ftlaunch runs once per node and "
             "starts the workers itself: srun --ntasks-per-node=1 ftlaunch --nproc N ..."
         )
-    return SlurmStep(job_id=job_id, nnodes=nnodes, node_rank=task, first_host=_first_host(nodelist))
-
-
-def _first_host(nodelist: str) -> str:
-    """As ``scontrol show hostnames`` names it where scontrol exists; our own reading otherwise."""
-    if shutil.which("scontrol"):
-        try:
-            out = subprocess.run(
-                ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30
-            )
-            if out.returncode == 0 and out.stdout.split():
-                return out.stdout.split()[0]
-        except (OSError, subprocess.TimeoutExpired):
-            pass
     hosts = expand_hostlist(nodelist)
     if not hosts:
         raise UsageError(f"SLURM's node list is empty: {nodelist!r}")
-    return hosts[0]
+    return SlurmStep(job_id, nnodes, task, first_host=hosts[0], nodelist=nodelist)
 
 
 def expand_hostlist(nodelist: str) -> List[str]:

@@ -28,8 +28,8 @@ import enum
 import signal
 from typing import Optional, Tuple
 
-from launcher.durations import parse_duration
-from launcher.errors import UsageError
+from launcher.grammar.durations import parse_duration
+from launcher.grammar.errors import UsageError
 
 __all__ = ["ChaosPlan", "Fault", "FaultKind", "Trigger", "TriggerKind", "parse_chaos"]
 

@@ -4,9 +4,9 @@ that were kept. Pure: computed from the event log (monotonic times) and the run'
 import dataclasses
 from typing import Callable, List, Optional, Sequence
 
-from launcher.events import CheckpointLoaded, FirstStep, Logged, Transition
-from launcher.group_state import GroupState
-from launcher.runs.records import AttemptEntry, kept_seconds
+from launcher.core.events import CheckpointLoaded, FirstStep, Logged, Transition
+from launcher.core.group_state import GroupState
+from launcher.core.records import AttemptEntry, kept_seconds
 
 __all__ = ["Recovery", "goodput", "recoveries"]
 

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Optional, Type, Union, get_args
 
-from launcher.beats import Phase
-from launcher.group_state import GroupState
+from launcher.core.beats import Phase
+from launcher.core.group_state import GroupState
 
 __all__ = [
     "AttemptEnded",

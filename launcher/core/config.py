@@ -13,10 +13,8 @@ import sys
 from pathlib import Path
 from typing import FrozenSet, Optional, Sequence, Tuple
 
-from launcher.chaos.spec import ChaosPlan
-from launcher.cluster.slurm import SlurmStep
-from launcher.errors import UsageError
-from worker_lib.backend import choose_backend
+from launcher.grammar.chaos import ChaosPlan
+from launcher.grammar.errors import UsageError
 
 __all__ = [
     "ChaosSection",
@@ -27,14 +25,10 @@ __all__ = [
     "HangSection",
     "LaunchConfig",
     "MetricsSection",
-    "Placement",
     "RestartSection",
     "RunSection",
     "default_run_name",
     "join_run_url",
-    "place",
-    "resolve_backend",
-    "visible_gpu_count",
 ]
 
 
@@ -417,63 +411,6 @@ def join_run_url(run_dir: str, name: str) -> str:
     return str(Path(run_dir).expanduser().resolve() / name)
 
 
-@dataclasses.dataclass(frozen=True)
-class Placement:
-    """What the options left unsaid, derived: which run this is, where its logs go, and how this
-    node joins the others (from SLURM's environment under srun)."""
-
-    run_name: str
-    run_url: str
-    run_id: str
-    log_dir: Path
-    nnodes: int
-    min_nodes: int  # --nnodes MIN:MAX's MIN; 0: fixed
-    node_rank: int
-    rdzv_endpoint: str  # "" for one node
-    master_addr: str
-
-
-def place(
-    entry: EntrySection,
-    run_dir: str,
-    run_name: Optional[str] = None,
-    run_id: Optional[str] = None,
-    log_dir: Optional[Path] = None,
-    nnodes: Optional[Tuple[int, int]] = None,
-    node_rank: Optional[int] = None,
-    rdzv_endpoint: Optional[str] = None,
-    master_addr: Optional[str] = None,
-    slurm: Optional[SlurmStep] = None,
-) -> Placement:
-    """Each argument left None is derived; flags always win over SLURM's environment.
-    ``nnodes``: (MIN, MAX), MIN 0 for a fixed count."""
-    fewest, nodes = nnodes if nnodes is not None else (0, slurm.nnodes if slurm else 1)
-    if node_rank is None:
-        node_rank = slurm.node_rank if slurm and nodes > 1 else 0
-    if rdzv_endpoint is None:
-        rdzv_endpoint = slurm.rdzv_endpoint if slurm and nodes > 1 else ""
-    if run_name is None and slurm is not None:  # the job id survives requeues; the command may not
-        run_name = f"{entry.default_run_name.rsplit('-', 1)[0]}-job{slurm.job_id}"
-    name = _check_run_name(run_name or entry.default_run_name)
-    run_url = join_run_url(run_dir, name)
-    local = "://" not in run_url or run_url.startswith("file://")
-    run_id = run_id or f"{name}-{hashlib.sha1(run_url.encode()).hexdigest()[:8]}"
-    if log_dir is None:  # logs are written by this node: on the run dir only when it is local
-        log_dir = Path(run_url.replace("file://", "")) / "logs" if local else Path("ftlaunch_logs") / name
-    if nodes > 1:  # each node's logs and events under its own name
-        log_dir = log_dir / f"node{node_rank}"
-    if master_addr is None:
-        master_addr = rdzv_endpoint.rpartition(":")[0].strip("[]") if nodes > 1 else "127.0.0.1"
-    endpoint = rdzv_endpoint if nodes > 1 else ""
-    return Placement(name, run_url, run_id, log_dir, nodes, fewest, node_rank, endpoint, master_addr)
-
-
-def _check_run_name(name: str) -> str:
-    if not name or name in (".", "..") or "/" in name or any(ch.isspace() for ch in name):
-        raise UsageError(f"--run-name must be a plain name (no '/', no spaces), got {name!r}")
-    return name
-
-
 def default_run_name(kind: EntryKind, entrypoint: str, script_args: Sequence[str]) -> str:
     """The script's name and a hash of the command: the same command (run from the same place)
     finds the same run; other arguments (a sweep) make another run. Scripts are named by their
@@ -487,33 +424,3 @@ def default_run_name(kind: EntryKind, entrypoint: str, script_args: Sequence[str
     # A run name is one path component with no spaces: "my train.py" names the run my_train-<hash>.
     stem = re.sub(r"[\s/]+", "_", stem).strip("._") or "run"
     return f"{stem}-{digest[:8]}"
-
-
-# Device files a GPU driver creates (NVIDIA, ROCm, WSL's GPU bridge). With none of them there is
-# no GPU to count, and the supervisor need not spend seconds importing torch to learn that.
-_GPU_DRIVER_FILES = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd", "/dev/dxg")
-
-
-def visible_gpu_count() -> int:
-    """GPUs this node can use; asks NVML through torch, so no CUDA context is created."""
-    if not any(os.path.exists(path) for path in _GPU_DRIVER_FILES):
-        return 0
-    from launcher.quiet_torch import import_torch
-
-    try:
-        import_torch()
-        import torch
-    except ImportError:  # pragma: no cover - torch is a declared dependency
-        return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def resolve_backend(requested: str, nproc: int, gpu_count: int) -> str:
-    """Choose the backend and refuse nccl setups that cannot work, before anything starts."""
-    try:
-        backend = choose_backend(requested, gpu_count)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    if backend == "nccl" and nproc > gpu_count:
-        raise UsageError(f"--nproc {nproc} with nccl needs {nproc} GPUs, this node sees {gpu_count}")
-    return backend

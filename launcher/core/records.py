@@ -6,10 +6,10 @@ import enum
 import json
 from typing import Any, Dict, List, Optional, Sequence
 
-from launcher.evidence import Progress
-from launcher.failures import Failure, HangFailure, NodeLostFailure
-from launcher.outcomes import AttemptOutcome, RunStatus
-from launcher.policy import AttemptRecord
+from launcher.core.evidence import Progress
+from launcher.core.failures import Failure, HangFailure, NodeLostFailure
+from launcher.core.outcomes import AttemptOutcome, RunStatus
+from launcher.core.policy import AttemptRecord
 
 __all__ = ["AttemptEntry", "FailureCause", "FailureEntry", "RunState", "kept_seconds"]
 

@@ -4,12 +4,12 @@ the summary and the CLI (below all of them, above only the failure records)."""
 import dataclasses
 from typing import TYPE_CHECKING, List, Optional
 
-from launcher.beats import BeatSummary
-from launcher.failures import Failure, root_cause
-from launcher.outcomes import AttemptOutcome, RunStatus
+from launcher.core.beats import BeatSummary
+from launcher.core.failures import Failure, root_cause
+from launcher.core.outcomes import AttemptOutcome, RunStatus
 
 if TYPE_CHECKING:  # the records are filled in by the loop; recovery sits above this module
-    from launcher.recovery import Recovery
+    from launcher.core.recovery import Recovery
 
 __all__ = ["AttemptResult", "RunResult"]
 

@@ -3,7 +3,7 @@
 - budget: at most ``max_failures`` failed attempts (-1: no limit) are restarted, counting only
   failures inside ``failure_window`` seconds when one is set (systemd's StartLimitIntervalSec);
 - crash loop: ``crash_loop`` failed attempts in a row known to have made no progress stop the run
-  early (0: off); progress is judged from evidence (``launcher.evidence``), and an attempt whose
+  early (0: off); progress is judged from evidence (``launcher.core.evidence``), and an attempt whose
   progress is unknown ends the row, as one that progressed does;
 - backoff: the first failure after progress restarts at once; each further one in a row known to
   have made no progress waits twice as long, from ``backoff`` seconds up to ``backoff_cap``.
@@ -16,7 +16,7 @@ import dataclasses
 import enum
 from typing import Optional, Sequence
 
-from launcher.outcomes import AttemptOutcome
+from launcher.core.outcomes import AttemptOutcome
 
 __all__ = ["AttemptRecord", "RestartPolicy", "RestartDecision", "Verdict"]
 
