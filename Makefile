@@ -63,6 +63,7 @@ chaos: install
 lint: install
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)
+	$(VENV)/bin/mypy  # launcher/ and worker_lib/, as setup.cfg's [mypy] says
 
 # Exactly what CI runs.
 integration:

@@ -90,10 +90,17 @@ class AttemptRunner:
         self._memory_dir = memory_dir  # the node's memory tier, for the workers' snapshots
         self._next_progress = 0.0
         self._chaos = chaos_for(config, events, say)
-        self._role: Optional[Role] = None  # the node's, during run()
+        self._role: Optional[Role] = None  # the node's, during run(): see ``role``
         self._observer = SlotObserver(events, -1)  # the slots as events: one per attempt
         self._logs_cut_said = False
         self._board_fallback_said = False
+
+    @property
+    def role(self) -> Role:
+        """The node's role, while ``run`` runs an attempt."""
+        if self._role is None:
+            raise RuntimeError("the attempt runner's role is asked for outside run()")
+        return self._role
 
     def warm_up(self) -> None:
         """Let the spawner (a fork server importing torch) get going while the supervisor sets up
@@ -157,7 +164,7 @@ class AttemptRunner:
             self._signals.answer_first()
             # The other nodes were planned with this one and start their ranks: they must stop
             # too, now, not once this node has gone silent for --node-timeout.
-            self._role.interrupt(InterruptKind.STOP, "signal", signum)
+            self.role.interrupt(InterruptKind.STOP, "signal", signum)
             return self._stopped_by_signal(machine.attempt, signum)
         self._say(
             f"attempt {machine.attempt}: starting {self.config.group.nproc} worker(s), "
@@ -177,7 +184,7 @@ class AttemptRunner:
         failures: List[Failure] = []
         watch = self._hangs.watch_attempt()
         rate = StepRate()
-        attempt, role = machine.attempt, self._role
+        attempt, role = machine.attempt, self.role
         while True:
             if self._signals.first is not None:
                 signum = self._signals.first
@@ -278,7 +285,7 @@ class AttemptRunner:
             return False
 
         stop = CooperativeStop(
-            self.config.group.grace_period, self._role.agree_stop_step, self._stop_cut_short, self._say
+            self.config.group.grace_period, self.role.agree_stop_step, self._stop_cut_short, self._say
         )
         return stop.ask(
             group, board, rate, lambda step: self._events.emit(StopRequested(attempt, step)), turn
@@ -289,8 +296,8 @@ class AttemptRunner:
         now = time.monotonic()
         if now < self._next_progress:
             return
-        self._next_progress = now + self._role.progress_every_s
-        self._role.publish_progress(attempt, progress_rows(slots, group.running(), now))
+        self._next_progress = now + self.role.progress_every_s
+        self.role.publish_progress(attempt, progress_rows(slots, group.running(), now))
 
     def _record_exit(self, attempt: int, exited: Exit, failures: List[Failure]) -> None:
         self._events.emit(
@@ -315,7 +322,7 @@ class AttemptRunner:
         succeeded = result.outcome is AttemptOutcome.SUCCEEDED
         if not succeeded:
             machine.transition(GroupState.STOPPING)
-        first_signal = result.signum if result.outcome.stopped_by_signal else signal.SIGTERM
+        first_signal = result.signum if result.outcome.stopped_by_signal and result.signum else signal.SIGTERM
         report = group.stop(first_signal, self.config.group.grace_period, abort=self._stop_cut_short)
         if report.survivors:
             self._say(f"could not stop pids {report.survivors} (uninterruptible?); left behind")
@@ -338,7 +345,7 @@ class AttemptRunner:
     def _spawning_may_go_on(self) -> bool:
         """Asked between two spawns: the lease stays fresh however many ranks start, and a signal
         stops the rest from starting (the monitor then stops those already running)."""
-        self._role.keep_alive()
+        self.role.keep_alive()
         return self._signals.first is None
 
     def _keep_guard(self, attempt: int, group: WorkerGroup) -> None:
@@ -362,7 +369,7 @@ class AttemptRunner:
                 "the console (the ranks shown there), and the run goes on"
             )
 
-    def _stopped_by_signal(self, attempt: int, signum: int) -> AttemptResult:
+    def _stopped_by_signal(self, attempt: int, signum: Optional[int]) -> AttemptResult:
         return AttemptResult(attempt, AttemptOutcome.stopped_by(signum), signum=signum)
 
     def _stop_cut_short(self) -> bool:
@@ -373,17 +380,16 @@ class AttemptRunner:
         self._events.emit(Transition(attempt, old, new, **details))
         log.info("attempt %s: %s -> %s", attempt, old and old.value, new.value)
         if new is GroupState.RUNNING:
-            self._role.group_running()
+            self.role.group_running()
 
 
 def _with_log_tails(result: AttemptResult) -> AttemptResult:
     """Attach each failed rank's last log lines (and a hung rank's stack), now that the log
     pump has drained."""
-    failures = []
+    failures: List[Failure] = []
     for f in result.failures:
-        f = dataclasses.replace(
-            f, log_tail=tuple(tail_lines(f.log_file, _LOG_TAIL_LINES) if f.log_file else ())
-        )
+        if isinstance(f, (ProcessFailure, HangFailure)) and f.log_file:
+            f = dataclasses.replace(f, log_tail=tuple(tail_lines(f.log_file, _LOG_TAIL_LINES)))
         if isinstance(f, HangFailure) and f.log_file:
             f = dataclasses.replace(f, stack=main_thread_stack(f.log_file, f.thread_id))
         failures.append(f)

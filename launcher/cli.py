@@ -410,13 +410,13 @@ def config_from_options(
             failure_window=_duration(o, "failure_window", "--failure-window"),
             crash_loop=o["crash_loop"],
             max_preemptions=o["max_preemptions"],
-            backoff=_duration(o, "backoff", "--backoff"),
-            backoff_cap=_duration(o, "max_backoff", "--max-backoff"),
+            backoff=_seconds(o, "backoff", "--backoff"),
+            backoff_cap=_seconds(o, "max_backoff", "--max-backoff"),
         ),
         hangs=HangSection(
-            init_timeout=_duration(o, "init_timeout", "--init-timeout"),
+            init_timeout=_seconds(o, "init_timeout", "--init-timeout"),
             heartbeat_timeout=_parse_heartbeat_timeout(o["heartbeat_timeout"]),
-            heartbeat_floor=_duration(o, "heartbeat_floor", "--heartbeat-floor"),
+            heartbeat_floor=_seconds(o, "heartbeat_floor", "--heartbeat-floor"),
             progress_timeout=_duration(o, "progress_timeout", "--progress-timeout"),
         ),
         run=RunSection(
@@ -424,8 +424,8 @@ def config_from_options(
             name=at.run_name,
             run_id=at.run_id,
             fresh=o["fresh"],
-            lease=_duration(o, "lease", "--lease"),
-            storage_timeout=_duration(o, "storage_timeout", "--storage-timeout"),
+            lease=_seconds(o, "lease", "--lease"),
+            storage_timeout=_seconds(o, "storage_timeout", "--storage-timeout"),
         ),
         cluster=ClusterSection(
             nnodes=at.nnodes,
@@ -434,8 +434,8 @@ def config_from_options(
             rdzv_endpoint=at.rdzv_endpoint,
             rdzv_id=o["rdzv_id"] or "",
             rdzv_conf=_parse_rdzv_conf(o["rdzv_conf"]),
-            join_timeout=_duration(o, "join_timeout", "--join-timeout"),
-            node_timeout=_duration(o, "node_timeout", "--node-timeout"),
+            join_timeout=_seconds(o, "join_timeout", "--join-timeout"),
+            node_timeout=_seconds(o, "node_timeout", "--node-timeout"),
         ),
         chaos=ChaosSection(
             _parse_chaos(o["chaos"], at.run_id, at.nnodes) if o["chaos"] else None, o["chaos_counts"]
@@ -464,8 +464,16 @@ def _torchrun_defaults() -> Dict[str, str]:
 
 
 def _duration(options: Mapping[str, Any], name: str, option: str) -> Optional[float]:
+    """An option that may be left unset (None: off)."""
     value = options[name]
     return parse_duration(value, option) if value is not None else None
+
+
+def _seconds(options: Mapping[str, Any], name: str, option: str) -> float:
+    """An option with a default: it always has a value."""
+    if options[name] is None:
+        raise UsageError(f"{option} needs a duration")
+    return parse_duration(options[name], option)
 
 
 def _parse_chaos(spec: str, run_id: str, nnodes: int):

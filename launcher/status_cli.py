@@ -20,7 +20,7 @@ from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.records import RunState
 from launcher.grammar.errors import UsageError
 from launcher.runs.checkpoints import CheckpointDir
-from launcher.runs.directory import PROGRESS_FILE, HolderState, RunDir
+from launcher.runs.directory import PROGRESS_FILE, LockState, RunDir
 
 __all__ = ["status_cli", "run_status"]
 
@@ -97,7 +97,7 @@ def run_status(url: str) -> Dict[str, Any]:
     now = time.time()
     holder = run.read_lock()
     judged = holder.judge(now) if holder is not None else None
-    live = judged is HolderState.ALIVE
+    live = judged is LockState.ALIVE
     if state.status is RunStatus.RUNNING:  # workers commit while it runs: storage is newer than run.json
         size = int(state.config.get("nproc") or 1) * int(state.config.get("nnodes") or 1)
         if state.attempts and state.attempts[-1].world_size:  # an elastic job's size now
@@ -122,7 +122,7 @@ def _list_runs(run_dir: str, as_json: bool) -> int:
     base = Storage(join_run_url(run_dir, ""), label="run dir")
     if base.fs.exists(base.root) and not base.fs.isdir(base.root):
         raise UsageError(f"--run-dir {run_dir} is a file, not a folder of runs")
-    rows = []
+    rows: List[Dict[str, Any]] = []
     for name in sorted(base.list_names()):
         if not base.fs.isdir(base.path(name)):
             continue  # a stray file
@@ -213,8 +213,8 @@ def _table(report: Dict[str, Any]) -> List[str]:
     resized = [a for a in attempts if a.resize]
     if resized:
         lines += ["", "resizes (--nnodes MIN:MAX):"] + [f"  attempt {a.attempt}: {a.resize}" for a in resized]
-    progress = report.get("progress")
-    if attempts and attempts[-1].nodes and not (progress and progress.get("nodes")):
+    live = report.get("progress")
+    if attempts and attempts[-1].nodes and not (live and live.get("nodes")):
         lines += [
             "",
             f"nodes of attempt {attempts[-1].attempt}: "
@@ -222,8 +222,8 @@ def _table(report: Dict[str, Any]) -> List[str]:
                 f"node {n['node']} on {n['host']} (supervisor pid {n['pid']})" for n in attempts[-1].nodes
             ),
         ]
-    if progress:
-        lines += _progress_lines(progress, now)
+    if live:
+        lines += _progress_lines(live, now)
     return lines
 
 

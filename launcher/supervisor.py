@@ -1,6 +1,6 @@
 """The supervisor: it picks this node's role once (the only node, node 0 of many, or a follower),
 sets up what a run needs, and runs attempts in one loop: meet → start → monitor → stop →
-conclude → decide → (restart | end)."""
+conclude → decide → announce → (restart | end)."""
 
 import contextlib
 import dataclasses
@@ -20,7 +20,7 @@ from launcher.core.outcomes import RunStatus
 from launcher.core.policy import RestartPolicy
 from launcher.core.recovery import goodput, recoveries
 from launcher.core.results import AttemptResult, RunResult
-from launcher.grammar.errors import ExitCode, Interrupted, JoinTimeout, StartFailed, UsageError
+from launcher.grammar.errors import ExitCode, JoinTimeout, SignalReceived, StartFailed, UsageError
 from launcher.hangs.monitor import HangMonitor
 from launcher.process.forkserver import ForkServer, ForkServerSpawner
 from launcher.process.linux import become_subreaper
@@ -34,7 +34,7 @@ from launcher.roles.follower import Follower
 from launcher.roles.holder import RunHolder
 from launcher.roles.leader import Leader
 from launcher.roles.single import SingleNode
-from launcher.runs.directory import Holder, RunDir
+from launcher.runs.directory import LockRecord, RunDir
 from launcher.runs.run import Run
 from worker_lib.storage import StorageError
 
@@ -48,7 +48,7 @@ def run_attempts(role: Role, runner: AttemptRunner) -> RunResult:
     while True:
         try:
             plan = role.meet()
-        except (Interrupted, JoinTimeout) as err:
+        except (SignalReceived, JoinTimeout) as err:
             return role.ended_waiting(err, attempts)
         try:
             local = runner.run(plan, role)
@@ -57,10 +57,11 @@ def run_attempts(role: Role, runner: AttemptRunner) -> RunResult:
             if not attempts:  # nothing of this launch ran, nothing was written: bad input
                 raise UsageError(str(err)) from None
             raise
-        result = role.conclude(local)
-        attempts.append(result)
-        ended, delay = role.decide(result, attempts)
-        runner.concluded(result, restarting=ended is None)
+        concluded = role.conclude(local)
+        attempts.append(concluded.result)
+        ended, delay = role.decide(concluded, attempts)
+        role.announce(concluded, ended, delay)
+        runner.concluded(concluded.result, restarting=ended is None)
         if ended is not None:
             return ended
         role.pause(delay)
@@ -164,7 +165,7 @@ def _lead(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, con
             directory.release()
 
 
-def _acquire(directory: RunDir, config: LaunchConfig) -> Optional[Holder]:
+def _acquire(directory: RunDir, config: LaunchConfig) -> Optional[LockRecord]:
     """Hold the run; storage that fails here (a full disk, no answer) is one line, and nothing
     has started."""
     try:

@@ -363,6 +363,8 @@ class CheckpointManager:
         with opened_verified(self.storage, marker.step, name, marker.parts.get(name)) as (part, problem):
             if problem:
                 return {}, f"rank {self.rank}: {problem}"
+            if part is None:  # never: opened_verified gives the part or what is wrong with it
+                raise CheckpointError(f"rank {self.rank}: {name} was neither opened nor found wrong")
             return self._deserialize(name, part)
 
     def _deserialize(self, name: str, part: VerifiedPart) -> Tuple[Any, Optional[str]]:
@@ -388,7 +390,7 @@ class CheckpointManager:
             return load(weights_only=True), None
         except pickle.UnpicklingError as err:
             lister = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)  # torch 2.5+
-            if not part.mapped:
+            if not isinstance(part.source, str):  # the bytes read (not mapped): from their start again
                 part.source.seek(0)
             unsafe = lister(part.source) if lister is not None else []
             return {}, (

@@ -21,7 +21,7 @@ import hashlib
 import importlib
 import os
 import threading
-from typing import Any, Callable, List, Mapping, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Tuple
 
 import google_crc32c
 
@@ -136,7 +136,7 @@ class _Sha256:
         return self._hash.hexdigest()
 
 
-_KINDS = {CRC32C: _Crc32c, SHA256: _Sha256}
+_KINDS: Dict[str, Callable[[], Checksum]] = {CRC32C: _Crc32c, SHA256: _Sha256}
 
 
 def new(algorithm: str = CRC32C) -> Checksum:
@@ -193,9 +193,11 @@ def of_file(path: str, algorithm: str = CRC32C) -> Tuple[int, str]:
             helper.join()
         if errors:
             raise errors[0]
-        whole = crcs[0]
-        for k in range(1, threads):
-            whole = combine(whole, crcs[k], bounds[k + 1] - bounds[k])
+        whole = 0
+        for k, crc in enumerate(crcs):
+            if crc is None:  # never: each check sets its range's CRC or records an error
+                raise RuntimeError(f"{path}: bytes {bounds[k]}-{bounds[k + 1]} were not checked")
+            whole = crc if k == 0 else combine(whole, crc, bounds[k + 1] - bounds[k])
     return size, f"{whole:08x}"
 
 

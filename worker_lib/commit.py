@@ -169,7 +169,12 @@ class Commits:
         clashes = sorted({n for n in names if names.count(n) > 1})
         if clashes:  # two ranks wrote the same file: neither copy can be trusted to be "the" one
             raise CheckpointError(f"step {step} not committed: several ranks wrote {', '.join(clashes)}")
-        entries = {p["name"]: PartEntry.from_json(p) for p in parts}
+        entries: Dict[str, PartEntry] = {}
+        for p in parts:
+            entry = PartEntry.from_json(p)
+            if entry is None:  # each rank shares its PartEntry.to_json(): anything else is a defect
+                raise CheckpointError(f"step {step} not committed: a rank listed {p!r}, not a part entry")
+            entries[p["name"]] = entry
         marker = CommitMarker(step, self.world_size, kind, entries, metrics)
         self.storage.write_bytes(f"{step_dir(step)}/{MARKER}", marker.to_bytes())
         log.info("checkpoint step %d committed (%d parts)", step, len(parts))

@@ -63,10 +63,11 @@ def save_dcp(
         done: Callable[[], object] = lambda: None  # noqa: E731
     else:
         stager = PinnedStager(manager.pinned)
-        future = dcp.async_save(
+        response = dcp.async_save(
             state, storage_writer=writer, process_group=group, no_dist=alone, async_stager=stager
         )
-        done = getattr(future, "upload_completion", future).result
+        # Older torch returns the upload's future; newer, an AsyncSaveResponse that holds it.
+        done = (response if isinstance(response, Future) else response.upload_completion).result
     written = lambda: _share(manager, step, done)  # noqa: E731 - DCP's files, once it is done
     manager.submit(step, [manager.own_rng_part()], metrics, "dcp", blocking, written_elsewhere=written)
 
@@ -207,6 +208,9 @@ class PinnedStager:
     by DCP) copied into ``area``'s buffer, each DTensor as its local shard, rewrapped. DCP's writer
     gets it through a future that a thread completes once the copy's events have: the loop is
     blocked only while the copies are enqueued."""
+
+    # AsyncStager's protocol lists the flag its own property reads; this class answers with its own.
+    _synchronize_after_execute: bool = False
 
     def __init__(self, area: StagingArea) -> None:
         self._area = area

@@ -19,6 +19,7 @@ import functools
 import io
 import logging
 import mmap
+import pathlib
 import pickle
 import struct
 import sys
@@ -51,7 +52,8 @@ class MappedReader(FileSystemReader):
             per_file.setdefault(self.storage_data[request.storage_index].relative_path, []).append(request)
         for relative_path, requests in per_file.items():
             try:
-                with open(self.path / relative_path, "rb") as handle:
+                # FileSystemReader made self.path a Path (its annotation says str | PathLike).
+                with open(pathlib.Path(self.path) / relative_path, "rb") as handle:
                     region = mmap.mmap(handle.fileno(), 0, prot=mmap.PROT_READ)
             except (OSError, ValueError) as err:  # a file system that maps no files: DCP's own reads
                 log.debug("%s cannot be mapped (%s): read as DCP reads it", relative_path, err)

@@ -15,9 +15,12 @@ skeleton, which the memory tier pickles beside the index.
 import collections
 import copy
 import pickle
-from typing import Any, List, NamedTuple, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, List, NamedTuple, Sequence, Tuple, Type
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 __all__ = ["Entry", "Hole", "Layout", "Split", "decode_index", "encode_index", "on_cuda", "rebuild", "split"]
 
@@ -29,7 +32,8 @@ class Hole(NamedTuple):
     """Where the skeleton held tensor ``index``; ``spec``: a DTensor's, when the tensor is its
     local shard (in-process only: the memory tier stores local shards as plain tensors)."""
 
-    index: int
+    # The field shadows tuple.index (to mypy, an incompatible override): no one calls that on a Hole.
+    index: int  # type: ignore[assignment]
     spec: Any = None
 
 
@@ -165,7 +169,7 @@ def _flat_tensor(value: Any) -> bool:
     )
 
 
-def _dtensor_type() -> type:
+def _dtensor_type() -> "Type[DTensor]":
     from torch.distributed.tensor import DTensor
 
     return DTensor

@@ -24,6 +24,7 @@ import time
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 from worker_lib import checksum
+from worker_lib.checksum import CRC32C, Checksum  # PartEntry's field ``checksum`` hides the module
 from worker_lib.storage import Storage, StorageError
 
 __all__ = [
@@ -64,7 +65,7 @@ class PartEntry:
 
     size: int
     checksum: str
-    algorithm: str = checksum.CRC32C
+    algorithm: str = CRC32C
 
     def to_json(self) -> Dict[str, Any]:
         return {"size": self.size, self.algorithm: self.checksum}
@@ -79,7 +80,7 @@ class PartEntry:
                 return cls(entry["size"], entry[algorithm], algorithm)
         return None
 
-    def problem_with(self, name: str, size: int, summer: "checksum.Checksum") -> Optional[str]:
+    def problem_with(self, name: str, size: int, summer: Checksum) -> Optional[str]:
         """What is wrong with a file of ``size`` bytes whose checksum ``summer`` holds; None if
         it is the one listed."""
         if size != self.size:
@@ -122,9 +123,12 @@ class CommitMarker:
         parts, when, metrics = raw.get("parts"), raw.get("time", 0.0), raw.get("metrics", {})
         if not isinstance(parts, dict) or not isinstance(when, (int, float)) or not isinstance(metrics, dict):
             return None
-        entries = {name: PartEntry.from_json(entry) for name, entry in parts.items()}
-        if None in entries.values():
-            return None
+        entries: Dict[str, PartEntry] = {}
+        for name, entry in parts.items():
+            part = PartEntry.from_json(entry)
+            if part is None:
+                return None
+            entries[name] = part
         kind = raw.get("kind", "state")
         return cls(step, raw["world_size"], str(kind), entries, metrics, float(when))
 

@@ -191,6 +191,8 @@ class MemorySnapshots:
         files = self._slots[slot]
         try:
             record = files.read_record()
+            if record is None:  # its files changed since held() read them
+                raise ValueError("its files are no longer whole")
             layout, skeleton = decode_index(files.index.read_bytes())
             tensors = files.read_tensors(record.size, layout, fresh)
         except Exception as err:  # noqa: BLE001 - any failure to read it is a reason to fall back
@@ -199,7 +201,10 @@ class MemorySnapshots:
 
     def metrics(self, step: int) -> Dict[str, float]:
         slot = self.held(self._kind)[step]
-        return self._slots[slot].read_record().metrics
+        record = self._slots[slot].read_record()
+        if record is None:  # held() just found it whole: its files changed since
+            raise CheckpointError(f"rank {self.rank}: memory snapshot of step {step} changed while loaded")
+        return record.metrics
 
     def agree_read(self, ok: bool) -> bool:
         """Whether every rank read its snapshot of the step ``newest_agreed`` chose."""

@@ -132,7 +132,7 @@ class SlotFiles:
         device = None  # made only for a CUDA tensor: a CPU state makes no CUDA context
         if any(e.on_cuda for e in layout.entries) and torch.cuda.is_available():
             device = torch.device("cuda", torch.cuda.current_device())
-        views = self.mapped(size).views(layout) if device is not None else None
+        views = self.mapped(size).views(layout) if device is not None else []
         tensors = []
         with open(self.data, "rb", buffering=0) as handle:
             for i, entry in enumerate(layout.entries):
@@ -143,7 +143,7 @@ class SlotFiles:
                     tensors.append(
                         read_into(handle, torch.empty(entry.shape, dtype=entry.torch_dtype), entry.offset)
                     )
-        if views is not None:
+        if device is not None:
             torch.cuda.current_stream(device).synchronize()
         return tensors
 

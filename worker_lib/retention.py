@@ -37,9 +37,10 @@ class RetentionPolicy:
         return sorted(c.step for c in by_step if c.step not in keep)
 
     def _best(self, steps: Sequence[CommittedStep]) -> List[CommittedStep]:
-        if not self.keep_best:
+        metric = self.metric
+        if not self.keep_best or metric is None:  # __post_init__ allows no keep_best without a metric
             return []
-        scored = [c for c in steps if self.metric in c.metrics]
+        scored = [c for c in steps if metric in c.metrics]
         # Ties go to the newer step (steps are newest first and sorted() is stable).
-        ranked = sorted(scored, key=lambda c: c.metrics[self.metric], reverse=self.mode == "max")
+        ranked = sorted(scored, key=lambda c: c.metrics[metric], reverse=self.mode == "max")
         return ranked[: self.keep_best]

@@ -144,7 +144,7 @@ def _init_process_group(info: WorkerInfo) -> None:
     # Under a launcher the group comes from the environment (env://); a script started with plain
     # `python` is a group of one, on a store of its own.
     launched = c.MASTER_ADDR in os.environ or info.world_size > 1
-    alone = {} if launched else {"store": dist.HashStore(), "rank": 0, "world_size": 1}
+    alone: Dict[str, Any] = {} if launched else {"store": dist.HashStore(), "rank": 0, "world_size": 1}
     if info.backend == "nccl":
         device = torch.device("cuda", info.local_rank)
         torch.cuda.set_device(device)
@@ -155,10 +155,12 @@ def _init_process_group(info: WorkerInfo) -> None:
 
 def _checkpoint_manager(info: WorkerInfo, url: str, options: CheckpointOptions):
     from worker_lib.checkpoint import CheckpointManager, LocalChannel, StoreChannel
+    from worker_lib.commit import CommitChannel
     from worker_lib.storage import Storage
 
     storage = Storage(url, **options.storage_options)
     storage.check_writable(f"rank{info.rank}")
+    channel: CommitChannel
     if info.world_size == 1:
         channel = LocalChannel()
     else:

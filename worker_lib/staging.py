@@ -73,6 +73,7 @@ class HostBuffer:
 
     def __init__(self, size: int, fd: Optional[int] = None) -> None:
         self.size = size
+        self._map: Optional[mmap.mmap]  # None once closed
         if fd is None:
             self._map = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         else:  # its pages are in memory already (tmpfs): map them all now, not one fault a page
@@ -88,7 +89,7 @@ class HostBuffer:
 
     @property
     def address(self) -> int:
-        holder = ctypes.c_char.from_buffer(self._map)
+        holder = ctypes.c_char.from_buffer(self._mapping())
         try:
             return ctypes.addressof(holder)
         finally:
@@ -129,10 +130,15 @@ class HostBuffer:
         if nbytes == 0:  # frombuffer refuses an empty range; an empty tensor has no bytes to keep
             return torch.empty(shape, dtype=dtype)
         return (
-            torch.frombuffer(self._map, dtype=torch.uint8, count=nbytes, offset=offset)
+            torch.frombuffer(self._mapping(), dtype=torch.uint8, count=nbytes, offset=offset)
             .view(dtype)
             .view(shape)
         )
+
+    def _mapping(self) -> mmap.mmap:
+        if self._map is None:
+            raise ValueError("the host buffer is closed")
+        return self._map
 
     def close(self) -> None:
         """Unregister, and let go of the mapping: it is unmapped once no tensor views it (each
@@ -171,7 +177,7 @@ class Staged(NamedTuple):
 def copy_in(tensors: Sequence[torch.Tensor], views: Sequence[torch.Tensor]) -> List[Any]:
     """Copy each tensor into its view: CPU tensors now, CUDA tensors enqueued on the current
     stream of their device. Returns one event per CUDA device, recorded after its copies."""
-    devices = {}
+    devices: Dict[torch.device, None] = {}  # an ordered set
     for tensor, view in zip(tensors, views):
         if tensor.is_cuda:
             devices[tensor.device] = None
@@ -204,8 +210,8 @@ def to_cpu(state: Any, staging: Any = None) -> Any:
         lend = staging if isinstance(staging, dict) else {}
         return type(state)((k, to_cpu(v, lend.get(k))) for k, v in state.items())
     if type(state) in (list, tuple):
-        lend = staging if type(staging) is type(state) and len(staging) == len(state) else [None] * len(state)
-        return type(state)(to_cpu(v, s) for v, s in zip(state, lend))
+        lent = staging if type(staging) is type(state) and len(staging) == len(state) else [None] * len(state)
+        return type(state)(to_cpu(v, s) for v, s in zip(state, lent))
     return copy.deepcopy(state)
 
 

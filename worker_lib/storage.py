@@ -234,7 +234,7 @@ def _summer() -> concurrent.futures.ThreadPoolExecutor:
 
 def _fill(fill: Callable[[BinaryIO], object], hashing: _HashingWriter) -> None:
     try:
-        fill(hashing)
+        fill(hashing)  # type: ignore[arg-type]  # a write-only file-like, not a BinaryIO: all fill writes to
     except Exception as err:
         hashing.reraise_cause(err)
         raise

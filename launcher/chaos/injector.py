@@ -20,6 +20,9 @@ from worker_lib import contract as c
 
 __all__ = ["ChaosInjector", "Injection", "mark_injected", "not_landed"]
 
+# The failures a fault can be the cause of (a lost node is a supervisor's, never a rank's).
+_MARKABLE = (ProcessFailure, HangFailure)
+
 # The longest gap between two looks that counts as running time for every=: the monitor looks
 # every 50 ms, so a longer gap is time with no workers (between attempts), not running time.
 _MAX_TICK_S = 1.0
@@ -136,12 +139,15 @@ def mark_injected(failures: List[Failure], injected: List[Injection]) -> List[Fa
     peer's broken collective) keeps its own cause; the root cause decides whether the attempt
     counts as injected."""
     sent = {(i.rank, i.pid): i.signum for i in injected}
-    return [dataclasses.replace(f, injected=True) if _caused(f, sent) else f for f in failures]
+    return [
+        dataclasses.replace(f, injected=True) if isinstance(f, _MARKABLE) and _caused(f, sent) else f
+        for f in failures
+    ]
 
 
 def not_landed(failures: List[Failure], injected: List[Injection]) -> List[Injection]:
     """The requests left for worker_lib that caused none of ``failures`` (marked already)."""
-    landed = {(f.rank, getattr(f, "pid", None)) for f in failures if f.injected}
+    landed = {(f.rank, f.pid) for f in failures if isinstance(f, _MARKABLE) and f.injected}
     return [i for i in injected if i.request and (i.rank, i.pid) not in landed]
 
 

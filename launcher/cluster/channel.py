@@ -9,7 +9,7 @@ a signal that arrives while it waits. A follower's call that finds node 0's stor
 import dataclasses
 import json
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from launcher.cluster.alive import AliveCounter, beat_every
 from launcher.cluster.rendezvous import LeaderUnreachable
@@ -17,7 +17,7 @@ from launcher.cluster.watch import KeyWatch
 from launcher.cluster.wire import Interrupt, InterruptKind, reading_from_json, reading_to_json
 from launcher.core.config import ClusterSection
 from launcher.core.stopping import StopReading, stop_step
-from launcher.grammar.errors import Interrupted, UsageError
+from launcher.grammar.errors import SignalReceived, UsageError
 from launcher.process.signals import SignalInbox
 
 __all__ = ["AttemptChannel", "ChannelSpec"]
@@ -49,7 +49,7 @@ class AttemptChannel:
         self._store = self._for_calls(store, spec)
         self.spec = spec
         self.node = spec.node
-        self._nodes = range(spec.nnodes)
+        self._nodes: Sequence[int] = range(spec.nnodes)  # lazy: nothing sized by the largest job
         self._signals = signals
         now = time.monotonic()
         self._seen: Dict[int, tuple] = {n: (-1, now) for n in watched}  # node → (counter, since)
@@ -196,7 +196,7 @@ class AttemptChannel:
             if not self._wait_all("stop", limit=self.spec.node_timeout):
                 return 0
             readings = [reading_from_json(self._get(f"stop/{n}")) for n in self._nodes]
-        except (LeaderUnreachable, Interrupted):
+        except (LeaderUnreachable, SignalReceived):
             return 0
         return stop_step(readings)
 
@@ -211,11 +211,11 @@ class AttemptChannel:
     # -- waiting -----------------------------------------------------------------------------------
 
     def _pause(self, since: int) -> None:
-        """One turn of a wait: sleep briefly, and end the wait (Interrupted) when a signal came
+        """One turn of a wait: sleep briefly, and end the wait (SignalReceived) when a signal came
         after the first ``since`` ones."""
         self._signals.wait(_POLL_S)
         if len(self._signals.received) > since:
-            raise Interrupted(self._signals.received[since])
+            raise SignalReceived(self._signals.received[since])
 
     def _wait_all(self, prefix: str, limit: float, since: Optional[int] = None) -> bool:
         """Until every node has set ``prefix/<n>``; False when ``limit`` seconds pass first or a

@@ -6,6 +6,7 @@ then gives the store up (the helper, a daemon, stays stuck with it; the follower
 
 import queue
 import threading
+from typing import Any
 
 __all__ = ["DeadlineStore", "StoreTimeout"]
 
@@ -38,7 +39,7 @@ class DeadlineStore:
     def __getattr__(self, method: str):
         call = getattr(self._store, method)
 
-        def with_deadline(*args):
+        def with_deadline(*args: Any) -> Any:
             if self._stuck:
                 raise StoreTimeout("an earlier call never returned")
             answer: queue.Queue = queue.Queue(1)

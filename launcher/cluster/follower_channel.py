@@ -9,7 +9,7 @@ from typing import List, NoReturn
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
 from launcher.cluster.deadline_store import DeadlineStore
 from launcher.cluster.rendezvous import LeaderUnreachable
-from launcher.cluster.wire import AttemptPlan, Interrupt, JobVerdict
+from launcher.cluster.wire import Interrupt, JobVerdict, RoundPlan
 from launcher.core.beats import ProgressRow
 from launcher.process.signals import SignalInbox
 
@@ -43,8 +43,8 @@ class FollowerChannel(AttemptChannel):
         self.broken = f"node 0 has been {why} (--node-timeout)"
         raise LeaderUnreachable(self.broken)
 
-    def read_plan(self, limit: float) -> AttemptPlan:
-        """Node 0's plan for the attempt; any signal ends the wait (Interrupted)."""
+    def read_plan(self, limit: float) -> RoundPlan:
+        """Node 0's plan for the attempt; any signal ends the wait (SignalReceived)."""
         deadline = time.monotonic() + limit
         while not self._has("plan"):
             self._look_for_lost_nodes()
@@ -52,7 +52,7 @@ class FollowerChannel(AttemptChannel):
                 self.broken = f"node 0 planned no attempt within {limit:g} s"
                 raise LeaderUnreachable(self.broken)
             self._pause(0)
-        plan = AttemptPlan(**json.loads(self._get("plan")))
+        plan = RoundPlan(**json.loads(self._get("plan")))
         self._say_done("planned")
         if plan.nodes and not plan.refused:
             self.set_nodes(plan.nodes)
@@ -68,7 +68,7 @@ class FollowerChannel(AttemptChannel):
 
     def await_verdict(self, limit: float) -> JobVerdict:
         """Node 0's decision: LeaderUnreachable when node 0 goes silent first or decides nothing
-        within ``limit`` seconds; Interrupted by a signal the attempt did not act on (one that
+        within ``limit`` seconds; SignalReceived by a signal the attempt did not act on (one that
         came while this node's ranks stopped, or during this wait)."""
         since = self._signals.answered
         deadline = time.monotonic() + limit

@@ -8,10 +8,10 @@ from typing import Dict, List, Tuple
 
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
 from launcher.cluster.rendezvous import RoundFailed
-from launcher.cluster.wire import AttemptPlan, JobVerdict, NodeInfo, NodeReport
+from launcher.cluster.wire import JobVerdict, NodeInfo, NodeReport, RoundPlan
 from launcher.core.beats import NodeRow, ProgressRow
 from launcher.core.failures import Failure, NodeLostFailure
-from launcher.grammar.errors import Interrupted
+from launcher.grammar.errors import SignalReceived
 from launcher.process.signals import SignalInbox
 
 __all__ = ["LeaderChannel"]
@@ -51,7 +51,7 @@ class LeaderChannel(AttemptChannel):
         self._seen = {n: (-1, now) for n in present if n != self.node}
         return self._infos
 
-    def publish_plan(self, plan: AttemptPlan) -> None:
+    def publish_plan(self, plan: RoundPlan) -> None:
         self._call("set", "plan", json.dumps(plan.__dict__))
 
     def members(self) -> List[dict]:
@@ -145,7 +145,7 @@ class LeaderChannel(AttemptChannel):
             self.answer_stop_if_asked()  # and looks for lost nodes
             try:
                 self._pause(since)
-            except Interrupted:
+            except SignalReceived:
                 break
         return [reports[n] for n in sorted(reports)]
 
@@ -166,5 +166,5 @@ class LeaderChannel(AttemptChannel):
                 gone = _GONE_BEATS * self._beater.every
                 waiting = {n for n in waiting if n not in read and silences[n] < gone}
                 self._pause(since)
-        except Interrupted:
+        except SignalReceived:
             pass

@@ -9,13 +9,16 @@ import socket
 import threading
 import time
 from datetime import timedelta
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 from launcher.core.config import ClusterSection
-from launcher.grammar.errors import Interrupted, JobOver, JoinTimeout, UsageError
+from launcher.grammar.errors import JobOver, JoinTimeout, SignalReceived, UsageError
 from launcher.process.quiet_torch import import_torch
 from launcher.process.signals import SignalInbox
 from launcher.process.store import listen
+
+if TYPE_CHECKING:
+    from torch.distributed import Store
 
 __all__ = ["LeaderUnreachable", "Rendezvous", "Round", "RoundFailed", "connect_job_store", "host_job_store"]
 
@@ -139,7 +142,7 @@ class Round:
         self.size = size
         self._attempts = 0
 
-    def next_attempt_store(self):
+    def next_attempt_store(self) -> "Store":
         from torch.distributed import PrefixStore
 
         self._attempts += 1
@@ -165,7 +168,7 @@ class Rendezvous:
         self.cluster = cluster
         self.store = store  # the job's store (node 0's): the lobby's keys live there too
         run_id = cluster.rdzv_id or run_id
-        conf = {
+        conf: Dict[str, Any] = {
             "join_timeout": cluster.join_timeout,
             "keep_alive_interval": _keep_alive_interval(cluster.node_timeout),
             "keep_alive_max_attempt": 3,
@@ -219,7 +222,7 @@ class Rendezvous:
         while thread.is_alive():
             signals.wait(0.05)
             if signals.first is not None:
-                raise Interrupted(signals.first)
+                raise SignalReceived(signals.first)
             if time.monotonic() >= deadline:
                 outcome.setdefault("error", RendezvousTimeoutError("the join did not return"))
                 break

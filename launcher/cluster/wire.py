@@ -31,10 +31,11 @@ import time
 from typing import List, Optional
 
 from launcher.core.failures import Failure, failure_from_json, failure_to_json
+from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.stopping import StopReading
 
 __all__ = [
-    "AttemptPlan",
+    "RoundPlan",
     "Interrupt",
     "InterruptKind",
     "JobVerdict",
@@ -89,7 +90,10 @@ class NodeInfo:
 
 
 @dataclasses.dataclass(frozen=True)
-class AttemptPlan:
+class RoundPlan:
+    """Node 0's plan of a rendezvous round, published to every node of it (each node turns it into
+    its own ``roles.base.AttemptPlan``)."""
+
     attempt: int
     master_addr: str
     master_port: int
@@ -99,7 +103,7 @@ class AttemptPlan:
     round_failed: str = ""  # a node of the round never announced itself: why; every node meets again
 
 
-def plan_problem(plan: AttemptPlan, node: int, nproc: int, fewest: int, nnodes: int) -> str:
+def plan_problem(plan: RoundPlan, node: int, nproc: int, fewest: int, nnodes: int) -> str:
     """Why ``node`` must not start a rank on ``plan`` ('' when it may). Every node checks node
     0's plan before any worker starts (node 0 its own): the node is in it, no node twice or out of
     range, at least the job's fewest nodes (every node, for a fixed --nnodes), and a world size
@@ -139,11 +143,11 @@ class NodeReport:
         return _load_with_failures(cls, text)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class JobVerdict:
-    """Node 0's decision after an attempt, for every node."""
+    """Node 0's decision after an attempt, for every node: built by ``restart`` or ``end``."""
 
-    restart: bool
+    restarts: bool
     exit_code: int
     status: str  # RunStatus value (when the job ends)
     reason: str
@@ -151,6 +155,34 @@ class JobVerdict:
     failures: List[Failure]  # every node's
     same_round: bool = False  # restart: the same nodes hold the next attempt on this round
     cause: str = ""  # why the attempt ended, in the job's words (node 0's)
+
+    @classmethod
+    def restart(
+        cls, outcome: AttemptOutcome, failures: List[Failure], *, same_round: bool, cause: str = ""
+    ) -> "JobVerdict":
+        """The job goes on: ``same_round``, on the same nodes at once, without a new round."""
+        status = RunStatus.RUNNING.value
+        return cls(
+            restarts=True, exit_code=0, status=status, reason="restart", outcome=outcome.value,
+            failures=failures, same_round=same_round, cause=cause,
+        )  # fmt: skip
+
+    @classmethod
+    def end(
+        cls,
+        exit_code: int,
+        status: RunStatus,
+        reason: str,
+        outcome: AttemptOutcome,
+        failures: List[Failure],
+        *,
+        cause: str = "",
+    ) -> "JobVerdict":
+        """The job is over, every node exits with ``exit_code``."""
+        return cls(
+            restarts=False, exit_code=int(exit_code), status=status.value, reason=reason,
+            outcome=outcome.value, failures=failures, cause=cause,
+        )  # fmt: skip
 
     def to_json(self) -> str:
         return _dump_with_failures(self)

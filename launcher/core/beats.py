@@ -4,7 +4,7 @@ slot file itself (``hangs.board``) is mechanics above this."""
 
 import dataclasses
 import enum
-from typing import Iterable, Optional
+from typing import Any, Dict, Iterable, Optional
 
 __all__ = ["BeatReading", "BeatSummary", "CheckpointCounters", "NodeRow", "Phase", "ProgressRow"]
 
@@ -92,7 +92,8 @@ class ProgressRow:
 
     @classmethod
     def from_json(cls, data: dict) -> "ProgressRow":
-        return cls(**{name: data.get(name) for name in cls.__dataclass_fields__})
+        fields: Dict[str, Any] = {name: data.get(name) for name in cls.__dataclass_fields__}
+        return cls(**fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,4 +111,5 @@ class NodeRow:
 
     @classmethod
     def from_json(cls, data: dict) -> "NodeRow":
-        return cls(**{name: data.get(name) for name in cls.__dataclass_fields__})
+        fields: Dict[str, Any] = {name: data.get(name) for name in cls.__dataclass_fields__}
+        return cls(**fields)

@@ -11,7 +11,7 @@ import re
 import signal
 import sys
 from pathlib import Path
-from typing import FrozenSet, Optional, Sequence, Tuple
+from typing import Any, FrozenSet, Optional, Sequence, Tuple
 
 from launcher.grammar.chaos import ChaosPlan
 from launcher.grammar.errors import UsageError
@@ -368,7 +368,7 @@ class LaunchConfig:
             self.chaos.plan.check_ranks(self.world_size)
 
     @classmethod
-    def of(cls, **flat) -> "LaunchConfig":
+    def of(cls, **flat: Any) -> "LaunchConfig":
         """From run.json's flat field names (``nproc=2, run_url=...``): for tests and tools."""
         parts: dict = {name: {} for name in _SECTIONS}
         for key, value in flat.items():

@@ -13,7 +13,23 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any, ClassVar, Dict, List, Optional, Type, Union, get_args
+from typing import (
+    Any,
+    Callable,
+    ClassVar,
+    Dict,
+    Generic,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    TextIO,
+    Type,
+    TypeVar,
+    Union,
+    cast,
+    get_args,
+)
 
 from launcher.core.beats import Phase
 from launcher.core.group_state import GroupState
@@ -27,6 +43,9 @@ __all__ = [
     "Decision",
     "Event",
     "EventLog",
+    "Say",
+    "first_of",
+    "of_kind",
     "FirstStep",
     "GroupsGuarded",
     "GuardRestarted",
@@ -358,11 +377,17 @@ _KINDS: Dict[str, Type] = {cls.KIND: cls for cls in get_args(Event)}
 _ENUM_FIELDS: Dict[str, Type] = {"old": GroupState, "new": GroupState, "phase": Phase}
 
 
-@dataclasses.dataclass(frozen=True)
-class Logged:
-    """An event as the log holds it: when it happened, on both clocks."""
+E = TypeVar("E")
+# A line for the user (the console's ``say``): what every part that speaks is handed.
+Say = Callable[[str], None]
 
-    event: Event
+
+@dataclasses.dataclass(frozen=True)
+class Logged(Generic[E]):
+    """An event as the log holds it: when it happened, on both clocks. ``Logged[Transition]``: one
+    whose event is known to be a Transition (``of_kind`` finds them)."""
+
+    event: E
     t_mono: float
     t_wall: float
 
@@ -371,14 +396,27 @@ class Logged:
         return getattr(self.event, "attempt", None)
 
     def to_json(self) -> Dict[str, Any]:
-        fields = {f.name: getattr(self.event, f.name) for f in dataclasses.fields(self.event)}
-        return {"event": self.event.KIND, "t_mono": self.t_mono, "t_wall": self.t_wall, **fields}
+        event: Any = self.event
+        fields = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
+        return {"event": event.KIND, "t_mono": self.t_mono, "t_wall": self.t_wall, **fields}
 
 
-def parse_logged(line: Dict[str, Any]) -> Optional[Logged]:
+def of_kind(log: Iterable[Logged[Any]], kind: Type[E]) -> Iterator[Logged[E]]:
+    """The events of ``kind``, typed as such, in the log's order."""
+    for logged in log:
+        if isinstance(logged.event, kind):
+            yield cast("Logged[E]", logged)
+
+
+def first_of(log: Iterable[Logged[Any]], kind: Type[E], attempt: Optional[int] = None) -> Optional[Logged[E]]:
+    """The first event of ``kind`` (of ``attempt``, when given); None when there is none."""
+    return next((e for e in of_kind(log, kind) if attempt is None or e.attempt == attempt), None)
+
+
+def parse_logged(line: Dict[str, Any]) -> Optional[Logged[Event]]:
     """A line of events.jsonl back as a typed event; None for a kind or shape this version does
     not know (a line from another version of ftlaunch is skipped, not fatal)."""
-    cls = _KINDS.get(line.get("event")) if isinstance(line, dict) else None
+    cls = _KINDS.get(str(line.get("event"))) if isinstance(line, dict) else None
     if cls is None:
         return None
     try:
@@ -398,9 +436,9 @@ class EventLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.logged: List[Logged] = []
+        self.logged: List[Logged[Event]] = []
         self._lock = threading.Lock()
-        self._file = open(path, "a", encoding="utf-8")
+        self._file: Optional[TextIO] = open(path, "a", encoding="utf-8")
 
     def __enter__(self) -> "EventLog":
         return self
@@ -408,7 +446,7 @@ class EventLog:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    def emit(self, event: Event) -> Logged:
+    def emit(self, event: Event) -> Logged[Event]:
         logged = Logged(event, time.monotonic(), time.time())
         line = json.dumps(logged.to_json(), default=str)
         with self._lock:
@@ -417,7 +455,7 @@ class EventLog:
         log.debug("event %s", line)
         return logged
 
-    def since(self, index: int) -> List[Logged]:
+    def since(self, index: int) -> List[Logged[Event]]:
         """The events after the first ``index``, for a reader on another thread (the metrics
         exporter): a slice of a list that is only ever appended to, taken without the lock, so
         the emitting thread never waits for a reader."""
@@ -426,14 +464,15 @@ class EventLog:
     def _append(self, line: str) -> None:
         """A write error (a full disk) must not end the run: the events stay in memory and reach
         the run dir's events.jsonl with run.json; this file is not written to again."""
-        if self._file is None:
+        file = self._file
+        if file is None:
             return
         try:
-            self._file.write(line + "\n")
-            self._file.flush()
+            file.write(line + "\n")
+            file.flush()
         except OSError as err:
             log.warning("cannot write %s (%s); its later events are kept with run.json only", self.path, err)
-            self._file, broken = None, self._file
+            self._file, broken = None, file
             try:
                 broken.close()
             except OSError:

@@ -209,7 +209,8 @@ def failure_from_json(data: dict, clock_offset: float) -> Failure:
         fields["phase"] = Phase(fields["phase"])
     if fields.get("error") is not None:
         fields["error"] = ErrorRecord(**fields["error"])
-    return cls(**fields)
+    failure: Failure = cls(**fields)
+    return failure
 
 
 def read_error_file(path: Path) -> Optional[ErrorRecord]:

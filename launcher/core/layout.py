@@ -3,7 +3,10 @@ ranks this node runs. Fixed for a job of a fixed node count; with --nnodes MIN:M
 has its own, and ranks are numbered densely over the nodes present, in node-rank order."""
 
 import dataclasses
-from typing import Tuple
+from typing import TYPE_CHECKING, Tuple
+
+if TYPE_CHECKING:
+    from launcher.core.config import LaunchConfig
 
 __all__ = ["Layout"]
 
@@ -19,7 +22,7 @@ class Layout:
             raise ValueError(f"node {self.node} is not one of the attempt's nodes {list(self.nodes)}")
 
     @classmethod
-    def every_node(cls, config) -> "Layout":
+    def every_node(cls, config: "LaunchConfig") -> "Layout":
         """Every node of the job, as a job of a fixed node count always has."""
         return cls(tuple(range(config.cluster.nnodes)), config.cluster.node_rank, config.group.nproc)
 

@@ -7,6 +7,7 @@ it, then the status its last attempt (or the policy) ended it with.
 
 import enum
 import signal
+from typing import Optional
 
 __all__ = ["AttemptOutcome", "RunStatus"]
 
@@ -21,7 +22,7 @@ class AttemptOutcome(str, enum.Enum):
     NODE_LOST = "NODE_LOST"  # a fixed-size job lost a node's supervisor (dead or frozen); not a failure
 
     @classmethod
-    def stopped_by(cls, signum: int) -> "AttemptOutcome":
+    def stopped_by(cls, signum: Optional[int]) -> "AttemptOutcome":
         return cls.PREEMPTED if signum == signal.SIGTERM else cls.INTERRUPTED
 
     @property

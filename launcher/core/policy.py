@@ -26,7 +26,7 @@ class AttemptRecord:
     """What the policy needs to know of one finished attempt."""
 
     attempt: int
-    outcome: AttemptOutcome
+    outcome: Optional[AttemptOutcome]  # None: running, or its supervisor never came back
     ended_at: float  # seconds, on the clock ``now`` is read from
     progressed: Optional[bool] = None  # None: unknown (no evidence either way)
     injected: bool = False  # its root cause was a fault --chaos injected
@@ -92,7 +92,7 @@ class RestartPolicy:
     def delay(self, failures_in_a_row: int) -> float:
         if failures_in_a_row <= 1:
             return 0.0
-        return min(self.backoff_cap, self.backoff * 2 ** (failures_in_a_row - 2))
+        return float(min(self.backoff_cap, self.backoff * 2 ** (failures_in_a_row - 2)))
 
 
 # Attempts that ended for something other than the workers: a supervisor died (this one, or a

@@ -137,7 +137,8 @@ class RunState:
 
     def to_json(self) -> Dict[str, Any]:
         """Plain JSON types: enums become their values."""
-        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+        plain: Dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(self), default=str))
+        return plain
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> "RunState":

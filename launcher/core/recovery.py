@@ -2,9 +2,9 @@
 that were kept. Pure: computed from the event log (monotonic times) and the run's attempts."""
 
 import dataclasses
-from typing import Callable, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
-from launcher.core.events import CheckpointLoaded, FirstStep, Logged, Transition
+from launcher.core.events import CheckpointLoaded, Event, FirstStep, Logged, Transition, first_of, of_kind
 from launcher.core.group_state import GroupState
 from launcher.core.records import AttemptEntry, kept_seconds
 
@@ -33,19 +33,19 @@ class Recovery:
         )
 
 
-def recoveries(log: Sequence[Logged]) -> List[Recovery]:
+def recoveries(log: Sequence[Logged[Event]]) -> List[Recovery]:
     found = []
-    failed_attempts = {e.attempt for e in log if _entered(e, *_FAILED)}
+    failed_attempts = {e.attempt for e in _entered(log, *_FAILED) if e.attempt is not None}
     for attempt in sorted(failed_attempts):
-        verdict = _first(log, attempt, lambda e: _entered(e, *_FAILED))
-        stopped = _first(log, attempt, lambda e: _entered(e, GroupState.STOPPED))
-        running = _first(log, attempt + 1, lambda e: _entered(e, GroupState.RUNNING))
+        verdict = next(iter(_entered(log, *_FAILED, attempt=attempt)), None)
+        stopped = next(iter(_entered(log, GroupState.STOPPED, attempt=attempt)), None)
+        running = next(iter(_entered(log, GroupState.RUNNING, attempt=attempt + 1)), None)
         if verdict is None or stopped is None or running is None:
             continue  # the run ended there
         failed_at = verdict.event.failed_at
-        loaded = _first(log, attempt + 1, lambda e: isinstance(e.event, CheckpointLoaded))
+        loaded = first_of(log, CheckpointLoaded, attempt + 1)
         loaded_at = loaded.event.t_done if loaded else None  # the workers' own clock reading
-        stepped = _first(log, attempt + 1, lambda e: isinstance(e.event, FirstStep))
+        stepped = first_of(log, FirstStep, attempt + 1)
         found.append(
             Recovery(
                 failed=attempt,
@@ -73,9 +73,12 @@ def goodput(attempts: Sequence[AttemptEntry], now: float) -> Optional[float]:
     return max(0.0, min(1.0, kept / total)) if kept is not None and total > 0 else None
 
 
-def _entered(logged: Logged, *states: GroupState) -> bool:
-    return isinstance(logged.event, Transition) and logged.event.new in states
-
-
-def _first(log: Sequence[Logged], attempt: int, match: Callable[[Logged], bool]) -> Optional[Logged]:
-    return next((e for e in log if e.attempt == attempt and match(e)), None)
+def _entered(
+    log: Sequence[Logged[Event]], *states: GroupState, attempt: Optional[int] = None
+) -> List[Logged[Transition]]:
+    """The transitions into one of ``states`` (of ``attempt``, when given), in order."""
+    return [
+        t
+        for t in of_kind(log, Transition)
+        if t.event.new in states and (attempt is None or t.attempt == attempt)
+    ]

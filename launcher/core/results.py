@@ -30,7 +30,8 @@ class AttemptResult:
         return root_cause(self.failures) if self.failures else None
 
     def describe_cause(self) -> str:
-        return self.root_cause.describe() if self.failures else self.cause or "unknown"
+        cause = self.root_cause
+        return cause.describe() if cause is not None else self.cause or "unknown"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,9 @@ node's group."""
 import dataclasses
 import math
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+
+from launcher.core.beats import BeatReading
 
 __all__ = ["STOP_PROPAGATION_S", "CooperativeStop", "StepRate", "StopReading", "stop_step"]
 
@@ -63,7 +65,7 @@ class StepRate:
     def observe(self, now: float, furthest: Optional[int]) -> None:
         if furthest is None:
             return
-        if self._first is None:
+        if self._first is None or self._then is None:
             self._first = self._then = (now, furthest)
             return
         if now - self._then[0] < self._WINDOW_S:
@@ -77,6 +79,20 @@ class StepRate:
 def ranks_past(steps: Dict[int, int], at_step: int) -> List[int]:
     """Ranks already at or past the stop step when asked: they stop where they are."""
     return sorted(rank for rank, step in steps.items() if step >= at_step)
+
+
+class RunningRanks(Protocol):
+    """What a stop needs of the group: its live ranks (rank → pid)."""
+
+    def running(self) -> Mapping[int, int]: ...
+
+
+class StopBoard(Protocol):
+    """What a stop needs of the heartbeat board: each rank's slot, and a place to ask."""
+
+    def read(self) -> Mapping[int, BeatReading]: ...
+
+    def request_stop(self, at_step: int) -> None: ...
 
 
 class CooperativeStop:
@@ -96,7 +112,14 @@ class CooperativeStop:
         self._cut_short = cut_short
         self._say = say
 
-    def ask(self, group, board, rate: StepRate, on_requested: Callable[[int], None], turn) -> int:
+    def ask(
+        self,
+        group: RunningRanks,
+        board: StopBoard,
+        rate: StepRate,
+        on_requested: Callable[[int], object],
+        turn: Callable[[], bool],
+    ) -> int:
         """Agree on the step, leave it in every rank's slot, and wait until every rank has left,
         the grace period ends, or a second signal cuts it short. ``turn()`` is one look at the
         group (exits recorded) that returns True once every rank has exited. Returns the step

@@ -6,7 +6,7 @@ import signal
 __all__ = [
     "ExitCode",
     "FtlaunchError",
-    "Interrupted",
+    "SignalReceived",
     "JobOver",
     "JoinTimeout",
     "RunBusy",
@@ -85,7 +85,7 @@ class JobOver(FtlaunchError):
     exit_code = ExitCode.JOB_OVER
 
 
-class Interrupted(FtlaunchError):
+class SignalReceived(FtlaunchError):
     """A signal (Ctrl+C, SIGTERM, SIGHUP) came before any worker started: ftlaunch stops there."""
 
     def __init__(self, signum: int) -> None:

@@ -2,7 +2,7 @@
 
 import re
 from pathlib import Path
-from typing import Dict, Tuple
+from typing import Dict, List, Tuple
 
 __all__ = ["last_stacks", "main_thread_stack"]
 
@@ -21,7 +21,7 @@ def last_stacks(log_file: Path) -> Dict[int, Tuple[str, ...]]:
         return {}
     stacks: Dict[int, Tuple[str, ...]] = {}
     current = None
-    frames = []
+    frames: List[str] = []
     for line in text.splitlines():
         header = _HEADER.match(line)
         if header:

@@ -10,12 +10,15 @@ import logging
 import os
 import threading
 import time
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 from launcher.core.config import MetricsSection
 from launcher.core.events import EventLog
 from launcher.grammar.errors import UsageError
 from launcher.observe.metrics import Family, RunMetrics
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 __all__ = ["MetricsExporter", "NoExport", "open_exporter"]
 
@@ -84,7 +87,7 @@ class MetricsExporter:
 
     # -- the collector prometheus_client asks at each scrape or write ----------------------------------
 
-    def collect(self) -> Iterator[object]:
+    def collect(self) -> Iterator["Metric"]:
         with self._lock:
             if self._events is not None:
                 new = self._events.since(self._seen)
@@ -95,7 +98,7 @@ class MetricsExporter:
         for family in families:
             yield self._prometheus(family)
 
-    def _prometheus(self, family: Family) -> object:
+    def _prometheus(self, family: Family) -> "Metric":
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
         names = [name for name, _ in self._labels]
@@ -104,7 +107,7 @@ class MetricsExporter:
         made = kinds[family.kind](family.name, family.help, labels=names + extra)
         for labels, value in family.samples:
             values = [v for _, v in self._labels] + [v for _, v in labels]
-            if family.kind == "summary":
+            if isinstance(value, tuple):  # a summary's (count, sum)
                 count, total = value
                 made.add_metric(values, count_value=count, sum_value=total)
             else:
@@ -130,6 +133,8 @@ class MetricsExporter:
         run (``watch``), the file may be another live supervisor's (a second launch of a held
         run is refused), and its counters must not drop to 0 there."""
         path = self._section.file
+        if path is None:
+            return
         probe = path.with_name(f".{path.name}.probe.{os.getpid()}")
         try:
             with open(probe, "wb"):

@@ -17,6 +17,7 @@ from launcher.core.events import (
     ChaosInjected,
     CheckpointLoaded,
     CheckpointTotals,
+    Event,
     FirstStep,
     Hang,
     KeptTime,
@@ -67,14 +68,14 @@ class RunMetrics:
         self.world_size: Optional[int] = None
         self.nodes: Optional[int] = None
         self.downtime = 0.0
-        self._phases: List[Logged] = []  # what recoveries() reads: transitions, loads, first steps
+        self._phases: List[Logged[Event]] = []  # what recoveries() reads: transitions, loads, first steps
         self._steps: List[Steps] = []  # the newest attempt's last two: its pace
         self._step: Optional[Steps] = None  # the newest of any attempt: the step and its age
         self._totals: Dict[int, CheckpointTotals] = {}  # per attempt, the newest
-        self._kept: Optional[Logged] = None
+        self._kept: Optional[Logged[KeptTime]] = None
         self._stepping_since: Optional[float] = None  # wall: the newest attempt's first step
 
-    def fold(self, logged: Logged) -> None:
+    def fold(self, logged: Logged[Event]) -> None:
         event = logged.event
         if isinstance(event, Transition):
             self._transition(logged, event)
@@ -93,13 +94,13 @@ class RunMetrics:
         elif isinstance(event, AttemptPlanned):
             self.world_size, self.nodes = event.world_size, len(event.nodes)
         elif isinstance(event, KeptTime):
-            self._kept = logged
+            self._kept = Logged(event, logged.t_mono, logged.t_wall)
         elif isinstance(event, Hang):  # a Laggard is not a hang: exact type
             self.hangs += type(event) is Hang
         elif isinstance(event, ChaosInjected):
             self.injected += 1
 
-    def _transition(self, logged: Logged, event: Transition) -> None:
+    def _transition(self, logged: Logged[Event], event: Transition) -> None:
         if event.old is None:
             self.attempts += 1
             self.attempt, self._stepping_since, self._steps = event.attempt, None, []

@@ -12,16 +12,19 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from launcher.core.events import (
     AttemptEnded,
     CheckpointLoaded,
+    Event,
     FirstStep,
     Logged,
     RunStart,
     Steps,
     Transition,
+    first_of,
+    of_kind,
     parse_logged,
 )
 from launcher.core.group_state import GroupState
@@ -48,10 +51,10 @@ _NODE_COLOURS = (
 @dataclasses.dataclass(frozen=True)
 class NodeEvents:
     node: int
-    events: Sequence[Logged]
+    events: Sequence[Logged[Event]]
 
 
-def node_events(run_events: Sequence[Logged], log_dir: Optional[str]) -> List[NodeEvents]:
+def node_events(run_events: Sequence[Logged[Event]], log_dir: Optional[str]) -> List[NodeEvents]:
     """Node 0's events (the run's log) and every other node's that this machine can read."""
     found = [NodeEvents(0, run_events)]
     folder = Path(log_dir) if log_dir else None
@@ -111,9 +114,9 @@ def _draw_node(axes, n: NodeEvents, t0: float, colour: str, many: bool) -> None:
             start - t0, end - t0, color="tab:red", alpha=0.15, lw=0, label="down (failure to first step)"
         )
     last_step = _last_steps(n.events)
-    for ended in (e for e in n.events if isinstance(e.event, AttemptEnded)):
+    for ended in of_kind(n.events, AttemptEnded):
         _mark_end(axes, ended, last_step.get(ended.event.attempt, 0), t0)
-    for loaded in (e for e in n.events if isinstance(e.event, CheckpointLoaded) and e.event.tier):
+    for loaded in (e for e in of_kind(n.events, CheckpointLoaded) if e.event.tier):
         axes.annotate(
             f"step {loaded.event.step} from {loaded.event.tier}",
             (loaded.t_wall - t0, loaded.event.step or 0),
@@ -124,7 +127,7 @@ def _draw_node(axes, n: NodeEvents, t0: float, colour: str, many: bool) -> None:
         )
 
 
-def _mark_end(axes, ended: Logged, step: int, t0: float) -> None:
+def _mark_end(axes, ended: Logged[AttemptEnded], step: int, t0: float) -> None:
     e = ended.event
     if e.outcome == AttemptOutcome.FAILED.value:
         kind = {"crash": "crash", "hang": "hang", "lost_node": "lost node"}.get(e.cause, "failure")
@@ -146,34 +149,31 @@ def _mark_end(axes, ended: Logged, step: int, t0: float) -> None:
         axes.plot([ended.t_wall - t0], [step], "v", color="tab:orange", ms=8, label=e.outcome.lower())
 
 
-def _steps_by_attempt(events: Sequence[Logged]) -> Dict[int, List[Logged]]:
-    found: Dict[int, List[Logged]] = {}
-    for e in events:
-        if isinstance(e.event, Steps):
-            found.setdefault(e.event.attempt, []).append(e)
+def _steps_by_attempt(events: Sequence[Logged[Event]]) -> Dict[int, List[Logged[Steps]]]:
+    found: Dict[int, List[Logged[Steps]]] = {}
+    for e in of_kind(events, Steps):
+        found.setdefault(e.event.attempt, []).append(e)
     return found
 
 
-def _last_steps(events: Sequence[Logged]) -> Dict[int, int]:
+def _last_steps(events: Sequence[Logged[Event]]) -> Dict[int, int]:
     return {attempt: steps[-1].event.step for attempt, steps in _steps_by_attempt(events).items()}
 
 
-def _downtimes(events: Sequence[Logged]) -> List[Tuple[float, float]]:
+def _downtimes(events: Sequence[Logged[Event]]) -> List[Tuple[float, float]]:
     """Wall-clock spans from each failure to the next attempt's first step (or its start, when it
     never beat); a failure that ended the run has no recovery."""
     spans = []
-    for failed in (e for e in events if isinstance(e.event, Transition) and e.event.new in _FAILED):
-        after = [e for e in events if e.attempt == failed.attempt + 1]
-        first = next((e for e in after if isinstance(e.event, FirstStep)), None)
-        running = next(
-            (e for e in after if isinstance(e.event, Transition) and e.event.new is GroupState.RUNNING), None
-        )
+    for failed in (e for e in of_kind(events, Transition) if e.event.new in _FAILED):
+        after = [e for e in events if e.attempt == failed.event.attempt + 1]
+        first: Optional[Logged[Any]] = first_of(after, FirstStep)
+        running = next((e for e in of_kind(after, Transition) if e.event.new is GroupState.RUNNING), None)
         if running is not None:  # a recovery (not the run's end)
             spans.append((failed.t_wall, (first or running).t_wall))
     return spans
 
 
-def _start_ups(events: Sequence[Logged]) -> List[Tuple[float, float]]:
+def _start_ups(events: Sequence[Logged[Event]]) -> List[Tuple[float, float]]:
     """From each supervisor's start to its first attempt's first step: imports, data, the load."""
     spans = []
     for start in (e for e in events if isinstance(e.event, RunStart)):
@@ -183,7 +183,7 @@ def _start_ups(events: Sequence[Logged]) -> List[Tuple[float, float]]:
     return spans
 
 
-def _goodput_words(events: Sequence[Logged], now: Optional[float]) -> str:
+def _goodput_words(events: Sequence[Logged[Event]], now: Optional[float]) -> str:
     metrics = RunMetrics()
     for e in events:
         metrics.fold(e)
@@ -200,7 +200,7 @@ def _clock(seconds: float) -> str:
     return f"{minutes}m{secs:02d}" if minutes else f"{secs}s"
 
 
-def _read(path: Path) -> List[Logged]:
+def _read(path: Path) -> List[Logged[Event]]:
     """A node's own events.jsonl; unreadable lines are skipped."""
     found = []
     for line in path.read_text(errors="replace").splitlines():

@@ -194,10 +194,16 @@ class ForkServer:
             ours.close()
             raise
 
+    def _connected(self) -> Tuple[socket.socket, subprocess.Popen]:
+        """Its socket and process, once launched (a defect to ask before)."""
+        if self._sock is None or self._proc is None:
+            raise ForkServerUnavailable("it was not launched")
+        return self._sock, self._proc
+
     def _forked(self, request: dict, fds: List[int], timeout: float) -> int:
         payload = json.dumps(request).encode()
         try:
-            socket.send_fds(self._sock, [payload], fds)
+            socket.send_fds(self._connected()[0], [payload], fds)
         except OSError as err:
             if err.errno == errno.EMSGSIZE:  # one datagram: the socket's buffer (~200 KiB) bounds it
                 raise ForkServerUnavailable(
@@ -212,17 +218,18 @@ class ForkServer:
 
     def _receive(self, timeout: float, what: str, go_on: Callable[[], bool] = lambda: True) -> dict:
         deadline = time.monotonic() + timeout
+        sock, proc = self._connected()
         while True:
             if not go_on():
                 raise ForkServerInterrupted()
-            ready, _, _ = select.select([self._sock], [], [], 0.2)
+            ready, _, _ = select.select([sock], [], [], 0.2)
             if ready:
-                data = self._sock.recv(_MAX_MESSAGE)
+                data = sock.recv(_MAX_MESSAGE)
                 if data:
                     return json.loads(data)
-                raise ForkServerUnavailable(f"it died (exit {self._proc.wait()}; see {self._log_file})")
-            if self._proc.poll() is not None:
-                raise ForkServerUnavailable(f"it died (exit {self._proc.returncode}; see {self._log_file})")
+                raise ForkServerUnavailable(f"it died (exit {proc.wait()}; see {self._log_file})")
+            if proc.poll() is not None:
+                raise ForkServerUnavailable(f"it died (exit {proc.returncode}; see {self._log_file})")
             if time.monotonic() > deadline:
                 raise ForkServerUnavailable(f"no answer to {what} within {timeout:g} s")
 
@@ -316,7 +323,7 @@ class ForkServerSpawner:
 
     def _start(self, spec: Optional[WorkerSpec], go_on: Callable[[], bool]) -> None:
         try:
-            if self._state == "new":
+            if self._state == "new" and spec is not None:  # the first worker's environment
                 self._server.launch(dict(spec.env))
             self._server.await_ready(timeout=300.0, go_on=go_on)
             self._state = "serving"

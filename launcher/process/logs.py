@@ -69,19 +69,23 @@ class _Stream:
 
     # A write error must not stop the pump: the worker would block on a full pipe and hang.
     def _to_file(self, data: bytes) -> None:
-        if self.log_file is None:
+        log_file = self.log_file
+        if log_file is None:
             return
         try:
-            self.log_file.write(data)
-            self.log_file.flush()
+            log_file.write(data)
+            log_file.flush()
         except OSError as err:
-            self._cut(self.log_file.name, err)
+            self._cut(log_file.name, err)
             self.log_file = None
 
     def _to_console(self, data: bytes) -> None:
+        console = self.console
+        if console is None:
+            return
         try:
-            self.console.write(data)
-            self.console.flush()
+            console.write(data)
+            console.flush()
         except OSError:  # e.g. `ftlaunch ... | head` closed the pipe: keep writing the log file
             self.console = None
 

@@ -13,7 +13,7 @@ import select
 import signal
 from typing import List, Optional
 
-from launcher.grammar.errors import Interrupted
+from launcher.grammar.errors import SignalReceived
 
 __all__ = ["SignalInbox"]
 
@@ -32,7 +32,7 @@ class SignalInbox:
         # wait after the attempt (a report, a verdict) ends for any later one, including one that
         # came between the attempt's end and the wait's start.
         self.answered = 0
-        self.preempt_signal = signal.SIGUSR1  # the one of NOTICE_SIGNALS that means "preempted"
+        self.preempt_signal: int = signal.SIGUSR1  # the one of NOTICE_SIGNALS that means "preempted"
         self._noticed = False
         self._read_fd = self._write_fd = -1
         self._previous: dict = {}
@@ -84,7 +84,7 @@ class SignalInbox:
     def raise_if_received(self) -> None:
         """Before any worker started, a signal simply ends the launch."""
         if self.received:
-            raise Interrupted(self.received[0])
+            raise SignalReceived(self.received[0])
 
     def wake(self) -> None:
         """From another thread: end the loop's current ``wait`` at once (news it must act on)."""

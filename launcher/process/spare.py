@@ -63,7 +63,7 @@ def warn_of_late_cuda_env(made_with: dict) -> None:
     in a spare's worker the context was made before the script ran, with ``made_with``, and such
     a setting changes nothing: said once on stderr, where the script's own output goes."""
     original = os._Environ.__setitem__
-    said = []
+    said: List[str] = []
 
     def setitem(environ, key, value):
         original(environ, key, value)
@@ -77,7 +77,7 @@ def warn_of_late_cuda_env(made_with: dict) -> None:
                 flush=True,
             )
 
-    os._Environ.__setitem__ = setitem
+    os._Environ.__setitem__ = setitem  # type: ignore[method-assign] # this worker's own os.environ, on purpose
 
 
 def misfit(env: dict, local_rank: int) -> str:

@@ -90,7 +90,7 @@ def stop_tree(
     grace: float,
     abort: Callable[[], bool],
     exclude: Collection[int] = (),
-    reap: Callable[[], None] = lambda: None,
+    reap: Callable[[], object] = lambda: None,
 ) -> StopReport:
     """Stop every process group led by ``leaders`` and every descendant of ours.
 
@@ -162,7 +162,7 @@ def _alive(pids: Iterable[int]) -> List[int]:
     return alive
 
 
-def _wait_gone(pids: Set[int], leaders: Set[int], reap: Callable[[], None], timeout: float) -> List[int]:
+def _wait_gone(pids: Set[int], leaders: Set[int], reap: Callable[[], object], timeout: float) -> List[int]:
     """After SIGKILL the kernel needs a moment; a process in uninterruptible sleep (D state)
     may never go, and is reported rather than waited on forever."""
     deadline = time.monotonic() + timeout

@@ -95,13 +95,13 @@ class _RandomsMade:
             if x is None:
                 _OS_SEEDED.append(weakref.ref(rng))
 
-        random.Random.__init__ = init
+        random.Random.__init__ = init  # type: ignore[method-assign,assignment] # noted, then undone in __exit__
         return self
 
     def __exit__(self, *_exc: object) -> None:
         import random
 
-        random.Random.__init__ = self._original
+        random.Random.__init__ = self._original  # type: ignore[method-assign]
 
 
 class _ReadsOf:
@@ -122,11 +122,11 @@ class _ReadsOf:
                 names.add(key)
             return original(environ, key)
 
-        os._Environ.__getitem__ = getitem
+        os._Environ.__getitem__ = getitem  # type: ignore[method-assign] # noted, then undone in __exit__
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        os._Environ.__getitem__ = self._original
+        os._Environ.__getitem__ = self._original  # type: ignore[method-assign]
 
 
 def _cuda_initialized() -> bool:
@@ -175,7 +175,7 @@ def serve(sock: socket.socket, supervisor: int) -> Optional[Tuple[dict, List[int
         request = json.loads(data)
         try:
             pid = fork_worker(fds, supervisor)
-            answer = {"pid": pid}
+            answer: Dict[str, object] = {"pid": pid}
         except Exception as err:  # noqa: BLE001 - reported to the supervisor, which falls back
             pid, answer = 0, {"error": f"{type(err).__name__}: {err}"}
         if pid == _WORKER:
@@ -338,7 +338,9 @@ def _run_script(path: str) -> None:
 
     path = os.path.abspath(path)
     main = types.ModuleType("__main__")
-    main.__file__, main.__cached__, main.__builtins__ = path, None, builtins
+    main.__file__ = path
+    setattr(main, "__cached__", None)  # noqa: B010 - as runpy sets them on a script's __main__
+    setattr(main, "__builtins__", builtins)  # noqa: B010
     main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
     sys.modules["__main__"] = main
     with open(path, "rb") as source:

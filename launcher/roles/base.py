@@ -1,18 +1,21 @@
 """The node's role: what differs between the only node, node 0 of many (the leader) and any other
 node (a follower), behind one interface the attempt loop and the attempt runner use. Chosen once,
-when the supervisor starts (``roles.choose``)."""
+when the supervisor starts (``supervisor._role``)."""
 
 import abc
 import dataclasses
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, TypeVar
 
-from launcher.cluster.wire import Interrupt, InterruptKind
+from launcher.cluster.wire import Interrupt, InterruptKind, JobVerdict
 from launcher.core.beats import ProgressRow
 from launcher.core.layout import Layout
 from launcher.core.results import AttemptResult, RunResult
 from launcher.core.stopping import StopReading
+from launcher.grammar.errors import FtlaunchError
 
-__all__ = ["AttemptPlan", "Role"]
+__all__ = ["AttemptPlan", "Conclusion", "Role", "in_attempt"]
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,9 +29,27 @@ class AttemptPlan:
     layout: Layout
 
 
+def in_attempt(value: Optional[T], what: str) -> T:
+    """What a role holds only from ``meet`` to ``conclude`` (the attempt's channel, layout, store):
+    asked for outside, it is a defect of the loop, said as one."""
+    if value is None:
+        raise RuntimeError(f"the role's {what} is asked for with no attempt in progress")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Conclusion:
+    """An attempt concluded: the job's result of it, and node 0's verdict where this node takes
+    it from node 0 (a follower; None where this node decides itself)."""
+
+    result: AttemptResult
+    verdict: Optional[JobVerdict] = None
+
+
 class Role(abc.ABC):
     """One node's part in the run. Between attempts: ``meet`` the others and plan the attempt,
-    ``conclude`` it (this node's result → the job's), ``decide`` how the run goes on. During an
+    ``conclude`` it (this node's result → the job's), ``decide`` how the run goes on and
+    ``announce`` the decision to the other nodes (node 0). During an
     attempt (asked by the runner): ``interrupt`` the other nodes, ``tick`` for their news,
     ``agree_stop_step``, ``publish_progress``, ``keep_alive``."""
 
@@ -38,24 +59,30 @@ class Role(abc.ABC):
 
     @abc.abstractmethod
     def meet(self) -> AttemptPlan:
-        """Plan the next attempt (with the other nodes). Interrupted or JoinTimeout end the run."""
+        """Plan the next attempt (with the other nodes). SignalReceived or JoinTimeout end the run."""
 
     @abc.abstractmethod
-    def conclude(self, local: AttemptResult) -> AttemptResult:
-        """The attempt's result for the job, from this node's (and the other nodes' reports)."""
+    def conclude(self, local: AttemptResult) -> Conclusion:
+        """The attempt's result for the job, from this node's (and the other nodes' reports), and
+        all ``decide`` needs."""
 
     @abc.abstractmethod
     def decide(
-        self, result: AttemptResult, attempts: List[AttemptResult]
+        self, concluded: Conclusion, attempts: List[AttemptResult]
     ) -> Tuple[Optional[RunResult], float]:
-        """How the run ends after ``result``, or (None, delay): restart after ``delay`` seconds."""
+        """How the run ends after the attempt, or (None, delay): restart after ``delay`` seconds."""
+
+    def announce(  # noqa: B027 - a hook; by default nothing
+        self, concluded: Conclusion, ended: Optional[RunResult], delay: float
+    ) -> None:
+        """Tell the other nodes what ``decide`` decided (node 0 alone has nodes to tell)."""
 
     @abc.abstractmethod
     def not_started(self, error: Exception) -> None:
         """The attempt's workers could not be started: the run ends with ``error``."""
 
     @abc.abstractmethod
-    def ended_waiting(self, error: Exception, attempts: List[AttemptResult]) -> RunResult:
+    def ended_waiting(self, error: FtlaunchError, attempts: List[AttemptResult]) -> RunResult:
         """A signal or --join-timeout while meeting: the run ends (and can be resumed)."""
 
     @abc.abstractmethod

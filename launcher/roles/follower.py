@@ -8,33 +8,43 @@ import os
 import signal
 import socket
 import time
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple, TypeVar
 
 from launcher.cluster.channel import ChannelSpec
 from launcher.cluster.deadline_store import DeadlineStore, StoreTimeout
 from launcher.cluster.follower_channel import FollowerChannel
 from launcher.cluster.lobby import Hello, NodeClaim
 from launcher.cluster.rendezvous import LeaderUnreachable, Rendezvous, Round, RoundFailed, connect_job_store
-from launcher.cluster.wire import AttemptPlan as WirePlan
-from launcher.cluster.wire import Interrupt, InterruptKind, JobVerdict, NodeInfo, NodeReport, plan_problem
+from launcher.cluster.wire import (
+    Interrupt,
+    InterruptKind,
+    JobVerdict,
+    NodeInfo,
+    NodeReport,
+    RoundPlan,
+    plan_problem,
+)
 from launcher.core import failpoints
 from launcher.core.beats import ProgressRow
-from launcher.core.events import EventLog, NodesMet
+from launcher.core.config import LaunchConfig
+from launcher.core.events import EventLog, NodesMet, Say
 from launcher.core.layout import Layout
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.results import AttemptResult, RunResult
 from launcher.core.stopping import StopReading
-from launcher.grammar.errors import Interrupted, UsageError
+from launcher.grammar.errors import FtlaunchError, SignalReceived, UsageError
 from launcher.process.signals import SignalInbox
-from launcher.roles.base import AttemptPlan, Role
+from launcher.roles.base import AttemptPlan, Conclusion, Role, in_attempt
 from launcher.roles.leader import node_report, report_timeout
 from launcher.runs.directory import RunDir
 
 __all__ = ["Follower"]
 
+T = TypeVar("T")
+
 
 class Follower(Role):
-    def __init__(self, config, events: EventLog, signals: SignalInbox, say) -> None:
+    def __init__(self, config: LaunchConfig, events: EventLog, signals: SignalInbox, say: Say) -> None:
         self.config = config
         self.node = config.cluster.node_rank
         self._events = events
@@ -46,11 +56,14 @@ class Follower(Role):
         self._deadline: Optional[float] = None  # to reach node 0: set when the wait begins
         self._round: Optional[Round] = None  # the round of the attempt in progress
         self._channel: Optional[FollowerChannel] = None
-        self._verdict: Optional[JobVerdict] = None  # None after an attempt: node 0 was lost
         rdzv_id = config.cluster.rdzv_id or config.run.run_id
         hello = Hello(self.node, socket.gethostname(), os.getpid(), rdzv_id, list(config.entry.command))
         self._claim = NodeClaim(self.node, hello, config.cluster.node_timeout)
-        self._lobby_store = None  # node 0's store, each call with a deadline
+        self._lobby_store: Optional[DeadlineStore] = None  # node 0's store, each call with a deadline
+
+    @property
+    def channel(self) -> FollowerChannel:
+        return in_attempt(self._channel, "channel")
 
     # -- between attempts ------------------------------------------------------------------------
 
@@ -67,7 +80,7 @@ class Follower(Role):
                 self._say(f"node 0: {failed}; meeting again in a new round")
                 self._kept = None
 
-    def _check(self, plan: WirePlan) -> None:
+    def _check(self, plan: RoundPlan) -> None:
         """Before any rank starts: node 0's plan is a whole job this node can run its part of.
         One it cannot (another version of ftlaunch on node 0, say) stops the attempt on every
         node with the reason (UsageError here, the same reason in node 0's verdict)."""
@@ -77,12 +90,12 @@ class Follower(Role):
             return
         problem = f"node {self.node} refused node 0's plan: {problem}"
         try:
-            self._channel.interrupt(Interrupt(self.node, InterruptKind.REFUSED, problem))
-            self._channel.report(NodeReport(self.node, AttemptOutcome.FAILED.value, [], False, None))
+            self.channel.interrupt(Interrupt(self.node, InterruptKind.REFUSED, problem))
+            self.channel.report(NodeReport(self.node, AttemptOutcome.FAILED.value, [], False, None))
         except LeaderUnreachable:
             pass  # node 0 finds this node gone instead
         finally:
-            self._channel.close()
+            self.channel.close()
         raise UsageError(problem)
 
     def _join(self, started: float, new_round: bool) -> AttemptPlan:
@@ -103,19 +116,19 @@ class Follower(Role):
         self._channel = FollowerChannel(round_.next_attempt_store(), self._spec, self._signals)
         self._round = round_
         try:
-            self._channel.announce(
+            self.channel.announce(
                 NodeInfo.here(self.node, self.config.group.nproc, self.config.entry.command)
             )
             failpoints.reached("announced")
-            plan = self._channel.read_plan(report_timeout(self.config))
+            plan = self.channel.read_plan(report_timeout(self.config))
         except BaseException:
-            self._channel.close()
+            self.channel.close()
             raise
         if plan.refused:
-            self._channel.close()
+            self.channel.close()
             raise UsageError(plan.refused)
         if plan.round_failed:
-            self._channel.close()
+            self.channel.close()
             raise RoundFailed(plan.round_failed)
         self._check(plan)
         nodes = tuple(plan.nodes)
@@ -145,7 +158,7 @@ class Follower(Role):
         if reason:
             raise UsageError(reason)
 
-    def _in_lobby(self, call):
+    def _in_lobby(self, call: Callable[[], T]) -> T:
         """A lobby call to node 0's store; one that fails or does not answer is node 0 lost."""
         try:
             return call()
@@ -156,48 +169,51 @@ class Follower(Role):
         self._signals.wait(seconds)
         self._signals.raise_if_received()
 
-    def conclude(self, local: AttemptResult) -> AttemptResult:
+    def conclude(self, local: AttemptResult) -> Conclusion:
         """Report to node 0 and take its verdict: the job's outcome of the attempt. Node 0 lost
-        meanwhile: the attempt is lost with it (as node 0's next supervisor records it)."""
-        self._verdict = None
+        meanwhile: the attempt is lost with it (as node 0's next supervisor records it), and this
+        node meets again."""
         try:
-            self._channel.report(node_report(self.node, local))
-            self._verdict = self._channel.await_verdict(2 * report_timeout(self.config))
+            self.channel.report(node_report(self.node, local))
+            verdict = self.channel.await_verdict(2 * report_timeout(self.config))
         except LeaderUnreachable as lost:
             self._lost_leader(lost)
-            return dataclasses.replace(local, outcome=AttemptOutcome.SUPERVISOR_LOST, cause=str(lost))
-        except Interrupted as stopped:  # a signal while node 0 decides: this node leaves
-            self._verdict = _leaving(stopped, local)
-            return local
+            lost_with = dataclasses.replace(local, outcome=AttemptOutcome.SUPERVISOR_LOST, cause=str(lost))
+            again = JobVerdict.restart(lost_with.outcome, local.failures, same_round=False, cause=str(lost))
+            return Conclusion(lost_with, again)
+        except SignalReceived as stopped:  # a signal while node 0 decides: this node leaves
+            return Conclusion(local, _leaving(stopped, local))
         finally:
-            self._channel.close()
-        verdict = self._verdict
-        self._kept = self._round if verdict.restart and verdict.same_round else None
+            self.channel.close()
+        self._kept = self._round if verdict.restarts and verdict.same_round else None
         self._deadline = time.monotonic() + self.config.cluster.join_timeout
-        return dataclasses.replace(
+        job = dataclasses.replace(
             local,
             outcome=AttemptOutcome(verdict.outcome),
             failures=verdict.failures,
             cause=verdict.cause or local.cause,
         )
+        return Conclusion(job, verdict)
 
     def decide(
-        self, result: AttemptResult, attempts: List[AttemptResult]
+        self, concluded: Conclusion, attempts: List[AttemptResult]
     ) -> Tuple[Optional[RunResult], float]:
-        verdict = self._verdict
-        if verdict is None or verdict.restart:
+        """Node 0's verdict, as this node's decision."""
+        verdict = concluded.verdict
+        if verdict is None or verdict.restarts:
             return None, 0.0
-        return RunResult(
+        ended = RunResult(
             verdict.exit_code, RunStatus(verdict.status), attempts, verdict.reason, holds_run=False
-        ), 0.0
+        )
+        return ended, 0.0
 
     def not_started(self, error: Exception) -> None:
         if self._channel is not None:
-            self._channel.close()
+            self.channel.close()
 
-    def ended_waiting(self, error: Exception, attempts: List[AttemptResult]) -> RunResult:
-        if isinstance(error, Interrupted):
-            status = RunStatus.ended_by(AttemptOutcome.stopped_by(self._signals.first))
+    def ended_waiting(self, error: FtlaunchError, attempts: List[AttemptResult]) -> RunResult:
+        if isinstance(error, SignalReceived):
+            status = RunStatus.ended_by(AttemptOutcome.stopped_by(error.signum))
             return RunResult(error.exit_code, status, attempts, str(error), holds_run=False)
         return RunResult(error.exit_code, RunStatus.STOPPED, attempts, str(error), holds_run=False)
 
@@ -227,20 +243,20 @@ class Follower(Role):
     # -- during an attempt -------------------------------------------------------------------
 
     def interrupt(self, kind: InterruptKind, detail: str, signum: Optional[int] = None) -> None:
-        self._channel.interrupt(Interrupt(self.node, kind, detail, signum))
+        self.channel.interrupt(Interrupt(self.node, kind, detail, signum))
 
     def tick(self) -> Optional[Interrupt]:
-        return self._channel.tick()
+        return self.channel.tick()
 
     def agree_stop_step(self, reading: Optional[StopReading]) -> int:
-        return self._channel.agree_stop_step(reading)
+        return self.channel.agree_stop_step(reading)
 
     def publish_progress(self, attempt: int, rows: List[ProgressRow]) -> None:
-        self._channel.share_progress(rows)
+        self.channel.share_progress(rows)
 
 
-def _leaving(stopped: Interrupted, local: AttemptResult) -> JobVerdict:
+def _leaving(stopped: SignalReceived, local: AttemptResult) -> JobVerdict:
     """The verdict this node gives itself when a signal ends its wait for node 0's."""
     status = RunStatus.ended_by(AttemptOutcome.stopped_by(stopped.signum))
     reason = f"interrupted by {signal.Signals(stopped.signum).name} while waiting for node 0's verdict"
-    return JobVerdict(False, stopped.exit_code, status.value, reason, local.outcome.value, local.failures)
+    return JobVerdict.end(stopped.exit_code, status, reason, local.outcome, local.failures)

@@ -5,15 +5,16 @@ import signal
 import time
 from typing import List, Optional, Tuple
 
-from launcher.core.events import Decision, EventLog
+from launcher.core.config import LaunchConfig
+from launcher.core.events import Decision, EventLog, Say
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.policy import RestartPolicy, Verdict
 from launcher.core.records import AttemptEntry
 from launcher.core.results import AttemptResult, RunResult
-from launcher.grammar.errors import ExitCode, Interrupted, StartFailed, exit_code_for_signal
+from launcher.grammar.errors import ExitCode, FtlaunchError, SignalReceived, StartFailed, exit_code_for_signal
 from launcher.process.signals import SignalInbox
 from launcher.process.store import AttemptStore, StoreHost, host_here
-from launcher.roles.base import Role
+from launcher.roles.base import Conclusion, Role, in_attempt
 from launcher.runs.checkpoints import NewestCheckpoint
 from launcher.runs.run import Run
 
@@ -23,11 +24,11 @@ __all__ = ["RunHolder"]
 class RunHolder(Role):
     def __init__(
         self,
-        config,
+        config: LaunchConfig,
         run: Run,
         events: EventLog,
         signals: SignalInbox,
-        say,
+        say: Say,
         policy: RestartPolicy,
         store_host: StoreHost = host_here,
     ) -> None:
@@ -41,6 +42,16 @@ class RunHolder(Role):
         self._store: Optional[AttemptStore] = None
         self._entry: Optional[AttemptEntry] = None  # the attempt in progress, in run.json
         self._newest: Optional[NewestCheckpoint] = None  # listed once the fork server warms up
+
+    @property
+    def entry(self) -> AttemptEntry:
+        """The attempt in progress, as run.json records it."""
+        return in_attempt(self._entry, "run.json entry")
+
+    @property
+    def store(self) -> AttemptStore:
+        """The attempt's workers' store."""
+        return in_attempt(self._store, "workers' store")
 
     # -- the attempt's records and store --------------------------------------------------------
 
@@ -74,7 +85,7 @@ class RunHolder(Role):
     def _record_end(self, result: AttemptResult) -> None:
         self._newest = self.run.newest_checkpoint()  # what this attempt left is where the next starts
         self.run.attempt_ended(
-            self._entry, result.outcome, result.failures, self._newest, result.beats, result.lived
+            self.entry, result.outcome, result.failures, self._newest, result.beats, result.lived
         )
 
     def not_started(self, error: Exception) -> None:
@@ -85,8 +96,9 @@ class RunHolder(Role):
     # -- deciding --------------------------------------------------------------------------------
 
     def decide(
-        self, result: AttemptResult, attempts: List[AttemptResult]
+        self, concluded: Conclusion, attempts: List[AttemptResult]
     ) -> Tuple[Optional[RunResult], float]:
+        result = concluded.result
         ended = RunStatus.ended_by(result.outcome)
         if result.outcome is AttemptOutcome.SUCCEEDED:
             return RunResult(ExitCode.SUCCESS, ended, attempts, "every rank exited 0"), 0.0
@@ -113,7 +125,7 @@ class RunHolder(Role):
         self._events.emit(Decision(number, decision.verdict.value, decision.reason, decision.delay))
         self._say(f"attempt {number} failed: {result.describe_cause()}")
         if decision.verdict is Verdict.CRASH_LOOP:
-            reason = f"{decision.reason} (the last: {self._entry.progress_evidence})"
+            reason = f"{decision.reason} (the last: {self.entry.progress_evidence})"
             return RunResult(ExitCode.CRASH_LOOP, ended, attempts, reason), 0.0
         if not decision.restart:
             return RunResult(ExitCode.FAILED, ended, attempts, decision.reason), 0.0
@@ -121,9 +133,9 @@ class RunHolder(Role):
         self._say(f"restarting the group ({decision.reason}){wait}")
         return None, decision.delay
 
-    def ended_waiting(self, error: Exception, attempts: List[AttemptResult]) -> RunResult:
-        if isinstance(error, Interrupted):
-            signum = self._signals.first
+    def ended_waiting(self, error: FtlaunchError, attempts: List[AttemptResult]) -> RunResult:
+        if isinstance(error, SignalReceived):
+            signum = error.signum
             status = RunStatus.ended_by(AttemptOutcome.stopped_by(signum))
             reason = f"interrupted by {signal.Signals(signum).name} while the nodes were meeting"
             return RunResult(exit_code_for_signal(signum), status, attempts, reason)

@@ -9,18 +9,29 @@ from launcher.cluster.channel import ChannelSpec
 from launcher.cluster.leader_channel import LeaderChannel
 from launcher.cluster.lobby import Lobby
 from launcher.cluster.rendezvous import Rendezvous, Round, RoundFailed
-from launcher.cluster.wire import AttemptPlan as WirePlan
-from launcher.cluster.wire import Interrupt, InterruptKind, JobVerdict, NodeInfo, NodeReport, plan_problem
+from launcher.cluster.wire import (
+    Interrupt,
+    InterruptKind,
+    JobVerdict,
+    NodeInfo,
+    NodeReport,
+    RoundPlan,
+    plan_problem,
+)
 from launcher.core.beats import BeatSummary, ProgressRow
-from launcher.core.events import NodesMet, RoundAbandoned
+from launcher.core.config import LaunchConfig
+from launcher.core.events import EventLog, NodesMet, RoundAbandoned, Say
 from launcher.core.failures import root_cause
 from launcher.core.layout import Layout
 from launcher.core.outcomes import AttemptOutcome, RunStatus
+from launcher.core.policy import RestartPolicy
 from launcher.core.results import AttemptResult, RunResult
 from launcher.core.stopping import StopReading
 from launcher.grammar.errors import ExitCode, JoinTimeout, UsageError
-from launcher.roles.base import AttemptPlan
+from launcher.process.signals import SignalInbox
+from launcher.roles.base import AttemptPlan, Conclusion, in_attempt
 from launcher.roles.holder import RunHolder
+from launcher.runs.run import Run
 
 __all__ = ["Leader", "node_report", "report_timeout"]
 
@@ -31,7 +42,7 @@ _LOOK_FOR_JOINERS_S = 1.0
 _ANNOUNCE_SLACK_S = 5.0
 
 
-def _announce_timeout(config) -> float:
+def _announce_timeout(config: LaunchConfig) -> float:
     """How long node 0 waits for the nodes of a round to announce themselves. A live node does so
     as soon as it learns of the round (torch's rendezvous tells a waiting node within about a
     second); one that has not within --node-timeout and some slack died on the way, and torch
@@ -39,7 +50,7 @@ def _announce_timeout(config) -> float:
     return config.cluster.node_timeout + _ANNOUNCE_SLACK_S
 
 
-def report_timeout(config) -> float:
+def report_timeout(config: LaunchConfig) -> float:
     """How long a node may take, after its attempt ended, to say so: stopping its ranks (the
     grace period, twice: a cooperative stop, then the signals) and a node timeout's slack."""
     return 2 * config.group.grace_period + config.cluster.node_timeout + 10.0
@@ -54,7 +65,16 @@ def node_report(node: int, result: AttemptResult) -> NodeReport:
 
 
 class Leader(RunHolder):
-    def __init__(self, config, run, events, signals, say, policy, rendezvous: Rendezvous) -> None:
+    def __init__(
+        self,
+        config: LaunchConfig,
+        run: Run,
+        events: EventLog,
+        signals: SignalInbox,
+        say: Say,
+        policy: RestartPolicy,
+        rendezvous: Rendezvous,
+    ) -> None:
         super().__init__(config, run, events, signals, say, policy)
         self._rendezvous = rendezvous
         self._round: Optional[Round] = None  # the rendezvous round the next attempt may keep
@@ -71,6 +91,14 @@ class Leader(RunHolder):
         self._announced: Optional[Layout] = None  # the last layout said on the console
         self._next_joiners_look = 0.0
 
+    @property
+    def channel(self) -> LeaderChannel:
+        return in_attempt(self._channel, "channel")
+
+    @property
+    def layout(self) -> Layout:
+        return in_attempt(self._layout, "layout")
+
     # -- between attempts ------------------------------------------------------------------------
 
     def meet(self) -> AttemptPlan:
@@ -80,24 +108,25 @@ class Leader(RunHolder):
         started = time.monotonic()
         while True:
             new_round = self._round is None
-            if new_round:
+            if self._round is None:
                 self._round = self._rendezvous.next_round(
                     self._signals, self._say, watch=self._refuse_strangers
                 )
-            channel = LeaderChannel(self._round.next_attempt_store(), self._spec, self._signals)
+            meeting = self._round
+            channel = LeaderChannel(meeting.next_attempt_store(), self._spec, self._signals)
             self._channel = channel
             channel.announce(NodeInfo.here(0, self.config.group.nproc, self.config.entry.command))
             try:
-                infos = channel.node_infos(self._round.size, _announce_timeout(self.config))
+                infos = channel.node_infos(meeting.size, _announce_timeout(self.config))
             except RoundFailed as failed:
-                self._meet_again(channel, str(failed), started)
+                self._meet_again(channel, meeting.size, str(failed), started)
                 continue
             return self._plan(channel, infos, started, new_round)
 
-    def _meet_again(self, channel: LeaderChannel, why: str, started: float) -> None:
+    def _meet_again(self, channel: LeaderChannel, size: int, why: str, started: float) -> None:
         """The round failed: every node that announced itself is told to meet in a new one."""
-        self._events.emit(RoundAbandoned(self._round.size, why))
-        channel.publish_plan(WirePlan(-1, "", 0, round_failed=why))
+        self._events.emit(RoundAbandoned(size, why))
+        channel.publish_plan(RoundPlan(-1, "", 0, round_failed=why))
         channel.close()
         self._channel, self._round = None, None
         if time.monotonic() - started >= self.config.cluster.join_timeout:
@@ -113,12 +142,12 @@ class Leader(RunHolder):
         """Plan the attempt on the nodes that announced themselves, checked as every node checks it."""
         cluster, nproc = self.config.cluster, self.config.group.nproc
         layout = Layout(tuple(sorted(infos)), 0, nproc)
-        draft = WirePlan(-1, "", 0, list(layout.nodes), world_size=layout.world_size)
+        draft = RoundPlan(-1, "", 0, list(layout.nodes), world_size=layout.world_size)
         problem = _disagreement(self.config, infos) or plan_problem(
             draft, 0, nproc, cluster.fewest, cluster.nnodes
         )
         if problem:
-            channel.publish_plan(WirePlan(0, "", 0, refused=problem))
+            channel.publish_plan(RoundPlan(0, "", 0, refused=problem))
             channel.await_acks("planned")  # the store goes away with this node
             channel.close()
             raise UsageError(problem)
@@ -128,7 +157,7 @@ class Leader(RunHolder):
         self._planned += 1
         waited = round(time.monotonic() - started, 3)
         self._events.emit(NodesMet(number, len(layout.nodes), waited, new_round, list(layout.nodes)))
-        address, port = self.config.group.master_addr, self._store.port
+        address, port = self.config.group.master_addr, self.store.port
         plan = dataclasses.replace(draft, attempt=number, master_addr=address, master_port=port)
         channel.publish_plan(plan)
         return AttemptPlan(number, address, port, layout)
@@ -138,7 +167,7 @@ class Leader(RunHolder):
         if not self.config.cluster.elastic or (self._announced and self._announced.nodes == layout.nodes):
             return
         self._announced = layout
-        resize = f" ({self._entry.resize})" if self._entry.resize else ""
+        resize = f" ({self.entry.resize})" if self.entry.resize else ""
         self._say(
             f"the job runs on {layout.describe()} of --nnodes "
             f"{self.config.cluster.fewest}:{self.config.cluster.nnodes}{resize}"
@@ -154,10 +183,10 @@ class Leader(RunHolder):
                 raise UsageError(reason)
             self._say(f"refused a node: {reason}")
 
-    def conclude(self, local: AttemptResult) -> AttemptResult:
+    def conclude(self, local: AttemptResult) -> Conclusion:
         """The job's attempt: every node's report (this one's included) and every lost node."""
         self._close_store()
-        channel = self._channel
+        channel = self.channel
         channel.report(node_report(0, local))
         reports = channel.gather(report_timeout(self.config))
         result = _merge(
@@ -165,56 +194,44 @@ class Leader(RunHolder):
             reports,
             channel.own_stall() + channel.lost_failures(),
             channel.interrupted_by,
-            self._layout,
+            self.layout,
             self.config.cluster.elastic,
         )
-        result = dataclasses.replace(result, resize=self._entry.resize)
+        result = dataclasses.replace(result, resize=self.entry.resize)
         self._record_end(result)
-        return result
+        return Conclusion(result)
 
     def decide(
-        self, result: AttemptResult, attempts: List[AttemptResult]
+        self, concluded: Conclusion, attempts: List[AttemptResult]
     ) -> Tuple[Optional[RunResult], float]:
-        refused = self._channel.interrupted_by
+        refused = self.channel.interrupted_by
         if refused is not None and refused.kind is InterruptKind.REFUSED:  # nodes disagree: no retry
-            ended, delay = RunResult(ExitCode.USAGE, RunStatus.FAILED, attempts, refused.detail), 0.0
-        else:
-            ended, delay = super().decide(result, attempts)
+            return RunResult(ExitCode.USAGE, RunStatus.FAILED, attempts, refused.detail), 0.0
+        return super().decide(concluded, attempts)
+
+    def announce(self, concluded: Conclusion, ended: Optional[RunResult], delay: float) -> None:
+        result = concluded.result
         if ended is not None:
-            self._tell_nodes(
-                JobVerdict(
-                    False,
-                    int(ended.exit_code),
-                    ended.status.value,
-                    ended.reason,
-                    result.outcome.value,
-                    result.failures,
-                    cause=result.cause,
-                )
+            verdict = JobVerdict.end(
+                ended.exit_code,
+                ended.status,
+                ended.reason,
+                result.outcome,
+                result.failures,
+                cause=result.cause,
             )
         else:
             same_round = delay == 0 and self._same_nodes_again()
-            self._tell_nodes(
-                JobVerdict(
-                    True,
-                    0,
-                    RunStatus.RUNNING.value,
-                    "restart",
-                    result.outcome.value,
-                    result.failures,
-                    same_round,
-                    result.cause,
-                )
+            verdict = JobVerdict.restart(
+                result.outcome, result.failures, same_round=same_round, cause=result.cause
             )
-        return ended, delay
+        self._tell_nodes(verdict)
 
     def not_started(self, error: Exception) -> None:
         super().not_started(error)
         if self._channel is not None:
-            failed = AttemptOutcome.FAILED.value
-            self._tell_nodes(
-                JobVerdict(False, int(ExitCode.FAILED), RunStatus.FAILED.value, str(error), failed, [])
-            )
+            failed = AttemptOutcome.FAILED
+            self._tell_nodes(JobVerdict.end(ExitCode.FAILED, RunStatus.FAILED, str(error), failed, []))
 
     def close(self) -> None:
         """The job is over: a node that comes now learns it at once instead of waiting."""
@@ -224,17 +241,17 @@ class Leader(RunHolder):
         """Node 0's decision goes to every node; the store stays up until each has read it. A
         restart at once keeps the round when it can; after a backoff pause, the nodes meet in a
         new one (in the pause nothing beats on the next attempt's keys)."""
-        channel, self._channel = self._channel, None
+        channel, self._channel = self.channel, None
         if not verdict.same_round:
             self._round = None
         channel.publish_verdict(verdict)
-        if not verdict.restart:
+        if not verdict.restarts:
             channel.await_acks()
         channel.close()
 
     def _same_nodes_again(self) -> bool:
         """The next attempt may keep this round when no node was lost and none waits to join."""
-        if self._channel.lost_failures():
+        if self.channel.lost_failures():
             return False
         try:
             return self._rendezvous.nodes_waiting() == 0
@@ -244,19 +261,19 @@ class Leader(RunHolder):
     # -- during an attempt -------------------------------------------------------------------
 
     def interrupt(self, kind: InterruptKind, detail: str, signum: Optional[int] = None) -> None:
-        self._channel.interrupt(Interrupt(0, kind, detail, signum))
+        self.channel.interrupt(Interrupt(0, kind, detail, signum))
 
     def tick(self) -> Optional[Interrupt]:
-        interrupt = self._channel.tick()
+        interrupt = self.channel.tick()
         if interrupt is None and self._joiners_wait():
             detail = "a node waits to join (--nnodes MIN:MAX): the job grows"
-            interrupt = self._channel.interrupt(Interrupt(0, InterruptKind.RESIZE, detail))
+            interrupt = self.channel.interrupt(Interrupt(0, InterruptKind.RESIZE, detail))
         return interrupt
 
     def _joiners_wait(self) -> bool:
         """An elastic job below its full size: whether a node waits in the rendezvous to join
         (looked at once a second)."""
-        if not self.config.cluster.elastic or len(self._layout.nodes) >= self.config.cluster.nnodes:
+        if not self.config.cluster.elastic or len(self.layout.nodes) >= self.config.cluster.nnodes:
             return False
         now = time.monotonic()
         if now < self._next_joiners_look:
@@ -268,10 +285,10 @@ class Leader(RunHolder):
             return False
 
     def agree_stop_step(self, reading: Optional[StopReading]) -> int:
-        return self._channel.agree_stop_step(reading)
+        return self.channel.agree_stop_step(reading)
 
     def publish_progress(self, attempt: int, rows: List[ProgressRow]) -> None:
-        self.run.publish_progress(attempt, *self._channel.job_progress(rows))
+        self.run.publish_progress(attempt, *self.channel.job_progress(rows))
 
 
 def _merge(
@@ -317,7 +334,7 @@ def _cause_first(failures: list) -> list:
     return [first] + [f for f in failures if f is not first]
 
 
-def _disagreement(config, infos: Dict[int, NodeInfo]) -> str:
+def _disagreement(config: LaunchConfig, infos: Dict[int, NodeInfo]) -> str:
     """Nodes started with other commands or other --nproc cannot form one job."""
     for node, info in sorted(infos.items()):
         ours = config.group.nproc

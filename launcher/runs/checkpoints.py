@@ -5,7 +5,10 @@ and after each attempt), the run (on resume) and ``ftlaunch status`` all ask her
 """
 
 import dataclasses
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    from worker_lib.storage import Storage
 
 __all__ = ["CheckpointDir", "NewestCheckpoint"]
 
@@ -29,7 +32,7 @@ class CheckpointDir:
     def __init__(self, url: Optional[str], world_size: int) -> None:
         self.url = url
         self.world_size = world_size
-        self._storage = None  # opened on first use: storage libraries are slow to import
+        self._storage: Optional[Storage] = None  # opened on first use: storage libraries import slowly
 
     def newest(self) -> NewestCheckpoint:
         if not self.url:
@@ -38,10 +41,9 @@ class CheckpointDir:
         from worker_lib.storage import Storage, StorageError
 
         try:
-            if self._storage is None:
-                self._storage = Storage(self.url)
-            other_size = []
-            for marker in committed_steps(self._storage):
+            storage = self._storage = self._storage or Storage(self.url)
+            other_size: List[int] = []
+            for marker in committed_steps(storage):
                 if marker.loads_at(self.world_size):
                     return NewestCheckpoint(True, marker.step, marker.time, other_size=tuple(other_size))
                 other_size.append(marker.step)
@@ -59,12 +61,11 @@ class CheckpointDir:
         from worker_lib.storage import Storage, StorageError
 
         try:
-            if self._storage is None:
-                self._storage = Storage(self.url)
-            committed = {marker.step for marker in committed_steps(self._storage)}
-            doomed = [step for step in step_numbers(self._storage) if step not in committed]
+            storage = self._storage = self._storage or Storage(self.url)
+            committed = {marker.step for marker in committed_steps(storage)}
+            doomed = [step for step in step_numbers(storage) if step not in committed]
             for step in doomed:
-                self._storage.remove_tree(step_dir(step))
+                storage.remove_tree(step_dir(step))
         except (StorageError, OSError):
             return []  # best effort: the next run's retention removes them too
         return doomed

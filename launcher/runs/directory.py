@@ -26,8 +26,8 @@ from launcher.grammar.errors import RunBusy, RunLost, UsageError
 from worker_lib.storage import Storage
 
 __all__ = [
-    "Holder",
-    "HolderState",
+    "LockRecord",
+    "LockState",
     "RunDir",
     "STATE_FILE",
     "EVENTS_FILE",
@@ -46,14 +46,14 @@ _SETTLE_S = 0.3  # between writing a lock and reading it back
 log = logging.getLogger(__name__)
 
 
-class HolderState(str, enum.Enum):
+class LockState(str, enum.Enum):
     ALIVE = "alive"
     DEAD = "dead"  # same host, its pid gone or reused
     EXPIRED = "lease expired"  # another host, not renewed in time
 
 
 @dataclasses.dataclass(frozen=True)
-class Holder:
+class LockRecord:
     """The supervisor that holds a run."""
 
     host: str
@@ -64,7 +64,7 @@ class Holder:
     lease: float  # seconds after renewed_at until others may take over
 
     @classmethod
-    def from_json(cls, data: Any) -> "Holder":
+    def from_json(cls, data: Any) -> "LockRecord":
         """Raises ValueError for anything but a lock ftlaunch wrote."""
         types = {
             "host": str,
@@ -83,17 +83,17 @@ class Holder:
         return cls(**data)
 
     @classmethod
-    def me(cls, lease: float) -> "Holder":
+    def me(cls, lease: float) -> "LockRecord":
         pid = os.getpid()
         started = psutil.Process(pid).create_time()
         return cls(socket.gethostname(), pid, started, uuid.uuid4().hex, time.time(), lease)
 
-    def judge(self, now: float) -> "HolderState":
+    def judge(self, now: float) -> "LockState":
         """On this host the pid tells, whatever the lease says (a supervisor stopped by Ctrl+Z
         is alive and will carry on); on another host only the lease can."""
         if self.host == socket.gethostname():
-            return HolderState.DEAD if self.provably_dead() else HolderState.ALIVE
-        return HolderState.EXPIRED if self.expired(now) else HolderState.ALIVE
+            return LockState.DEAD if self.provably_dead() else LockState.ALIVE
+        return LockState.EXPIRED if self.expired(now) else LockState.ALIVE
 
     def provably_dead(self) -> bool:
         """On this host, with its pid gone or taken by another process."""
@@ -120,10 +120,10 @@ class RunDir:
         self.url = url
         self.storage = Storage(url, label="run dir")
         self._retries = retries
-        self._holder: Optional[Holder] = None
+        self._holder: Optional[LockRecord] = None
 
     @property
-    def holder(self) -> Optional[Holder]:
+    def holder(self) -> Optional[LockRecord]:
         """This supervisor, while it holds the run."""
         return self._holder
 
@@ -184,14 +184,14 @@ class RunDir:
 
     # -- the lock --------------------------------------------------------------------------
 
-    def acquire(self, lease: float) -> Optional[Holder]:
+    def acquire(self, lease: float) -> Optional[LockRecord]:
         """Hold the run, or raise RunBusy naming its holder. Returns the dead or expired holder
         taken over from, if any."""
         now = time.time()
         previous = self.read_lock()
-        if previous is not None and previous.judge(now) is HolderState.ALIVE:
+        if previous is not None and previous.judge(now) is LockState.ALIVE:
             raise RunBusy(f"run {self.url} is held by another ftlaunch: {previous.describe(now)}")
-        me = Holder.me(lease)
+        me = LockRecord.me(lease)
         self._write_lock(me)
         time.sleep(_SETTLE_S)
         if (self.read_lock() or me).token != me.token:
@@ -241,11 +241,11 @@ class RunDir:
             self.storage.fs.rm_file(self.storage.path(LOCK_FILE))
         self._holder = None
 
-    def read_lock(self) -> Optional[Holder]:
+    def read_lock(self) -> Optional[LockRecord]:
         """The holder, None when there is none; UsageError when lock.json is damaged (writes are
         atomic, so damage is someone else's doing: guessing who holds the run would be worse)."""
         try:
-            return Holder.from_json(json.loads(self.storage.read_bytes(LOCK_FILE, self._retries)))
+            return LockRecord.from_json(json.loads(self.storage.read_bytes(LOCK_FILE, self._retries)))
         except FileNotFoundError:
             return None
         except (ValueError, TypeError) as err:
@@ -253,7 +253,7 @@ class RunDir:
                 f"{self.url}/{LOCK_FILE} is damaged ({err}); if no ftlaunch runs this run, remove that file"
             ) from None
 
-    def _write_lock(self, holder: Holder) -> None:
+    def _write_lock(self, holder: LockRecord) -> None:
         self.storage.write_bytes(LOCK_FILE, json.dumps(dataclasses.asdict(holder)).encode(), self._retries)
 
 

@@ -13,7 +13,7 @@ from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.records import RunState
 from launcher.grammar.errors import UsageError
 from launcher.runs.checkpoints import NewestCheckpoint
-from launcher.runs.directory import Holder, RunDir
+from launcher.runs.directory import LockRecord, RunDir
 
 __all__ = ["RunOpening"]
 
@@ -35,7 +35,7 @@ class RunOpening:
         self._say = say
         self._newest_checkpoint = newest_checkpoint
 
-    def open(self, taken_from: Optional[Holder]) -> Tuple[RunState, List[Logged]]:
+    def open(self, taken_from: Optional[LockRecord]) -> Tuple[RunState, List[Logged]]:
         """The run's state, resumed, or created when there is none (or --fresh), and what
         earlier supervisors of the run logged."""
         if self.config.run.fresh and self.dir.has_state():
@@ -70,7 +70,7 @@ class RunOpening:
             self._resume(state, newest)
         return state, earlier
 
-    def _report_takeover(self, state: RunState, previous: Holder) -> None:
+    def _report_takeover(self, state: RunState, previous: LockRecord) -> None:
         now = time.time()
         how = previous.judge(now).value
         state.takeovers.append({"at": now, "from": previous.describe(now), "why": how})

@@ -9,7 +9,7 @@ import os
 import socket
 import threading
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Generic, List, Optional, TypeVar
 
 from launcher.core.beats import BeatSummary, NodeRow, ProgressRow
 from launcher.core.config import LaunchConfig
@@ -23,7 +23,7 @@ from launcher.runs.directory import (
     EVENTS_FILE,
     PROGRESS_FILE,
     STATE_FILE,
-    Holder,
+    LockRecord,
     RunDir,
     events_bytes,
     state_bytes,
@@ -32,6 +32,8 @@ from launcher.runs.opening import RunOpening
 from launcher.runs.writer import RunDirWriter
 
 __all__ = ["Run"]
+
+T = TypeVar("T")
 
 _FINISH_S = 5.0  # the run's end: tried this long (a full disk may free up) before it is left unwritten
 _CLOSE_S = 5.0  # then the lock's release
@@ -47,14 +49,16 @@ class Run:
         directory: RunDir,
         events: EventLog,
         say: Callable[[str], None],
-        taken_from: Optional[Holder] = None,
+        taken_from: Optional[LockRecord] = None,
     ) -> None:
         self.config = config
         self.dir = directory
         self.checkpoints = CheckpointDir(config.group.checkpoint_url, config.world_size)
         self._events = events
         self._say = say
-        self._listing: Optional[_Listing] = None  # a look at the checkpoint dir still under way
+        self._listing: Optional[_Listing[NewestCheckpoint]] = (
+            None  # a look at the checkpoint dir still under way
+        )
         opening = RunOpening(config, directory, events, say, self.newest_checkpoint)
         # and what earlier supervisors of the run logged, kept in the run's events.jsonl
         self.state, self._earlier_events = opening.open(taken_from)
@@ -184,7 +188,8 @@ class Run:
         """At the run's end: parts never committed go, when the checkpoint dir answers."""
         if self._listing is not None and not self._listing.done.is_set():
             return []  # it did not answer the last look
-        return _Listing(self.checkpoints.remove_uncommitted).result(self.config.run.storage_timeout) or []
+        removing = _Listing(self.checkpoints.remove_uncommitted)
+        return removing.result(self.config.run.storage_timeout) or []
 
     def publish_progress(
         self, attempt: int, ranks: List[ProgressRow], nodes: Optional[List[NodeRow]] = None
@@ -203,17 +208,17 @@ class Run:
         self._writer.check()
 
 
-class _Listing:
+class _Listing(Generic[T]):
     """A look at the checkpoint dir on a thread of its own: storage that does not answer keeps
     the thread, never the supervisor's loop."""
 
-    def __init__(self, look: Callable[[], object]) -> None:
+    def __init__(self, look: Callable[[], T]) -> None:
         self.done = threading.Event()
-        self._answer: object = None
+        self._answer: Optional[T] = None
         self.error = ""
         threading.Thread(target=self._run, args=(look,), name="ftlaunch-listing", daemon=True).start()
 
-    def _run(self, look: Callable[[], object]) -> None:
+    def _run(self, look: Callable[[], T]) -> None:
         try:
             self._answer = look()
         except Exception as err:  # a storage library's own exception: the look failed, nothing more
@@ -221,7 +226,7 @@ class _Listing:
         finally:
             self.done.set()
 
-    def result(self, timeout: float) -> Optional[object]:
+    def result(self, timeout: float) -> Optional[T]:
         """Its answer; None when it failed, or gave none within ``timeout`` seconds (``error``
         says which)."""
         if not self.done.wait(timeout):
@@ -234,7 +239,7 @@ def _resize(previous: Optional[AttemptEntry], nodes: List[dict]) -> str:
     the same number): the nodes lost in that attempt, or the ones that did not come to the round."""
     before = [n["node"] for n in previous.nodes] if previous is not None else []
     now = [n["node"] for n in nodes]
-    if not before or not now or len(before) == len(now):
+    if previous is None or not before or not now or len(before) == len(now):
         return ""
     if len(now) > len(before):
         return (

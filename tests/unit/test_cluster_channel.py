@@ -13,16 +13,17 @@ from launcher.cluster.follower_channel import FollowerChannel
 from launcher.cluster.leader_channel import LeaderChannel
 from launcher.cluster.rendezvous import LeaderUnreachable, RoundFailed
 from launcher.cluster.wire import (
-    AttemptPlan,
     Interrupt,
     InterruptKind,
     JobVerdict,
     NodeInfo,
     NodeReport,
+    RoundPlan,
     plan_problem,
 )
+from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.stopping import StopReading
-from launcher.grammar.errors import Interrupted
+from launcher.grammar.errors import SignalReceived
 
 TIMEOUT = 0.6  # --node-timeout, in seconds
 
@@ -139,7 +140,7 @@ def test_a_signal_the_attempt_stopped_for_leaves_node_0_waiting_for_the_reports(
 
 def test_the_verdict_reaches_the_follower_and_is_acknowledged(store):
     leader, follower = _met(store)
-    verdict = JobVerdict(False, 0, "SUCCEEDED", "every rank exited 0", "SUCCEEDED", [])
+    verdict = JobVerdict.end(0, RunStatus.SUCCEEDED, "every rank exited 0", AttemptOutcome.SUCCEEDED, [])
     leader.publish_verdict(verdict)
     assert follower.await_verdict(limit=5) == verdict
     started = time.monotonic()
@@ -151,7 +152,9 @@ def test_the_verdict_reaches_the_follower_and_is_acknowledged(store):
 def test_node_0_does_not_wait_for_the_ack_of_a_node_whose_supervisor_is_gone(store):
     leader, follower = _met(store)
     follower.close()
-    leader.publish_verdict(JobVerdict(False, 143, "PREEMPTED", "interrupted by SIGTERM", "FAILED", []))
+    leader.publish_verdict(
+        JobVerdict.end(143, RunStatus.PREEMPTED, "interrupted by SIGTERM", AttemptOutcome.FAILED, [])
+    )
     started = time.monotonic()
     leader.await_acks()  # the ack deadline is --node-timeout; a silent node is given up earlier
     assert time.monotonic() - started < 5
@@ -162,14 +165,14 @@ def test_a_follower_waiting_for_the_verdict_answers_a_signal(store):
     inbox = Inbox()
     leader, follower = _met(store, follower_inbox=inbox)
     threading.Timer(0.2, lambda: inbox.received.append(2)).start()
-    with pytest.raises(Interrupted):
+    with pytest.raises(SignalReceived):
         follower.await_verdict(limit=30)
     leader.close(), follower.close()
 
 
 def test_a_follower_leaves_at_once_for_a_signal_it_did_not_stop_for(store):
     leader, follower = _met(store, follower_inbox=Inbox(2))
-    with pytest.raises(Interrupted):
+    with pytest.raises(SignalReceived):
         follower.await_verdict(limit=30)
     leader.close(), follower.close()
 
@@ -237,17 +240,17 @@ def test_nothing_is_sized_by_the_largest_job_a_node_could_join(store):
 @pytest.mark.parametrize(
     "plan, fewest, problem",
     [
-        (AttemptPlan(3, "a", 1, [0, 1], world_size=4), 2, ""),
-        (AttemptPlan(3, "a", 1, [1], world_size=2), 2, "planned attempt 3 on 1 node(s) [1]: --nnodes 2 asks"),
+        (RoundPlan(3, "a", 1, [0, 1], world_size=4), 2, ""),
+        (RoundPlan(3, "a", 1, [1], world_size=2), 2, "planned attempt 3 on 1 node(s) [1]: --nnodes 2 asks"),
         (
-            AttemptPlan(3, "a", 1, [0, 1], world_size=2),
+            RoundPlan(3, "a", 1, [0, 1], world_size=2),
             2,
             "at WORLD_SIZE 2, but 2 node(s) x --nproc 2 make 4",
         ),
-        (AttemptPlan(3, "a", 1, [0, 2], world_size=4), 2, "leaves out node 1"),
-        (AttemptPlan(3, "a", 1, [1, 1], world_size=4), 2, "names impossible nodes [1, 1]"),
-        (AttemptPlan(3, "a", 1, [1, 5], world_size=4), 1, "names impossible nodes [1, 5] (--nnodes 1:2)"),
-        (AttemptPlan(3, "a", 1, [1], world_size=2), 1, ""),  # an elastic job at its fewest nodes
+        (RoundPlan(3, "a", 1, [0, 2], world_size=4), 2, "leaves out node 1"),
+        (RoundPlan(3, "a", 1, [1, 1], world_size=4), 2, "names impossible nodes [1, 1]"),
+        (RoundPlan(3, "a", 1, [1, 5], world_size=4), 1, "names impossible nodes [1, 5] (--nnodes 1:2)"),
+        (RoundPlan(3, "a", 1, [1], world_size=2), 1, ""),  # an elastic job at its fewest nodes
     ],
 )
 def test_a_node_refuses_a_plan_that_is_not_a_whole_job(plan, fewest, problem):

@@ -10,7 +10,7 @@ from launcher.core.events import FirstStep
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.records import AttemptEntry, RunState
 from launcher.grammar.errors import RunBusy, UsageError
-from launcher.runs.directory import LOCK_FILE, Holder, RunDir
+from launcher.runs.directory import LOCK_FILE, LockRecord, RunDir
 
 
 def test_the_lock_is_held_renewed_and_released(tmp_path):
@@ -38,7 +38,7 @@ def test_release_leaves_a_lock_that_is_not_ours(tmp_path):
 
 
 def test_expired_and_dead_holders_are_taken_over(tmp_path):
-    me = Holder.me(lease=30.0)
+    me = LockRecord.me(lease=30.0)
     expired = dataclasses.replace(me, host="elsewhere", renewed_at=me.renewed_at - 31.0)
     assert expired.expired(me.renewed_at) and not expired.provably_dead()
     reused_pid = dataclasses.replace(me, pid_started=me.pid_started - 100.0)  # our pid, another process

@@ -6,7 +6,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Dict, Optional, Pattern
+from typing import Any, ContextManager, Dict, Mapping, Optional, Pattern, Set
 
 import worker_lib as ft
 
@@ -54,7 +54,7 @@ def check_placement(framework: str, ranks: int, device: object, fix: str) -> Non
         )  # fmt: skip
 
 
-_WARNED = set()  # the frameworks whose device check warned in this process
+_WARNED: Set[str] = set()  # the frameworks whose device check warned in this process
 
 
 class BeatPause:
@@ -62,7 +62,7 @@ class BeatPause:
     and ends in another): ``--init-timeout`` applies to it, not the step deadline."""
 
     def __init__(self) -> None:
-        self._pause = None
+        self._pause: Optional[ContextManager[None]] = None
 
     def begin(self) -> None:
         if self._pause is None:
@@ -110,7 +110,7 @@ def commit_folder(
                     shutil.copyfile(path, destination)
 
 
-def finite_metrics(values: Dict[str, object]) -> Dict[str, float]:
+def finite_metrics(values: Mapping[str, Any]) -> Dict[str, float]:
     """The scalar, finite values of a framework's logged metrics (tensors included)."""
     metrics = {}
     for key, value in values.items():

@@ -58,7 +58,8 @@ def _callback_base():
     return pl.Callback
 
 
-class FaultTolerance(_callback_base()):
+# The base is the Callback of the Lightning package the script imported: known only at import.
+class FaultTolerance(_callback_base()):  # type: ignore[misc]
     """Saves every ``every_n_steps`` optimizer steps and at a preemption; ``checkpoint_dir`` and
     the keyword ``options`` are ``worker_lib.init``'s (default: ftlaunch's --checkpoint-dir)."""
 
