@@ -1,29 +1,70 @@
 """The command line: --help, FTLAUNCH_* variables, and every kind of bad input → one clear
-line, exit code 2, no worker started."""
+line, exit code 2, no worker started. What only checks options runs ftlaunch's ``main()`` in this
+process (``ftlaunch`` below); what needs a launch's own process (a limit set before it starts, a
+signal, a server it talks to) starts one."""
 
+import dataclasses
 import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
-from helpers import ACTOR
+from helpers import ACTOR, ROOT
 from storage_servers import start_s3_read_only
+
+from launcher.cli import main
+
+
+@dataclasses.dataclass(frozen=True)
+class Ran:
+    """``main()``'s exit code and what it wrote, as a launch's process would have."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    log_dir: Path
+    left: list  # child processes it left behind (none may be)
+
+
+@pytest.fixture
+def ftlaunch(capsys, monkeypatch, tmp_path):
+    """ftlaunch's ``main(argv)`` in this process, with its runs and logs in the test's folder and
+    the repository as its working directory (as a launch's process has); ``env``: FTLAUNCH_*
+    variables for this call."""
+
+    def run(*args: str, env=None) -> Ran:
+        monkeypatch.chdir(ROOT)
+        for name, value in (env or {}).items():
+            monkeypatch.setenv(name, value)
+        logs = tmp_path / "logs"
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        code = main(["--log-dir", str(logs), "--run-dir", str(tmp_path / "runs"), *args])
+        out = capsys.readouterr()
+        left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        for name in env or {}:
+            monkeypatch.delenv(name)
+        return Ran(int(code), out.out, out.err, logs, left)
+
+    return run
 
 
 def _assert_usage_error(launch, fragment: str) -> None:
-    assert launch.proc.returncode == 2, launch.stderr
+    """``launch``: a launch's process (waited for) or what ``main()`` did in this process."""
+    code = launch.returncode if isinstance(launch, Ran) else launch.proc.returncode
+    assert code == 2, launch.stderr
     lines = launch.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("ftlaunch: error: "), launch.stderr
     assert fragment in lines[0]
     assert not (launch.log_dir / "attempt_0").exists()  # no worker was started
-    assert launch.survivors() == []
+    assert (launch.left if isinstance(launch, Ran) else launch.survivors()) == []
 
 
-def test_help_lists_the_options(launcher):
-    launch = launcher.run("--help")
-    assert launch.proc.returncode == 0
+def test_help_lists_the_options(ftlaunch):
+    launch = ftlaunch("--help")
+    assert launch.returncode == 0
     for option in (
         "--nproc",
         "--nproc-per-node",
@@ -91,8 +132,8 @@ def test_help_lists_the_options(launcher):
         ),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(launcher, args, fragment):
-    _assert_usage_error(launcher.run(*args), fragment)
+def test_bad_input_is_one_line_and_exit_2(ftlaunch, args, fragment):
+    _assert_usage_error(ftlaunch(*args), fragment)
 
 
 def test_node_0_refuses_more_nodes_than_its_open_file_limit_can_connect(launcher):
@@ -131,8 +172,8 @@ def test_options_from_ftlaunch_environment_variables(launcher, tmp_path):
     assert '"TORCHELASTIC_MAX_RESTARTS": "7"' in (envs / "rank_2.attempt_0.json").read_text()
 
 
-def test_bad_environment_variable_is_a_usage_error(launcher):
-    _assert_usage_error(launcher.run(str(ACTOR), env={"FTLAUNCH_BACKEND": "mpi"}), "'mpi' is not one of")
+def test_bad_environment_variable_is_a_usage_error(ftlaunch):
+    _assert_usage_error(ftlaunch(str(ACTOR), env={"FTLAUNCH_BACKEND": "mpi"}), "'mpi' is not one of")
 
 
 def test_everything_after_the_script_belongs_to_the_script(launcher, tmp_path):
@@ -156,20 +197,19 @@ def test_no_python_mode(launcher, tmp_path):
     assert "[0] rank=0 of 2" in launch.stdout and "[1] rank=1 of 2" in launch.stdout
 
 
-def test_a_script_that_cannot_start_is_a_usage_error(launcher, tmp_path):
+def test_a_script_that_cannot_start_is_a_usage_error(ftlaunch, tmp_path):
     broken = tmp_path / "broken.py"
     broken.write_text("import os\n\ndef main(:\n    pass\n")
-    _assert_usage_error(launcher.run(str(broken)), "broken.py, line 3: SyntaxError: ")
+    _assert_usage_error(ftlaunch(str(broken)), "broken.py, line 3: SyntaxError: ")
     program = tmp_path / "program"
     program.write_bytes(Path(shutil.which("true")).read_bytes())  # an ELF binary, run as a script
-    _assert_usage_error(launcher.run(str(program)), "is not a Python script (a program? --no-python runs")
+    _assert_usage_error(ftlaunch(str(program)), "is not a Python script (a program? --no-python runs")
 
 
-def test_unusable_checkpoint_dir_is_a_usage_error(launcher, tmp_path):
+def test_unusable_checkpoint_dir_is_a_usage_error(ftlaunch, tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    launch = launcher.run("--checkpoint-dir", str(blocker / "ckpt"), str(ACTOR))
-    _assert_usage_error(launch, "is not usable")
+    _assert_usage_error(ftlaunch("--checkpoint-dir", str(blocker / "ckpt"), str(ACTOR)), "is not usable")
 
 
 def test_storage_without_write_permission_is_a_usage_error(launcher, tmp_path):
