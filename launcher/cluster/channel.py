@@ -19,6 +19,7 @@ from launcher.core.config import ClusterSection
 from launcher.core.stopping import StopReading, stop_step
 from launcher.grammar.errors import SignalReceived, UsageError
 from launcher.process.signals import SignalInbox
+from launcher.process.waiting import Wait
 
 __all__ = ["AttemptChannel", "ChannelSpec"]
 
@@ -210,29 +211,26 @@ class AttemptChannel:
 
     # -- waiting -----------------------------------------------------------------------------------
 
-    def _pause(self, since: int) -> None:
-        """One turn of a wait: sleep briefly, and end the wait (SignalReceived) when a signal came
-        after the first ``since`` ones."""
-        self._signals.wait(_POLL_S)
-        if len(self._signals.received) > since:
-            raise SignalReceived(self._signals.received[since])
+    def _wait(self, limit: float, since: Optional[int] = None) -> Wait:
+        """A wait of this channel's: ``limit`` seconds, ended by a signal after the first ``since``
+        (default: any that comes during it)."""
+        return Wait(limit, self._signals, since=since, look=_POLL_S)
 
     def _wait_all(self, prefix: str, limit: float, since: Optional[int] = None) -> bool:
         """Until every node has set ``prefix/<n>``; False when ``limit`` seconds pass first or a
         node is lost on the way. ``since``: signals already in when the wait began (default:
         every signal so far is old)."""
-        since = len(self._signals.received) if since is None else since
-        deadline = time.monotonic() + limit
+        wait = self._wait(limit, since)
         keys = [f"{prefix}/{n}" for n in self._nodes]
         while not self._call("check", keys):  # one round trip for every node's key
-            if time.monotonic() >= deadline:
+            if wait.expired:
                 return False
             lost = self._look_for_lost_nodes()
             if lost is not None:
                 self.interrupt(lost)
             if self._lost:
                 return False
-            self._pause(since)
+            wait.pause()
         return True
 
     # -- joining ---------------------------------------------------------------------------------

@@ -45,13 +45,13 @@ class FollowerChannel(AttemptChannel):
 
     def read_plan(self, limit: float) -> RoundPlan:
         """Node 0's plan for the attempt; any signal ends the wait (SignalReceived)."""
-        deadline = time.monotonic() + limit
+        wait = self._wait(limit, since=0)
         while not self._has("plan"):
             self._look_for_lost_nodes()
-            if time.monotonic() >= deadline:
+            if wait.expired:
                 self.broken = f"node 0 planned no attempt within {limit:g} s"
                 raise LeaderUnreachable(self.broken)
-            self._pause(0)
+            wait.pause()
         plan = RoundPlan(**json.loads(self._get("plan")))
         self._say_done("planned")
         if plan.nodes and not plan.refused:
@@ -70,15 +70,14 @@ class FollowerChannel(AttemptChannel):
         """Node 0's decision: LeaderUnreachable when node 0 goes silent first or decides nothing
         within ``limit`` seconds; SignalReceived by a signal the attempt did not act on (one that
         came while this node's ranks stopped, or during this wait)."""
-        since = self._signals.answered
-        deadline = time.monotonic() + limit
+        wait = self._wait(limit, since=self._signals.answered)
         while not self._has("verdict"):
             self.answer_stop_if_asked()
             self._look_for_lost_nodes()
-            if time.monotonic() >= deadline:
+            if wait.expired:
                 self.broken = f"node 0 gave no verdict within {limit:g} s"
                 raise LeaderUnreachable(self.broken)
-            self._pause(since)
+            wait.pause()
         verdict = JobVerdict.from_json(self._get("verdict"))
         self._say_done("acked")
         return verdict

@@ -33,17 +33,17 @@ class LeaderChannel(AttemptChannel):
         of the round): the round fails (RoundFailed) and every node meets again, so that no
         attempt starts on fewer nodes than its round counted. Any signal ends the wait. From
         then on, the nodes announced are the attempt's, and only they are watched."""
-        deadline = time.monotonic() + limit
+        wait = self._wait(limit, since=0)
         while True:
             present = self._listed("nodes")
             if len(present) >= count:
                 break
-            if time.monotonic() >= deadline:
+            if wait.expired:
                 raise RoundFailed(
                     f"{count - len(present)} of the round's {count} nodes did not announce itself within "
                     f"{limit:g} s (only node(s) {', '.join(map(str, present))} did)"
                 )
-            self._pause(0)
+            wait.pause()
         texts = self._call("multi_get", [f"node/{n}" for n in present])
         self._infos = {n: NodeInfo(**json.loads(t)) for n, t in zip(present, texts)}
         self.set_nodes(present)
@@ -128,8 +128,7 @@ class LeaderChannel(AttemptChannel):
         beating but with no report after ``limit`` seconds is lost too. A signal the attempt did
         not act on (it came while this node's ranks stopped for a failure, or during this wait)
         ends the wait with the reports so far."""
-        since = self._signals.answered
-        deadline = time.monotonic() + limit
+        wait = self._wait(limit, since=self._signals.answered)
         reports: Dict[int, NodeReport] = {}
         while True:
             new = [n for n in self._listed("reported") if n in self._nodes and n not in reports]
@@ -138,13 +137,13 @@ class LeaderChannel(AttemptChannel):
             missing = [n for n in self._nodes if n not in reports and n not in self._lost]
             if not missing:
                 break
-            if time.monotonic() >= deadline:
+            if wait.expired:
                 for n in missing:
                     self._declare_lost(n, f"sent no report within {limit:g} s of the attempt's end")
                 break
             self.answer_stop_if_asked()  # and looks for lost nodes
             try:
-                self._pause(since)
+                wait.pause()
             except SignalReceived:
                 break
         return [reports[n] for n in sorted(reports)]
@@ -158,13 +157,12 @@ class LeaderChannel(AttemptChannel):
         liveness counter stands still meanwhile (its supervisor is gone) is not waited for, and
         a signal that arrives ends the wait."""
         waiting = {n for n in self._nodes if n != self.node and n not in self._lost}
-        since = len(self._signals.received)
-        deadline = time.monotonic() + self.spec.node_timeout
+        wait = self._wait(self.spec.node_timeout)
         try:
-            while waiting and time.monotonic() < deadline:
+            while waiting and not wait.expired:
                 silences, read = self._silences(), set(self._listed(key))
                 gone = _GONE_BEATS * self._beater.every
                 waiting = {n for n in waiting if n not in read and silences[n] < gone}
-                self._pause(since)
+                wait.pause()
         except SignalReceived:
             pass

@@ -22,6 +22,7 @@ from typing import Callable, List, Optional
 
 from launcher.cluster.alive import AliveCounter, beat_every
 from launcher.grammar.errors import UsageError
+from launcher.process.waiting import Inbox, Wait
 
 __all__ = ["Hello", "Lobby", "NodeClaim"]
 
@@ -51,17 +52,17 @@ class NodeClaim:
         self._hello = hello
         self._beat: Optional[AliveCounter] = None
 
-    def take(self, store, beat_store, wait: Callable[[float], None]) -> None:
+    def take(self, store, beat_store, signals: Inbox) -> None:
         """Hold node rank ``node`` in ``store`` (UsageError: a live supervisor holds it) and
         say hello. ``beat_store``: the same store for the liveness thread, whose calls may block
-        (``store``'s should not). ``wait`` sleeps, answering signals."""
+        (``store``'s should not). A signal ends the wait for an earlier holder's beats."""
         self.release()
         self._beat = AliveCounter(beat_store, f"lobby/alive/{self.token}", self._every)
         self._beat.start()
         key = f"lobby/claim/{self.node}"
         holder = _text(store.compare_set(key, "", self.token))
         if holder != self.token:
-            if _alive(store, holder, wait, self._every):
+            if _alive(store, holder, signals, self._every):
                 host, pid = holder.split(":")[:2]
                 raise UsageError(
                     f"node rank {self.node} is already held by the supervisor on {host} (pid {pid}), "
@@ -109,21 +110,24 @@ class Lobby:
         hellos = [Hello(**json.loads(_text(text))) for text in texts]
         return [hello for hello in hellos if hello.rdzv_id != self._rdzv_id]
 
-    def refuse(self, hello: Hello, wait: Callable[[float], None]) -> str:
-        """Tell ``hello``'s node why it cannot join; wait (--node-timeout at most) until it read it."""
+    def refuse(self, hello: Hello, signals: Inbox) -> str:
+        """Tell ``hello``'s node why it cannot join; wait (--node-timeout at most, a signal ends
+        it) until it read it."""
         reason = (
             f"node {hello.node} ({hello.host}) runs another command than node 0: "
             f"{' '.join(hello.command[1:])}; node 0 runs {' '.join(self._command[1:])}"
         )
         self._refused.add(hello.node)
         self._store.set(f"lobby/refused/{hello.node}", reason)
-        deadline = time.monotonic() + self._node_timeout
-        while time.monotonic() < deadline and not self._store.check([f"lobby/read/{hello.node}"]):
-            wait(0.05)
+        wait = Wait(self._node_timeout, signals)
+        while not wait.expired and not self._store.check([f"lobby/read/{hello.node}"]):
+            wait.pause()
         return reason
 
 
-def _alive(store, token: str, wait: Callable[[float], None], every: float) -> bool:
+def _alive(
+    store, token: str, signals: Inbox, every: float, clock: Callable[[], float] = time.monotonic
+) -> bool:
     """Whether the supervisor that holds ``token`` still beats (every ``every`` seconds). One on
     this host is asked the kernel at once; another is watched for three of its beats."""
     host, pid = token.split(":")[:2]
@@ -131,9 +135,9 @@ def _alive(store, token: str, wait: Callable[[float], None], every: float) -> bo
         return False
     key = f"lobby/alive/{token}"
     before = store.add(key, 0)
-    deadline = time.monotonic() + _JUDGE_BEATS * every
-    while time.monotonic() < deadline:
-        wait(0.1)
+    wait = Wait(_JUDGE_BEATS * every, signals, look=0.1, clock=clock)
+    while not wait.expired:
+        wait.pause()
         if store.add(key, 0) != before:
             return True
     return False

@@ -12,10 +12,11 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 from launcher.core.config import ClusterSection
-from launcher.grammar.errors import JobOver, JoinTimeout, SignalReceived, UsageError
+from launcher.grammar.errors import JobOver, JoinTimeout, UsageError
 from launcher.process.quiet_torch import import_torch
 from launcher.process.signals import SignalInbox
 from launcher.process.store import listen
+from launcher.process.waiting import Wait
 
 if TYPE_CHECKING:
     from torch.distributed import Store
@@ -78,10 +79,10 @@ def connect_job_store(
     may start later than us, or be on its way back after a restart. The port is probed with a
     plain connection first: torch's client prints a C++ stack trace for every refused try.
     ``ended()`` says (every 5 s) why the job is over for good, or '' (JobOver when it is)."""
-    next_word = next_look = time.monotonic()
+    wait = Wait(deadline - time.monotonic(), signals, since=0, look=0.2)
     while True:
-        signals.raise_if_received()
-        left = deadline - time.monotonic()
+        wait.check_signals()
+        left = wait.left
         if _listening(cluster.rdzv_host, cluster.rdzv_port, min(_CONNECT_TRY_S, max(left, 0.1))):
             import_torch()
             from torch.distributed import TCPStore  # only now: importing torch takes seconds
@@ -99,23 +100,20 @@ def connect_job_store(
             else:
                 store.set_timeout(timedelta(seconds=cluster.node_timeout))
                 return store
-        now = time.monotonic()
-        if now >= deadline:
+        if wait.expired:
             raise JoinTimeout(
                 f"node 0 did not answer at {cluster.rdzv_endpoint} within --join-timeout "
                 f"({cluster.join_timeout:g} s); relaunching the same command resumes the job"
             )
-        if now >= next_look:  # node 0 gone for good: its run may say the job is over
-            next_look = now + _SAY_EVERY_S / 6
+        if wait.due(_SAY_EVERY_S / 6, "look", first=0):  # node 0 gone for good: the job may be over
             why = ended()
             if why:
                 raise JobOver(why)
-        if now >= next_word:
-            waited = cluster.join_timeout - (deadline - now)
+        if wait.due(_SAY_EVERY_S, first=0):
+            waited = cluster.join_timeout - wait.left
             limit = f"--join-timeout {cluster.join_timeout:g} s"
             say(f"waiting for node 0 at {cluster.rdzv_endpoint} ({waited:.0f} s of {limit})")
-            next_word = now + _SAY_EVERY_S
-        signals.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+        wait.pause()
 
 
 def _listening(host: str, port: int, timeout: float) -> bool:
@@ -213,30 +211,22 @@ class Rendezvous:
 
         thread = threading.Thread(target=join, name="ftlaunch-rendezvous", daemon=True)
         thread.start()
-        started = time.monotonic()
-        next_word = started + 10.0
-        next_watch = started
         # torch's own join timeout ends the wait; ours is the backstop for a handler stuck on
         # a store that no longer answers (a node 0 stopped, not dead).
-        deadline = started + self.cluster.join_timeout + _ROUND_SLACK_S
+        wait = Wait(self.cluster.join_timeout + _ROUND_SLACK_S, signals, since=0)
         while thread.is_alive():
-            signals.wait(0.05)
-            if signals.first is not None:
-                raise SignalReceived(signals.first)
-            if time.monotonic() >= deadline:
+            wait.pause()
+            if wait.expired:
                 outcome.setdefault("error", RendezvousTimeoutError("the join did not return"))
                 break
-            if time.monotonic() >= next_watch:
+            if wait.due(_WATCH_EVERY_S, "watch", first=0):
                 watch()
-                next_watch = time.monotonic() + _WATCH_EVERY_S
-            if time.monotonic() >= next_word:
-                waited = time.monotonic() - started
+            if wait.due(_SAY_EVERY_S, first=10.0):
                 say(
                     f"waiting for {'at least ' if self.cluster.elastic else ''}{self._who()} to join "
-                    f"({waited:.0f} s of "
+                    f"({wait.waited:.0f} s of "
                     f"--join-timeout {self.cluster.join_timeout:g} s)"
                 )
-                next_word += 30.0
         error: Optional[BaseException] = outcome.get("error")
         n = self.cluster.nnodes
         if isinstance(error, (RendezvousClosedError, RendezvousGracefulExitError)):

@@ -2,11 +2,13 @@
 the summary and the CLI (below all of them, above only the failure records)."""
 
 import dataclasses
+import signal
 from typing import TYPE_CHECKING, List, Optional
 
 from launcher.core.beats import BeatSummary
 from launcher.core.failures import Failure, root_cause
 from launcher.core.outcomes import AttemptOutcome, RunStatus
+from launcher.grammar.errors import exit_code_for_signal
 
 if TYPE_CHECKING:  # the records are filled in by the loop; recovery sits above this module
     from launcher.core.recovery import Recovery
@@ -43,3 +45,13 @@ class RunResult:
     recoveries: List["Recovery"] = dataclasses.field(default_factory=list)
     goodput: Optional[float] = None  # over the whole run, earlier supervisors included
     holds_run: bool = True  # False on a follower node: recoveries and goodput are node 0's to tell
+
+
+def ended_by_signal(
+    signum: int, attempts: List[AttemptResult], while_: str = "", *, holds_run: bool = True
+) -> RunResult:
+    """The one way a run ends for a signal: 128 + N, PREEMPTED for SIGTERM (STOPPED for the
+    others), "interrupted by SIGTERM" and where (``while_``: "while the nodes were meeting")."""
+    status = RunStatus.ended_by(AttemptOutcome.stopped_by(signum))
+    reason = f"interrupted by {signal.Signals(signum).name}" + (f" {while_}" if while_ else "")
+    return RunResult(exit_code_for_signal(signum), status, attempts, reason, holds_run=holds_run)

@@ -5,7 +5,6 @@ does what node 0 decides. When node 0 is lost it stops its ranks and waits for n
 
 import dataclasses
 import os
-import signal
 import socket
 import time
 from typing import Callable, List, Optional, Tuple, TypeVar
@@ -30,7 +29,7 @@ from launcher.core.config import LaunchConfig
 from launcher.core.events import EventLog, NodesMet, Say
 from launcher.core.layout import Layout
 from launcher.core.outcomes import AttemptOutcome, RunStatus
-from launcher.core.results import AttemptResult, RunResult
+from launcher.core.results import AttemptResult, RunResult, ended_by_signal
 from launcher.core.stopping import StopReading
 from launcher.grammar.errors import FtlaunchError, SignalReceived, UsageError
 from launcher.process.signals import SignalInbox
@@ -106,7 +105,7 @@ class Follower(Role):
                 self.config.cluster, self._deadline, self._signals, self._say, self._job_ended
             )
             self._lobby_store = DeadlineStore(store, self.config.cluster.node_timeout)
-            self._in_lobby(lambda: self._claim.take(self._lobby_store, store, self._wait))
+            self._in_lobby(lambda: self._claim.take(self._lobby_store, store, self._signals))
             self._rendezvous = Rendezvous(self.config.cluster, self.config.run.run_id, store)
         if self._kept is None:
             failpoints.reached("before-round")
@@ -165,10 +164,6 @@ class Follower(Role):
         except (StoreTimeout, RuntimeError) as err:  # torch's DistError family too
             raise LeaderUnreachable(f"node 0's store at {self.config.cluster.rdzv_endpoint}: {err}") from None
 
-    def _wait(self, seconds: float) -> None:
-        self._signals.wait(seconds)
-        self._signals.raise_if_received()
-
     def conclude(self, local: AttemptResult) -> Conclusion:
         """Report to node 0 and take its verdict: the job's outcome of the attempt. Node 0 lost
         meanwhile: the attempt is lost with it (as node 0's next supervisor records it), and this
@@ -213,8 +208,7 @@ class Follower(Role):
 
     def ended_waiting(self, error: FtlaunchError, attempts: List[AttemptResult]) -> RunResult:
         if isinstance(error, SignalReceived):
-            status = RunStatus.ended_by(AttemptOutcome.stopped_by(error.signum))
-            return RunResult(error.exit_code, status, attempts, str(error), holds_run=False)
+            return ended_by_signal(error.signum, attempts, "while the nodes were meeting", holds_run=False)
         return RunResult(error.exit_code, RunStatus.STOPPED, attempts, str(error), holds_run=False)
 
     def pause(self, seconds: float) -> None:
@@ -257,6 +251,5 @@ class Follower(Role):
 
 def _leaving(stopped: SignalReceived, local: AttemptResult) -> JobVerdict:
     """The verdict this node gives itself when a signal ends its wait for node 0's."""
-    status = RunStatus.ended_by(AttemptOutcome.stopped_by(stopped.signum))
-    reason = f"interrupted by {signal.Signals(stopped.signum).name} while waiting for node 0's verdict"
-    return JobVerdict.end(stopped.exit_code, status, reason, local.outcome, local.failures)
+    ended = ended_by_signal(stopped.signum, [], "while waiting for node 0's verdict", holds_run=False)
+    return JobVerdict.end(ended.exit_code, ended.status, ended.reason, local.outcome, local.failures)

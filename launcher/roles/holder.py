@@ -1,7 +1,6 @@
 """What the only node and node 0 of many share: they hold the run (run.json, its lease and
 checkpoints), host the workers' store, and decide with the restart policy."""
 
-import signal
 import time
 from typing import List, Optional, Tuple
 
@@ -10,10 +9,11 @@ from launcher.core.events import Decision, EventLog, Say
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.policy import RestartPolicy, Verdict
 from launcher.core.records import AttemptEntry
-from launcher.core.results import AttemptResult, RunResult
-from launcher.grammar.errors import ExitCode, FtlaunchError, SignalReceived, StartFailed, exit_code_for_signal
+from launcher.core.results import AttemptResult, RunResult, ended_by_signal
+from launcher.grammar.errors import ExitCode, FtlaunchError, SignalReceived, StartFailed
 from launcher.process.signals import SignalInbox
 from launcher.process.store import AttemptStore, StoreHost, host_here
+from launcher.process.waiting import Wait
 from launcher.roles.base import Conclusion, Role, in_attempt
 from launcher.runs.checkpoints import NewestCheckpoint
 from launcher.runs.run import Run
@@ -104,9 +104,7 @@ class RunHolder(Role):
             return RunResult(ExitCode.SUCCESS, ended, attempts, "every rank exited 0"), 0.0
         signum = result.signum if result.outcome.stopped_by_signal else self._signals.first
         if signum is not None:  # a signal while the attempt ended: no restart
-            status = RunStatus.ended_by(AttemptOutcome.stopped_by(signum))
-            name = signal.Signals(signum).name
-            return RunResult(exit_code_for_signal(signum), status, attempts, f"interrupted by {name}"), 0.0
+            return ended_by_signal(signum, attempts), 0.0
         number = result.attempt
         if result.outcome is AttemptOutcome.RESIZED:  # not a failure: no budget, no backoff
             why = f"the job's nodes changed: {result.cause}"
@@ -135,17 +133,18 @@ class RunHolder(Role):
 
     def ended_waiting(self, error: FtlaunchError, attempts: List[AttemptResult]) -> RunResult:
         if isinstance(error, SignalReceived):
-            signum = error.signum
-            status = RunStatus.ended_by(AttemptOutcome.stopped_by(signum))
-            reason = f"interrupted by {signal.Signals(signum).name} while the nodes were meeting"
-            return RunResult(exit_code_for_signal(signum), status, attempts, reason)
+            return ended_by_signal(error.signum, attempts, "while the nodes were meeting")
         return RunResult(ExitCode.JOIN_TIMEOUT, RunStatus.STOPPED, attempts, str(error))
 
     def pause(self, seconds: float) -> None:
         """Wait between attempts, keeping the run's lease; a signal ends the wait."""
-        deadline = time.monotonic() + seconds
-        while self._signals.first is None and time.monotonic() < deadline:
-            self._signals.wait(min(1.0, deadline - time.monotonic()))
+        wait = Wait(seconds, self._signals, since=0, look=1.0)
+        while not wait.expired:
+            try:
+                wait.check_signals()  # one that came before the pause ends it too
+                wait.pause()
+            except SignalReceived:
+                return  # the meeting that follows answers it
             self.run.keep_alive(time.time())
 
     # -- during an attempt -------------------------------------------------------------------

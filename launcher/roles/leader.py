@@ -178,7 +178,7 @@ class Leader(RunHolder):
         id) is refused at once. Before this launch's first attempt, node 0 stops with it (the
         job was started wrong); later, it goes on waiting for the right node."""
         for hello in self._lobby.strangers():
-            reason = self._lobby.refuse(hello, self._signals.wait)
+            reason = self._lobby.refuse(hello, self._signals)
             if not self._planned:
                 raise UsageError(reason)
             self._say(f"refused a node: {reason}")

@@ -12,6 +12,18 @@ from launcher.cluster.lobby import Hello, Lobby, NodeClaim
 from launcher.grammar.errors import UsageError
 
 
+class Quiet:
+    """A signal inbox that no signal reaches: its waits sleep for real."""
+
+    received: list = []
+
+    def wait(self, timeout: float) -> None:
+        time.sleep(timeout)
+
+
+QUIET = Quiet()
+
+
 def _claim(node=1, rdzv_id="job", command=("script", "train.py")):
     return NodeClaim(node, Hello(node, "here", 1, rdzv_id, list(command)), node_timeout=5.0)
 
@@ -19,10 +31,10 @@ def _claim(node=1, rdzv_id="job", command=("script", "train.py")):
 def test_a_live_holder_keeps_its_node_rank():
     store = HashStore()
     first, second = _claim(), _claim()
-    first.take(store, store, time.sleep)
+    first.take(store, store, QUIET)
     with pytest.raises(UsageError, match="already held .* which is alive"):
-        second.take(store, store, time.sleep)
-    first.take(store, store, time.sleep)  # its own claim again (a reconnect): still its own
+        second.take(store, store, QUIET)
+    first.take(store, store, QUIET)  # its own claim again (a reconnect): still its own
     first.release()
 
 
@@ -31,7 +43,7 @@ def test_the_rank_of_a_dead_supervisor_is_taken_over_at_once():
     store.set("lobby/claim/1", f"{socket.gethostname()}:{dead_pid()}:1")
     started = time.monotonic()
     claim = _claim()
-    claim.take(store, store, time.sleep)
+    claim.take(store, store, QUIET)
     assert time.monotonic() - started < 1.0  # the kernel says it is gone: no beats to watch
     assert store.get("lobby/claim/1").decode() == claim.token
     claim.release()
@@ -41,7 +53,7 @@ def test_a_holder_that_stopped_beating_on_another_host_is_taken_over():
     store = HashStore()
     store.set("lobby/claim/1", "elsewhere:12345:1")
     claim = _claim()
-    claim.take(store, store, time.sleep)  # watched for three of its beats first
+    claim.take(store, store, QUIET)  # watched for three of its beats first
     assert store.get("lobby/claim/1").decode() == claim.token
     claim.release()
 
@@ -49,14 +61,14 @@ def test_a_holder_that_stopped_beating_on_another_host_is_taken_over():
 def test_node_0_refuses_a_node_that_came_for_another_job():
     store = HashStore()
     stranger, friend = _claim(1, "other-job", ("script", "train.py", "--lr", "2")), _claim(2)
-    stranger.take(store, store, time.sleep)
-    friend.take(store, store, time.sleep)
+    stranger.take(store, store, QUIET)
+    friend.take(store, store, QUIET)
     lobby = Lobby(store, "job", ("script", "train.py"), node_timeout=5)
     (hello,) = lobby.strangers()
     assert hello.node == 1
     assert stranger.refusal(store) == ""
     store.set("lobby/read/1", "1")  # as the refused node does when it reads the refusal
-    reason = lobby.refuse(hello, time.sleep)
+    reason = lobby.refuse(hello, QUIET)
     assert "runs another command than node 0: train.py --lr 2" in reason
     assert stranger.refusal(store) == reason and friend.refusal(store) == ""
     assert lobby.strangers() == []  # refused once
