@@ -4,14 +4,13 @@ supervisor (node 0) from what every node reports."""
 
 import dataclasses
 import logging
-import signal
 import time
 import traceback
 from pathlib import Path
 from typing import BinaryIO, Callable, Dict, List, Optional, Tuple
 
 from launcher.chaos.driver import chaos_for
-from launcher.cluster.wire import Interrupt, InterruptKind
+from launcher.cluster.wire import InterruptKind
 from launcher.core import failpoints
 from launcher.core.beats import BeatReading, BeatSummary
 from launcher.core.config import LaunchConfig
@@ -22,8 +21,6 @@ from launcher.core.events import (
     GroupsGuarded,
     GuardRestarted,
     InternalError,
-    PeerInterrupt,
-    StopRequested,
     Transition,
     WorkerExit,
 )
@@ -35,11 +32,12 @@ from launcher.core.failures import (
     read_error_file,
     root_cause,
 )
-from launcher.core.group_state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine
+from launcher.core.group_state import GroupState, GroupStateMachine
 from launcher.core.outcomes import AttemptOutcome
 from launcher.core.results import AttemptResult
-from launcher.core.stopping import CooperativeStop, StepRate
+from launcher.core.stopping import StepRate
 from launcher.grammar.errors import FtlaunchError, StartFailed
+from launcher.group_stop import GroupStop, stopped_by_signal
 from launcher.hangs.board import HeartbeatBoard
 from launcher.hangs.deadlines import Overdue
 from launcher.hangs.monitor import HangMonitor, hang_failures, progress_rows
@@ -94,6 +92,7 @@ class AttemptRunner:
         self._observer = SlotObserver(events, -1)  # the slots as events: one per attempt
         self._logs_cut_said = False
         self._board_fallback_said = False
+        self._stops = GroupStop(config, events, signals, say, self._record_exit)
 
     @property
     def role(self) -> Role:
@@ -138,16 +137,16 @@ class AttemptRunner:
         try:
             result = self._start_and_watch(machine, group, board)
             lived = time.monotonic() - started
-            self._stop(machine, group, result)
+            self._stops.stop(machine, group, result)
             slots = board.read()
             self._observer.final(slots, board.checkpoint_counters())
             result = dataclasses.replace(result, lived=lived, beats=BeatSummary.of(slots.values()))
         except FtlaunchError:
-            self._kill_after_error(machine, group)
+            self._stops.kill(machine, group)
             raise
         except BaseException as err:  # a defect of ours: recorded, the workers stopped, said, raised
             self._events.emit(InternalError(attempt, _one_line(err), traceback.format_exc()))
-            self._kill_after_error(machine, group)
+            self._stops.kill(machine, group)
             self._say(f"attempt {attempt}: internal error ({_one_line(err)}); this node's workers stopped")
             raise
         finally:
@@ -165,7 +164,7 @@ class AttemptRunner:
             # The other nodes were planned with this one and start their ranks: they must stop
             # too, now, not once this node has gone silent for --node-timeout.
             self.role.interrupt(InterruptKind.STOP, "signal", signum)
-            return self._stopped_by_signal(machine.attempt, signum)
+            return stopped_by_signal(machine.attempt, signum)
         self._say(
             f"attempt {machine.attempt}: starting {self.config.group.nproc} worker(s), "
             f"backend {self.config.group.backend}, logs in {group.specs[0].log_file.parent}"
@@ -190,8 +189,8 @@ class AttemptRunner:
                 signum = self._signals.first
                 self._signals.answer_first()
                 role.interrupt(InterruptKind.STOP, "signal", signum)
-                self._ask_to_stop(attempt, group, board, rate)
-                return self._stopped_by_signal(attempt, signum)
+                self._stops.ask(attempt, group, board, rate, role)
+                return stopped_by_signal(attempt, signum)
             for exited in group.poll():
                 self._record_exit(attempt, exited, failures)
             if failures:
@@ -220,7 +219,7 @@ class AttemptRunner:
                 return AttemptResult(attempt, AttemptOutcome.FAILED, hung)
             remote = role.tick()
             if remote is not None:
-                return self._stopped_by_peer(machine, group, board, rate, remote)
+                return self._stops.by_peer(machine, group, board, rate, remote, role)
             self._signals.wait(_MONITOR_TIMEOUT_S)
 
     def concluded(self, result: AttemptResult, restarting: bool) -> None:
@@ -240,55 +239,6 @@ class AttemptRunner:
                 injected=bool(getattr(cause, "injected", False)),
                 restarting=restarting,
             )
-        )
-
-    def _stopped_by_peer(
-        self, machine, group: WorkerGroup, board: HeartbeatBoard, rate: StepRate, remote: Interrupt
-    ) -> AttemptResult:
-        """Another node failed, was lost, or was asked to stop: this node's ranks stop too."""
-        attempt = machine.attempt
-        self._events.emit(PeerInterrupt(attempt, remote.node, remote.kind.value, remote.detail))
-        if remote.kind is InterruptKind.STOP:
-            self._say(f"attempt {attempt}: node {remote.node} was asked to stop; stopping with it")
-            self._ask_to_stop(attempt, group, board, rate)
-            # A signal of this node's own meanwhile is the same request (SLURM signals every node).
-            self._signals.answer_first()
-            return self._stopped_by_signal(attempt, remote.signum)
-        if remote.kind is InterruptKind.RESIZE:
-            self._say(f"attempt {attempt}: {remote.detail}; the group stops to restart with it")
-            if not self._ask_to_stop(attempt, group, board, rate) and group.running():
-                # Nothing says where the script saves: stop now, as torchrun restarts its workers
-                # for a waiting node; what its ranks did since their own last save is redone.
-                self._say(
-                    f"attempt {attempt}: not every rank calls ft.should_stop, so none can be asked to "
-                    "save first: the workers are stopped now and restart on the larger job at once"
-                )
-            return AttemptResult(
-                attempt, AttemptOutcome.RESIZED, cause=f"node {remote.node}: {remote.detail}"
-            )
-        cause = f"node {remote.node}: {remote.detail}"
-        self._say(f"attempt {attempt}: stopping this node's workers ({cause})")
-        machine.transition(GroupState.FAILED, root_cause=cause)
-        return AttemptResult(attempt, AttemptOutcome.FAILED, cause=cause)
-
-    def _ask_to_stop(self, attempt: int, group: WorkerGroup, board: HeartbeatBoard, rate: StepRate) -> int:
-        """When every rank calls ft.should_stop(step), give them the grace period to reach a step
-        chosen for all, save it and leave, before any signal reaches them. Returns that step (0:
-        none was asked)."""
-
-        def turn() -> bool:
-            for exited in group.poll():
-                self._record_exit(attempt, exited, [])  # an event; exits here are not failures
-            if group.all_exited():
-                return True
-            self._signals.wait(_MONITOR_TIMEOUT_S)
-            return False
-
-        stop = CooperativeStop(
-            self.config.group.grace_period, self.role.agree_stop_step, self._stop_cut_short, self._say
-        )
-        return stop.ask(
-            group, board, rate, lambda step: self._events.emit(StopRequested(attempt, step)), turn
         )
 
     def _publish_progress(self, attempt: int, group: WorkerGroup, slots) -> None:
@@ -317,31 +267,6 @@ class AttemptRunner:
                 )
             )
 
-    def _stop(self, machine: GroupStateMachine, group: WorkerGroup, result: AttemptResult) -> None:
-        """Stop the whole group. After a success this only sweeps up leftover grandchildren."""
-        succeeded = result.outcome is AttemptOutcome.SUCCEEDED
-        if not succeeded:
-            machine.transition(GroupState.STOPPING)
-        first_signal = result.signum if result.outcome.stopped_by_signal and result.signum else signal.SIGTERM
-        report = group.stop(first_signal, self.config.group.grace_period, abort=self._stop_cut_short)
-        if report.survivors:
-            self._say(f"could not stop pids {report.survivors} (uninterruptible?); left behind")
-        if not succeeded:
-            machine.transition(
-                GroupState.STOPPED,
-                killed=report.killed,
-                seconds=round(report.seconds, 3),
-                survivors=report.survivors,
-            )
-
-    def _kill_after_error(self, machine: GroupStateMachine, group: WorkerGroup) -> None:
-        """Whatever went wrong in the supervisor itself, no worker outlives this attempt."""
-        if GroupState.STOPPING in ALLOWED_TRANSITIONS[machine.state]:
-            machine.transition(GroupState.STOPPING)
-        group.stop(signal.SIGKILL, 0.0, abort=lambda: True)
-        if machine.state is GroupState.STOPPING:
-            machine.transition(GroupState.STOPPED, killed=True)
-
     def _spawning_may_go_on(self) -> bool:
         """Asked between two spawns: the lease stays fresh however many ranks start, and a signal
         stops the rest from starting (the monitor then stops those already running)."""
@@ -368,13 +293,6 @@ class AttemptRunner:
                 f"logs cut: cannot write {path} ({err.strerror or err}); the workers' lines still reach "
                 "the console (the ranks shown there), and the run goes on"
             )
-
-    def _stopped_by_signal(self, attempt: int, signum: Optional[int]) -> AttemptResult:
-        return AttemptResult(attempt, AttemptOutcome.stopped_by(signum), signum=signum)
-
-    def _stop_cut_short(self) -> bool:
-        """A second Ctrl+C (or any second signal) skips the rest of the grace period."""
-        return len(self._signals.received) >= 2
 
     def _on_transition(self, attempt: int, old: Optional[GroupState], new: GroupState, **details) -> None:
         self._events.emit(Transition(attempt, old, new, **details))

@@ -35,7 +35,7 @@ from launcher.grammar.durations import parse_duration
 from launcher.grammar.errors import ExitCode, FtlaunchError, UsageError
 from launcher.preflight import preflight
 from launcher.process.signals import SignalInbox
-from worker_lib.backend import BACKENDS
+from worker_lib.core.backend import BACKENDS
 
 __all__ = ["cli", "main"]
 

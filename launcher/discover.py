@@ -13,7 +13,7 @@ from typing import Mapping, Optional, Tuple
 from launcher.core.config import EntrySection, join_run_url
 from launcher.grammar.errors import UsageError
 from launcher.grammar.slurm import SlurmStep, read_slurm_step
-from worker_lib.backend import choose_backend
+from worker_lib.core.backend import choose_backend
 
 __all__ = ["Placement", "place", "resolve_backend", "slurm_step", "visible_gpu_count"]
 

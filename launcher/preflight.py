@@ -155,7 +155,7 @@ def _probe_storage(label: str, url: str, timeout: float, interrupted: Callable[[
     thread, and the last error they logged while it ran is the cause given when it does not
     finish. The clock starts once the storage library is imported (seconds for gcsfs on a busy
     machine: not the storage's silence); building the filesystem (credentials) is on it."""
-    from worker_lib.storage import Storage, StorageError
+    from worker_lib.core.storage import Storage, StorageError
 
     failure: List[BaseException] = []
     loaded, built = threading.Event(), threading.Event()

@@ -41,7 +41,7 @@ __all__ = ["status_cli", "run_status"]
 )
 def status_cli(run: Optional[str], run_dir: str, as_json: bool, plot: Optional[Path]) -> int:
     """Show RUN (a name under --run-dir, or a run's path or URL); without RUN, list the runs."""
-    from worker_lib.storage import StorageError
+    from worker_lib.core.storage import StorageError
 
     where = run_dir if run is None else run
     try:
@@ -117,7 +117,7 @@ def run_status(url: str) -> Dict[str, Any]:
 
 
 def _list_runs(run_dir: str, as_json: bool) -> int:
-    from worker_lib.storage import Storage, StorageError
+    from worker_lib.core.storage import Storage, StorageError
 
     base = Storage(join_run_url(run_dir, ""), label="run dir")
     if base.fs.exists(base.root) and not base.fs.isdir(base.root):

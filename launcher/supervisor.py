@@ -36,7 +36,7 @@ from launcher.roles.leader import Leader
 from launcher.roles.single import SingleNode
 from launcher.runs.directory import LockRecord, RunDir
 from launcher.runs.run import Run
-from worker_lib.storage import StorageError
+from worker_lib.core.storage import StorageError
 
 __all__ = ["RunResult", "run_attempts", "supervise"]
 

@@ -34,9 +34,9 @@ sys.path.insert(0, str(ROOT / "tests"))  # the storage servers the tests use
 
 from storage_servers import start_gcs  # noqa: E402
 
-from worker_lib import checksum  # noqa: E402
-from worker_lib.checkpoint import CheckpointManager, LocalChannel  # noqa: E402
-from worker_lib.storage import Storage  # noqa: E402
+from worker_lib.checkpoint.manager import CheckpointManager, LocalChannel  # noqa: E402
+from worker_lib.core import checksum  # noqa: E402
+from worker_lib.core.storage import Storage  # noqa: E402
 
 
 def make_state(mb: int) -> Dict[str, torch.Tensor]:
@@ -132,12 +132,12 @@ def bench_dcp(name: str, url: str, state, mb: float, repeats: int) -> List[List[
     the same fsspec writer: what ftlaunch's commit adds (the checksums, the RNG part, the
     marker) and its load adds (the verification and the vote). DCP alone reads with the reader
     it picks itself for that storage (``FileSystemReader`` for a local folder); ftlaunch reads a
-    local folder through a mapping (worker_lib.dcp_reader)."""
+    local folder through a mapping (worker_lib.checkpoint.dcp_reader)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
     from torch.distributed.checkpoint.filesystem import FileSystemReader
 
-    from worker_lib.dcp import load_dcp, save_dcp
+    from worker_lib.checkpoint.dcp import load_dcp, save_dcp
 
     manager = CheckpointManager(Storage(url), 0, 1, LocalChannel(), save_rng=False)
     steps = iter(range(1, 10_000))

@@ -38,13 +38,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from worker_lib.checkpoint import CheckpointManager, LocalChannel  # noqa: E402
-from worker_lib.contract import LOADED_MEMORY, LOADED_STORAGE  # noqa: E402
-from worker_lib.flat import split  # noqa: E402
-from worker_lib.memory import MemorySnapshots  # noqa: E402
-from worker_lib.memory_slots import SlotFiles  # noqa: E402
-from worker_lib.staging import HostBuffer, copy_in  # noqa: E402
-from worker_lib.storage import Storage  # noqa: E402
+from worker_lib.checkpoint.flat import split  # noqa: E402
+from worker_lib.checkpoint.manager import CheckpointManager, LocalChannel  # noqa: E402
+from worker_lib.checkpoint.memory import MemorySnapshots  # noqa: E402
+from worker_lib.checkpoint.memory_slots import SlotFiles  # noqa: E402
+from worker_lib.checkpoint.staging import HostBuffer, copy_in  # noqa: E402
+from worker_lib.core.contract import LOADED_MEMORY, LOADED_STORAGE  # noqa: E402
+from worker_lib.core.storage import Storage  # noqa: E402
 
 Row = List[str]  # size, what, ms, × floor, bound
 

@@ -17,8 +17,8 @@ from typing import Callable, Dict, List
 
 import torch
 
-from worker_lib.checkpoint import CheckpointManager, LocalChannel
-from worker_lib.storage import Storage
+from worker_lib.checkpoint.manager import CheckpointManager, LocalChannel
+from worker_lib.core.storage import Storage
 
 
 def _advise(files: List[Path], advice: int) -> None:

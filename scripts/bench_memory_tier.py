@@ -3,7 +3,7 @@ copy, the record, one rank's vote) and a load (a fresh ``MemorySnapshots``' vote
 
     python scripts/bench_memory_tier.py [--against ea1286c] [--sizes 8,64,256] [--saves 13]
 
-``--against``: a git revision whose ``worker_lib/memory.py`` is imported beside today's (ea1286c:
+``--against``: a git revision whose ``worker_lib/checkpoint/memory.py`` is imported beside today's (ea1286c:
 the last one that wrote each slot with torch.save). Both write into folders in /dev/shm,
 alternately, so the machine's load meets both alike. A state of 8 float32 tensors per size (MB).
 """
@@ -23,14 +23,19 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from worker_lib.checkpoint import LocalChannel  # noqa: E402
-from worker_lib.memory import MemorySnapshots  # noqa: E402
+from worker_lib.checkpoint.manager import LocalChannel  # noqa: E402
+from worker_lib.checkpoint.memory import MemorySnapshots  # noqa: E402
 
 
 def module_at(revision: str):
-    source = subprocess.run(
-        ["git", "show", f"{revision}:worker_lib/memory.py"], cwd=ROOT, check=True, capture_output=True
-    ).stdout
+    """The memory tier's module at ``revision`` (where it was then: worker_lib/memory.py before
+    worker_lib grew packages; a revision that old imports modules of its own time)."""
+    for where in ("worker_lib/checkpoint/memory.py", "worker_lib/memory.py"):
+        shown = subprocess.run(["git", "show", f"{revision}:{where}"], cwd=ROOT, capture_output=True)
+        if shown.returncode == 0:
+            break
+    shown.check_returncode()
+    source = shown.stdout
     path = Path(tempfile.mkdtemp(prefix="ftlaunch-bench-memory-")) / "memory_then.py"
     path.write_bytes(source)
     spec = importlib.util.spec_from_file_location("memory_then", path)

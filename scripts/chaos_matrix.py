@@ -47,9 +47,9 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from worker_lib.checkpoint import CheckpointManager, LocalChannel  # noqa: E402
-from worker_lib.marker import REPLICATED, committed_steps, read_verified, step_dir  # noqa: E402
-from worker_lib.storage import Storage  # noqa: E402
+from worker_lib.checkpoint.manager import CheckpointManager, LocalChannel  # noqa: E402
+from worker_lib.checkpoint.marker import REPLICATED, committed_steps, read_verified, step_dir  # noqa: E402
+from worker_lib.core.storage import Storage  # noqa: E402
 
 MARKER = "FTLAUNCH_CHAOS_MATRIX_MARKER"
 TRAIN = ROOT / "examples" / "train.py"

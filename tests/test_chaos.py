@@ -6,7 +6,7 @@ import torch
 from helpers import SCRIPTS
 
 from launcher.core.events import ChaosInjected, RunStart
-from worker_lib import contract
+from worker_lib.core import contract
 
 TRAIN = str(SCRIPTS / "ckpt_train.py")
 BEATER = str(SCRIPTS / "beater.py")
@@ -172,7 +172,7 @@ def test_a_request_for_the_training_thread_is_never_carried_out_by_a_save(tmp_pa
     import sys
 
     probe = (
-        "from worker_lib import contract as c, progress\n"
+        "from worker_lib.core import contract as c, progress\n"
         "progress.heartbeat(1)\n"
         "progress._slot[c.SLOT_CHAOS] = (1 << 16) | (c.CHAOS_AT_BEAT << 8) | c.CHAOS_RAISE\n"
         "assert progress.chaos_request(c.CHAOS_AT_SAVE) is None\n"

@@ -5,9 +5,9 @@ from pathlib import Path
 
 from helpers import SCRIPTS
 
-from worker_lib.checkpoint import CheckpointManager, LocalChannel
-from worker_lib.directory import latest_directory, node_cache_root, save_directory
-from worker_lib.storage import Storage
+from worker_lib.checkpoint.directory import latest_directory, node_cache_root, save_directory
+from worker_lib.checkpoint.manager import CheckpointManager, LocalChannel
+from worker_lib.core.storage import Storage
 
 
 def test_files_round_trip_and_a_damaged_file_falls_back(storage, tmp_path, caplog):

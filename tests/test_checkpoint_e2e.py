@@ -99,8 +99,8 @@ def test_parts_that_never_committed_are_removed_when_the_run_ends(launcher, tmp_
     be loaded, and they fill the storage. The run's end removes them; committed steps stay."""
     import torch
 
-    from worker_lib.checkpoint import CheckpointManager, LocalChannel
-    from worker_lib.storage import Storage
+    from worker_lib.checkpoint.manager import CheckpointManager, LocalChannel
+    from worker_lib.core.storage import Storage
 
     ckpt = tmp_path / "ckpt"
     CheckpointManager(Storage(str(ckpt)), 0, 1, LocalChannel()).save(5, {"w": torch.ones(3)}, blocking=True)

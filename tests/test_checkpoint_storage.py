@@ -14,10 +14,10 @@ import google_crc32c
 import pytest
 import torch
 
-from worker_lib.checkpoint import CheckpointError, CheckpointManager, LocalChannel
-from worker_lib.marker import MARKER, step_dir, step_numbers
-from worker_lib.retention import RetentionPolicy
-from worker_lib.storage import Storage, StorageError
+from worker_lib.checkpoint.manager import CheckpointError, CheckpointManager, LocalChannel
+from worker_lib.checkpoint.marker import MARKER, step_dir, step_numbers
+from worker_lib.checkpoint.retention import RetentionPolicy
+from worker_lib.core.storage import Storage, StorageError
 
 
 def _manager(url, **kwargs) -> CheckpointManager:
@@ -338,7 +338,7 @@ def test_training_state_loads_with_the_weights_only_loader(tmp_path):
 def test_the_node_cache_is_private_and_this_users_own(tmp_path, monkeypatch, make):
     import tempfile
 
-    from worker_lib.directory import node_cache_root
+    from worker_lib.checkpoint.directory import node_cache_root
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     base = tmp_path / f"ftlaunch-cache-{os.getuid()}"
@@ -379,7 +379,7 @@ def test_big_writes_checksummed_beside_the_write_match_the_file_in_a_forked_chil
     """Writes of 1 MiB and more are checksummed on a helper thread while they are written. A
     child forked after the parent's first such write has no helper thread: it must make its own,
     not wait for the parent's forever."""
-    from worker_lib import checksum
+    from worker_lib.core import checksum
 
     storage = Storage(str(tmp_path))
     pieces = [os.urandom(3 * 2**20), b"small", os.urandom(2**20), os.urandom(100)]

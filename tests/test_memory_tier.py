@@ -13,9 +13,9 @@ import torch
 from helpers import SCRIPTS, Launcher, dead_pid, memory_folders, wait_for_files
 from test_checkpoint_e2e import _assert_bit_identical
 
-from worker_lib.checkpoint import LocalChannel
-from worker_lib.commit import CheckpointError
-from worker_lib.memory import MemorySnapshots
+from worker_lib.checkpoint.commit import CheckpointError
+from worker_lib.checkpoint.manager import LocalChannel
+from worker_lib.checkpoint.memory import MemorySnapshots
 
 TRAIN = str(SCRIPTS / "ckpt_train.py")
 SHM = Path("/dev/shm")

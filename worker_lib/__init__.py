@@ -17,9 +17,10 @@ import contextlib
 import time
 from typing import Any, Dict, Optional
 
-from worker_lib import contract
-from worker_lib.backend import choose_backend
-from worker_lib.progress import (
+from worker_lib.checkpoint.retention import RetentionPolicy
+from worker_lib.core import contract
+from worker_lib.core.backend import choose_backend
+from worker_lib.core.progress import (
     count_save,
     heartbeat,
     mark_loaded,
@@ -27,7 +28,6 @@ from worker_lib.progress import (
     should_stop,
     stop_beating,
 )
-from worker_lib.retention import RetentionPolicy
 
 __all__ = [
     "contract",
@@ -130,13 +130,13 @@ def save_checkpoint(
     started = time.monotonic_ns()
     with pause_heartbeat():  # waiting for the previous save, or a blocking save, is not a hang
         if to == "memory" and format == "dcp":
-            from worker_lib.dcp import snapshot_dcp
+            from worker_lib.checkpoint.dcp import snapshot_dcp
 
             snapshot_dcp(_checkpoints(), step, state, dict(metrics or {}))
         elif to == "memory":
             _checkpoints().snapshot(step, state, metrics)
         elif format == "dcp":
-            from worker_lib.dcp import save_dcp
+            from worker_lib.checkpoint.dcp import save_dcp
 
             save_dcp(_checkpoints(), step, state, dict(metrics or {}), blocking)
         else:
@@ -153,7 +153,7 @@ def load_checkpoint(into: Any = None):
     started = time.monotonic_ns()
     with pause_heartbeat():
         if into is not None:
-            from worker_lib.dcp import load_dcp
+            from worker_lib.checkpoint.dcp import load_dcp
 
             found = load_dcp(_checkpoints(), into)
         else:
@@ -167,7 +167,7 @@ def checkpoint_dir(step: int, metrics: Optional[Dict[str, float]] = None):
     """``with ft.checkpoint_dir(step) as d:`` write any files into the local directory ``d``;
     on leaving the block they are uploaded in the background and committed as ``step``.
     Every rank enters it (a rank with nothing to write leaves it empty)."""
-    from worker_lib.directory import save_directory
+    from worker_lib.checkpoint.directory import save_directory
 
     return _paused(save_directory(_checkpoints(), step, metrics))
 
@@ -182,7 +182,7 @@ def latest_checkpoint_dir() -> Optional[str]:
 def newest_checkpoint_dir():
     """As ``latest_checkpoint_dir``, with the step: a ``CommittedDir`` (``.step``, ``.path``), or
     None on a fresh run. Every rank calls it (the ranks agree on the step)."""
-    from worker_lib.directory import latest_directory
+    from worker_lib.checkpoint.directory import latest_directory
 
     session = _require_session()
     started = time.monotonic_ns()

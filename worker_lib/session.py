@@ -5,9 +5,9 @@ import logging
 import os
 from typing import Any, Dict, Optional
 
-from worker_lib import contract as c
-from worker_lib.backend import choose_backend
-from worker_lib.retention import RetentionPolicy
+from worker_lib.checkpoint.retention import RetentionPolicy
+from worker_lib.core import contract as c
+from worker_lib.core.backend import choose_backend
 
 __all__ = ["CheckpointOptions", "WorkerInfo", "Session", "start_session"]
 
@@ -97,7 +97,7 @@ def _remove_node_cache(info: WorkerInfo, keep_attempt: Optional[int]) -> None:
     earlier attempts (which crashed, so never reached ``close``) go; at ``close``, all of it."""
     import shutil
 
-    from worker_lib.directory import node_cache_root
+    from worker_lib.checkpoint.directory import node_cache_root
 
     root = node_cache_root(info.run_id)
     doomed = [old for old in root.glob("attempt_*") if old.name != f"attempt_{keep_attempt}"]
@@ -154,9 +154,9 @@ def _init_process_group(info: WorkerInfo) -> None:
 
 
 def _checkpoint_manager(info: WorkerInfo, url: str, options: CheckpointOptions):
-    from worker_lib.checkpoint import CheckpointManager, LocalChannel, StoreChannel
-    from worker_lib.commit import CommitChannel
-    from worker_lib.storage import Storage
+    from worker_lib.checkpoint.commit import CommitChannel
+    from worker_lib.checkpoint.manager import CheckpointManager, LocalChannel, StoreChannel
+    from worker_lib.core.storage import Storage
 
     storage = Storage(url, **options.storage_options)
     storage.check_writable(f"rank{info.rank}")
@@ -181,8 +181,8 @@ def _memory_snapshots(info: WorkerInfo):
     """This rank's side of the node's memory tier, when ftlaunch gave one. Its votes go through
     a store client of their own: the storage saves' background thread may hold the other one
     for as long as a slow upload takes."""
-    from worker_lib.checkpoint import LocalChannel, StoreChannel
-    from worker_lib.memory import MemorySnapshots, memory_folder
+    from worker_lib.checkpoint.manager import LocalChannel, StoreChannel
+    from worker_lib.checkpoint.memory import MemorySnapshots, memory_folder
 
     folder = memory_folder()
     if folder is None:

@@ -16,7 +16,7 @@ from typing import AbstractSet, List, Mapping, Optional
 from launcher.core.beats import BeatReading
 from launcher.core.failures import Failure, HangFailure, ProcessFailure
 from launcher.grammar.chaos import ChaosPlan, Fault, FaultKind, TriggerKind
-from worker_lib import contract as c
+from worker_lib.core import contract as c
 
 __all__ = ["ChaosInjector", "Injection", "mark_injected", "not_landed"]
 

@@ -32,7 +32,7 @@ class BeatReading:
     loaded_at: float = 0.0  # when its checkpoint load returned; 0.0: not (yet)
     stop_aware: bool = False  # it calls ft.should_stop(): it can be asked to stop cleanly
     loaded_step: int = -1  # the step its load returned (-1: none, a fresh start)
-    loaded_tier: int = 0  # where from: worker_lib.contract's LOADED_NONE, _STORAGE or _MEMORY
+    loaded_tier: int = 0  # where from: worker_lib.core.contract's LOADED_NONE, _STORAGE or _MEMORY
 
     @property
     def phase(self) -> Phase:

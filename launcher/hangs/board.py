@@ -9,7 +9,7 @@ from typing import Dict, Tuple
 import psutil
 
 from launcher.core.beats import BeatReading, CheckpointCounters
-from worker_lib import contract as c
+from worker_lib.core import contract as c
 
 __all__ = ["HeartbeatBoard"]
 

@@ -12,7 +12,7 @@ from launcher.core.config import HangSection
 from launcher.core.events import CheckpointLoaded, EventLog, FirstStep, Hang, HeartbeatDeadline, Laggard
 from launcher.core.failures import Failure, HangFailure, seconds
 from launcher.hangs.deadlines import HangLimits, HangWatch, Overdue
-from worker_lib import contract as c
+from worker_lib.core import contract as c
 
 __all__ = ["HangMonitor", "hang_failures", "progress_rows"]
 

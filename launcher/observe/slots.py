@@ -6,7 +6,7 @@ from typing import Callable, Dict, Iterable, Optional
 
 from launcher.core.beats import BeatReading, CheckpointCounters
 from launcher.core.events import CheckpointTotals, EventLog, Steps
-from worker_lib import contract as c
+from worker_lib.core import contract as c
 
 __all__ = ["SlotObserver", "checkpoint_totals"]
 

@@ -24,7 +24,7 @@ from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.plan import WorkerSpec
 from launcher.process.spares import WarmSpares
 from launcher.process.workers import ForkedWorker, PopenSpawner, Spawned, with_output_pipes
-from worker_lib import contract as c
+from worker_lib.core import contract as c
 
 __all__ = [
     "ForkedStore",

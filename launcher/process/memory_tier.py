@@ -1,5 +1,5 @@
 """The node's memory tier: the folder in /dev/shm where this supervisor's workers keep their
-memory snapshots (worker_lib.memory). It is the supervisor's, not a worker's: made when the
+memory snapshots (worker_lib.checkpoint.memory). It is the supervisor's, not a worker's: made when the
 supervisor starts, removed when it ends, and by its orphan guard when it is killed; a later
 supervisor on the node removes any left by one whose process is gone (the guard killed too)."""
 

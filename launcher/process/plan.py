@@ -7,7 +7,7 @@ from typing import List, Mapping, Optional, Tuple
 
 from launcher.core.config import LaunchConfig
 from launcher.core.layout import Layout
-from worker_lib import contract as c
+from worker_lib.core import contract as c
 
 __all__ = ["WorkerSpec", "attempt_dir", "plan_workers", "worker_env"]
 

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import List, Optional, Tuple
 
-from worker_lib import contract as c
+from worker_lib.core import contract as c
 
 __all__ = ["device_memory_used", "misfit", "park", "warm_cuda", "warn_of_late_cuda_env"]
 

@@ -50,7 +50,7 @@ BASE_PRELOAD = (
     "torch._dynamo.utils",
     "worker_lib",
     "worker_lib.session",
-    "worker_lib.checkpoint",
+    "worker_lib.checkpoint.manager",
 )
 # In the zygote only: libraries that start their thread pool at import would leave threads behind.
 SINGLE_THREADED = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

@@ -8,7 +8,7 @@ import dataclasses
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
 if TYPE_CHECKING:
-    from worker_lib.storage import Storage
+    from worker_lib.core.storage import Storage
 
 __all__ = ["CheckpointDir", "NewestCheckpoint"]
 
@@ -37,8 +37,8 @@ class CheckpointDir:
     def newest(self) -> NewestCheckpoint:
         if not self.url:
             return NewestCheckpoint(known=False)
-        from worker_lib.marker import committed_steps
-        from worker_lib.storage import Storage, StorageError
+        from worker_lib.checkpoint.marker import committed_steps
+        from worker_lib.core.storage import Storage, StorageError
 
         try:
             storage = self._storage = self._storage or Storage(self.url)
@@ -57,8 +57,8 @@ class CheckpointDir:
         (a save cut off, or one whose peers failed, a full disk) can never be committed."""
         if not self.url:
             return []
-        from worker_lib.marker import committed_steps, step_dir, step_numbers
-        from worker_lib.storage import Storage, StorageError
+        from worker_lib.checkpoint.marker import committed_steps, step_dir, step_numbers
+        from worker_lib.core.storage import Storage, StorageError
 
         try:
             storage = self._storage = self._storage or Storage(self.url)

@@ -23,7 +23,7 @@ import psutil
 from launcher.core.events import Logged, parse_logged
 from launcher.core.records import RunState
 from launcher.grammar.errors import RunBusy, RunLost, UsageError
-from worker_lib.storage import Storage
+from worker_lib.core.storage import Storage
 
 __all__ = [
     "LockRecord",

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from worker_lib.checkpoint import CheckpointManager, LocalChannel
-from worker_lib.contract import LOADED_MEMORY
-from worker_lib.dcp import load_dcp, save_dcp
-from worker_lib.memory import MemorySnapshots
-from worker_lib.staging import HostBuffer
-from worker_lib.storage import Storage
+from worker_lib.checkpoint.dcp import load_dcp, save_dcp
+from worker_lib.checkpoint.manager import CheckpointManager, LocalChannel
+from worker_lib.checkpoint.memory import MemorySnapshots
+from worker_lib.checkpoint.staging import HostBuffer
+from worker_lib.core.contract import LOADED_MEMORY
+from worker_lib.core.storage import Storage
 
 MB = 2**20
 
@@ -110,8 +110,8 @@ def test_a_refused_registration_warns_once_and_pageable_copies_are_the_state_at_
     """Host memory CUDA will not register (here: registered already, by someone else) stays
     pageable, with one warning per process; copies into pageable memory are synchronous, and
     the same snapshot."""
-    import worker_lib.staging as staging
-    from worker_lib.flat import rebuild, split
+    import worker_lib.checkpoint.staging as staging
+    from worker_lib.checkpoint.flat import rebuild, split
 
     monkeypatch.setattr(staging, "_warned_unpinned", False)
     model, optimizer = _state(64)
@@ -120,7 +120,7 @@ def test_a_refused_registration_warns_once_and_pageable_copies_are_the_state_at_
     cudart = torch.cuda.cudart()
     assert int(cudart.cudaHostRegister(buffer.address, buffer.size, 0)) == 0
     try:
-        with caplog.at_level(logging.WARNING, logger="worker_lib.staging"):
+        with caplog.at_level(logging.WARNING, logger="worker_lib.checkpoint.staging"):
             assert not buffer.pin() and not buffer.pin()
     finally:
         cudart.cudaHostUnregister(buffer.address)

@@ -17,8 +17,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from until import add_option, steps
 
 import worker_lib as ft
-from worker_lib.commit import Commits
-from worker_lib.storage import Storage
+from worker_lib.checkpoint.commit import Commits
+from worker_lib.core.storage import Storage
 
 
 def parse() -> argparse.Namespace:
@@ -80,7 +80,7 @@ def inject_storage_faults(args, rank: int, attempt: int) -> None:
 
         Storage.write_stream = write_half_or_die
     if args.die_mid_snapshot is not None and rank == 1:
-        import worker_lib.memory as memory
+        import worker_lib.checkpoint.memory as memory
 
         fill = memory._fill
 

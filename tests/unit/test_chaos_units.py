@@ -12,7 +12,7 @@ from launcher.core.outcomes import AttemptOutcome
 from launcher.core.policy import AttemptRecord, RestartPolicy, Verdict
 from launcher.grammar.chaos import FaultKind, TriggerKind, parse_chaos
 from launcher.grammar.errors import UsageError
-from worker_lib import contract as c
+from worker_lib.core import contract as c
 
 
 def slot(step=-1, beats=0, pid=100):
@@ -224,7 +224,7 @@ def test_a_stop_half_way_through_a_part_happens_once_however_many_chunks_follow(
     handler counts it."""
     import io
 
-    from worker_lib.chaos import dying_half_way
+    from worker_lib.core.chaos import dying_half_way
 
     received = []
     previous = signal.signal(signal.SIGUSR2, lambda signum, frame: received.append(signum))

@@ -8,7 +8,7 @@ import os
 import google_crc32c
 import pytest
 
-from worker_lib import checksum
+from worker_lib.core import checksum
 
 
 @pytest.fixture(params=["library", "extension"])

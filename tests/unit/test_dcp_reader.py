@@ -1,4 +1,4 @@
-"""worker_lib.dcp_reader: tensors viewed in place inside the files torch.distributed.checkpoint
+"""worker_lib.checkpoint.dcp_reader: tensors viewed in place inside the files torch.distributed.checkpoint
 wrote, and everything else left to torch.load."""
 
 import io
@@ -11,7 +11,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from worker_lib.dcp_reader import MappedReader, tensor_in
+from worker_lib.checkpoint.dcp_reader import MappedReader, tensor_in
 
 _PLAIN = {
     "contiguous": lambda: torch.randn(3, 4),

@@ -7,10 +7,10 @@ import logging
 import pytest
 import torch
 
-from worker_lib.checkpoint import CheckpointManager, LocalChannel
-from worker_lib.dcp import load_dcp, save_dcp
-from worker_lib.marker import committed_steps
-from worker_lib.storage import Storage
+from worker_lib.checkpoint.dcp import load_dcp, save_dcp
+from worker_lib.checkpoint.manager import CheckpointManager, LocalChannel
+from worker_lib.checkpoint.marker import committed_steps
+from worker_lib.core.storage import Storage
 
 
 def _manager(path) -> CheckpointManager:

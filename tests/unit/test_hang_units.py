@@ -15,7 +15,7 @@ from launcher.grammar.errors import UsageError
 from launcher.hangs.board import HeartbeatBoard
 from launcher.hangs.deadlines import MIN_SAMPLES, HangLimits, HangWatch
 from launcher.hangs.stacks import last_stacks
-from worker_lib import contract as c
+from worker_lib.core import contract as c
 
 
 def slot(beats=0, step=-1, at=0.0, paused=False, pauses=0) -> BeatReading:
@@ -222,7 +222,7 @@ def test_stack_dump_is_read_back_per_thread(tmp_path):
 
 
 def test_board_reads_what_a_worker_writes_into_its_slot(monkeypatch):
-    import worker_lib.progress as hb
+    import worker_lib.core.progress as hb
 
     orphan = Path("/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir())
     orphan = orphan / f"ftlaunch-heartbeat-{dead_pid()}-0-left"  # as a killed supervisor leaves it

@@ -12,7 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # layers below its own (siblings in one layer do not import each other). A package missing here
 # fails the test: a new one is placed on purpose.
 _LAYERS: Tuple[Tuple[str, ...], ...] = (
-    ("worker_lib",),  # the workers' library and the contract with the supervisor
+    ("worker_lib.core",),  # what every part of the workers' library stands on: the contract, storage
+    ("worker_lib.checkpoint",),  # checkpoints by concern: formats, tiers, staging, commit, retention
+    ("worker_lib",),  # the public API (import worker_lib as ft) and the session
     ("worker_lib.integrations",),  # framework adapters (nothing imports them)
     ("launcher.grammar",),  # what a user may write, and the errors that refuse it
     ("launcher.core",),  # the vocabulary: configuration, events, outcomes, failures, policy
@@ -158,3 +160,15 @@ def test_only_the_adapters_import_a_framework_and_nothing_imports_the_adapters()
             for imported in names:
                 assert imported.split(".")[0] not in _FRAMEWORKS, f"{name} imports {imported}"
                 assert not imported.startswith("worker_lib.integrations"), f"{name} imports {imported}"
+
+
+def test_no_class_is_over_250_lines():
+    """From its ``class`` line to its last (issue 35, item 5): a class that grows past it holds
+    more than one concern (CheckpointManager gave its reads and writes to PartReader and
+    PartWriter; AttemptRunner its stops to GroupStop)."""
+    long = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 250:
+                long.append(f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert long == []

@@ -6,10 +6,17 @@ import json
 import google_crc32c
 import pytest
 
-from worker_lib.commit import Commits, LocalChannel
-from worker_lib.marker import MARKER, CommitMarker, PartEntry, committed_steps, step_dir, step_numbers
-from worker_lib.retention import RetentionPolicy
-from worker_lib.storage import Storage
+from worker_lib.checkpoint.commit import Commits, LocalChannel
+from worker_lib.checkpoint.marker import (
+    MARKER,
+    CommitMarker,
+    PartEntry,
+    committed_steps,
+    step_dir,
+    step_numbers,
+)
+from worker_lib.checkpoint.retention import RetentionPolicy
+from worker_lib.core.storage import Storage
 
 _PART = {"rank_0.pt": PartEntry(12, "0a1b2c3d")}
 
@@ -87,7 +94,7 @@ def test_retention_never_deletes_usable_steps_for_steps_of_another_world_size(tm
 def test_per_rank_parts_of_another_world_size_are_an_error_naming_the_way_out(tmp_path):
     """Issue 24.3: never a silent fresh start. Per-rank parts saved by 2 ranks, loaded by 1: an
     error (on every rank: each votes it, and the vote stops there) that names the way out."""
-    from worker_lib.checkpoint import CheckpointError, CheckpointManager
+    from worker_lib.checkpoint.manager import CheckpointError, CheckpointManager
 
     storage = Storage(str(tmp_path))
     entry = _part(storage, 5)  # rank 0's part (rank 1's is not read: rank 0 votes first)

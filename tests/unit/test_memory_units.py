@@ -1,4 +1,4 @@
-"""The memory tier's double buffer and its votes (worker_lib.memory), two ranks in one process
+"""The memory tier's double buffer and its votes (worker_lib.checkpoint.memory), two ranks in one process
 sharing one message board: what a crash at each moment leaves loadable."""
 
 import json
@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from worker_lib.commit import CheckpointError
-from worker_lib.memory import MemorySnapshots
+from worker_lib.checkpoint.commit import CheckpointError
+from worker_lib.checkpoint.memory import MemorySnapshots
 
 
 class Board:
@@ -125,8 +125,8 @@ def test_a_damaged_record_or_a_short_file_is_not_held(tmp_path):
 
 
 def test_the_memory_tier_needs_ftlaunch():
-    from worker_lib.checkpoint import CheckpointManager, LocalChannel
-    from worker_lib.storage import Storage
+    from worker_lib.checkpoint.manager import CheckpointManager, LocalChannel
+    from worker_lib.core.storage import Storage
 
     manager = CheckpointManager(Storage("memory://nowhere"), 0, 1, LocalChannel())
     with pytest.raises(CheckpointError, match="to='memory' needs ftlaunch's node-local memory tier"):
@@ -153,6 +153,6 @@ def test_the_votes_of_old_steps_leave_the_store(tmp_path):
 )
 def test_a_size_below_a_mib_is_not_said_as_0_mib(count, text):
     """Regression (issue 33): "about 0 MiB, 0 MiB free" on a small /dev/shm."""
-    from worker_lib.staging import mib
+    from worker_lib.checkpoint.staging import mib
 
     assert mib(count) == text

@@ -29,7 +29,7 @@ from launcher.core.group_state import GroupState
 from launcher.grammar.errors import UsageError
 from launcher.observe.metrics import RunMetrics
 from launcher.observe.slots import SlotObserver, checkpoint_totals
-from worker_lib import contract as c
+from worker_lib.core import contract as c
 
 
 def _at(event, t: float) -> Logged:

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from worker_lib.checkpoint import CheckpointManager, LocalChannel
-from worker_lib.commit import Commits
-from worker_lib.dcp import load_dcp, save_dcp
-from worker_lib.directory import latest_directory, node_cache_root, save_directory
-from worker_lib.memory import MemorySnapshots
-from worker_lib.storage import Storage
+from worker_lib.checkpoint.commit import Commits
+from worker_lib.checkpoint.dcp import load_dcp, save_dcp
+from worker_lib.checkpoint.directory import latest_directory, node_cache_root, save_directory
+from worker_lib.checkpoint.manager import CheckpointManager, LocalChannel
+from worker_lib.checkpoint.memory import MemorySnapshots
+from worker_lib.core.storage import Storage
 
 
 def _manager(path, memory=None) -> CheckpointManager:

@@ -87,7 +87,7 @@ def test_a_run_at_another_size_warns_only_of_steps_it_cannot_load(tmp_path, kind
     from launcher.core.events import EventLog
     from launcher.runs.checkpoints import CheckpointDir
     from launcher.runs.opening import RunOpening
-    from worker_lib.marker import MARKER, CommitMarker, step_dir
+    from worker_lib.checkpoint.marker import MARKER, CommitMarker, step_dir
 
     url, ckpt = str(tmp_path / "run"), tmp_path / "ckpt"
     (ckpt / step_dir(20)).mkdir(parents=True)

@@ -1,6 +1,6 @@
-"""The flat format (worker_lib.flat) and the host buffers it is copied into (worker_lib.staging),
-on CPU tensors: the format and its damage cases are the same for CUDA state; only registration
-with CUDA and the non-blocking copies need a GPU (tests/gpu)."""
+"""The flat format (worker_lib.checkpoint.flat) and the host buffers it is copied into
+(worker_lib.checkpoint.staging), on CPU tensors: the format and its damage cases are the same for
+CUDA state; only registration with CUDA and the non-blocking copies need a GPU (tests/gpu)."""
 
 import collections
 import io
@@ -9,11 +9,11 @@ import json
 import pytest
 import torch
 
-from worker_lib.checkpoint import LocalChannel
-from worker_lib.commit import CheckpointError
-from worker_lib.flat import ALIGN, Hole, decode_index, encode_index, on_cuda, rebuild, split
-from worker_lib.memory import MemorySnapshots
-from worker_lib.staging import StagingArea, restore_location
+from worker_lib.checkpoint.commit import CheckpointError
+from worker_lib.checkpoint.flat import ALIGN, Hole, decode_index, encode_index, on_cuda, rebuild, split
+from worker_lib.checkpoint.manager import LocalChannel
+from worker_lib.checkpoint.memory import MemorySnapshots
+from worker_lib.checkpoint.staging import StagingArea, restore_location
 
 
 def _state():
@@ -201,7 +201,7 @@ def test_a_damaged_slot_is_not_read(tmp_path, damage):
 def test_a_failed_finish_is_raised_at_the_next_wait_and_the_next_job_runs():
     """The thread that ends a CUDA snapshot (waits on its events, writes its record): a failure
     there reaches the loop at its next call, as a CheckpointError, once."""
-    from worker_lib.memory_slots import Finisher
+    from worker_lib.checkpoint.memory_slots import Finisher
 
     finisher = Finisher("test-finisher")
     done = []

@@ -17,8 +17,8 @@ from launcher.discover import resolve_backend
 from launcher.grammar.errors import UsageError
 from launcher.process.logs import _Stream
 from launcher.process.plan import plan_workers
-from worker_lib import contract
-from worker_lib.backend import choose_backend
+from worker_lib.core import contract
+from worker_lib.core.backend import choose_backend
 
 
 def test_state_machine_follows_the_table_and_reports_every_transition():

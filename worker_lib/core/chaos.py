@@ -9,7 +9,7 @@ import sys
 import time
 from typing import BinaryIO, Callable, Optional, Tuple
 
-from worker_lib import contract as c
+from worker_lib.core import contract as c
 
 __all__ = ["ChaosError", "act", "receive", "take"]
 

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Iterator, Optional
 
-from worker_lib import contract as c
+from worker_lib.core import contract as c
 
 __all__ = [
     "chaos_request",
@@ -72,7 +72,7 @@ if os.environ.get(c.FT_CHAOS) == "1":  # a --chaos rehearsal: beats also look fo
 
 def chaos_request(point: int):
     """The action ``--chaos`` asks this rank to carry out at ``point`` (a save point), or None."""
-    from worker_lib import chaos
+    from worker_lib.core import chaos
 
     slot = _slot if _slot is not None else _attach()
     word = slot[c.SLOT_CHAOS]
@@ -85,7 +85,7 @@ def chaos_request(point: int):
 
 def _chaos_arrived(slot) -> None:
     global _chaos_seen
-    from worker_lib import chaos
+    from worker_lib.core import chaos
 
     _chaos_seen = slot[c.SLOT_CHAOS]
     chaos.receive(_chaos_seen)

@@ -23,9 +23,9 @@ import logging
 import time
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
-from worker_lib import checksum
-from worker_lib.checksum import CRC32C, Checksum  # PartEntry's field ``checksum`` hides the module
-from worker_lib.storage import Storage, StorageError
+from worker_lib.core import checksum
+from worker_lib.core.checksum import CRC32C, Checksum  # PartEntry's field ``checksum`` hides the module
+from worker_lib.core.storage import Storage, StorageError
 
 __all__ = [
     "MARKER",

@@ -7,7 +7,7 @@ of the staging buffer a storage save copies CUDA state into.
     layout →  one Entry per tensor (name, dtype, shape, offset, bytes, device) at aligned offsets
 
 The format does not depend on the device: a CPU tensor and a CUDA tensor take the same place in
-the buffer; only the copy into it differs (worker_lib.staging). Anything that is not a plain
+the buffer; only the copy into it differs (worker_lib.checkpoint.staging). Anything that is not a plain
 dense CPU or CUDA tensor (a number, a string, a numpy array, a sparse tensor) stays in the
 skeleton, which the memory tier pickles beside the index.
 """

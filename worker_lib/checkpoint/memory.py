@@ -4,7 +4,7 @@ group's restart; it goes with the supervisor (its end, a kill -9: its orphan gua
 and so with the node.
 
 Each rank has two slots, k = 0 and 1 (a double buffer); a slot is a flat buffer of the state's
-tensors, an index, and a record written last (worker_lib.memory_slots): without the record the
+tensors, an index, and a record written last (worker_lib.checkpoint.memory_slots): without the record the
 slot holds nothing, so a copy cut off half-way is never read. No tensor is serialized: a CPU
 tensor is copied into the buffer, a CUDA tensor is copied by the device into the buffer
 registered as pinned memory, and the record follows once that copy's event has completed (on a
@@ -24,10 +24,10 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from worker_lib.commit import CheckpointError, CommitChannel
-from worker_lib.flat import decode_index, encode_index, rebuild, split
-from worker_lib.memory_slots import Finisher, NoRoom, Record, SlotFiles
-from worker_lib.staging import MIN_SIZE, copy_in, mib
+from worker_lib.checkpoint.commit import CheckpointError, CommitChannel
+from worker_lib.checkpoint.flat import decode_index, encode_index, rebuild, split
+from worker_lib.checkpoint.memory_slots import Finisher, NoRoom, Record, SlotFiles
+from worker_lib.checkpoint.staging import MIN_SIZE, copy_in, mib
 
 __all__ = ["MemorySnapshots", "Record"]
 
@@ -228,7 +228,7 @@ def _fill(tensors: Sequence[Any], views: Sequence[Any]) -> List[Any]:
 
 def memory_folder() -> Optional[Path]:
     """The supervisor's memory-tier folder, if it gave one."""
-    from worker_lib import contract as c
+    from worker_lib.core import contract as c
 
     folder = os.environ.get(c.FT_MEMORY_DIR)
     return Path(folder) if folder else None

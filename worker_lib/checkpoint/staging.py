@@ -28,8 +28,8 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
 import torch
 
-from worker_lib.commit import CheckpointError
-from worker_lib.flat import Layout, Split, rebuild, split
+from worker_lib.checkpoint.commit import CheckpointError
+from worker_lib.checkpoint.flat import Layout, Split, rebuild, split
 
 __all__ = [
     "MIN_SIZE",

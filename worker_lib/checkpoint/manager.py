@@ -1,49 +1,41 @@
 """Per-rank checkpoints: this rank's saves (a host copy now, written in the background) and loads.
 
-A CUDA state is copied into the storage tier's pinned staging set (worker_lib.staging), the
+A CUDA state is copied into the storage tier's pinned staging set (worker_lib.checkpoint.staging), the
 copies enqueued after the work that made the state; the background writer waits on their event.
 A CPU state is copied as it always was (``staging.to_cpu``).
 
-Where the parts go and what the COMMITTED marker holds: ``worker_lib.marker``. How the ranks
-agree on a commit and on the step to load: ``worker_lib.commit``.
+Where the parts go and what the COMMITTED marker holds: ``worker_lib.checkpoint.marker``. How the ranks
+agree on a commit and on the step to load: ``worker_lib.checkpoint.commit``.
 """
 
 import atexit
 import dataclasses
 import logging
-import threading
-import time
 from typing import Any, BinaryIO, Callable, Dict, List, Optional, Set, Tuple
 
-from worker_lib import contract as c
-from worker_lib.chaos import act, dying_half_way
-from worker_lib.commit import (
-    OTHER_SIZE,
-    REFUSED,
+from worker_lib.checkpoint.commit import (
     CheckpointError,
     CommitChannel,
     Commits,
     LocalChannel,
     StoreChannel,
 )
-from worker_lib.flat import on_cuda
-from worker_lib.marker import (
+from worker_lib.checkpoint.flat import on_cuda
+from worker_lib.checkpoint.marker import (
     REPLICATED,
-    RESHARDABLE,
     CommitMarker,
     PartEntry,
-    VerifiedPart,
     committed_steps,
-    opened_verified,
     part_name,
-    step_dir,
 )
-from worker_lib.memory import MemorySnapshots
-from worker_lib.progress import chaos_request, count_commit
-from worker_lib.retention import RetentionPolicy
-from worker_lib.rng import capture_rng, restore_rng
-from worker_lib.staging import StagingArea, restore_location, to_cpu
-from worker_lib.storage import Storage
+from worker_lib.checkpoint.memory import MemorySnapshots
+from worker_lib.checkpoint.parts import PartReader
+from worker_lib.checkpoint.retention import RetentionPolicy
+from worker_lib.checkpoint.staging import StagingArea, to_cpu
+from worker_lib.checkpoint.writing import PartWriter
+from worker_lib.core import contract as c
+from worker_lib.core.rng import capture_rng, restore_rng
+from worker_lib.core.storage import Storage
 
 __all__ = [
     "Checkpoint",
@@ -88,15 +80,13 @@ class CheckpointManager:
             storage, rank, world_size, channel, retention or RetentionPolicy(), commit_timeout
         )
         self._save_rng = save_rng
-        self._trusted = trusted  # unpickle anything; else torch's weights-only loader and its allow-list
-        self._thread: Optional[threading.Thread] = None
+        self._parts = PartReader(storage, rank, world_size, trusted)
         # The previous async save's CPU copy: written and done with once wait() returns, so the
         # next save copies into it instead of allocating (and page-faulting) as much memory again.
         self._staging: Any = None
         # A CUDA state's copy: one pinned buffer, reused (DCP's staging too).
         self.pinned = StagingArea(rank)
-        self._error: Optional[BaseException] = None
-        self._failed = ""  # why an earlier save failed: this rank writes no further parts
+        self._writer = PartWriter(storage, rank, self._commits)
         # Steps this process saved to storage or loaded from it: every rank saves and loads the
         # same steps, so every rank knows the same ones and skips a repeated save together.
         self._steps_in_storage: Set[int] = set()
@@ -142,8 +132,8 @@ class CheckpointManager:
 
         Once a save of this rank has failed (a full disk, storage gone for good), every later save
         raises at once: parts of steps that can never be committed would only fill the storage."""
-        if self._failed:
-            raise CheckpointError(f"rank {self.rank} saves no more checkpoints: {self._failed}")
+        if self._writer.failed:
+            raise CheckpointError(f"rank {self.rank} saves no more checkpoints: {self._writer.failed}")
         if self.repeats(step):
             return
         self.wait()
@@ -180,37 +170,10 @@ class CheckpointManager:
         written_elsewhere: Callable[[], List[Tuple[str, PartEntry]]] = list,
         ready: Callable[[], None] = lambda: None,
     ) -> None:
-        """Write ``parts`` (name, writer into a stream) for ``step``, commit once every rank has;
-        ``cleanup`` runs once the parts are written, whether or not that worked.
-        ``written_elsewhere`` waits for files another writer makes for the step (DCP's) and lists
-        this rank's share of them; called first, in the background too. ``ready`` waits until
-        the state's copy is done (its CUDA event), before anything is written."""
-
+        """Write ``parts`` (name, writer into a stream) for ``step`` and commit it once every rank
+        has, in the background (or now): ``PartWriter.submit``."""
         self._steps_in_storage.add(step)
-        called = time.monotonic_ns()
-
-        def job() -> None:
-            try:
-                ready()
-                written = written_elsewhere()
-                written += [self._write_part(step, name, fill) for name, fill in parts]
-            finally:
-                cleanup()
-            self._share_and_commit(step, written, metrics, kind)
-            if self.rank == 0:  # rank 0 wrote the marker: the step exists from now on
-                count_commit(time.monotonic_ns() - called)
-
-        if blocking:
-            try:
-                job()
-            except BaseException as err:
-                self._failed = f"an earlier save failed ({err})"
-                raise
-            return
-        self._thread = threading.Thread(
-            target=self._run_in_background, args=(job,), name=f"ftlaunch-save-{step}"
-        )
-        self._thread.start()
+        self._writer.submit(step, parts, metrics, kind, blocking, cleanup, written_elsewhere, ready)
 
     def own_rng_part(self) -> Tuple[str, Callable[[BinaryIO], object]]:
         """This rank's part when the state lives elsewhere (directory mode): its RNG states."""
@@ -220,14 +183,7 @@ class CheckpointManager:
     def wait(self) -> None:
         """Block until the save in flight is done and retention has deleted what it let go;
         raise the save's error, if it failed."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        self._commits.settle()
-        if self._error is not None:
-            error, self._error = self._error, None
-            self._failed = f"an earlier save failed ({error})"
-            raise CheckpointError(f"the previous checkpoint save failed: {error}") from error
+        self._writer.wait()
 
     def wait_all(self) -> None:
         """``wait``, and until the last memory snapshot's copy is done and its record written."""
@@ -238,27 +194,6 @@ class CheckpointManager:
     def barrier(self, name: str) -> None:
         """Return once every rank has called ``barrier(name)``."""
         self._commits.barrier(name)
-
-    def _run_in_background(self, job) -> None:
-        try:
-            job()
-        except BaseException as err:  # kept for the next call on the training thread
-            log.error("background checkpoint save failed: %s", err)
-            self._error = err
-
-    def _share_and_commit(
-        self, step: int, written: List[Tuple[str, PartEntry]], metrics: Dict[str, float], kind: str
-    ) -> None:
-        action = chaos_request(c.CHAOS_AT_COMMIT)
-        if action is not None:
-            act(action, f"after writing its part of step {step}, before the commit")
-        self._commits.commit(step, written, metrics, kind)
-
-    def _write_part(self, step: int, name: str, fill: Callable[[BinaryIO], object]) -> Tuple[str, PartEntry]:
-        action = chaos_request(c.CHAOS_AT_SAVE)
-        if action is not None:
-            fill = dying_half_way(fill, action)
-        return name, PartEntry(*self.storage.write_stream(f"{step_dir(step)}/{name}", fill))
 
     def _wait_at_exit(self) -> None:
         try:
@@ -340,64 +275,16 @@ class CheckpointManager:
             restore_rng(own_part["rng"])
 
     def read_own_part(self, marker: CommitMarker) -> Tuple[Dict[str, Any], Optional[str]]:
-        if marker.world_size != self.world_size:
-            if marker.kind in RESHARDABLE:  # the state fits any world size; RNG streams do not
-                return {"rng": None, "state": None}, None
-            if marker.kind == "state":  # never a silent fresh start: the way out, on every rank
-                return {}, (
-                    f"saved by {marker.world_size} ranks {OTHER_SIZE} (now {self.world_size}): relaunch "
-                    f"with {marker.world_size} ranks, or save with replicated=True (plain DDP) or "
-                    "format='dcp' (sharded) to change sizes"
-                )
-            return {}, f"saved by {marker.world_size} ranks, now {self.world_size}"
-        return self._read_part(marker, part_name(self.rank))
+        """This rank's own part of ``marker``'s step (its RNG streams and, for a state saved in
+        parts, its state), read and verified; a problem instead, said the same on every rank."""
+        return self._parts.own(marker)
 
     def _read_state_parts(self, marker: CommitMarker) -> Tuple[Dict[str, Any], Optional[str]]:
-        own, problem = self.read_own_part(marker)
+        own, problem = self._parts.own(marker)
         if problem or marker.kind != "replicated":
             return {"own": own}, problem
-        state, problem = self._read_part(marker, REPLICATED)
+        state, problem = self._parts.read(marker, REPLICATED)
         return ({}, problem) if problem else ({"own": own, "replicated": state}, None)
-
-    def _read_part(self, marker: CommitMarker, name: str) -> Tuple[Any, Optional[str]]:
-        with opened_verified(self.storage, marker.step, name, marker.parts.get(name)) as (part, problem):
-            if problem:
-                return {}, f"rank {self.rank}: {problem}"
-            if part is None:  # never: opened_verified gives the part or what is wrong with it
-                raise CheckpointError(f"rank {self.rank}: {name} was neither opened nor found wrong")
-            return self._deserialize(name, part)
-
-    def _deserialize(self, name: str, part: VerifiedPart) -> Tuple[Any, Optional[str]]:
-        """The part's objects; a part that torch's weights-only loader refuses (an object outside
-        its allow-list: a class of the script's, a numpy array, or a planted pickle) is a problem
-        every rank stops at, with the way out.
-
-        A mapped part is loaded without a read into memory, each storage then copied out
-        (tensors sharing storage stay sharing): the state must not depend on a file that
-        retention, or another node, may delete. A storage saved from a CUDA device goes to this
-        rank's current device (worker_lib.staging.restore_location)."""
-        import pickle
-
-        import torch
-
-        def load(weights_only: bool) -> Any:
-            where = restore_location(copy_cpu=part.mapped)
-            return torch.load(part.source, map_location=where, weights_only=weights_only, mmap=part.mapped)
-
-        if self._trusted:
-            return load(weights_only=False), None
-        try:
-            return load(weights_only=True), None
-        except pickle.UnpicklingError as err:
-            lister = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)  # torch 2.5+
-            if not isinstance(part.source, str):  # the bytes read (not mapped): from their start again
-                part.source.seek(0)
-            unsafe = lister(part.source) if lister is not None else []
-            return {}, (
-                f"rank {self.rank}: {name} {REFUSED} ({', '.join(unsafe) or str(err).splitlines()[0]}): "
-                "allow them with torch.serialization.add_safe_globals([...]) before ft.init(), or, if "
-                "only you can write this storage, ft.init(trusted_checkpoints=True)"
-            )
 
 
 def _done() -> None:

@@ -1,6 +1,6 @@
 """One memory-tier slot's files, and the thread that finishes a CUDA snapshot.
 
-    rank_<r>.<k>          the flat buffer: every tensor's bytes at its offset (worker_lib.flat);
+    rank_<r>.<k>          the flat buffer: every tensor's bytes at its offset (worker_lib.checkpoint.flat);
                           mapped by the rank (shared), registered with CUDA where the state is on
                           a GPU, so the device's copy lands in it directly
     rank_<r>.<k>.index    names, dtypes, shapes, offsets, devices, and the state's other objects
@@ -26,9 +26,9 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from worker_lib.commit import CheckpointError
-from worker_lib.flat import Layout
-from worker_lib.staging import HostBuffer, mib, read_into
+from worker_lib.checkpoint.commit import CheckpointError
+from worker_lib.checkpoint.flat import Layout
+from worker_lib.checkpoint.staging import HostBuffer, mib, read_into
 
 __all__ = ["Finisher", "NoRoom", "Record", "SlotFiles"]
 

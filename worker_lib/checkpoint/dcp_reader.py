@@ -10,7 +10,7 @@ page cache in 0.04 s against DCP's own 0.07-0.14 s (docs/benchmarks.md).
 Anything else, a tensor whose pickle holds more than a plain dense tensor, a compressed or
 big-endian record, falls back to ``torch.load`` of that item alone; files written through
 DCP's extensions (transforms) go to DCP's own reader whole. The bytes were checked against
-the commit marker before any of this runs (worker_lib.dcp), so nothing here reads unchecked
+the commit marker before any of this runs (worker_lib.checkpoint.dcp), so nothing here reads unchecked
 data.
 """
 

@@ -19,7 +19,7 @@ from typing import BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple, Ty
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from worker_lib import checksum
+from worker_lib.core import checksum
 
 __all__ = ["Storage", "StorageError"]
 

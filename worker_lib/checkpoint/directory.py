@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterator, NamedTuple, Optional, Tuple
 
-from worker_lib.checkpoint import CheckpointError, CheckpointManager
-from worker_lib.marker import CommitMarker, read_verified, step_dir
+from worker_lib.checkpoint.manager import CheckpointError, CheckpointManager
+from worker_lib.checkpoint.marker import CommitMarker, read_verified, step_dir
 
 __all__ = ["CommittedDir", "save_directory", "latest_directory", "node_cache_root"]
 

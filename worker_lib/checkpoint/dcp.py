@@ -13,7 +13,7 @@ adds on top:
 - **The vote.** At the load every rank verifies its share of the newest committed step's files;
   the ranks agree through the job's store and fall back step by step on damage, as for parts.
 - **The read.** A local folder's files are read through a mapping, each tensor copied once into
-  the state (worker_lib.dcp_reader); other storage through DCP's fsspec reader.
+  the state (worker_lib.checkpoint.dcp_reader); other storage through DCP's fsspec reader.
 - **Asynchronous by default.** ``dcp.async_save`` writes in the background, its collectives on
   a gloo group of their own, so they never interleave with the training loop's. The state is
   staged by ``PinnedStager``: copied into the manager's staging buffer (pinned where the state
@@ -30,11 +30,11 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from worker_lib import contract as c
-from worker_lib.checkpoint import Checkpoint, CheckpointError, CheckpointManager
-from worker_lib.flat import split
-from worker_lib.marker import CommitMarker, PartEntry, step_dir
-from worker_lib.staging import StagingArea
+from worker_lib.checkpoint.flat import split
+from worker_lib.checkpoint.manager import Checkpoint, CheckpointError, CheckpointManager
+from worker_lib.checkpoint.marker import CommitMarker, PartEntry, step_dir
+from worker_lib.checkpoint.staging import StagingArea
+from worker_lib.core import contract as c
 
 __all__ = ["FOLDER", "PinnedStager", "load_dcp", "save_dcp", "snapshot_dcp"]
 
@@ -120,9 +120,9 @@ def load_dcp(manager: CheckpointManager, into: Any) -> Optional[Checkpoint]:
 
 def _reader(manager: CheckpointManager, step: int):
     """DCP's reader for ``step``: a local folder's files are read through a mapping, each
-    tensor copied once (worker_lib.dcp_reader); any other storage through DCP's fsspec reader."""
+    tensor copied once (worker_lib.checkpoint.dcp_reader); any other storage through DCP's fsspec reader."""
     if manager.storage.is_local:
-        from worker_lib.dcp_reader import MappedReader
+        from worker_lib.checkpoint.dcp_reader import MappedReader
 
         return MappedReader(manager.storage.path(step_dir(step), FOLDER))
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader

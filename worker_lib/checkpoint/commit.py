@@ -12,9 +12,16 @@ import logging
 import threading
 from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
-from worker_lib.marker import MARKER, CommitMarker, PartEntry, committed_steps, step_dir, step_numbers
-from worker_lib.retention import CommittedStep, RetentionPolicy
-from worker_lib.storage import Storage
+from worker_lib.checkpoint.marker import (
+    MARKER,
+    CommitMarker,
+    PartEntry,
+    committed_steps,
+    step_dir,
+    step_numbers,
+)
+from worker_lib.checkpoint.retention import CommittedStep, RetentionPolicy
+from worker_lib.core.storage import Storage
 
 __all__ = [
     "CheckpointError",

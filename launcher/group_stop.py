@@ -1,0 +1,129 @@
+"""How one node's group stops: asked by another node (a failure there, a stop, a resize), the
+cooperative stop (the ranks save at one agreed step and leave), the signals and the grace period,
+and the kill after an error of the supervisor's own. The attempt runner decides when; this acts."""
+
+import signal
+from typing import Callable, List, Optional
+
+from launcher.cluster.wire import Interrupt, InterruptKind
+from launcher.core.config import LaunchConfig
+from launcher.core.events import EventLog, PeerInterrupt, Say, StopRequested
+from launcher.core.failures import Failure
+from launcher.core.group_state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine
+from launcher.core.outcomes import AttemptOutcome
+from launcher.core.results import AttemptResult
+from launcher.core.stopping import CooperativeStop, StepRate
+from launcher.hangs.board import HeartbeatBoard
+from launcher.process.signals import SignalInbox
+from launcher.process.workers import Exit, WorkerGroup
+from launcher.roles.base import Role
+
+__all__ = ["GroupStop", "stopped_by_signal"]
+
+_TURN_S = 0.05  # how often a cooperative stop looks at the group
+
+
+def stopped_by_signal(attempt: int, signum: Optional[int]) -> AttemptResult:
+    return AttemptResult(attempt, AttemptOutcome.stopped_by(signum), signum=signum)
+
+
+class GroupStop:
+    """``record_exit(attempt, exited, failures)``: the runner's record of a rank's exit."""
+
+    def __init__(
+        self,
+        config: LaunchConfig,
+        events: EventLog,
+        signals: SignalInbox,
+        say: Say,
+        record_exit: Callable[[int, Exit, List[Failure]], None],
+    ) -> None:
+        self.config = config
+        self._events = events
+        self._signals = signals
+        self._say = say
+        self._record_exit = record_exit
+
+    def by_peer(
+        self,
+        machine: GroupStateMachine,
+        group: WorkerGroup,
+        board: HeartbeatBoard,
+        rate: StepRate,
+        remote: Interrupt,
+        role: Role,
+    ) -> AttemptResult:
+        """Another node failed, was lost, or was asked to stop: this node's ranks stop too."""
+        attempt = machine.attempt
+        self._events.emit(PeerInterrupt(attempt, remote.node, remote.kind.value, remote.detail))
+        if remote.kind is InterruptKind.STOP:
+            self._say(f"attempt {attempt}: node {remote.node} was asked to stop; stopping with it")
+            self.ask(attempt, group, board, rate, role)
+            # A signal of this node's own meanwhile is the same request (SLURM signals every node).
+            self._signals.answer_first()
+            return stopped_by_signal(attempt, remote.signum)
+        if remote.kind is InterruptKind.RESIZE:
+            self._say(f"attempt {attempt}: {remote.detail}; the group stops to restart with it")
+            if not self.ask(attempt, group, board, rate, role) and group.running():
+                # Nothing says where the script saves: stop now, as torchrun restarts its workers
+                # for a waiting node; what its ranks did since their own last save is redone.
+                self._say(
+                    f"attempt {attempt}: not every rank calls ft.should_stop, so none can be asked to "
+                    "save first: the workers are stopped now and restart on the larger job at once"
+                )
+            return AttemptResult(
+                attempt, AttemptOutcome.RESIZED, cause=f"node {remote.node}: {remote.detail}"
+            )
+        cause = f"node {remote.node}: {remote.detail}"
+        self._say(f"attempt {attempt}: stopping this node's workers ({cause})")
+        machine.transition(GroupState.FAILED, root_cause=cause)
+        return AttemptResult(attempt, AttemptOutcome.FAILED, cause=cause)
+
+    def ask(self, attempt: int, group: WorkerGroup, board: HeartbeatBoard, rate: StepRate, role: Role) -> int:
+        """When every rank calls ft.should_stop(step), give them the grace period to reach a step
+        chosen for all, save it and leave, before any signal reaches them. Returns that step (0:
+        none was asked)."""
+
+        def turn() -> bool:
+            for exited in group.poll():
+                self._record_exit(attempt, exited, [])  # an event; exits here are not failures
+            if group.all_exited():
+                return True
+            self._signals.wait(_TURN_S)
+            return False
+
+        stop = CooperativeStop(
+            self.config.group.grace_period, role.agree_stop_step, self.cut_short, self._say
+        )
+        return stop.ask(
+            group, board, rate, lambda step: self._events.emit(StopRequested(attempt, step)), turn
+        )
+
+    def stop(self, machine: GroupStateMachine, group: WorkerGroup, result: AttemptResult) -> None:
+        """Stop the whole group. After a success this only sweeps up leftover grandchildren."""
+        succeeded = result.outcome is AttemptOutcome.SUCCEEDED
+        if not succeeded:
+            machine.transition(GroupState.STOPPING)
+        first_signal = result.signum if result.outcome.stopped_by_signal and result.signum else signal.SIGTERM
+        report = group.stop(first_signal, self.config.group.grace_period, abort=self.cut_short)
+        if report.survivors:
+            self._say(f"could not stop pids {report.survivors} (uninterruptible?); left behind")
+        if not succeeded:
+            machine.transition(
+                GroupState.STOPPED,
+                killed=report.killed,
+                seconds=round(report.seconds, 3),
+                survivors=report.survivors,
+            )
+
+    def kill(self, machine: GroupStateMachine, group: WorkerGroup) -> None:
+        """Whatever went wrong in the supervisor itself, no worker outlives this attempt."""
+        if GroupState.STOPPING in ALLOWED_TRANSITIONS[machine.state]:
+            machine.transition(GroupState.STOPPING)
+        group.stop(signal.SIGKILL, 0.0, abort=lambda: True)
+        if machine.state is GroupState.STOPPING:
+            machine.transition(GroupState.STOPPED, killed=True)
+
+    def cut_short(self) -> bool:
+        """A second Ctrl+C (or any second signal) skips the rest of the grace period."""
+        return len(self._signals.received) >= 2
