@@ -185,13 +185,15 @@ def _kill_supervisor(
     return fault
 
 
-def _stop_supervisor(low: float, high: float):
-    """SIGSTOP of a random node's supervisor for ``low``..``high`` x --node-timeout, then SIGCONT."""
+def _stop_supervisor(low: float, high: float, node: Optional[int] = None):
+    """SIGSTOP of a node's supervisor (``node``, or one drawn from the seed) for ``low``..``high``
+    x --node-timeout, then SIGCONT."""
 
     def fault(job: NodeJob, rng: random.Random) -> Trial:
-        node = rng.randrange(job.nnodes)
+        node_drawn = rng.randrange(job.nnodes)
+        stopped = node_drawn if node is None else node
         time.sleep(_moment(rng))
-        proc = job.procs[node]
+        proc = job.procs[stopped]
         landed = proc.poll() is None
         if landed:
             os.kill(proc.pid, signal.SIGSTOP)
@@ -282,6 +284,12 @@ FAULTS = {
     ),
     "stop-short": Fault("a supervisor stopped for less than --node-timeout", _stop_supervisor(0.2, 0.6)),
     "stop-long": Fault("a supervisor stopped for more than --node-timeout", _stop_supervisor(1.5, 3.0)),
+    "leader-stop-short": Fault(
+        "node 0's supervisor stopped for less than --node-timeout", _stop_supervisor(0.2, 0.6, node=0)
+    ),
+    "leader-stop-long": Fault(
+        "node 0's supervisor stopped for more than --node-timeout", _stop_supervisor(1.5, 3.0, node=0)
+    ),
     "worker-kill": Fault("a follower's worker kill -9", _kill_worker),
     "meeting-kill": Fault(
         "a follower's supervisor kill -9 while the nodes meet, relaunched at once",
