@@ -24,6 +24,20 @@ def _elastic(launcher, tmp_path, nodes: int, *run_name_and_script, fewest: int, 
     return Job(launcher, tmp_path, nodes, *options, *run_name_and_script, fewest=fewest)
 
 
+def _start_every_node_at_once(job: Job) -> Job:
+    """The followers first, each until it polls for node 0, then node 0: they all join node 0's
+    first round within its last call however slowly this machine starts the supervisors (a
+    follower still importing after the last call made the first attempt a smaller one, and every
+    attempt number after it moved)."""
+    followers = [rank for rank in range(job.nnodes) if rank != 0]
+    for rank in followers:
+        job.start(rank)
+    for rank in followers:
+        job.nodes[rank].read_console_until(lambda line: "waiting for node 0 at" in line, 120, stream="stderr")
+    job.start(0)
+    return job
+
+
 def _world_sizes(stdout: str) -> dict:
     """(rank, attempt) → the WORLD_SIZE that rank saw, from what the ranks printed."""
     found = re.findall(r"rank (\d+) attempt (\d+) has WORLD_SIZE (\d+)", stdout)
@@ -56,14 +70,7 @@ def test_a_lost_node_shrinks_the_job_and_its_relaunch_grows_it_back_without_losi
         fewest=2,
         last_call=10,  # the first round waits for all three however loaded the machine (1 s did not)
     )
-    # The followers first, each until it polls for node 0: they join node 0's first round within
-    # its 1 s last call, however slowly this machine starts three supervisors (a node 2 still
-    # importing after the last call made attempt 0 a 2-node one, and every attempt number moved).
-    for rank in (1, 2):
-        job.start(rank)
-    for rank in (1, 2):
-        job.nodes[rank].read_console_until(lambda line: "waiting for node 0 at" in line, 120, stream="stderr")
-    node0 = job.start(0)
+    node0 = _start_every_node_at_once(job).nodes[0]
     first = node0.wait_for_event(NodesMet, lambda e: e.nodes == [0, 1, 2], timeout=90)
     node0.read_console_until(lambda line: "attempt 0 has WORLD_SIZE 3" in line, timeout=60)
     wait_for_files(tmp_path / "runs" / "elastic" / "checkpoints", "step_*/COMMITTED", 1, timeout=60)
@@ -212,8 +219,9 @@ def test_below_its_fewest_nodes_the_job_waits_and_goes_on_when_one_comes_back(la
         "--out",
         str(tmp_path / "out.pt"),
         fewest=2,
-    ).start_all()
-    node0 = job.nodes[0]
+        last_call=10,  # the first round waits for all three however loaded the machine
+    )
+    node0 = _start_every_node_at_once(job).nodes[0]
     node0.wait_for_event(NodesMet, lambda e: e.nodes == [0, 1, 2], timeout=90)
     wait_for_files(tmp_path / "runs" / "few" / "checkpoints", "step_*/COMMITTED", 1, timeout=60)
     for node in (1, 2):

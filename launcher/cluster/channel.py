@@ -192,9 +192,12 @@ class AttemptChannel:
         node's, the step all ranks stop at; 0: none (a rank cannot be asked, or a node did not
         answer within --node-timeout)."""
         self._answered_stop = True
+        # This node's own first signal during the agreement is the same request (SLURM signals
+        # every node at once): only a second one (Ctrl+C again: now) ends the wait.
+        since = max(1, len(self._signals.received))
         try:
             self._call("set", f"stop/{self.node}", reading_to_json(reading or StopReading.idle()))
-            if not self._wait_all("stop", limit=self.spec.node_timeout):
+            if not self._wait_all("stop", limit=self.spec.node_timeout, since=since):
                 return 0
             readings = [reading_from_json(self._get(f"stop/{n}")) for n in self._nodes]
         except (LeaderUnreachable, SignalReceived):

@@ -1,6 +1,7 @@
 """The nodes' attempt channel over an in-process store (torch's HashStore): node 0's and a
 follower's ends in one process, time and signals real but short."""
 
+import signal
 import threading
 import time
 
@@ -256,3 +257,46 @@ def test_nothing_is_sized_by_the_largest_job_a_node_could_join(store):
 def test_a_node_refuses_a_plan_that_is_not_a_whole_job(plan, fewest, problem):
     found = plan_problem(plan, node=1, nproc=2, fewest=fewest, nnodes=2)
     assert (problem in found and bool(found)) if problem else found == ""
+
+
+def _until(condition, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.01)
+
+
+def test_a_nodes_own_first_signal_during_the_agreement_is_the_same_request(store):
+    """SLURM signals every node at once: node 1 is agreeing on the stop step node 0 asked for when
+    its own SIGUSR1 arrives. That one must not end the agreement: node 1's ranks would not be told
+    the step, and node 0's would wait for them in a collective."""
+    inbox = Inbox()
+    leader, follower = _met(store, follower_inbox=inbox)
+    steps = {}
+    thread = threading.Thread(
+        target=lambda: steps.update(f=follower.agree_stop_step(StopReading(True, 9, 0.0)))
+    )
+    thread.start()
+    _until(lambda: store.check(["stop/1"]))  # node 1 has said its reading and waits for node 0's
+    inbox.received.append(signal.SIGUSR1)
+    steps["l"] = leader.agree_stop_step(StopReading(True, 12, 1.0))
+    thread.join(5)
+    assert steps == {"l": 16, "f": 16}
+    leader.close(), follower.close()
+
+
+def test_a_second_signal_during_the_agreement_ends_it(store):
+    """Ctrl+C again: now. Node 0 never answers here and node 1 would wait its whole --node-timeout
+    (an hour): it returns at once, with no step."""
+    inbox = Inbox()
+    follower = FollowerChannel(store, ChannelSpec(1, 2, 3600.0, "127.0.0.1:0"), inbox)
+    steps = {}
+    thread = threading.Thread(
+        target=lambda: steps.update(f=follower.agree_stop_step(StopReading(True, 9, 0.0)))
+    )
+    thread.start()
+    _until(lambda: store.check(["stop/1"]))
+    inbox.received += [signal.SIGUSR1, signal.SIGINT]
+    thread.join(5)
+    assert not thread.is_alive() and steps == {"f": 0}
+    follower.close()
