@@ -15,12 +15,11 @@ from launcher.core.results import AttemptResult
 from launcher.core.stopping import CooperativeStop, StepRate
 from launcher.hangs.board import HeartbeatBoard
 from launcher.process.signals import SignalInbox
+from launcher.process.waiting import LOOK_S
 from launcher.process.workers import Exit, WorkerGroup
 from launcher.roles.base import Role
 
 __all__ = ["GroupStop", "stopped_by_signal"]
-
-_TURN_S = 0.05  # how often a cooperative stop looks at the group
 
 
 def stopped_by_signal(attempt: int, signum: Optional[int]) -> AttemptResult:
@@ -89,7 +88,7 @@ class GroupStop:
                 self._record_exit(attempt, exited, [])  # an event; exits here are not failures
             if group.all_exited():
                 return True
-            self._signals.wait(_TURN_S)
+            self._signals.wait(LOOK_S)  # a wait's look, as every wait's
             return False
 
         stop = CooperativeStop(

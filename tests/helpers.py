@@ -247,6 +247,18 @@ def _wait_for_none(marker: str, timeout: float) -> List[psutil.Process]:
     return _until_none(lambda: processes_with_marker(marker), timeout)
 
 
+def until(predicate: Callable[[], object], timeout: float = 10.0, look: float = 0.01) -> object:
+    """``predicate()``'s first true value within ``timeout`` s (evidence, never a fixed sleep);
+    an AssertionError past it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"not within {timeout:g} s"
+        time.sleep(look)
+
+
 def _until_none(look: Callable[[], list], timeout: float) -> list:
     """``look()`` until it finds nothing or ``timeout`` s pass; what it found last."""
     deadline = time.monotonic() + timeout

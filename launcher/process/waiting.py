@@ -5,7 +5,7 @@ differs), and asks this object everything else, so that none can forget its dead
 The clock is passed in: the unit tests drive a wait with a fake clock and a fake inbox."""
 
 import time
-from typing import Callable, List, Optional, Protocol
+from typing import Callable, Dict, List, Optional, Protocol
 
 from launcher.grammar.errors import SignalReceived
 
@@ -42,7 +42,7 @@ class Wait:
         self._clock = clock
         self.started = clock()
         self.deadline = self.started + limit
-        self._said_at: dict = {}
+        self._said_at: Dict[str, float] = {}  # what ``due`` names → when it is due next
 
     @property
     def expired(self) -> bool:

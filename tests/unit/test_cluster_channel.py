@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from helpers import until
 from torch.distributed import HashStore
 
 from launcher.cluster.channel import ChannelSpec
@@ -259,13 +260,6 @@ def test_a_node_refuses_a_plan_that_is_not_a_whole_job(plan, fewest, problem):
     assert (problem in found and bool(found)) if problem else found == ""
 
 
-def _until(condition, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "never happened"
-        time.sleep(0.01)
-
-
 def test_a_nodes_own_first_signal_during_the_agreement_is_the_same_request(store):
     """SLURM signals every node at once: node 1 is agreeing on the stop step node 0 asked for when
     its own SIGUSR1 arrives. That one must not end the agreement: node 1's ranks would not be told
@@ -277,7 +271,7 @@ def test_a_nodes_own_first_signal_during_the_agreement_is_the_same_request(store
         target=lambda: steps.update(f=follower.agree_stop_step(StopReading(True, 9, 0.0)))
     )
     thread.start()
-    _until(lambda: store.check(["stop/1"]))  # node 1 has said its reading and waits for node 0's
+    until(lambda: store.check(["stop/1"]))  # node 1 has said its reading and waits for node 0's
     inbox.received.append(signal.SIGUSR1)
     steps["l"] = leader.agree_stop_step(StopReading(True, 12, 1.0))
     thread.join(5)
@@ -295,7 +289,7 @@ def test_a_second_signal_during_the_agreement_ends_it(store):
         target=lambda: steps.update(f=follower.agree_stop_step(StopReading(True, 9, 0.0)))
     )
     thread.start()
-    _until(lambda: store.check(["stop/1"]))
+    until(lambda: store.check(["stop/1"]))
     inbox.received += [signal.SIGUSR1, signal.SIGINT]
     thread.join(5)
     assert not thread.is_alive() and steps == {"f": 0}

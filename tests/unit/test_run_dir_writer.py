@@ -8,6 +8,7 @@ import os
 import time
 
 import pytest
+from helpers import until
 
 from launcher.grammar.errors import RunLost, StorageLost
 from launcher.runs import writer as writer_module
@@ -33,13 +34,6 @@ def _answer(lock, held: bytes) -> None:
     except BrokenPipeError:  # fsspec's reader gave up on the FIFO (it seeks): it retries on the file
         pass
     os.close(fifo)
-
-
-def _until(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "not within the deadline"
-        time.sleep(0.01)
 
 
 def test_the_newest_write_of_a_file_wins_and_the_lock_goes_at_close(tmp_path):
@@ -90,7 +84,7 @@ def test_storage_that_does_not_answer_ends_the_run_after_the_lease_and_no_wait_h
         assert time.monotonic() - started < 5.0
     finally:
         _answer(lock, held)
-    _until(lambda: not writer._thread.is_alive())  # once storage answers, the thread ends
+    until(lambda: not writer._thread.is_alive())  # once storage answers, the thread ends
 
 
 def test_a_stopped_supervisor_does_not_blame_storage_for_its_own_silence(tmp_path, monkeypatch):
