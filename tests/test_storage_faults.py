@@ -22,6 +22,7 @@ from storage_servers import start_gcs
 from launcher.core.events import Transition
 from launcher.core.group_state import GroupState
 from launcher.grammar.errors import ExitCode
+from launcher.runs.directory import RunDir
 
 pytestmark = pytest.mark.timeout(300)  # storage's own retries last minutes; the tests wait out a few
 
@@ -100,7 +101,15 @@ def _start(launcher, emulator: Emulator, tmp_path: Path, *options: str):
         WAITER, "--go-file", str(tmp_path / "go"), env=emulator.env,
     )  # fmt: skip
     launch.read_console_until(lambda line: "waits for" in line, timeout=120)
+    # The run dir is written by a thread of its own: the worker may be up before run.json is in
+    # storage. The faults start once storage holds the running attempt, as a relaunch needs it.
+    _bounded(lambda: _running_attempt_recorded(f"gs://{emulator.bucket}/runs/deaf"), timeout=60)
     return launch
+
+
+def _running_attempt_recorded(where: str) -> bool:
+    state = RunDir(where).read_state()
+    return state is not None and bool(state.attempts) and state.attempts[-1].outcome is None
 
 
 def _bounded(predicate, timeout: float) -> None:

@@ -25,7 +25,9 @@ import os, sys, time
 from pathlib import Path
 folder = Path(sys.argv[1])
 rank, attempt = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
-(folder / f"rank_{rank}.attempt_{attempt}.pid").write_text(str(os.getpid()))
+mark = folder / f"rank_{rank}.attempt_{attempt}.pid"
+(folder / f"{mark.name}.tmp").write_text(str(os.getpid()))
+(folder / f"{mark.name}.tmp").rename(mark)  # whole, or not there at all: the test reads it at once
 go = folder / f"go.{attempt}"
 deadline = time.monotonic() + 120
 while not go.exists() and time.monotonic() < deadline:
