@@ -108,6 +108,10 @@ def test_node_0_stopped_past_the_node_timeout_is_waited_for_and_the_job_resumes(
     assert state.attempts[0].outcome.value == "NODE_LOST", state.attempts[0]
     blamed = state.attempts[0].failures[0]
     assert blamed.node == 0 and "its supervisor did not run for" in blamed.detail, blamed
+    # Node 1 left the attempt because node 0 was silent: it is not named lost as well, and
+    # nothing needs relaunching (it did, after a 5 s freeze: "node 1 ... lost: no sign of life").
+    assert {f.node for f in state.attempts[0].failures} == {0}, state.attempts[0].failures
+    assert "must be relaunched" not in job.nodes[0].stderr
     assert job.survivors() == []
 
 

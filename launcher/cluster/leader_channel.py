@@ -8,7 +8,7 @@ from typing import Dict, List, Tuple
 
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
 from launcher.cluster.rendezvous import RoundFailed
-from launcher.cluster.wire import JobVerdict, NodeInfo, NodeReport, RoundPlan
+from launcher.cluster.wire import Interrupt, JobVerdict, NodeInfo, NodeReport, RoundPlan
 from launcher.core.beats import NodeRow, ProgressRow
 from launcher.core.failures import Failure, NodeLostFailure
 from launcher.grammar.errors import SignalReceived
@@ -26,6 +26,7 @@ class LeaderChannel(AttemptChannel):
         # No node is watched before it announces itself: nothing here is sized by --nnodes MAX.
         super().__init__(store, spec, signals, watched=[])
         self._infos: Dict[int, NodeInfo] = {}
+        self._lost_at: Dict[int, float] = {}  # node → when it was declared lost (monotonic)
 
     def node_infos(self, count: int, limit: float) -> Dict[int, NodeInfo]:
         """The announcements of all ``count`` nodes of the round. One that has not announced
@@ -59,7 +60,11 @@ class LeaderChannel(AttemptChannel):
         return [{"node": i.node, "host": i.host, "pid": i.pid} for _, i in sorted(self._infos.items())]
 
     def lost_failures(self) -> List[Failure]:
-        """The nodes declared lost, as failures."""
+        """The nodes declared lost, as failures. After this node's own stall (``left_by_all``) a
+        node found silent since is not among them: it lost node 0 and left for the next round,
+        which is the stall's doing, named by ``own_stall``; whether it still lives, that round
+        shows."""
+        after = self._beater.stalled_until if self.left_by_all else float("inf")
         return [
             NodeLostFailure(
                 node=n,
@@ -69,7 +74,18 @@ class LeaderChannel(AttemptChannel):
                 observed_at=time.monotonic(),
             )
             for n in sorted(self._lost)
+            if self._lost_at.get(n, 0.0) < after
         ]
+
+    def _declare_lost(self, node: int, why: str) -> Interrupt:
+        self._lost_at[node] = time.monotonic()
+        return super()._declare_lost(node, why)
+
+    @property
+    def left_by_all(self) -> bool:
+        """This process did not run for --node-timeout or more: every other node lost it and left
+        the attempt, so none will report or read a verdict here."""
+        return bool(self.own_stall())
 
     def _silences(self) -> Dict[int, float]:
         """As every node judges silence, but node 0 hosts the store the counters live in: while
@@ -135,7 +151,7 @@ class LeaderChannel(AttemptChannel):
             texts = self._call("multi_get", [f"report/{n}" for n in new]) if new else []
             reports.update((n, NodeReport.from_json(text.decode())) for n, text in zip(new, texts))
             missing = [n for n in self._nodes if n not in reports and n not in self._lost]
-            if not missing:
+            if not missing or self.left_by_all:
                 break
             if wait.expired:
                 for n in missing:
@@ -156,6 +172,8 @@ class LeaderChannel(AttemptChannel):
         (the verdict: ``acked``; a refused plan: ``planned``), within --node-timeout. A node whose
         liveness counter stands still meanwhile (its supervisor is gone) is not waited for, and
         a signal that arrives ends the wait."""
+        if self.left_by_all:
+            return
         waiting = {n for n in self._nodes if n != self.node and n not in self._lost}
         wait = self._wait(self.spec.node_timeout)
         try:

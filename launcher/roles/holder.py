@@ -6,6 +6,7 @@ from typing import List, Optional, Tuple
 
 from launcher.core.config import LaunchConfig
 from launcher.core.events import Decision, EventLog, Say
+from launcher.core.failures import NodeLostFailure
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.policy import RestartPolicy, Verdict
 from launcher.core.records import AttemptEntry
@@ -113,10 +114,12 @@ class RunHolder(Role):
             return None, 0.0
         if result.outcome is AttemptOutcome.NODE_LOST:  # a supervisor, not the workers: no budget
             self._events.emit(Decision(number, "node_lost", result.cause, 0.0))
+            # A node that only stalled runs again by itself; a dead supervisor has to be relaunched.
+            dead = any(isinstance(f, NodeLostFailure) and not f.stalled for f in result.failures)
+            relaunch = " (a lost node's ftlaunch must be relaunched)" if dead else ""
             self._say(
                 f"attempt {number} ended: {result.cause}; not a worker failure (not counted against "
-                "--max-failures): the job restarts once every node is back in the rendezvous (a lost "
-                "node's ftlaunch must be relaunched)"
+                f"--max-failures): the job restarts once every node is back in the rendezvous{relaunch}"
             )
             return None, 0.0
         decision = self._policy.after_failure(self.run.state.history(), time.time())

@@ -251,7 +251,7 @@ class Leader(RunHolder):
 
     def _same_nodes_again(self) -> bool:
         """The next attempt may keep this round when no node was lost and none waits to join."""
-        if self.channel.lost_failures():
+        if self.channel.lost_failures() or self.channel.left_by_all:  # the others meet anew
             return False
         try:
             return self._rendezvous.nodes_waiting() == 0
