@@ -166,7 +166,9 @@ def test_the_preemption_notice_to_every_process_is_one_sigterm(launcher, tmp_pat
 
     assert launch.wait() == 143
     assert "[0] rank 0 got SIGTERM" in launch.stdout and "[1] rank 1 got SIGTERM" in launch.stdout
-    assert "interrupted by SIGTERM" in launch.stderr
+    # Taken as SIGTERM, but called by the name it was sent with (it said "SIGTERM", which the
+    # user never sent).
+    assert f"interrupted by {notice.name} (the preemption notice)" in launch.stderr
     stopped = launch.events(Transition)[-1]
     assert stopped.new == "STOPPED" and stopped.killed is False  # not cut short
     assert launch.events(GuardRestarted) == []

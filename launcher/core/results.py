@@ -48,10 +48,12 @@ class RunResult:
 
 
 def ended_by_signal(
-    signum: int, attempts: List[AttemptResult], while_: str = "", *, holds_run: bool = True
+    signum: int, attempts: List[AttemptResult], while_: str = "", *, holds_run: bool = True, said_as: str = ""
 ) -> RunResult:
     """The one way a run ends for a signal: 128 + N, PREEMPTED for SIGTERM (STOPPED for the
-    others), "interrupted by SIGTERM" and where (``while_``: "while the nodes were meeting")."""
+    others), "interrupted by SIGTERM" and where (``while_``: "while the nodes were meeting").
+    ``said_as``: the name the user knows it by (the preemption notice's, recorded as SIGTERM)."""
     status = RunStatus.ended_by(AttemptOutcome.stopped_by(signum))
-    reason = f"interrupted by {signal.Signals(signum).name}" + (f" {while_}" if while_ else "")
+    name = said_as or signal.Signals(signum).name
+    reason = f"interrupted by {name}" + (f" {while_}" if while_ else "")
     return RunResult(exit_code_for_signal(signum), status, attempts, reason, holds_run=holds_run)

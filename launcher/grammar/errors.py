@@ -88,7 +88,10 @@ class JobOver(FtlaunchError):
 class SignalReceived(FtlaunchError):
     """A signal (Ctrl+C, SIGTERM, SIGHUP) came before any worker started: ftlaunch stops there."""
 
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"interrupted by {signal.Signals(signum).name} before any worker started")
+    def __init__(self, signum: int, said_as: str = "") -> None:
+        """``said_as``: the signal's name as the user sent it (the preemption notice, SIGUSR1, is
+        recorded as SIGTERM: same stop, same exit code, but its own name in what is said)."""
+        self.said_as = said_as or signal.Signals(signum).name
+        super().__init__(f"interrupted by {self.said_as} before any worker started")
         self.exit_code = exit_code_for_signal(signum)
         self.signum = signum

@@ -33,7 +33,7 @@ class SignalInbox:
         # came between the attempt's end and the wait's start.
         self.answered = 0
         self.preempt_signal: int = signal.SIGUSR1  # the one of NOTICE_SIGNALS that means "preempted"
-        self._noticed = False
+        self._noticed_at: Optional[int] = None  # where in ``received`` the notice was recorded
         self._read_fd = self._write_fd = -1
         self._previous: dict = {}
         self._previous_wakeup = -1
@@ -84,7 +84,20 @@ class SignalInbox:
     def raise_if_received(self) -> None:
         """Before any worker started, a signal simply ends the launch."""
         if self.received:
-            raise SignalReceived(self.received[0])
+            raise SignalReceived(self.received[0], self.name(0))
+
+    def name(self, index: int) -> str:
+        """What to call ``received[index]``: its name, or the preemption notice's own name when
+        that is what was recorded as SIGTERM there."""
+        if index == self._noticed_at:
+            return f"{signal.Signals(self.preempt_signal).name} (the preemption notice)"
+        return signal.Signals(self.received[index]).name
+
+    def name_of(self, signum: int) -> str:
+        """What to call the first ``signum`` received (a signal that ended the run)."""
+        if signum not in self.received:
+            return signal.Signals(signum).name
+        return self.name(self.received.index(signum))
 
     def wake(self) -> None:
         """From another thread: end the loop's current ``wait`` at once (news it must act on)."""
@@ -108,8 +121,8 @@ class SignalInbox:
             # SLURM may deliver one notice twice (to the step, and forwarded by the batch
             # script): a repeat is the same request, not the "second signal" that cuts the
             # grace period short. The other notice signal is ignored.
-            if signum != self.preempt_signal or self._noticed:
+            if signum != self.preempt_signal or self._noticed_at is not None:
                 return
-            self._noticed = True
+            self._noticed_at = len(self.received)
             signum = signal.SIGTERM
         self.received.append(signum)

@@ -15,12 +15,15 @@ LOOK_S = 0.05  # how often a wait looks again, unless it says otherwise
 
 
 class Inbox(Protocol):
-    """What a wait needs of the SignalInbox: the signals so far, and a sleep they cut short."""
+    """What a wait needs of the SignalInbox: the signals so far, a sleep they cut short, and
+    what to call one."""
 
     @property
     def received(self) -> List[int]: ...
 
     def wait(self, timeout: float) -> None: ...
+
+    def name(self, index: int) -> str: ...
 
 
 class Wait:
@@ -67,7 +70,7 @@ class Wait:
         """SignalReceived (the first signal of the wait) once one has come."""
         received = self._signals.received
         if len(received) > self._since:
-            raise SignalReceived(received[self._since])
+            raise SignalReceived(received[self._since], self._signals.name(self._since))
 
     def due(self, every: float, name: str = "say", first: Optional[float] = None) -> bool:
         """True once each ``every`` seconds of the wait, for what it does now and then (``name``

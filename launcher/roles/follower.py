@@ -208,7 +208,8 @@ class Follower(Role):
 
     def ended_waiting(self, error: FtlaunchError, attempts: List[AttemptResult]) -> RunResult:
         if isinstance(error, SignalReceived):
-            return ended_by_signal(error.signum, attempts, "while the nodes were meeting", holds_run=False)
+            while_ = "while the nodes were meeting"
+            return ended_by_signal(error.signum, attempts, while_, holds_run=False, said_as=error.said_as)
         return RunResult(error.exit_code, RunStatus.STOPPED, attempts, str(error), holds_run=False)
 
     def pause(self, seconds: float) -> None:
@@ -251,5 +252,6 @@ class Follower(Role):
 
 def _leaving(stopped: SignalReceived, local: AttemptResult) -> JobVerdict:
     """The verdict this node gives itself when a signal ends its wait for node 0's."""
-    ended = ended_by_signal(stopped.signum, [], "while waiting for node 0's verdict", holds_run=False)
+    while_ = "while waiting for node 0's verdict"
+    ended = ended_by_signal(stopped.signum, [], while_, holds_run=False, said_as=stopped.said_as)
     return JobVerdict.end(ended.exit_code, ended.status, ended.reason, local.outcome, local.failures)

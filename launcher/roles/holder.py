@@ -105,7 +105,7 @@ class RunHolder(Role):
             return RunResult(ExitCode.SUCCESS, ended, attempts, "every rank exited 0"), 0.0
         signum = result.signum if result.outcome.stopped_by_signal else self._signals.first
         if signum is not None:  # a signal while the attempt ended: no restart
-            return ended_by_signal(signum, attempts), 0.0
+            return ended_by_signal(signum, attempts, said_as=self._signals.name_of(signum)), 0.0
         number = result.attempt
         if result.outcome is AttemptOutcome.RESIZED:  # not a failure: no budget, no backoff
             why = f"the job's nodes changed: {result.cause}"
@@ -136,7 +136,8 @@ class RunHolder(Role):
 
     def ended_waiting(self, error: FtlaunchError, attempts: List[AttemptResult]) -> RunResult:
         if isinstance(error, SignalReceived):
-            return ended_by_signal(error.signum, attempts, "while the nodes were meeting")
+            while_ = "while the nodes were meeting"
+            return ended_by_signal(error.signum, attempts, while_, said_as=error.said_as)
         return RunResult(ExitCode.JOIN_TIMEOUT, RunStatus.STOPPED, attempts, str(error))
 
     def pause(self, seconds: float) -> None:

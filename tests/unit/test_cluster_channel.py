@@ -44,6 +44,9 @@ class Inbox:
     def wake(self) -> None:
         pass
 
+    def name(self, index: int) -> str:
+        return signal.Signals(self.received[index]).name
+
 
 def _ends(store, node: int, inbox=None):
     spec = ChannelSpec(node, 2, TIMEOUT, "127.0.0.1:0")

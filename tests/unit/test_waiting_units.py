@@ -3,13 +3,16 @@ holds, a signal that ends the wait only when it came during it, lines said on th
 the waits built on it (a lobby's look at an earlier holder, node 0's wait for a refused node,
 the pause between attempts) each ended by its deadline and by a signal (issue 35, item 2)."""
 
+import os
 import signal
 from typing import Dict, List
 
 import pytest
+from helpers import until
 
 from launcher.cluster.lobby import _alive
 from launcher.grammar.errors import SignalReceived
+from launcher.process.signals import SignalInbox
 from launcher.process.waiting import Wait
 
 
@@ -38,6 +41,9 @@ class FakeInbox:
             self.received.append(signum)
             return
         self.clock.now = until
+
+    def name(self, index: int) -> str:
+        return signal.Signals(self.received[index]).name
 
 
 def _wait(limit: float, inbox: FakeInbox, **kwargs) -> Wait:
@@ -112,3 +118,20 @@ def test_a_signal_ends_the_lobbys_look_at_an_earlier_holder():
     inbox = FakeInbox(clock, {0.15: signal.SIGINT})
     with pytest.raises(SignalReceived):
         _alive(CountingStore(clock, []), "elsewhere:1:2", inbox, every=0.2, clock=clock)
+
+
+def test_the_preemption_notice_is_taken_as_sigterm_and_called_by_its_own_name():
+    """A real inbox, a real SIGUSR1 to this process: recorded as SIGTERM (the same stop, exit
+    143), named SIGUSR1 in what is said, and a second copy of it is the same request."""
+    with SignalInbox() as inbox:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGUSR1)  # SLURM's copy to the step and the batch script's
+        os.kill(os.getpid(), signal.SIGINT)
+        assert until(lambda: len(inbox.received) == 2, timeout=5)
+        assert inbox.received == [signal.SIGTERM, signal.SIGINT]
+        assert inbox.name_of(signal.SIGTERM) == "SIGUSR1 (the preemption notice)"
+        assert inbox.name(1) == "SIGINT"
+        with pytest.raises(SignalReceived) as raised:
+            inbox.raise_if_received()
+    assert raised.value.signum == signal.SIGTERM and raised.value.exit_code == 143
+    assert str(raised.value) == "interrupted by SIGUSR1 (the preemption notice) before any worker started"
