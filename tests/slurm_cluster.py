@@ -139,6 +139,7 @@ class SlurmCluster:
                 if proc.info["name"] == "slurmstepd" and proc.info["create_time"] >= self._started_at:
                     proc.kill()
             self._remove_hosts_line()
+            shutil.rmtree(self.root, ignore_errors=True)  # its config, spool and logs: /tmp kept clean
 
     def run(self, *argv: str, check: bool = True) -> str:
         done = subprocess.run(
