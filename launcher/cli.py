@@ -87,9 +87,9 @@ ENV_PREFIX = "FTLAUNCH"
     "--fork-server/--no-fork-server",
     default=True,
     show_default=True,
-    help="Fork each worker from a process that has already imported torch and the script's imports, "
-    "instead of starting a new interpreter: restarts in a fraction of the time. The result of a run "
-    "does not depend on it.",
+    help="Fork each worker from a process that has already imported torch and ftlaunch's modules "
+    "(and --preload's), instead of starting a new interpreter: restarts in a fraction of the time. The "
+    "result of a run does not depend on it.",
 )
 @click.option(
     "--preload",
