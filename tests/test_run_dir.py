@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import ACTOR, SCRIPTS, read_logged, run_state, wait_for_files
 
-from launcher.core.events import RunStart, Transition
+from launcher.core.events import Decision, Resume, RunStart, StopRequested, Takeover, Transition, of_kind
 
 BEATER = str(SCRIPTS / "beater.py")
 
@@ -36,8 +36,10 @@ def test_relaunch_after_kill_9_of_the_supervisor_resumes_the_run(launcher, tmp_p
     second = launcher.run(*command, log_dir=tmp_path / "logs", timeout=120)
 
     assert second.proc.returncode == 0, second.stderr
-    assert "took the run over from" in second.stderr and ": dead" in second.stderr
-    assert "resuming (RUNNING, 1 attempt(s), newest committed step" in second.stderr
+    taken = read_logged(runs / "beater" / "events.jsonl")
+    assert [f.event.why for f in of_kind(taken, Takeover)] == ["dead"]
+    assert [(f.event.previous_status, f.event.attempts) for f in of_kind(taken, Resume)] == [("RUNNING", 1)]
+    assert "took the run over from" in second.stderr  # and the user is told
     resumed = [int(s) for s in _starts(second.stdout, attempt=1)]
     assert len(resumed) == 2 and resumed[0] == resumed[1] >= 41  # from a step committed before the kill
     state = run_state(runs / "beater")
@@ -66,7 +68,7 @@ def test_a_preempted_run_saves_one_step_on_every_rank_and_resumes_from_it(launch
     stops = re.findall(r"rank (\d) stopped at step (\d+) on request", first.stdout)
     assert len(stops) == 2 and stops[0][1] == stops[1][1], first.stdout  # one step, chosen for all
     step = int(stops[0][1])
-    assert "asking the workers to save and stop at step" in first.stderr
+    assert [(e.attempt, e.at_step) for e in first.events(StopRequested)] == [(0, step)]
     assert (runs / "beater" / "checkpoints" / f"step_{step}" / "COMMITTED").exists()
     assert run_state(runs / "beater").status == "PREEMPTED"
 
@@ -395,6 +397,8 @@ def test_backoff_waits_between_restarts_that_make_no_progress(launcher):
     )
 
     assert launch.proc.returncode == 0, launch.stderr
+    # The first restart goes at once; the second follows one without progress: 1 s first.
+    assert [d.delay for d in launch.events(Decision)] == [0.0, 1.0], launch.events(Decision)
     assert "waiting 1 s first (backoff)" in launch.stderr
     running = [found.t_mono for found in launch.logged(Transition) if found.event.new == "RUNNING"]
     stopped = [found.t_mono for found in launch.logged(Transition) if found.event.new == "STOPPED"]
