@@ -6,11 +6,16 @@ import os
 import re
 import signal
 
+import pytest
 from helpers import SCRIPTS, run_state, wait_for_files
 from test_many_nodes import Job, _status_table
 
 from launcher.core.events import Decision, NodesMet, StopRequested
 from launcher.core.outcomes import AttemptOutcome
+
+# Several launches (a fault-free run, relaunches), each with its own bounded waits: on a loaded
+# machine more than the suite's 120 s. The limit is a hang guard, not a measure of speed.
+pytestmark = pytest.mark.timeout(300)
 
 TRAIN = str(SCRIPTS / "ckpt_train.py")
 DDP = str(SCRIPTS / "ddp_plain.py")

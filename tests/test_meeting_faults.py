@@ -14,6 +14,10 @@ from test_many_nodes import Job
 
 from launcher.core.events import Decision, NodesMet, RoundAbandoned
 
+# Several launches (a fault-free run, relaunches), each with its own bounded waits: on a loaded
+# machine more than the suite's 120 s. The limit is a hang guard, not a measure of speed.
+pytestmark = pytest.mark.timeout(300)
+
 DDP = str(SCRIPTS / "ddp_plain.py")
 
 

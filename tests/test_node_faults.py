@@ -5,11 +5,16 @@ import os
 import re
 import signal
 
+import pytest
 import torch
 from helpers import SCRIPTS, frozen_at, run_state, wait_for_files
 from test_many_nodes import Job
 
 from launcher.core.events import AttemptPlanned, Decision, NodesMet, PeerInterrupt, Transition
+
+# Several launches (a fault-free run, relaunches), each with its own bounded waits: on a loaded
+# machine more than the suite's 120 s. The limit is a hang guard, not a measure of speed.
+pytestmark = pytest.mark.timeout(300)
 
 DDP = str(SCRIPTS / "ddp_plain.py")
 
