@@ -323,7 +323,8 @@ def cli(signals: SignalInbox, verbose: bool, **options) -> int:
         )
     with open_exporter(config.metrics, config.run.name, config.cluster.node_rank) as metrics:
         if metrics.port is not None:
-            say(f"metrics on http://{config.metrics.addr}:{metrics.port}/metrics")
+            host = f"[{config.metrics.addr}]" if ":" in config.metrics.addr else config.metrics.addr  # IPv6
+            say(f"metrics on http://{host}:{metrics.port}/metrics")
         result = supervise(config, signals, say=say, on_events=metrics.watch)
     for line in summary_lines(result):
         say(line)

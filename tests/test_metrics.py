@@ -224,3 +224,29 @@ def test_a_stuck_scraper_holds_up_neither_the_run_nor_other_scrapes(launcher, tm
         assert launch.wait() == 0, launch.stderr
     finally:
         stuck.close()
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="this machine has no IPv6 loopback (::1)")
+def test_metrics_on_ipv6_are_served_and_named_by_a_url_that_works(launcher, tmp_path):
+    """--metrics-addr ::1: the console's URL brackets the address (it said http://::1:PORT/,
+    which no client parses) and answers."""
+    launch = launcher.start(
+        "--metrics-port", "0", "--metrics-addr", "::1", str(ACTOR), "--run-for", "60"
+    )  # fmt: skip
+    line = launch.read_console_until(lambda line: "metrics on" in line, stream="stderr", timeout=60)
+    url = re.search(r"metrics on (\S+)", line).group(1)
+    assert url.startswith("http://[::1]:") and url.endswith("/metrics"), line
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        assert "ftlaunch_attempts_total" in answer.read().decode()
+    launch.proc.send_signal(signal.SIGTERM)
+    assert launch.wait() == 143, launch.stderr
+    assert launch.survivors() == []
