@@ -160,11 +160,12 @@ class AttemptRunner:
     ) -> AttemptResult:
         if self._signals.first is not None:  # interrupted between two attempts
             signum = self._signals.first
+            name = self._signals.name_of(signum)
             self._signals.answer_first()
             # The other nodes were planned with this one and start their ranks: they must stop
             # too, now, not once this node has gone silent for --node-timeout.
-            self.role.interrupt(InterruptKind.STOP, "signal", signum)
-            return stopped_by_signal(machine.attempt, signum)
+            self.role.interrupt(InterruptKind.STOP, name, signum)
+            return stopped_by_signal(machine.attempt, signum, name)
         self._say(
             f"attempt {machine.attempt}: starting {self.config.group.nproc} worker(s), "
             f"backend {self.config.group.backend}, logs in {group.specs[0].log_file.parent}"
@@ -187,10 +188,11 @@ class AttemptRunner:
         while True:
             if self._signals.first is not None:
                 signum = self._signals.first
+                name = self._signals.name_of(signum)
                 self._signals.answer_first()
-                role.interrupt(InterruptKind.STOP, "signal", signum)
+                role.interrupt(InterruptKind.STOP, name, signum)  # the others name it as this node does
                 self._stops.ask(attempt, group, board, rate, role)
-                return stopped_by_signal(attempt, signum)
+                return stopped_by_signal(attempt, signum, name)
             for exited in group.poll():
                 self._record_exit(attempt, exited, failures)
             if failures:

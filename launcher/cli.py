@@ -252,14 +252,14 @@ ENV_PREFIX = "FTLAUNCH"
     "--join-timeout",
     default="10m",
     metavar="DURATION",
-    help="How long the nodes may take to (re)join an attempt before the job stops (exit 5).",
+    help="How long the nodes may take to (re)join an attempt before the job stops (exit 5); at most 7 days.",
 )
 @click.option(
     "--node-timeout",
     default="15s",
     metavar="DURATION",
     help="Silence after which a node's supervisor counts as lost: the others stop their workers and "
-    "wait for it to come back.",
+    "wait for it to come back. At most 7 days.",
 )
 @click.option(
     "--chaos",

@@ -22,8 +22,9 @@ from launcher.roles.base import Role
 __all__ = ["GroupStop", "stopped_by_signal"]
 
 
-def stopped_by_signal(attempt: int, signum: Optional[int]) -> AttemptResult:
-    return AttemptResult(attempt, AttemptOutcome.stopped_by(signum), signum=signum)
+def stopped_by_signal(attempt: int, signum: Optional[int], name: str = "") -> AttemptResult:
+    """``name``: the signal as the node that received it names it (``SignalInbox.name_of``)."""
+    return AttemptResult(attempt, AttemptOutcome.stopped_by(signum), signum=signum, signal_name=name)
 
 
 class GroupStop:
@@ -60,7 +61,7 @@ class GroupStop:
             self.ask(attempt, group, board, rate, role)
             # A signal of this node's own meanwhile is the same request (SLURM signals every node).
             self._signals.answer_first()
-            return stopped_by_signal(attempt, remote.signum)
+            return stopped_by_signal(attempt, remote.signum, remote.detail)  # its receiver's name for it
         if remote.kind is InterruptKind.RESIZE:
             self._say(f"attempt {attempt}: {remote.detail}; the group stops to restart with it")
             if not self.ask(attempt, group, board, rate, role) and group.running():

@@ -121,6 +121,15 @@ def test_help_lists_the_options(ftlaunch):
             + ["--rdzv-endpoint", "127.0.0.1:1", str(ACTOR)],
             "last_call_timeout=9 must be shorter than --join-timeout (5 s)",
         ),
+        # Past about 24 days torch's store timeouts overflow (it was exit 70 with a traceback).
+        (
+            ["--nnodes", "2", "--node-timeout", "99999999999d", "--rdzv-endpoint", "127.0.0.1:1", str(ACTOR)],
+            "--node-timeout 8.64e+15 s: at most 7 days (604800 s)",
+        ),
+        (
+            ["--nnodes", "2", "--join-timeout", "8d", "--rdzv-endpoint", "127.0.0.1:1", str(ACTOR)],
+            "at most 7 days",
+        ),
         # Issue 33.3: nothing is sized by MAX before MAX nodes exist, and MAX is bounded.
         (
             ["--nnodes", "2:1000000000", "--rdzv-endpoint", "127.0.0.1:1", str(ACTOR)],

@@ -395,8 +395,14 @@ def test_a_preemption_stops_every_node_at_one_step_and_the_relaunch_resumes_ther
     ]
     table = _status_table(tmp_path, "preempt")
     assert "nodes of attempt 0" in table and f"{job.nodes[1].proc.pid}" in table
-    os.kill(job.nodes[1].proc.pid, signal.SIGTERM)  # one node is told: every node stops
+    # One node gets SLURM's preemption notice: every node stops, and calls it by its name (node 0
+    # said "interrupted by SIGTERM", a signal nobody sent).
+    os.kill(job.nodes[1].proc.pid, signal.SIGUSR1)
     assert job.wait(60) == {0: 143, 1: 143}, (job.nodes[0].stderr, job.nodes[1].stderr)
+    for node in (0, 1):
+        assert "interrupted by SIGUSR1 (the preemption notice)" in job.nodes[node].stderr, job.nodes[
+            node
+        ].stderr
     stopped = [
         int(line.split("at step ")[1].split()[0])
         for launch in job.nodes.values()
@@ -406,7 +412,9 @@ def test_a_preemption_stops_every_node_at_one_step_and_the_relaunch_resumes_ther
     assert len(stopped) == 4 and len(set(stopped)) == 1, (stopped, job.nodes[0].stderr, job.nodes[1].stderr)
     step = stopped[0]
     assert (tmp_path / "runs" / "preempt" / "checkpoints" / f"step_{step}" / "COMMITTED").exists()
-    nodes = run_state(tmp_path / "runs" / "preempt").attempts[0].nodes
+    state = run_state(tmp_path / "runs" / "preempt")
+    assert state.status == "PREEMPTED" and state.reason == "interrupted by SIGUSR1 (the preemption notice)"
+    nodes = state.attempts[0].nodes
     assert [(n["node"], n["pid"]) for n in nodes] == [(r, job.nodes[r].proc.pid) for r in (0, 1)]
     assert job.survivors() == []
     # The same command on both nodes resumes from that step: nothing lost.

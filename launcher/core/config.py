@@ -195,6 +195,11 @@ class RunSection:
             raise UsageError(f"--storage-timeout must be more than 0 seconds, got {self.storage_timeout}")
 
 
+# The longest --node-timeout and --join-timeout: both become torch store and rendezvous timeouts,
+# which overflow past about 24 days (99999999999d was an OverflowError, exit 70). A week is far
+# beyond any wait a job means.
+MAX_CLUSTER_WAIT_S = 7 * 24 * 3600.0
+
 # The most nodes a job may name (--nnodes N or MIN:MAX): far beyond today's largest jobs (2,048
 # nodes of 8 GPUs), and small enough that nothing sized by it could exhaust node 0.
 MAX_NODES = 16384
@@ -232,6 +237,9 @@ class ClusterSection:
             raise UsageError(f"--node-rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
         if self.join_timeout <= 0 or self.node_timeout <= 0:
             raise UsageError("--join-timeout and --node-timeout must be more than 0 seconds")
+        for value, option in ((self.join_timeout, "--join-timeout"), (self.node_timeout, "--node-timeout")):
+            if value > MAX_CLUSTER_WAIT_S:
+                raise UsageError(f"{option} {value:g} s: at most 7 days ({MAX_CLUSTER_WAIT_S:g} s)")
         last_call = dict(self.rdzv_conf).get("last_call_timeout")
         if last_call is not None and _number(last_call) >= self.join_timeout:
             raise UsageError(

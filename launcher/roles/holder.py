@@ -103,9 +103,11 @@ class RunHolder(Role):
         ended = RunStatus.ended_by(result.outcome)
         if result.outcome is AttemptOutcome.SUCCEEDED:
             return RunResult(ExitCode.SUCCESS, ended, attempts, "every rank exited 0"), 0.0
-        signum = result.signum if result.outcome.stopped_by_signal else self._signals.first
+        by_attempt = result.outcome.stopped_by_signal
+        signum = result.signum if by_attempt else self._signals.first
         if signum is not None:  # a signal while the attempt ended: no restart
-            return ended_by_signal(signum, attempts, said_as=self._signals.name_of(signum)), 0.0
+            name = result.signal_name if by_attempt and result.signal_name else self._signals.name_of(signum)
+            return ended_by_signal(signum, attempts, said_as=name), 0.0
         number = result.attempt
         if result.outcome is AttemptOutcome.RESIZED:  # not a failure: no budget, no backoff
             why = f"the job's nodes changed: {result.cause}"

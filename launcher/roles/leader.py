@@ -312,6 +312,7 @@ def _merge(
         outcome, signum = AttemptOutcome.FAILED, None
     elif interrupt is not None and interrupt.kind is InterruptKind.STOP:
         outcome, signum = AttemptOutcome.stopped_by(interrupt.signum), interrupt.signum
+        local = dataclasses.replace(local, signal_name=interrupt.detail)  # as the node it reached names it
     elif len(reports) == len(layout.nodes):
         outcome, signum = AttemptOutcome.SUCCEEDED, None
     else:
