@@ -362,6 +362,11 @@ def _configure_logging(verbose: bool) -> None:
     if not verbose:
         handler.addFilter(lambda record: record.name.split(".")[0] in ("launcher", "worker_lib"))
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, handlers=[handler])
+    if not verbose:
+        # torch's elastic code logs through a handler of its own (glog-formatted, "W1126 ...
+        # dynamic_rendezvous.py ... failed to send a keep-alive heartbeat"): about a node that
+        # ftlaunch reports lost itself, in one line.
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
 
 
 def config_from_options(
