@@ -179,9 +179,9 @@ def main() -> None:
     rows = []
     work = Path(tempfile.mkdtemp(prefix="ftlaunch-bench-scale-"))
     try:
-        for n in (int(x) for x in args.nodes.split(",")):
+        for i, n in enumerate(int(x) for x in args.nodes.split(",")):  # a size may repeat: 16,16,16
             for name, command in (("ftlaunch", _ftlaunch), ("torchrun", _torchrun)):
-                result = run(command, n, work / f"{name}{n}", args.window, env)
+                result = run(command, n, work / f"{name}{n}_{i}", args.window, env)
                 rows.append((n, name, result))
                 print(f"{n} nodes, {name}: {'done' if result else 'FAILED'}", file=sys.stderr)
     finally:
