@@ -22,7 +22,7 @@ class AttemptResult:
     outcome: AttemptOutcome  # SUPERVISOR_LOST only on a follower that lost node 0 during it
     failures: List[Failure] = dataclasses.field(default_factory=list)
     signum: Optional[int] = None  # when stopped by a signal
-    signal_name: str = ""  # that signal as its sender knows it (the preemption notice: SIGUSR1), on any node
+    signal_name: str = ""  # that signal as the node that received it names it (the notice: SIGUSR1)
     lived: float = 0.0  # seconds from its start until the supervisor saw it end
     beats: BeatSummary = BeatSummary(beat=False, furthest_step=None)
     cause: str = ""  # many nodes: why this node's ranks were stopped, when another node said so
