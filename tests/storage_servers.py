@@ -107,15 +107,22 @@ def start_s3(
     return server, env
 
 
+_SPARE_UNCHECKED = 10
+
+
 def start_s3_read_only(workdir: Path, bucket: str) -> "tuple[ServerProcess, Dict[str, str]]":
     """moto enforcing IAM, with ``bucket`` and a user who may only read it; the environment
-    returned carries that user's keys. The readiness probe and the setup's 4 requests are the
-    only unchecked ones (one more and the test's write would pass: it fails loudly, not vacuously)."""
+    returned carries that user's keys. moto checks no request until it has served
+    ``unchecked_requests``: enough for the readiness probe and the setup's 4 requests with
+    retries to spare (a loaded machine's retry made setup's last request a checked one), then
+    spent with requests under a made-up key until one is refused: the evidence that every
+    request from then on is checked, so the test's write cannot pass unchecked."""
     import json
 
     import boto3
+    from botocore.exceptions import ClientError
 
-    server, env = start_s3(workdir, unchecked_requests=1 + 4)
+    server, env = start_s3(workdir, unchecked_requests=1 + 4 + _SPARE_UNCHECKED)
     admin = {
         "endpoint_url": env["FSSPEC_S3_ENDPOINT_URL"],
         "region_name": env["AWS_DEFAULT_REGION"],
@@ -132,4 +139,11 @@ def start_s3_read_only(workdir: Path, bucket: str) -> "tuple[ServerProcess, Dict
     iam.put_user_policy(UserName="reader", PolicyName="read-only", PolicyDocument=json.dumps(read_only))
     key = iam.create_access_key(UserName="reader")["AccessKey"]
     env.update(AWS_ACCESS_KEY_ID=key["AccessKeyId"], AWS_SECRET_ACCESS_KEY=key["SecretAccessKey"])
-    return server, env
+    stranger = boto3.client("s3", **{**admin, "aws_access_key_id": "nobody", "aws_secret_access_key": "x"})
+    for _ in range(2 * _SPARE_UNCHECKED + 2):  # bounded: each unchecked request spends one
+        try:
+            stranger.list_buckets()
+        except ClientError:
+            return server, env  # refused: IAM is enforced now
+    server.stop()
+    raise AssertionError("moto never began to check requests")
