@@ -123,27 +123,32 @@ def start_s3_read_only(workdir: Path, bucket: str) -> "tuple[ServerProcess, Dict
     from botocore.exceptions import ClientError
 
     server, env = start_s3(workdir, unchecked_requests=1 + 4 + _SPARE_UNCHECKED)
-    admin = {
-        "endpoint_url": env["FSSPEC_S3_ENDPOINT_URL"],
-        "region_name": env["AWS_DEFAULT_REGION"],
-        "aws_access_key_id": "admin",
-        "aws_secret_access_key": "admin",
-    }
-    read_only = {
-        "Version": "2012-10-17",
-        "Statement": [{"Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket"], "Resource": "*"}],
-    }
-    boto3.client("s3", **admin).create_bucket(Bucket=bucket)
-    iam = boto3.client("iam", **admin)
-    iam.create_user(UserName="reader")
-    iam.put_user_policy(UserName="reader", PolicyName="read-only", PolicyDocument=json.dumps(read_only))
-    key = iam.create_access_key(UserName="reader")["AccessKey"]
-    env.update(AWS_ACCESS_KEY_ID=key["AccessKeyId"], AWS_SECRET_ACCESS_KEY=key["SecretAccessKey"])
-    stranger = boto3.client("s3", **{**admin, "aws_access_key_id": "nobody", "aws_secret_access_key": "x"})
-    for _ in range(2 * _SPARE_UNCHECKED + 2):  # bounded: each unchecked request spends one
-        try:
-            stranger.list_buckets()
-        except ClientError:
-            return server, env  # refused: IAM is enforced now
-    server.stop()
-    raise AssertionError("moto never began to check requests")
+    try:  # a setup that fails leaves no server behind
+        admin = {
+            "endpoint_url": env["FSSPEC_S3_ENDPOINT_URL"],
+            "region_name": env["AWS_DEFAULT_REGION"],
+            "aws_access_key_id": "admin",
+            "aws_secret_access_key": "admin",
+        }
+        read_only = {
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket"], "Resource": "*"}],
+        }
+        boto3.client("s3", **admin).create_bucket(Bucket=bucket)
+        iam = boto3.client("iam", **admin)
+        iam.create_user(UserName="reader")
+        iam.put_user_policy(UserName="reader", PolicyName="read-only", PolicyDocument=json.dumps(read_only))
+        key = iam.create_access_key(UserName="reader")["AccessKey"]
+        env.update(AWS_ACCESS_KEY_ID=key["AccessKeyId"], AWS_SECRET_ACCESS_KEY=key["SecretAccessKey"])
+        stranger = boto3.client(
+            "s3", **{**admin, "aws_access_key_id": "nobody", "aws_secret_access_key": "x"}
+        )
+        for _ in range(2 * _SPARE_UNCHECKED + 2):  # bounded: each unchecked request spends one
+            try:
+                stranger.list_buckets()
+            except ClientError:
+                return server, env  # refused: IAM is enforced now
+        raise AssertionError("moto never began to check requests")
+    except BaseException:
+        server.stop()
+        raise
