@@ -9,7 +9,7 @@ import time
 
 import psutil
 import pytest
-from helpers import ACTOR, wait_for_files
+from helpers import ACTOR, memory_folders, wait_for_files
 
 from launcher.core.config import EntryKind, LaunchConfig
 from launcher.core.events import GroupsGuarded, GuardRestarted, Transition
@@ -79,6 +79,11 @@ def test_workers_die_with_the_supervisor_even_without_the_orphan_guard(launcher,
     launch.wait()
 
     assert launch.survivors_after(timeout=10) == []
+    # Nothing was left to remove the memory tier's folder: the next supervisor on the node does
+    # (under a parallel run another test's may have done it already).
+    later = launcher.run("--nproc", "1", str(ACTOR), "--run-for", "0")
+    assert later.proc.returncode == 0, later.stderr
+    assert memory_folders(launch.proc.pid) == []
 
 
 def test_a_dead_orphan_guard_is_replaced_at_once(launcher, tmp_path):
