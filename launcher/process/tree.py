@@ -104,9 +104,10 @@ def stop_tree(
     targets = _signal_all(leaders, first_signal, exclude)
     targets |= _signal_all(leaders, signal.SIGCONT, exclude)
     deadline = start + grace
+    pause = _Backoff()
     while _alive(targets) and time.monotonic() < deadline and not abort():
         reap()
-        time.sleep(_POLL_S)
+        pause.sleep()
     killed = bool(_alive(targets))
     if killed:
         targets |= _signal_all(leaders, signal.SIGKILL, exclude)
@@ -166,13 +167,26 @@ def _wait_gone(pids: Set[int], leaders: Set[int], reap: Callable[[], object], ti
     """After SIGKILL the kernel needs a moment; a process in uninterruptible sleep (D state)
     may never go, and is reported rather than waited on forever."""
     deadline = time.monotonic() + timeout
+    pause = _Backoff()
     while True:
         reap()
         _reap_orphans(pids - leaders)  # the leaders are reaped by their owner
         left = _alive(pids)
         if not left or time.monotonic() >= deadline:
             return left
-        time.sleep(_POLL_S)
+        pause.sleep()
+
+
+class _Backoff:
+    """Looks after 1, 2, 4 ... ms, then every ``_POLL_S``: a process told to go usually is gone
+    within tens of ms (the kernel unmapping its memory), and a restart waits for the last one."""
+
+    def __init__(self) -> None:
+        self._next = 0.001
+
+    def sleep(self) -> None:
+        time.sleep(self._next)
+        self._next = min(self._next * 2, _POLL_S)
 
 
 def _reap_orphans(pids: Iterable[int]) -> None:
