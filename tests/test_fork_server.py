@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 
 import fsspec
 import psutil
@@ -336,12 +337,11 @@ def test_a_forked_scripts_traceback_is_the_one_a_new_interpreter_prints(launcher
     assert all(launch.survivors() == [] for launch in launcher.launches)
 
 
-def test_the_store_is_served_by_a_forked_process_of_each_attempt_and_the_supervisor_has_no_torch(
-    launcher, tmp_path
-):
-    """On one node the attempt's store is served by a process forked from the zygote, which has
-    torch loaded already: the supervisor never loads it. Each attempt has a store host of its
-    own, gone with its attempt and with the run."""
+def test_one_forked_store_host_serves_each_attempt_and_a_dead_one_is_replaced(launcher, tmp_path):
+    """On one node the attempts' stores are served by a process forked from the zygote, which has
+    torch loaded already: the supervisor never loads it. The same host serves attempt after
+    attempt (a restart waits for a message, not a fork), the last attempt's port closed first; one
+    killed is replaced at the next attempt, and it is gone with the run."""
     ready = tmp_path / "ready"
     launch = launcher.start(
         "--nproc", "2", str(ACTOR), "--fail", "exit", "--others", "wait", "--fail-after", "60",
@@ -349,16 +349,69 @@ def test_the_store_is_served_by_a_forked_process_of_each_attempt_and_the_supervi
     )  # fmt: skip
     wait_for_files(ready, "rank_*.attempt_0.pid", 2, timeout=60)
     supervisor = psutil.Process(launch.proc.pid)
-    first = _store_host_of(supervisor)
+    host = _store_host_of(supervisor)
     assert not [m.path for m in supervisor.memory_maps() if "libtorch" in m.path]
+    ports = [_store_port(ready, 0)]
     os.kill(int((ready / "rank_1.attempt_0.pid").read_text()), signal.SIGKILL)  # a restart is due
     wait_for_files(ready, "rank_*.attempt_1.pid", 2, timeout=60)
-    _wait_dead(first)
-    assert _store_host_of(supervisor).pid != first.pid
+    ports.append(_store_port(ready, 1))
+    assert _store_host_of(supervisor).pid == host.pid
+    assert _listening(host) == {ports[1]}  # attempt 0's store is closed
+    host.kill()
+    _wait_dead(host)
+    os.kill(int((ready / "rank_1.attempt_1.pid").read_text()), signal.SIGKILL)
+    wait_for_files(ready, "rank_*.attempt_2.pid", 2, timeout=60)
+    replaced = _store_host_of(supervisor)
+    assert replaced.pid != host.pid and _listening(replaced) == {_store_port(ready, 2)}
     launch.proc.send_signal(signal.SIGTERM)
     assert launch.wait(60) == 143, launch.stderr
-    assert "fork server off" not in launch.stderr
+    assert "fork server off" not in launch.stderr and "store host:" not in launch.stderr
     assert launch.survivors() == []
+
+
+def test_a_fixed_master_port_serves_every_attempt(launcher, tmp_path):
+    """--master-port: each attempt's store listens on the same port, so the last one must be
+    closed (not only asked to go) before the next binds it."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    launch = launcher.run(
+        "--nproc", "2", "--master-port", str(port), TRAIN, "--out", str(tmp_path / "out.pt"),
+        "--crash", "7:0", "--crash", "12:1", timeout=180,
+    )  # fmt: skip
+    assert launch.proc.returncode == 0, launch.stderr
+    assert "attempt 2: starting 2 worker(s)" in launch.stderr
+    assert "fork server off" not in launch.stderr and "store host:" not in launch.stderr
+    assert launch.survivors() == []
+
+
+def test_each_forked_worker_holds_only_its_own_pipes(launcher, tmp_path):
+    """The ranks are forked in one request, each with every rank's pipes at hand: a worker that
+    kept another's open would hold that rank's output open past its exit."""
+    script = tmp_path / "pipes.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "fds = [os.path.join('/proc/self/fd', fd) for fd in os.listdir('/proc/self/fd')]\n"
+        "links = {os.readlink(fd) for fd in fds if os.path.islink(fd)}\n"
+        "pipes = sorted(link for link in links if link.startswith('pipe:'))\n"
+        f"open(os.path.join({str(tmp_path)!r}, 'rank_' + os.environ['RANK']), 'w').write(json.dumps(pipes))\n"
+    )
+    launch = launcher.run("--nproc", "4", "--max-failures", "0", str(script), timeout=120)
+    assert launch.proc.returncode == 0, launch.stderr
+    assert "fork server off" not in launch.stderr
+    held = [set(json.loads((tmp_path / f"rank_{r}").read_text())) for r in range(4)]
+    assert all(len(pipes) == 2 for pipes in held), held  # its stdout's and its stderr's
+    assert len(set().union(*held)) == 8, held  # nobody else's
+    assert launch.survivors() == []
+
+
+def _store_port(ready, attempt: int) -> int:
+    pid = int((ready / f"rank_0.attempt_{attempt}.pid").read_text())
+    return int(psutil.Process(pid).environ()["MASTER_PORT"])
+
+
+def _listening(process: psutil.Process) -> set:
+    return {c.laddr.port for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
 
 
 def _store_host_of(supervisor: psutil.Process) -> psutil.Process:

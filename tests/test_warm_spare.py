@@ -124,22 +124,27 @@ def test_no_spare_outlives_the_run_however_it_ends(launcher, tmp_path, end):
     assert _gone(spares)
 
 
-def test_spares_go_with_the_fork_server_when_it_turns_itself_off(launcher, tmp_path):
-    """The zygote dies while spares are parked: the next attempt finds it dead (its store is forked
-    from it), says so, and lets the spares go then, not at the run's end."""
-    launch, folder = _start(launcher, tmp_path, "--max-failures", "1")
+def test_spares_serve_after_the_fork_server_died_and_none_is_made_after(launcher, tmp_path):
+    """The zygote dies while spares are parked: they need nothing of it, so the next attempt's
+    ranks are still the spares. Making them again finds it dead, says so once, parks none, and
+    the attempt after starts its ranks as new processes."""
+    launch, folder = _start(launcher, tmp_path, "--max-failures", "2")
     _worker_pids(folder, 0)
-    spares = _spares(launch).values()
+    spares = _spares(launch)
     zygote = _zygote_of(launch)
     zygote.send_signal(signal.SIGKILL)
     psutil.wait_procs([zygote], timeout=10)
     _go(folder, 0, 1)
-    spawned = _worker_pids(folder, 1)  # started as new processes
-    assert not set(spawned.values()) & set(spares)
+    assert _worker_pids(folder, 1) == spares  # one node: rank r is local rank r
     launch.read_console_until(lambda line: "fork server off" in line, stream="stderr")
-    assert _gone(spares)
-    _go(folder, 1, 0)
+    _go(folder, 1, 1)
+    spawned = _worker_pids(folder, 2)
+    assert not set(spawned.values()) & set(spares.values())
+    children = [p.cmdline()[:1] for p in psutil.Process(launch.proc.pid).children()]
+    assert ["ftlaunch-spare"] not in children
+    _go(folder, 2, 0)
     assert launch.wait(60) == 0, launch.stderr
+    assert launch.stderr.count("fork server off") == 1
     assert launch.survivors() == []
 
 

@@ -7,6 +7,7 @@ waited for, signalled and stopped exactly like a spawned one: ``ForkedWorker.pol
 """
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -16,14 +17,14 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 from launcher.core.config import EntryKind, EntrySection
 from launcher.process.linux import die_with_parent
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.plan import WorkerSpec
 from launcher.process.spares import WarmSpares
-from launcher.process.workers import ForkedWorker, PopenSpawner, Spawned, with_output_pipes
+from launcher.process.workers import ForkedWorker, PopenSpawner, Spawned, Started
 from worker_lib.core import contract as c
 
 __all__ = [
@@ -36,7 +37,12 @@ __all__ = [
 
 
 _MAX_MESSAGE = 1 << 16
+# Workers forked per request: 2 descriptors each, under the 253 a message can carry, and their
+# command lines and environments under the socket's buffer (~200 KiB; one rank's too large is said).
+_BATCH = 64
+_BATCH_BYTES = 128 << 10
 _REAP_S = 10.0  # a SIGKILLed store host is reaped within it (the kernel has to close its sockets)
+_STORE_ANSWER_S = 5.0  # the store host answers within it (a TCPStore starts in milliseconds)
 # What differs between ranks or attempts is left out of the zygote's environment: an import that
 # reads one of them fails there (and workers are spawned instead), rather than freezing rank 0's
 # or attempt 0's value into every worker it forks.
@@ -61,22 +67,90 @@ class ForkServerInterrupted(Exception):
     """Its start was cut short (a signal): no verdict on whether it can serve."""
 
 
-class ForkedStore:
-    """A store host forked from the zygote: our child (re-parented, like a forked worker), killed
-    and reaped when its attempt's store closes."""
+@dataclasses.dataclass(frozen=True)
+class Forked:
+    """The answer to a request: each job's pid, None for one that died as it started (``why``)."""
 
-    def __init__(self, pid: int, registry: List["ForkedStore"]) -> None:
+    pids: List[Optional[int]]
+    why: str = ""
+
+    def one(self) -> int:
+        if self.pids[0] is None:
+            raise ForkServerUnavailable(self.why)
+        return self.pids[0]
+
+
+class StoreHostFailed(Exception):
+    """The store host did not do what it was asked (one line)."""
+
+
+class ForkedStoreHost:
+    """The store host forked from the zygote (``store_host``): our child (re-parented, like a
+    forked worker) that serves the run's attempts' stores one after the other; killed and reaped
+    when the run ends, or when it stops answering."""
+
+    def __init__(self, pid: int, sock: socket.socket) -> None:
         self.pid = pid
+        self._sock = sock
         self._process = ForkedWorker(pid)
-        self._registry = registry
+
+    def serve(self, listener: socket.socket) -> "ForkedStore":
+        """A new store on ``listener`` (the last one closed first)."""
+        addr, port = listener.getsockname()[:2]
+        answer = self._ask({"serve": [addr, port]}, [listener.fileno()])
+        if "serving" not in answer:
+            raise StoreHostFailed(f"it could not serve on {addr}:{port} ({answer.get('error')})")
+        return ForkedStore(self)
+
+    def close_store(self) -> None:
+        """The last store closed and its port free; when the host does not say so, it is killed
+        (its sockets close as it dies)."""
+        try:
+            self._ask({"close": True}, [])
+        except StoreHostFailed:
+            self.stop()
+
+    def _ask(self, request: dict, fds: List[int]) -> dict:
+        try:
+            socket.send_fds(self._sock, [json.dumps(request).encode()], fds)
+            deadline = time.monotonic() + _STORE_ANSWER_S
+            while not select.select([self._sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                if time.monotonic() >= deadline:
+                    raise StoreHostFailed(f"no answer within {_STORE_ANSWER_S:g} s")
+            data = self._sock.recv(_MAX_MESSAGE)
+        except OSError as err:
+            raise StoreHostFailed(f"it is gone ({err.strerror or err})") from None
+        if not data:
+            raise StoreHostFailed("it is gone")
+        return json.loads(data)
 
     def stop(self) -> None:
+        self._sock.close()
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)  # it holds nothing to save
         deadline = time.monotonic() + _REAP_S
         while self._process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.005)
-        self._registry.remove(self)
+
+
+class ForkedStore:
+    """One attempt's store, served by the store host (a ``HostedStore``)."""
+
+    def __init__(self, host: ForkedStoreHost) -> None:
+        self._host = host
+
+    def stop(self) -> None:
+        self._host.close_store()
+
+
+def _batch(specs: List[WorkerSpec]) -> Tuple[List[WorkerSpec], List[WorkerSpec]]:
+    """The next request's specs (at least one), and the rest."""
+    size = 0
+    for n, spec in enumerate(specs[:_BATCH]):
+        size += len(json.dumps([list(spec.argv), dict(spec.env)]))
+        if n and size > _BATCH_BYTES:
+            return specs[:n], specs[n:]
+    return specs[:_BATCH], specs[_BATCH:]
 
 
 def storage_modules(url: str) -> List[str]:
@@ -162,34 +236,40 @@ class ForkServer:
         if ready["threads"] != 1:
             raise ForkServerUnavailable(f"importing left {ready['threads'] - 1} thread(s) running in it")
 
-    def fork(self, spec: WorkerSpec, stdout_w: int, stderr_w: int, timeout: float = 30.0) -> int:
-        request = {"argv": list(spec.argv), "env": dict(spec.env), "cwd": os.getcwd()}
-        return self._forked(request, [stdout_w, stderr_w], timeout)
+    def fork(
+        self, specs: Sequence[WorkerSpec], pipes: Sequence[Tuple[int, int]], timeout: float = 30.0
+    ) -> Forked:
+        """A worker per spec, in one request, with the write ends of its stdout and stderr pipes;
+        each one's pid, None for one that died as it started."""
+        cwd = os.getcwd()
+        jobs = [{"argv": list(spec.argv), "env": dict(spec.env), "cwd": cwd} for spec in specs]
+        return self._forked(jobs, [list(pair) for pair in pipes], timeout)
 
-    def fork_store(self, listener: socket.socket, timeout: float = 30.0) -> int:
-        """A process serving the workers' store on ``listener`` (``store_host``); its output goes
-        to the fork server's log."""
-        addr, port = listener.getsockname()[:2]
-        request = {
-            "argv": ["ftlaunch-store", addr, str(port)],  # what ps shows
-            "env": dict(os.environ),
-            "cwd": os.getcwd(),
-            "store": [addr, port],
-        }
-        with open(self._log_file, "ab") as log:
-            return self._forked(request, [log.fileno(), log.fileno(), listener.fileno()], timeout)
+    def fork_store(self, timeout: float = 30.0) -> Tuple[int, socket.socket]:
+        """The store host (``store_host``): its pid, and our end of its socket. Its output goes to
+        the fork server's log."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        job = {"argv": ["ftlaunch-store"], "env": dict(os.environ), "cwd": os.getcwd(), "store": True}
+        try:
+            with open(self._log_file, "ab") as log, theirs:
+                fds = [log.fileno(), log.fileno(), theirs.fileno()]
+                return self._forked([job], [fds], timeout).one(), ours
+        except BaseException:
+            ours.close()
+            raise
 
     def fork_spare(self, local_rank: int, cuda: bool, timeout: float = 30.0) -> Tuple[int, socket.socket]:
         """A warm spare for ``local_rank`` (``spare``): its pid, and our end of the socket it is
         handed its rank through. Its output goes to the fork server's log until then."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        request = {
+        job = {
             "argv": ["ftlaunch-spare", str(local_rank)],  # what ps shows
             "spare": {"local_rank": local_rank, "cuda": cuda},  # the rank's env and cwd come with it
         }
         try:
             with open(self._log_file, "ab") as log, theirs:
-                return self._forked(request, [log.fileno(), log.fileno(), theirs.fileno()], timeout), ours
+                fds = [log.fileno(), log.fileno(), theirs.fileno()]
+                return self._forked([job], [fds], timeout).one(), ours
         except BaseException:
             ours.close()
             raise
@@ -200,10 +280,10 @@ class ForkServer:
             raise ForkServerUnavailable("it was not launched")
         return self._sock, self._proc
 
-    def _forked(self, request: dict, fds: List[int], timeout: float) -> int:
-        payload = json.dumps(request).encode()
+    def _forked(self, jobs: List[dict], fds: List[List[int]], timeout: float) -> "Forked":
+        payload = json.dumps({"jobs": jobs, "fds": [len(own) for own in fds]}).encode()
         try:
-            socket.send_fds(self._connected()[0], [payload], fds)
+            socket.send_fds(self._connected()[0], [payload], [fd for own in fds for fd in own])
         except OSError as err:
             if err.errno == errno.EMSGSIZE:  # one datagram: the socket's buffer (~200 KiB) bounds it
                 raise ForkServerUnavailable(
@@ -212,9 +292,9 @@ class ForkServer:
                 ) from None
             raise ForkServerUnavailable(f"it stopped answering ({err.strerror or err})") from None
         answer = self._receive(timeout, "fork")
-        if "error" in answer:
-            raise ForkServerUnavailable(answer["error"])
-        return int(answer["pid"])
+        if "pids" not in answer:
+            raise ForkServerUnavailable(answer.get("error", f"it answered {answer}"))
+        return Forked(answer["pids"], answer.get("error", ""))
 
     def _receive(self, timeout: float, what: str, go_on: Callable[[], bool] = lambda: True) -> dict:
         deadline = time.monotonic() + timeout
@@ -259,29 +339,40 @@ class ForkServerSpawner:
         self._say = say
         self._spares = spares
         self._state = "new"  # new → (launched →) serving | off
-        self._stores: List[ForkedStore] = []  # store hosts forked and not yet stopped
+        self._store_host: Optional[ForkedStoreHost] = None  # once this node hosts a store
         self._guard: Optional[OrphanGuard] = None  # the run's, once an attempt is prepared
 
     @property
     def helper_pids(self) -> Tuple[int, ...]:
         pid = self._server.pid if self._state in ("launched", "serving") else None
-        stores = tuple(store.pid for store in self._stores)
-        return ((pid,) if pid is not None else ()) + stores + self._spares.pids
+        store = self._store_host.pid if self._store_host is not None else None
+        return tuple(p for p in (pid, store) if p is not None) + self._spares.pids
 
     def host_store(self, listener: socket.socket, go_on: Callable[[], bool]) -> Optional[ForkedStore]:
-        """The attempt's store served by a process forked from the zygote, once it is ready; None
-        when it cannot serve (this process hosts the store then)."""
+        """The attempt's store served by the store host (forked from the zygote the first time);
+        None when there is none (this process serves the store then)."""
         if self._state == "launched":
             self._start(None, go_on)
-        if self._state != "serving":
-            return None
-        try:
-            store = ForkedStore(self._server.fork_store(listener), self._stores)
-        except ForkServerUnavailable as err:
-            self._give_up(str(err))
-            return None
-        self._stores.append(store)
-        return store
+        failed = ""
+        for _ in range(2):  # the host that served the last attempt, else (or once it failed) a new one
+            host = self._store_host or self._fork_store_host()
+            if host is None:
+                return None
+            try:
+                return host.serve(listener)
+            except StoreHostFailed as err:
+                host.stop()
+                self._store_host, failed = None, str(err)
+        self._say(f"store host: {failed}; ftlaunch serves the workers' store itself")
+        return None
+
+    def _fork_store_host(self) -> Optional[ForkedStoreHost]:
+        if self._state == "serving":
+            try:
+                self._store_host = ForkedStoreHost(*self._server.fork_store())
+            except (ForkServerUnavailable, OSError) as err:
+                self._give_up(str(err))
+        return self._store_host
 
     def warm_up(self, spec: WorkerSpec) -> None:
         if self._state == "new":
@@ -311,15 +402,70 @@ class ForkServerSpawner:
             self._spares.turn_off(str(err))
         return False
 
-    def spawn(self, spec: WorkerSpec, go_on: Callable[[], bool] = lambda: True) -> Spawned:
+    def spawn(
+        self, specs: Sequence[WorkerSpec], go_on: Callable[[], bool] = lambda: True
+    ) -> Iterator[Started]:
+        """Each rank from its warm spare if it has one, the others forked in requests of up to
+        ``_BATCH``; from the first request the fork server cannot serve, the rest spawned."""
         if self._state in ("new", "launched"):
-            self._start(spec, lambda: True)
-        if self._state == "serving":
-            try:
-                return self._fork(spec, go_on)
-            except ForkServerUnavailable as err:
-                self._give_up(str(err))
-        return self._fallback.spawn(spec)
+            self._start(specs[0], lambda: True)
+        left = list(specs)
+        if self._state == "serving" and self._spares.pids:
+            left = []
+            for spec in specs:
+                if not go_on():
+                    return
+                spawned = self._from_spare(spec, go_on)
+                if spawned is None:
+                    left.append(spec)
+                else:
+                    yield spec, spawned
+        while left and self._state == "serving":
+            if not go_on():
+                return
+            batch, left = _batch(left)
+            forked, why = self._fork(batch)
+            yield from forked
+            if why:
+                self._give_up(why)
+                started = {spec.rank for spec, _ in forked}
+                left = [spec for spec in batch if spec.rank not in started] + left
+        yield from self._fallback.spawn(left, go_on)
+
+    def _from_spare(self, spec: WorkerSpec, go_on: Callable[[], bool]) -> Optional[Spawned]:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        worker = None
+        try:
+            worker = self._spares.take(spec, out_w, err_w, go_on)
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+            if worker is None:
+                os.close(out_r)
+                os.close(err_r)
+        return Spawned(worker, out_r, err_r) if worker is not None else None
+
+    def _fork(self, specs: List[WorkerSpec]) -> Tuple[List[Started], str]:
+        """One request for ``specs``: the ones forked, and why the others were not ('' when all
+        were)."""
+        pipes = [(os.pipe(), os.pipe()) for _ in specs]  # (stdout's (read, write), stderr's)
+        try:
+            forked = self._server.fork(specs, [(stdout[1], stderr[1]) for stdout, stderr in pipes])
+        except ForkServerUnavailable as unavailable:
+            forked = Forked([None] * len(specs), str(unavailable))
+        finally:
+            for stdout, stderr in pipes:  # ours of the write ends: a worker's exit then ends its reads
+                os.close(stdout[1])
+                os.close(stderr[1])
+        started = []
+        for spec, pid, (stdout, stderr) in zip(specs, forked.pids, pipes):
+            if pid is None:
+                os.close(stdout[0])
+                os.close(stderr[0])
+            else:
+                started.append((spec, Spawned(ForkedWorker(pid), stdout[0], stderr[0])))
+        return started, forked.why
 
     def _start(self, spec: Optional[WorkerSpec], go_on: Callable[[], bool]) -> None:
         try:
@@ -333,13 +479,6 @@ class ForkServerSpawner:
         except (ForkServerUnavailable, OSError) as err:
             self._give_up(str(err))
 
-    def _fork(self, spec: WorkerSpec, go_on: Callable[[], bool]) -> Spawned:
-        def start(out_w: int, err_w: int) -> ForkedWorker:
-            spare = self._spares.take(spec, out_w, err_w, go_on)
-            return spare or ForkedWorker(self._server.fork(spec, out_w, err_w))
-
-        return with_output_pipes(start)
-
     def _give_up(self, why: str) -> None:
         self._state = "off"
         self._spares.close()  # they would outlive the zygote: the supervisor's children
@@ -350,6 +489,7 @@ class ForkServerSpawner:
 
     def close(self) -> None:
         self._spares.close()
-        for store in list(self._stores):
-            store.stop()
+        if self._store_host is not None:
+            self._store_host.stop()
+            self._store_host = None
         self._server.close()

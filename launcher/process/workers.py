@@ -5,7 +5,7 @@ import os
 import socket
 import subprocess
 import time
-from typing import Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Set, Tuple
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Set, Tuple
 
 from launcher.process.linux import die_with_parent
 from launcher.process.logs import LogPump
@@ -18,6 +18,10 @@ from launcher.process.tree import StopReport, descendants, process_status, stop_
 # delivers lower-numbered signals first) and kill the worker before faulthandler writes.
 _STACK_DUMP_WAIT_S = 0.5
 _GROUP_LOOK_S = 0.5  # how often descendants are looked at for groups of their own
+# The spawner makes again what a start used (warm spares) only this long after the start: forks
+# then would take CPU from the new group's own start (its rendezvous, load and first step), the
+# part of a restart that is left once the workers are forked.
+_REFILL_AFTER_S = 1.0
 
 __all__ = [
     "Exit",
@@ -25,6 +29,7 @@ __all__ = [
     "PopenSpawner",
     "Spawned",
     "Spawner",
+    "Started",
     "WorkerGroup",
     "WorkerProcess",
     "with_output_pipes",
@@ -46,12 +51,20 @@ class Spawned:
     stderr_fd: int
 
 
+Started = Tuple[WorkerSpec, Spawned]
+
+
 class Spawner(Protocol):
     """How workers are started; one small interface so a faster way (a fork server that has
     already imported torch) can replace plain exec without touching the group."""
 
-    def spawn(self, spec: WorkerSpec, go_on: Callable[[], bool] = lambda: True) -> Spawned:
-        """Start ``spec``'s rank; ``go_on()`` turning false (a signal) cuts a wait it makes short."""
+    def spawn(
+        self, specs: Sequence[WorkerSpec], go_on: Callable[[], bool] = lambda: True
+    ) -> Iterator[Started]:
+        """Start each of ``specs``' ranks, yielding each as soon as it has started (the caller
+        owns what was yielded, even when a later start raises). ``go_on()`` is asked before each
+        piece of the start (a rank, or a request for many): once it turns false (a signal), the
+        rest are not started."""
         ...
 
     def warm_up(self, spec: WorkerSpec) -> None:
@@ -107,7 +120,15 @@ class PopenSpawner:
     def host_store(self, listener: socket.socket, go_on: Callable[[], bool]) -> Optional[HostedStore]:
         return None
 
-    def spawn(self, spec: WorkerSpec, go_on: Callable[[], bool] = lambda: True) -> Spawned:
+    def spawn(
+        self, specs: Sequence[WorkerSpec], go_on: Callable[[], bool] = lambda: True
+    ) -> Iterator[Started]:
+        for spec in specs:
+            if not go_on():
+                return
+            yield spec, self._spawn(spec)
+
+    def _spawn(self, spec: WorkerSpec) -> Spawned:
         def start(stdout_w: int, stderr_w: int) -> WorkerProcess:
             return subprocess.Popen(
                 spec.argv,
@@ -186,7 +207,7 @@ class WorkerGroup:
         self._exits: Dict[int, Exit] = {}  # rank -> how it ended
         self._other_groups: Set[int] = set()  # groups descendants made of their own
         self._next_look = 0.0
-        self._refilling = False  # the spawner makes again, one poll at a time, what the start used
+        self._refill_at: Optional[float] = None  # from then on, the spawner makes again what the start used
 
     @property
     def pids(self) -> List[int]:
@@ -198,20 +219,19 @@ class WorkerGroup:
         self._spawner.prepare(self.specs, self._guard, go_on)
 
     def spawn(self, go_on: Callable[[], bool] = lambda: True) -> None:
-        """Start every rank, in order, while ``go_on()`` (asked before each) says so: a signal
-        during the start of many ranks stops the rest from starting. Once all have started, the
-        spawner makes again what their start used, a piece per ``poll``."""
-        for spec in self.specs:
-            if not go_on():
-                return
-            log_file = self._pump.open_log(spec.log_file)  # None: a full disk, the console only
-            spawned = self._spawner.spawn(spec, go_on)
+        """Start every rank while ``go_on()`` (asked before each piece of the start) says so: a
+        signal during the start of many ranks stops the rest from starting. Once all have
+        started, and a moment after, the spawner makes again what their start used, a piece per
+        ``poll``."""
+        for spec, spawned in self._spawner.spawn(self.specs, go_on):
             self._procs[spec.rank] = spawned.process
             self._guard.watch(spawned.process.pid)
+            log_file = self._pump.open_log(spec.log_file)  # None: a full disk, the console only
             show = self._to_console(spec.rank)
             self._pump.add(spawned.stdout_fd, "stdout", spec.rank, log_file, show)
             self._pump.add(spawned.stderr_fd, "stderr", spec.rank, log_file, show)
-        self._refilling = True
+        if len(self._procs) == len(self.specs):  # not after a start cut short
+            self._refill_at = time.monotonic() + _REFILL_AFTER_S
 
     def poll(self) -> List[Exit]:
         """Workers that exited since the last poll, in rank order. While none did, the spawner
@@ -227,8 +247,8 @@ class WorkerGroup:
             if code is not None:
                 self._exits[spec.rank] = Exit(spec, proc.pid, code, now)
                 new.append(self._exits[spec.rank])
-        if self._refilling and not new:
-            self._refilling = self._spawner.refill()
+        if self._refill_at is not None and now >= self._refill_at and not new:
+            self._refill_at = self._refill_at if self._spawner.refill() else None
         return new
 
     def running(self) -> Dict[int, int]:
@@ -281,7 +301,7 @@ class WorkerGroup:
     def stop(self, first_signal: int, grace: float, abort: Callable[[], bool]) -> StopReport:
         """Stop every worker and every descendant, reap them, and release their groups. Nothing
         more is made meanwhile: a helper born during the stop would not be spared by it."""
-        self._refilling = False
+        self._refill_at = None
         report = stop_tree(
             self.pids,
             first_signal,

@@ -6,11 +6,14 @@ Run as ``python -u -m launcher.process.zygote FD SPEC`` by ``forkserver.ForkServ
 end of a SOCK_SEQPACKET socket pair, SPEC a JSON object: the entry point (script or module),
 the supervisor's pid, the modules to import.
 
-Each request is one JSON message (argv, env, cwd) with two file descriptors (the worker's stdout
-and stderr pipes); the answer is ``{"pid": N}`` or ``{"error": "..."}``. A worker is forked
-twice: the first child forks the worker and exits at once, so the worker is re-parented to the
-supervisor (a child subreaper) and the supervisor waits for it like for any child it spawned.
-A request with ``"store"`` makes the attempt's store host (``store_host``), one with ``"spare"``
+Each request is one JSON message, a list of jobs (a worker's argv, env, cwd), with each job's
+file descriptors (a worker's stdout and stderr pipes); the answer is each job's pid (see
+``serve``). A group's workers come in one request: one middle process forks them all and exits
+at once, so each worker is re-parented to the supervisor (a child subreaper), which waits for it
+like for any child it spawned. The middle's fork and exit (page tables: with torch's address
+space, about 10 ms to fork and 10-20 ms to exit on a 2-core machine) are paid once per request,
+not once per rank.
+A job with ``"store"`` makes the store host (``store_host``), one with ``"spare"``
 a warm spare (``spare``): a worker forked ahead that waits for its rank's request.
 
 Rules the zygote keeps, each because it broke something when it was not kept:
@@ -30,6 +33,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import sys
 import time
 import traceback
@@ -38,19 +42,23 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from launcher.process.linux import set_parent_death_signal, show_as
 from launcher.process.spare import park
-from launcher.process.store_host import serve_store
+from launcher.process.store_host import serve_stores
 
-# What every training script imports, directly or lazily at its first DDP step, process group or
-# worker_lib call (ft.init() imports worker_lib's session and checkpoints).
+# What every training script imports, directly or lazily at its first DDP step, process group,
+# torch.load or worker_lib call (ft.init() imports worker_lib's session and checkpoints, and its
+# local rank 0 the node cache's directory code); each one left out is imported again in every
+# worker of every restart.
 BASE_PRELOAD = (
     "torch",
     "torch.distributed",
     "torch.distributed.elastic.multiprocessing.errors",
     "torch.nn.parallel",
     "torch._dynamo.utils",
+    "torch.utils.serialization",
     "worker_lib",
     "worker_lib.session",
     "worker_lib.checkpoint.manager",
+    "worker_lib.checkpoint.directory",
 )
 # In the zygote only: libraries that start their thread pool at import would leave threads behind.
 SINGLE_THREADED = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -158,50 +166,79 @@ def thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-_WORKER = -1  # what fork_worker returns in the worker itself
+_IN_ZYGOTE = -1  # what fork_jobs returns as the index in the zygote itself
+_MAX_FDS = 253  # the most one message can carry (the kernel's SCM_MAX_FD)
+_RECORD = struct.Struct("=ii")  # (job index, pid): written whole to a pipe (under PIPE_BUF)
 
 
 def serve(sock: socket.socket, supervisor: int) -> Optional[Tuple[dict, List[int]]]:
-    """Fork a worker for each request until the supervisor closes its end. In a forked worker
-    it returns that worker's request and stdio descriptors: the worker runs from ``main``, not
-    from inside this loop, so the script's exit unwinds nothing of the zygote's."""
+    """Fork the jobs of each request until the supervisor closes its end. A request is
+    ``{"jobs": [...], "fds": [n, ...]}``: each job with its own n descriptors, in order; the answer
+    is ``{"pids": [pid or null, ...]}`` (null: that job's process died as it started, said in
+    ``"error"``), or ``{"error": "..."}`` alone when nothing could be forked. In a forked process
+    it returns that job and its descriptors: the worker runs from ``main``, not from inside this
+    loop, so the script's exit unwinds nothing of the zygote's."""
     while True:
         try:
-            data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, 3)  # stdio (+ a store's socket)
+            data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, _MAX_FDS)
         except OSError:
             return None
         if not data:
             return None
         request = json.loads(data)
+        index = _IN_ZYGOTE
+        answer: Dict[str, object] = {}
         try:
-            pid = fork_worker(fds, supervisor)
-            answer: Dict[str, object] = {"pid": pid}
+            owned = _split(fds, request["fds"])
+            index, pids = fork_jobs(owned, supervisor)
+            answer = {"pids": pids}
+            if None in pids:
+                answer["error"] = "the worker died as it started"
         except Exception as err:  # noqa: BLE001 - reported to the supervisor, which falls back
-            pid, answer = 0, {"error": f"{type(err).__name__}: {err}"}
-        if pid == _WORKER:
-            return request, fds
+            answer = {"error": f"{type(err).__name__}: {err}"}
+        if index != _IN_ZYGOTE:
+            return request["jobs"][index], owned[index]
         for fd in fds:
             os.close(fd)
         sock.send(json.dumps(answer).encode())
 
 
-def fork_worker(fds: List[int], supervisor: int) -> int:
-    """Fork twice; the grandchild becomes the worker, a child of the supervisor. Returns its pid
-    once it leads its own session (the supervisor may signal its group at once); in the worker
-    itself, ``_WORKER``."""
+def _split(fds: List[int], counts: List[int]) -> List[List[int]]:
+    """Each job's descriptors, from the request's run of them."""
+    if sum(counts) != len(fds):  # the kernel cut the message's descriptors short (MSG_CTRUNC)
+        raise RuntimeError(f"{len(fds)} descriptors came with a request for {sum(counts)}")
+    owned, at = [], 0
+    for n in counts:
+        owned.append(fds[at : at + n])
+        at += n
+    return owned
+
+
+def fork_jobs(owned: List[List[int]], supervisor: int) -> Tuple[int, List[Optional[int]]]:
+    """Fork a process per job, each a child of the supervisor: one middle process forks them all,
+    one after the other, and exits, so they are re-parented to the supervisor (a child subreaper)
+    together. Returns, in the zygote, (``_IN_ZYGOTE``, each job's pid once it leads its own session
+    (the supervisor may signal its group at once), None for one that died first); in a forked
+    process, (its job's index, [])."""
     if thread_count() != 1:
         raise RuntimeError(f"{thread_count()} threads in the fork server; forking now could deadlock")
     sys.stdout.flush()
     sys.stderr.flush()
     ready_r, ready_w = os.pipe()
     middle = os.fork()
-    if middle == 0:  # the middle process: it forks the worker and leaves at once
+    if middle == 0:  # the middle process: it forks each job's process and leaves
         try:
             os.close(ready_r)
-            me = os.getpid()  # asked here: in the worker, getppid() may already be the supervisor
-            if os.fork() == 0:
-                _detach(supervisor, me, ready_w)
-                return _WORKER
+            me = os.getpid()  # asked here: in a job's process, getppid() may already be the supervisor
+            for index, fds in enumerate(owned):
+                if os.fork() == 0:
+                    for later in owned[index + 1 :]:  # the earlier ones' were closed below
+                        for fd in later:
+                            os.close(fd)
+                    _detach(supervisor, me, ready_w, index)
+                    return index, []
+                for fd in fds:  # its process has them; a later one must not hold them open
+                    os.close(fd)
         except BaseException:  # noqa: BLE001 - never back into the zygote's loop
             traceback.print_exc()  # to the fork server's log
             os._exit(1)
@@ -209,30 +246,33 @@ def fork_worker(fds: List[int], supervisor: int) -> int:
     os.close(ready_w)
     try:
         os.waitpid(middle, 0)
-        return _read_pid(ready_r)
+        return _IN_ZYGOTE, _read_pids(ready_r, len(owned))
     finally:
         os.close(ready_r)
 
 
-def _read_pid(ready_r: int) -> int:
-    """The worker writes its pid once it leads its session; EOF without it: it died first."""
+def _read_pids(ready_r: int, count: int) -> List[Optional[int]]:
+    """Each process writes (its index, its pid) once it leads its session; EOF comes once every
+    one wrote or died (None: it died first)."""
     data = b""
     while True:
-        chunk = os.read(ready_r, 64)
+        chunk = os.read(ready_r, 4096)
         if not chunk:
             break
         data += chunk
-    if not data:
-        raise RuntimeError("the worker died as it started")
-    return int(data)
+    pids: List[Optional[int]] = [None] * count
+    for index, pid in _RECORD.iter_unpack(data[: len(data) - len(data) % _RECORD.size]):
+        if 0 <= index < count:
+            pids[index] = pid
+    return pids
 
 
-def _detach(supervisor: int, middle: int, ready_w: int) -> None:
-    """The worker's first moves: its own session, its pid to the zygote, the supervisor as its
-    parent, and death with the supervisor (armed only now: the middle process's exit would
+def _detach(supervisor: int, middle: int, ready_w: int, index: int) -> None:
+    """A job's process's first moves: its own session, its pid to the zygote, the supervisor as
+    its parent, and death with the supervisor (armed only now: the middle process's exit would
     have fired it)."""
     os.setsid()
-    os.write(ready_w, str(os.getpid()).encode())
+    os.write(ready_w, _RECORD.pack(index, os.getpid()))
     os.close(ready_w)
     _wait_for_parent_to_be(supervisor, middle)
     set_parent_death_signal(signal.SIGKILL)
@@ -394,9 +434,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     except BaseException:  # noqa: BLE001 - a worker that cannot be set up says why and leaves
         traceback.print_exc()
         os._exit(1)
-    if "store" in request:  # not a worker: the attempt's store (launcher.process.store_host)
-        addr, port = request["store"]
-        serve_store(fds[2], addr, port)
+    if "store" in request:  # not a worker: the attempts' stores (launcher.process.store_host)
+        serve_stores(fds[2])
     run_main(request["argv"])
 
 
