@@ -74,15 +74,22 @@ def _spares(launch, other_than=(), timeout: float = 60.0) -> Dict[int, int]:
         time.sleep(0.02)
 
 
-def _gone(pids) -> bool:
-    """None of ``pids`` runs (a zombie has exited; an unknown pid is gone)."""
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                return False
-        except psutil.NoSuchProcess:
-            continue
+def _gone(pids, timeout: float = 10.0) -> bool:
+    """None of ``pids`` runs (a zombie has exited; an unknown pid is gone), waiting for it up to
+    ``timeout`` s: a killed process takes the kernel a moment to unmap."""
+    deadline = time.monotonic() + timeout
+    while any(_runs(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
     return True
+
+
+def _runs(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_a_spare_is_made_handed_its_rank_on_a_restart_and_made_again(launcher, tmp_path):

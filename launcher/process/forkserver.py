@@ -383,11 +383,14 @@ class ForkServerSpawner:
                 self._give_up(str(err))
 
     def prepare(self, specs: Sequence[WorkerSpec], guard: OrphanGuard, go_on: Callable[[], bool]) -> None:
-        """The zygote ready, and a warm spare per local rank (the first ones measured and said)."""
+        """The zygote ready and, before the first attempt, a warm spare per local rank (measured
+        and said). Later spares are made while an attempt runs (``refill``): made here, a rank
+        without one would wait for a fork it could have had with its group's in one request."""
+        first = self._guard is None
         self._guard = guard
         if self._state in ("new", "launched"):
             self._start(specs[0], go_on)
-        while self.refill():
+        while first and self.refill():
             pass
         self._spares.say_cost_once(go_on)
 
