@@ -126,7 +126,7 @@ class AttemptChannel:
         try:
             lost = self._look_for_lost_nodes()
             if self._interrupt is None and self._interrupt_raised():
-                self._interrupt = Interrupt.from_json(self._get("interrupt"))
+                self._interrupt = Interrupt.from_json(self._watch.value or self._get("interrupt"))
         except LeaderUnreachable as err:
             if self._interrupt is None:
                 self._interrupt = Interrupt(0, InterruptKind.LOST, str(err))

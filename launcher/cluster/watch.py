@@ -5,7 +5,7 @@ one renewed wait every ``RENEW_S``."""
 
 import threading
 from datetime import timedelta
-from typing import Callable
+from typing import Callable, Optional
 
 __all__ = ["KeyWatch", "RENEW_S"]
 
@@ -14,7 +14,9 @@ RENEW_S = 10.0  # a wait the store did not answer is asked again this often (and
 
 class KeyWatch(threading.Thread):
     """Waits, on a connection of its own (a blocking wait holds the one it is on), until ``key``
-    is set; then ``fired`` is true and ``wake()`` ends the loop's sleep at once. A wait that fails
+    is set; then ``value`` holds what it was set to (read on the same connection: the loop
+    need not ask the store again, one round trip and two thread switches less on each node of a
+    busy machine), ``fired`` is true and ``wake()`` ends the loop's sleep at once. A wait that fails
     otherwise than by its timeout (the store gone) ends the watch: ``broken`` is true, and the
     caller goes back to looking for itself (its liveness checks say what happened)."""
 
@@ -24,6 +26,7 @@ class KeyWatch(threading.Thread):
         self._done = threading.Event()
         self.fired = False
         self.broken = False
+        self.value: Optional[str] = None  # once fired; None where it could not be read
 
     def run(self) -> None:
         try:
@@ -39,6 +42,10 @@ class KeyWatch(threading.Thread):
                     continue
                 self.broken = True
                 return
+            try:
+                self.value = store.get(self._key).decode()
+            except Exception:  # noqa: BLE001 - the loop reads it itself
+                self.value = None
             self.fired = True
             self._wake()
             return
