@@ -415,5 +415,13 @@ def _listening(process: psutil.Process) -> set:
 
 
 def _store_host_of(supervisor: psutil.Process) -> psutil.Process:
-    (host,) = [p for p in supervisor.children() if p.cmdline()[:1] == ["ftlaunch-store"]]
+    (host,) = [p for p in supervisor.children() if _command(p)[:1] == ["ftlaunch-store"]]
     return host
+
+
+def _command(process: psutil.Process) -> list:
+    """Its command line; [] for a child that is gone or a zombie (a stopped worker not yet reaped)."""
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
