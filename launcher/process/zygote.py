@@ -8,8 +8,8 @@ the supervisor's pid, the modules to import.
 
 Each request is one JSON message, a list of jobs (a worker's argv, env, cwd), with each job's
 file descriptors (a worker's stdout and stderr pipes); the answer is each job's pid (see
-``serve``). A group's workers come in one request: one middle process forks them all and exits
-at once, so each worker is re-parented to the supervisor (a child subreaper), which waits for it
+``serve``). A group's workers come in one request: one middle process forks them all, one after
+the other, and exits, so each worker is re-parented to the supervisor (a child subreaper), which waits for it
 like for any child it spawned. The middle's fork and exit (page tables: with torch's address
 space, about 10 ms to fork and 10-20 ms to exit on a 2-core machine) are paid once per request,
 not once per rank.
