@@ -246,26 +246,23 @@ class ForkServer:
         return self._forked(jobs, [list(pair) for pair in pipes], timeout)
 
     def fork_store(self, timeout: float = 30.0) -> Tuple[int, socket.socket]:
-        """The store host (``store_host``): its pid, and our end of its socket. Its output goes to
-        the fork server's log."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        """The store host (``store_host``): its pid, and our end of its socket."""
         job = {"argv": ["ftlaunch-store"], "env": dict(os.environ), "cwd": os.getcwd(), "store": True}
-        try:
-            with open(self._log_file, "ab") as log, theirs:
-                fds = [log.fileno(), log.fileno(), theirs.fileno()]
-                return self._forked([job], [fds], timeout).one(), ours
-        except BaseException:
-            ours.close()
-            raise
+        return self._fork_helper(job, timeout)
 
     def fork_spare(self, local_rank: int, cuda: bool, timeout: float = 30.0) -> Tuple[int, socket.socket]:
         """A warm spare for ``local_rank`` (``spare``): its pid, and our end of the socket it is
-        handed its rank through. Its output goes to the fork server's log until then."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        handed its rank through."""
         job = {
             "argv": ["ftlaunch-spare", str(local_rank)],  # what ps shows
             "spare": {"local_rank": local_rank, "cuda": cuda},  # the rank's env and cwd come with it
         }
+        return self._fork_helper(job, timeout)
+
+    def _fork_helper(self, job: dict, timeout: float) -> Tuple[int, socket.socket]:
+        """A helper of ours (a store host, a spare): its pid, and our end of a socket pair of its
+        own. Its output goes to the fork server's log."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             with open(self._log_file, "ab") as log, theirs:
                 fds = [log.fileno(), log.fileno(), theirs.fileno()]
