@@ -28,6 +28,7 @@ from launcher.process.memory_tier import MemoryTier
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.signals import SignalInbox
 from launcher.process.spares import WarmSpares
+from launcher.process.store import unless_stopping
 from launcher.process.workers import PopenSpawner, Spawner
 from launcher.roles.base import Role
 from launcher.roles.follower import Follower
@@ -148,8 +149,14 @@ def _lead(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, con
                     count_injected=config.chaos.counts,
                 )
                 if job_store is None:
-                    # The workers' store in a process forked from the fork server, when it serves.
-                    host = functools.partial(spawner.host_store, go_on=lambda: signals.first is None)
+                    # The workers' store in a process forked from the fork server, when it serves;
+                    # none once a signal came (the attempt will not start).
+                    def stopping() -> bool:
+                        return signals.first is not None
+
+                    host = unless_stopping(
+                        functools.partial(spawner.host_store, go_on=lambda: not stopping()), stopping
+                    )
                     role: RunHolder = SingleNode(config, run, events, signals, say, policy, host)
                 else:
                     rendezvous = Rendezvous(config.cluster, config.run.run_id, job_store)

@@ -14,7 +14,7 @@ from typing import Callable, Optional, Protocol
 
 from launcher.process.quiet_torch import import_torch
 
-__all__ = ["AttemptStore", "HostedStore", "StoreHost", "host_here", "listen"]
+__all__ = ["AttemptStore", "HostedStore", "NotServed", "StoreHost", "host_here", "listen", "unless_stopping"]
 
 
 class HostedStore(Protocol):
@@ -30,6 +30,25 @@ StoreHost = Callable[[socket.socket], Optional[HostedStore]]
 
 def host_here(listener: socket.socket) -> Optional[HostedStore]:
     return None
+
+
+class NotServed:
+    """An attempt's store that nobody serves: a signal came before the attempt could start, so
+    none of its workers will connect. Serving it here would first import torch: seconds before
+    the signal is answered."""
+
+    def stop(self) -> None:
+        pass
+
+
+def unless_stopping(host: StoreHost, stopping: Callable[[], bool]) -> StoreHost:
+    """``host``, except that a store it leaves to this process is not served once ``stopping()``."""
+
+    def hosted(listener: socket.socket) -> Optional[HostedStore]:
+        served = host(listener)
+        return NotServed() if served is None and stopping() else served
+
+    return hosted
 
 
 class AttemptStore:

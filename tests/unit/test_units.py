@@ -187,3 +187,28 @@ def test_an_elastic_attempt_numbers_its_ranks_densely_over_the_nodes_present(tmp
     assert [s.rank for s in full] == [4, 5] and full[0].env[contract.WORLD_SIZE] == "6"
     with pytest.raises(ValueError, match="node 1 is not one of the attempt's nodes"):
         Layout((0, 2), 1, 2)
+
+
+def test_a_store_left_to_the_supervisor_is_served_unless_a_signal_came_first():
+    """A signal while the fork server starts: the attempt will not start, and serving its store
+    here would first import torch, seconds before the signal is answered: nobody serves it."""
+    import socket
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from launcher.process.store import AttemptStore, host_here, unless_stopping
+
+    served = AttemptStore("127.0.0.1", 0, unless_stopping(host_here, lambda: False))
+    try:
+        client = TCPStore("127.0.0.1", served.port, is_master=False, timeout=timedelta(seconds=30))
+        client.set("k", "v")
+        assert client.get("k") == b"v"
+    finally:
+        served.close()
+    unserved = AttemptStore("127.0.0.1", 0, unless_stopping(host_here, lambda: True))
+    try:
+        with pytest.raises(ConnectionRefusedError):  # its socket closed: nothing listens
+            socket.create_connection(("127.0.0.1", unserved.port), timeout=30).close()
+    finally:
+        unserved.close()
