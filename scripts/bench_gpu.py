@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from worker_lib.checkpoint import premapped  # noqa: E402
 from worker_lib.checkpoint.flat import split  # noqa: E402
 from worker_lib.checkpoint.manager import CheckpointManager, LocalChannel  # noqa: E402
 from worker_lib.checkpoint.memory import MemorySnapshots  # noqa: E402
@@ -225,10 +226,18 @@ def load(setup: Setup) -> List[Row]:
         return load_once
 
     from_memory = timed(restarted(LOADED_MEMORY), setup.repeats)
+    # What a warm spare does while parked (launcher/process/spare.py), untimed: the slots mapped
+    # and registered by the process that then loads them.
+    ahead = timed(
+        restarted(LOADED_MEMORY),
+        setup.repeats,
+        before=lambda: premapped.look(setup.shm / "load", 0, pin=setup.device.type == "cuda"),
+    )
     from_storage = timed(restarted(LOADED_STORAGE), 3)
     torch_load = timed(lambda: (torch.load(part, map_location=target, weights_only=True), setup.sync()), 3)
     return [
         setup.row("ft.load_checkpoint() from memory into the device", from_memory, 3),
+        setup.row("the same, its slots mapped and registered ahead (a warm spare's worker)", ahead, 3),
         setup.row("ft.load_checkpoint() from storage (page cache) into the device", from_storage),
         setup.row("torch: torch.load(map_location=device) of the same part", torch_load),
         *_register_rows(setup),

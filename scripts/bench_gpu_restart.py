@@ -31,6 +31,8 @@ from bench_recovery import ROOT, kill_tree
 WORKER = ROOT / "scripts" / "bench_gpu_restart_worker.py"
 LAUNCHERS = ["ftlaunch, warm spare", "ftlaunch, no spare", "torchrun"]
 PHASES = ["started", "ready", "loaded", "first step", "steps redone", "total"]
+# "ready" and "loaded" in their parts (seconds, each after the one before)
+PARTS = ["imports", "group", "model built", "checkpoint in", "DDP"]
 CRASH_AT = 12
 
 
@@ -94,6 +96,11 @@ def phases(stamps: Dict[str, float]) -> Dict[str, float]:
         "first step": stamps[f"a1.step_{start}"] - stamps["a1.loaded"],
         "steps redone": float(CRASH_AT - start),
         "total": stamps[f"a1.step_{CRASH_AT}"] - death,
+        "imports": stamps["a1.imported"] - stamps["a1.started"],
+        "group": stamps["a1.ready"] - stamps["a1.imported"],
+        "model built": stamps["a1.built"] - stamps["a1.ready"],
+        "checkpoint in": stamps["a1.restored"] - stamps["a1.built"],
+        "DDP": stamps["a1.loaded"] - stamps["a1.restored"],
     }
 
 
@@ -153,6 +160,15 @@ def _print_table(args, results: Dict[tuple, list]) -> None:
             ratio = f"{statistics.median(totals) / statistics.median(base):.2f}" if totals and base else "—"
             print(
                 f"| {size:g} MB | {launcher} | " + " | ".join(cells) + f" | {ratio} | {len(ok)}/{len(runs)} |"
+            )
+    print('\n"ready" and "loaded" in their parts (seconds, median):\n')
+    print("| state | launcher | " + " | ".join(PARTS) + " |")
+    print("|---" * (len(PARTS) + 2) + "|")
+    for size in args.sizes:
+        for launcher in LAUNCHERS:
+            ok = [r for r in results[(launcher, size)] if r is not None]
+            print(
+                f"| {size:g} MB | {launcher} | " + " | ".join(_cell([r[p] for r in ok]) for p in PARTS) + " |"
             )
     lines = {r["spare_line"] for runs in results.values() for r in runs if r is not None and r["spare_line"]}
     for line in sorted(lines):

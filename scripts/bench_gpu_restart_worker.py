@@ -6,10 +6,12 @@ through step ``--crash-at`` (after its backward), once.
 
 Stamps (CLOCK_MONOTONIC, one file each, the same clock in every process) go to ``--out``:
 ``death``; then for each attempt ``a<N>.started`` (the script's first line: before it imports
-anything but the standard library), ``a<N>.ready`` (torch imported, the process group made, the
-device's CUDA context in use), ``a<N>.loaded`` (model and optimizer built on the device, the
-checkpoint loaded into them, DDP built), ``a<N>.step_<S>`` (step S done, the device synchronized)
-and ``a<N>.resumed_at`` (the step it resumed from).
+anything but the standard library), ``a<N>.imported`` (torch and worker_lib imported),
+``a<N>.ready`` (the process group made, the device's CUDA context in use), ``a<N>.built`` (model
+and optimizer built on the device, as a GPU script builds them: in place, not on the CPU first),
+``a<N>.restored`` (the checkpoint loaded into them), ``a<N>.loaded`` (DDP built),
+``a<N>.step_<S>`` (step S done, the device synchronized) and ``a<N>.resumed_at`` (the step it
+resumed from).
 """
 
 import time  # noqa: I001 - first: the stamp below is the process's first moment as a script
@@ -53,6 +55,7 @@ def main() -> None:
 
     import worker_lib as ft
 
+    stamp(args.out, f"a{attempt}.imported", time.monotonic())
     info = ft.init(checkpoint_dir=args.checkpoint_dir)
     device = torch.device(info.device if args.device == "cuda" else "cpu")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -61,16 +64,19 @@ def main() -> None:
 
     layers = max(1, round(args.state_mb * 1e6 / (BYTES_PER_PARAM * WIDTH * WIDTH)))
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(layers)]).to(
-        device
-    )
+    with device:
+        model = torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(layers)])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    sync()
+    stamp(args.out, f"a{attempt}.built", time.monotonic())
     ckpt = ft.load_checkpoint()
     start = 0
     if ckpt is not None:
         model.load_state_dict(ckpt.state["model"])
         optimizer.load_state_dict(ckpt.state["optimizer"])
         start = ckpt.step
+    sync()
+    stamp(args.out, f"a{attempt}.restored", time.monotonic())
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     sync()
     stamp(args.out, f"a{attempt}.loaded", time.monotonic())

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from launcher.core.config import EntryKind, EntrySection
 from launcher.process.linux import die_with_parent
@@ -250,12 +250,15 @@ class ForkServer:
         job = {"argv": ["ftlaunch-store"], "env": dict(os.environ), "cwd": os.getcwd(), "store": True}
         return self._fork_helper(job, timeout)
 
-    def fork_spare(self, local_rank: int, cuda: bool, timeout: float = 30.0) -> Tuple[int, socket.socket]:
+    def fork_spare(
+        self, local_rank: int, cuda: bool, slots: Optional[dict] = None, timeout: float = 30.0
+    ) -> Tuple[int, socket.socket]:
         """A warm spare for ``local_rank`` (``spare``): its pid, and our end of the socket it is
-        handed its rank through."""
+        handed its rank through. ``slots``: the memory-tier slots it maps ahead (``spare.park``)."""
         job = {
             "argv": ["ftlaunch-spare", str(local_rank)],  # what ps shows
-            "spare": {"local_rank": local_rank, "cuda": cuda},  # the rank's env and cwd come with it
+            # the rank's env and cwd come with its request
+            "spare": {"local_rank": local_rank, "cuda": cuda, "slots": slots},
         }
         return self._fork_helper(job, timeout)
 
@@ -338,6 +341,7 @@ class ForkServerSpawner:
         self._state = "new"  # new → (launched →) serving | off
         self._store_host: Optional[ForkedStoreHost] = None  # once this node hosts a store
         self._guard: Optional[OrphanGuard] = None  # the run's, once an attempt is prepared
+        self._slots: Dict[int, dict] = {}  # local rank → its memory-tier slots, as the last plan had them
 
     @property
     def helper_pids(self) -> Tuple[int, ...]:
@@ -385,6 +389,7 @@ class ForkServerSpawner:
         without one would wait for a fork it could have had with its group's in one request."""
         first = self._guard is None
         self._guard = guard
+        self._note_slots(specs)
         if self._state in ("new", "launched"):
             self._start(specs[0], go_on)
         while first and self.refill():
@@ -395,7 +400,9 @@ class ForkServerSpawner:
         if self._state != "serving" or self._guard is None:
             return False
         try:
-            return self._spares.make_one(self._server.fork_spare, self._guard)
+            return self._spares.make_one(
+                lambda rank, cuda: self._server.fork_spare(rank, cuda, self._slots.get(rank)), self._guard
+            )
         except ForkServerUnavailable as err:
             self._give_up(str(err))
         except OSError as err:  # the fork server's log cannot be opened for it
@@ -409,6 +416,7 @@ class ForkServerSpawner:
         ``_BATCH``; from the first request the fork server cannot serve, the rest spawned."""
         if self._state in ("new", "launched"):
             self._start(specs[0], lambda: True)
+        self._note_slots(specs)
         left = list(specs)
         if self._state == "serving" and self._spares.pids:
             left = []
@@ -431,6 +439,15 @@ class ForkServerSpawner:
                 started = {spec.rank for spec, _ in forked}
                 left = [spec for spec in batch if spec.rank not in started] + left
         yield from self._fallback.spawn(left, go_on)
+
+    def _note_slots(self, specs: Sequence[WorkerSpec]) -> None:
+        """Where each local rank's memory-tier slots are (its rank and the node's folder), for the
+        spares made from now on: the next attempt's ranks are most often this one's."""
+        self._slots = {
+            spec.local_rank: {"folder": spec.env[c.FT_MEMORY_DIR], "rank": spec.rank}
+            for spec in specs
+            if spec.env.get(c.FT_MEMORY_DIR)
+        }
 
     def _from_spare(self, spec: WorkerSpec, go_on: Callable[[], bool]) -> Optional[Spawned]:
         out_r, out_w = os.pipe()

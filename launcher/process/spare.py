@@ -17,9 +17,11 @@ is not for it. EOF on the socket (the supervisor let it go) ends it.
 import ctypes
 import json
 import os
+import select
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import List, Optional, Tuple
 
 from worker_lib.core import contract as c
@@ -28,11 +30,14 @@ __all__ = ["device_memory_used", "misfit", "park", "warm_cuda", "warn_of_late_cu
 
 _MAX_MESSAGE = 1 << 20
 _CUDA_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")  # what decides which GPU index k is
+_LOOK_S = 0.5  # a parked spare looks for its rank's memory-tier slots this often
 
 
-def park(sock_fd: int, local_rank: int, cuda: bool) -> Tuple[dict, List[int]]:
+def park(sock_fd: int, local_rank: int, cuda: bool, slots: Optional[dict] = None) -> Tuple[dict, List[int]]:
     """Warm up, say so, and wait for the rank's request: returns it with its stdio descriptors,
-    once answered. Exits when warming up fails or the supervisor lets it go."""
+    once answered. Exits when warming up fails or the supervisor lets it go. ``slots``: where
+    the rank it expects keeps its memory-tier snapshots (``{"folder", "rank"}``), mapped and
+    registered with CUDA while it waits, for its worker's load."""
     sock = socket.socket(fileno=sock_fd)
     try:
         made = warm_cuda(local_rank) if cuda else {"device": "cpu", "seconds": 0.0, "gpu_bytes": None}
@@ -40,8 +45,9 @@ def park(sock_fd: int, local_rank: int, cuda: bool) -> Tuple[dict, List[int]]:
         _answer(sock, {"error": f"{type(err).__name__}: {err}".splitlines()[0]})
         os._exit(1)
     _answer(sock, {"ready": made})
+    nccl_env = _nccl_env(os.environ)
     try:
-        data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, 2)
+        data, fds = _wait_for_rank(sock, slots if cuda else None)
     except OSError:
         os._exit(0)
     if not data:  # let go: nothing of it is anyone's
@@ -51,31 +57,68 @@ def park(sock_fd: int, local_rank: int, cuda: bool) -> Tuple[dict, List[int]]:
     if why:
         _answer(sock, {"error": why})
         os._exit(0)
+    if slots is not None and not _same_slots(slots, request["env"]):
+        _premapped().forget()  # another rank's: its worker maps its own
     _answer(sock, {"pid": os.getpid()})
     sock.close()
     if cuda:
-        warn_of_late_cuda_env({name: os.environ.get(name) for name in _CUDA_ENV})
+        warn_of_late_cuda_env({name: os.environ.get(name) for name in _CUDA_ENV}, nccl_env)
     return request, fds
 
 
-def warn_of_late_cuda_env(made_with: dict) -> None:
-    """Some scripts pick their GPU by setting CUDA_VISIBLE_DEVICES before their first CUDA call;
-    in a spare's worker the context was made before the script ran, with ``made_with``, and such
-    a setting changes nothing: said once on stderr, where the script's own output goes."""
+def _wait_for_rank(sock: socket.socket, slots: Optional[dict]) -> Tuple[bytes, List[int]]:
+    """The supervisor's message (b"" when it let the spare go); meanwhile, every
+    ``_LOOK_S``, the rank's memory-tier slots mapped as they appear (and let go as they change)."""
+    while slots is not None and not select.select([sock], [], [], _LOOK_S)[0]:
+        try:
+            _premapped().look(Path(slots["folder"]), int(slots["rank"]), pin=True)
+        except Exception as err:  # noqa: BLE001 - a spare that cannot map ahead still serves
+            print(f"ftlaunch-spare: slots not mapped ahead: {type(err).__name__}: {err}", file=sys.stderr)
+            slots = None
+    data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, 2)
+    return data, fds
+
+
+def _same_slots(slots: dict, env: dict) -> bool:
+    return env.get(c.FT_MEMORY_DIR) == slots["folder"] and env.get(c.RANK) == str(slots["rank"])
+
+
+def _premapped():
+    from worker_lib.checkpoint import premapped
+
+    return premapped
+
+
+def warn_of_late_cuda_env(made_with: dict, nccl_env: Optional[dict] = None) -> None:
+    """Some scripts pick their GPU by setting CUDA_VISIBLE_DEVICES before their first CUDA call,
+    or tune NCCL with NCCL_* variables before making their group; in a spare's worker the context
+    was made, and NCCL read its settings, before the script ran, with ``made_with`` and
+    ``nccl_env``, and such a setting may change nothing: said once on stderr, where the script's
+    own output goes."""
     original = os._Environ.__setitem__
     said: List[str] = []
+    nccl_env = nccl_env or {}
 
     def setitem(environ, key, value):
         original(environ, key, value)
-        if key in made_with and value != made_with[key] and not said:
-            said.append(key)
-            print(
-                f"ftlaunch: {key}={value} set by the script changes nothing: this worker's CUDA context "
-                f"was made by its warm spare with {key}={made_with[key]}; set it where ftlaunch is "
-                "launched, or use --warm-spare off",
-                file=sys.stderr,
-                flush=True,
+        if said:
+            return
+        if key in made_with and value != made_with[key]:
+            what = (
+                "changes nothing: this worker's CUDA context was made by its warm spare with "
+                f"{key}={made_with[key]}"
             )
+        elif key.startswith("NCCL_") and value != nccl_env.get(key):
+            what = "may change nothing: NCCL read its settings when this worker's warm spare set it up"
+        else:
+            return
+        said.append(key)
+        print(
+            f"ftlaunch: {key}={value} set by the script {what}; set it where ftlaunch is launched, "
+            "or use --warm-spare off",
+            file=sys.stderr,
+            flush=True,
+        )
 
     os._Environ.__setitem__ = setitem  # type: ignore[method-assign] # this worker's own os.environ, on purpose
 
@@ -85,10 +128,14 @@ def misfit(env: dict, local_rank: int) -> str:
     the GPUs than the one its context was made with."""
     if env.get(c.LOCAL_RANK) != str(local_rank):
         return f"it is local rank {local_rank}'s spare, asked for local rank {env.get(c.LOCAL_RANK)}"
-    for name in _CUDA_ENV:
+    for name in _CUDA_ENV + tuple(sorted(set(_nccl_env(env)) | set(_nccl_env(os.environ)))):
         if env.get(name) != os.environ.get(name):
             return f"it was made with {name}={os.environ.get(name)}, asked for {env.get(name)}"
     return ""
+
+
+def _nccl_env(env) -> dict:
+    return {name: value for name, value in env.items() if name.startswith("NCCL_")}
 
 
 def warm_cuda(local_rank: int) -> dict:
@@ -108,9 +155,32 @@ def warm_cuda(local_rank: int) -> dict:
     torch.mm(x, x)  # cuBLAS: its handle and workspace, for this thread (the worker's main thread)
     torch.cuda.synchronize(device)
     del x
+    nccl = warm_nccl(device)
     after = device_memory_used(uuid)
     cost = after - before if fresh and before is not None and after is not None else None
-    return {"device": str(device), "seconds": time.monotonic() - started, "gpu_bytes": cost}
+    return {"device": str(device), "seconds": time.monotonic() - started, "gpu_bytes": cost, "nccl": nccl}
+
+
+def warm_nccl(device) -> str:
+    """NCCL's set-up once per process and GPU (its kernels loaded onto the device, its settings
+    and network read), paid here instead of in the worker's first group: a group of one on a
+    store of its own, one all-reduce, destroyed before the spare parks. '' when done, else why
+    not (the worker then pays it, as without a spare)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_nccl_available()):
+        return "torch has no NCCL"
+    try:
+        dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=device)
+        try:
+            dist.all_reduce(torch.ones(1, device=device))
+            torch.cuda.synchronize(device)
+        finally:
+            dist.destroy_process_group()
+    except Exception as err:  # noqa: BLE001 - a spare without it still saves the context
+        return f"{type(err).__name__}: {err}".splitlines()[0]
+    return ""
 
 
 class _Memory(ctypes.Structure):

@@ -29,7 +29,9 @@ __all__ = ["Spare", "SpareFailed", "SpareState", "WarmSpares"]
 
 _MAX_MESSAGE = 1 << 16
 _READY_S = 120.0  # a CUDA context within it (seconds on a busy 8-GPU node), or spares go off
-_ANSWER_S = 10.0  # a parked spare answers its hand-over at once
+# A parked spare answers its hand-over at once, unless it is registering a slot of its rank's that
+# has just appeared (about 8 GB/s: 30 s is 240 GB).
+_ANSWER_S = 30.0
 _REAP_S = 10.0  # a SIGKILLed spare is reaped within it (the kernel releases its GPU memory)
 
 MakeSpare = Callable[[int, bool], Tuple[int, socket.socket]]  # (local rank, cuda) → (pid, its socket)
@@ -227,7 +229,10 @@ def cost_line(made: List[dict]) -> str:
     else:
         low, high = (round(size / 2**20) for size in (min(known), max(known)))
         memory = f"{low} MiB" if low == high else f"{low}–{high} MiB"
-    return (
-        f"warm spare: {len(made)} parked worker(s), one per GPU, CUDA context and cuBLAS handle made "
-        f"ahead in {seconds:.2f} s; GPU memory each: {memory}"
+    nccl_not = sorted({m["nccl"] for m in made if m.get("nccl")})  # why NCCL was not set up ahead
+    ahead = "CUDA context and cuBLAS handle" if nccl_not else "CUDA context, cuBLAS handle and NCCL's set-up"
+    line = (
+        f"warm spare: {len(made)} parked worker(s), one per GPU, {ahead} made ahead in {seconds:.2f} s; "
+        f"GPU memory each: {memory}"
     )
+    return line + (f" (NCCL not set up ahead: {nccl_not[0]})" if nccl_not else "")

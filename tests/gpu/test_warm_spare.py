@@ -45,3 +45,28 @@ def test_a_crash_resumes_bit_identically_through_a_warm_spare_whose_context_is_o
     assert 16 <= int(cost.group(1)) <= 4096  # a context and a cuBLAS workspace: tens to hundreds of MiB
     assert a.stderr.count("warm spare:") == 1 and "warm spare" not in b.stderr
     assert all(launch.survivors() == [] for launch in launcher.launches)
+
+
+def test_a_restart_through_a_spare_reads_the_memory_tier_through_slots_it_registered_ahead(
+    launcher, tmp_path
+):
+    spared, plain = tmp_path / "spared", tmp_path / "plain"
+    for out in (spared, plain):
+        out.mkdir()
+    a = launcher.run(
+        "--nproc", "1", "--warm-spare", "on", "--max-failures", "1", "--run-name", "spared",
+        TRAIN, "--out", str(spared), "--crash", "7", "--memory", env=DETERMINISTIC, timeout=90,
+    )  # fmt: skip
+    b = launcher.run(
+        "--nproc", "1", "--warm-spare", "off", "--run-name", "plain", TRAIN, "--out", str(plain),
+        env=DETERMINISTIC, timeout=55,
+    )  # fmt: skip
+    assert a.proc.returncode == 0 and b.proc.returncode == 0, a.stderr + b.stderr
+    # the rank waited for its spare to map both slots before it died: the restart read them
+    loaded = "step 7 loaded from the node's memory tier (its slot mapped ahead by this worker's warm spare)"
+    assert loaded in a.stdout + a.stderr, a.stdout + a.stderr
+    assert "NCCL's set-up made ahead" in a.stderr, a.stderr
+    assert _seen(spared, 1, 1)[0]["initialized"]  # attempt 1 ran in a spare
+    x, y = torch.load(spared / "weights.pt"), torch.load(plain / "weights.pt")
+    assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+    assert all(launch.survivors() == [] for launch in launcher.launches)

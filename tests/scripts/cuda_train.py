@@ -3,7 +3,11 @@ given its arguments (cuBLAS with CUBLAS_WORKSPACE_CONFIG set, deterministic algo
 resumed after a crash ends with the weights of a run that never stopped only if the model, the
 optimizer and every RNG were restored.
 
-    cuda_train.py --out OUT_DIR [--steps 12] [--save-every 5] [--crash STEP]
+    cuda_train.py --out OUT_DIR [--steps 12] [--save-every 5] [--crash STEP] [--memory]
+
+``--memory``: a memory-tier snapshot after every step, and before its crash rank 0 waits (60 s
+at most) until another process (its warm spare) maps both of its slots; worker_lib's log lines
+go to stderr.
 
 Before it touches CUDA it writes OUT_DIR/rank_<r>.attempt_<a>.json: its pid, whether CUDA was
 already initialized in it, its current device then, and on which GPUs a primary context exists
@@ -13,8 +17,10 @@ attempt 0; at the end rank 0 writes OUT_DIR/weights.pt.
 
 import argparse
 import json
+import logging
 import os
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -34,13 +40,37 @@ def seen_before_cuda() -> dict:
     }
 
 
+def wait_for_slots_mapped_by_another(rank: int) -> None:
+    """Until a process other than this one maps both of this rank's memory-tier slots (its warm
+    spare, looking every half second), as /proc/PID/maps shows; 60 s at most."""
+    folder = os.environ["FTLAUNCH_MEMORY_DIR"]
+    ft.wait_for_checkpoint()
+    wanted = {f"{folder}/rank_{rank}.{slot}" for slot in (0, 1)}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            if int(pid) == os.getpid():
+                continue
+            try:
+                maps = Path(f"/proc/{pid}/maps").read_text()
+            except OSError:
+                continue
+            if all(path in maps for path in wanted):
+                return
+        time.sleep(0.05)
+    raise SystemExit("no warm spare mapped the memory-tier slots within 60 s")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--save-every", type=int, default=5)
     p.add_argument("--crash", type=int, default=-1)
+    p.add_argument("--memory", action="store_true")
     args = p.parse_args()
+    if args.memory:
+        logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     rank, attempt = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
     (args.out / f"rank_{rank}.attempt_{attempt}.json").write_text(json.dumps(seen_before_cuda()))
     torch.use_deterministic_algorithms(True, warn_only=True)  # the weights compared say the rest
@@ -58,6 +88,8 @@ def main() -> None:
     ddp = DDP(model, device_ids=[device.index])
     for step in range(start, args.steps):
         if step == args.crash and attempt == "0" and info.rank == 0:
+            if args.memory:
+                wait_for_slots_mapped_by_another(info.rank)
             os.kill(os.getpid(), signal.SIGKILL)
         x = torch.randn(32, 64, generator=torch.Generator().manual_seed(step * 100 + info.rank)).to(device)
         noise = 0.1 * torch.randn(32, 8, device=device)  # the CUDA RNG: restored on resume, or not equal
@@ -65,6 +97,10 @@ def main() -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if args.memory:
+            ft.save_checkpoint(
+                step + 1, {"model": model.state_dict(), "optimizer": optimizer.state_dict()}, to="memory"
+            )
         if (step + 1) % args.save_every == 0:
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
             ft.save_checkpoint(step + 1, state, replicated=True)

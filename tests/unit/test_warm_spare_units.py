@@ -47,12 +47,18 @@ def test_preload_takes_a_comma_list_of_module_names():
 def test_the_cost_of_a_spare_is_said_in_one_line_unknown_where_nvml_cannot_count_it():
     cpu = {"device": "cpu", "seconds": 0.0, "gpu_bytes": None}
     assert cost_line([cpu, cpu]).endswith("2 parked worker(s), one per local rank, forked ahead (no CUDA)")
-    gpu = {"device": "cuda:0", "seconds": 0.41, "gpu_bytes": 514 * 2**20}
-    other = {"device": "cuda:1", "seconds": 0.52, "gpu_bytes": 530 * 2**20}
-    assert cost_line([gpu]).endswith("made ahead in 0.41 s; GPU memory each: 514 MiB")
+    gpu = {"device": "cuda:0", "seconds": 0.41, "gpu_bytes": 514 * 2**20, "nccl": ""}
+    other = {"device": "cuda:1", "seconds": 0.52, "gpu_bytes": 530 * 2**20, "nccl": ""}
+    assert cost_line([gpu]).endswith(
+        "CUDA context, cuBLAS handle and NCCL's set-up made ahead in 0.41 s; GPU memory each: 514 MiB"
+    )
     assert cost_line([gpu, other]).endswith("in 0.52 s; GPU memory each: 514–530 MiB")
     unknown = {**other, "gpu_bytes": None}
     assert cost_line([gpu, unknown]).endswith("GPU memory each: unknown (NVML could not count it)")
+    no_nccl = {**other, "nccl": "RuntimeError: NCCL error"}
+    said = cost_line([gpu, no_nccl])
+    assert "CUDA context and cuBLAS handle made ahead" in said
+    assert said.endswith("(NCCL not set up ahead: RuntimeError: NCCL error)")
 
 
 def test_a_spare_takes_only_its_own_local_rank_with_the_gpus_it_was_made_for(monkeypatch):
@@ -63,6 +69,17 @@ def test_a_spare_takes_only_its_own_local_rank_with_the_gpus_it_was_made_for(mon
     assert "made with CUDA_VISIBLE_DEVICES=2,3, asked for 3" in misfit(
         {**mine, "CUDA_VISIBLE_DEVICES": "3"}, 1
     )
+
+
+def test_a_spare_takes_only_a_rank_with_the_nccl_settings_it_set_nccl_up_with(monkeypatch):
+    for name in [n for n in os.environ if n.startswith("NCCL_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "lo")
+    mine = {"LOCAL_RANK": "0", "NCCL_SOCKET_IFNAME": "lo"}
+    assert misfit(mine, 0) == ""
+    other = {**mine, "NCCL_SOCKET_IFNAME": "eth0"}
+    assert "made with NCCL_SOCKET_IFNAME=lo, asked for eth0" in misfit(other, 0)
+    assert "made with NCCL_DEBUG=None, asked for INFO" in misfit({**mine, "NCCL_DEBUG": "INFO"}, 0)
 
 
 def test_a_script_that_picks_its_gpus_after_its_spare_made_the_context_is_told_once(monkeypatch, capsys):
@@ -78,3 +95,16 @@ def test_a_script_that_picks_its_gpus_after_its_spare_made_the_context_is_told_o
     assert said.count("ftlaunch:") == 1, said
     assert "CUDA_VISIBLE_DEVICES=1 set by the script changes nothing" in said
     assert "made by its warm spare with CUDA_VISIBLE_DEVICES=0,1" in said and "--warm-spare off" in said
+
+
+def test_a_script_that_tunes_nccl_after_its_spare_set_nccl_up_is_told_once(monkeypatch, capsys):
+    monkeypatch.setattr(os._Environ, "__setitem__", os._Environ.__setitem__)  # put back afterwards
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")
+    warn_of_late_cuda_env({"CUDA_VISIBLE_DEVICES": None}, {"NCCL_DEBUG": "WARN"})
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")  # as NCCL read it: nothing to say
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("NCCL_IB_DISABLE", "1")
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    said = capsys.readouterr().err
+    assert said.count("ftlaunch:") == 1, said
+    assert "NCCL_IB_DISABLE=1 set by the script may change nothing: NCCL read its settings" in said

@@ -258,7 +258,11 @@ class CheckpointManager:
             self._steps_in_storage.add(step)
         self.restore_rng(payload)
         self.loaded_tier = c.LOADED_MEMORY
-        log.info("checkpoint step %d loaded from the node's memory tier", step)
+        log.info(
+            "checkpoint step %d loaded from the node's memory tier%s",
+            step,
+            " (its slot mapped ahead by this worker's warm spare)" if self.memory.read_ahead else "",
+        )
         return Checkpoint(step=step, state=state, metrics=self.memory.metrics(step))
 
     def newest_agreed(self, read: Callable[[CommitMarker], Tuple[Any, Optional[str]]]):

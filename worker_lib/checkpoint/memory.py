@@ -62,6 +62,7 @@ class MemorySnapshots:
         self._loads = 0
         self._kind = "parts"  # of the load in progress
         self._logged_size = False
+        self.read_ahead = False  # the last read's slot was mapped (and registered) ahead by a warm spare
 
     @property
     def _channel(self) -> CommitChannel:
@@ -195,6 +196,7 @@ class MemorySnapshots:
                 raise ValueError("its files are no longer whole")
             layout, skeleton = decode_index(files.index.read_bytes())
             tensors = files.read_tensors(record.size, layout, fresh)
+            self.read_ahead = files.mapped_ahead
         except Exception as err:  # noqa: BLE001 - any failure to read it is a reason to fall back
             return None, f"rank {self.rank}: memory snapshot of step {step}: {err}"
         return rebuild(skeleton, tensors), None

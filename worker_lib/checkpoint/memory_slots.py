@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from worker_lib.checkpoint import premapped
 from worker_lib.checkpoint.commit import CheckpointError
 from worker_lib.checkpoint.flat import Layout
 from worker_lib.checkpoint.staging import HostBuffer, mib, read_into
@@ -74,6 +75,7 @@ class SlotFiles:
         self.index = folder / f"rank_{rank}.{slot}.index"
         self.record = folder / f"rank_{rank}.{slot}.json"
         self._buffer: Optional[HostBuffer] = None
+        self.mapped_ahead = False  # the mapping in use is the one this process's warm spare made
 
     def read_record(self) -> Optional[Record]:
         """The slot's record if both files are whole, else None."""
@@ -90,6 +92,10 @@ class SlotFiles:
         if self._buffer is not None and self._buffer.size == size:
             return self._buffer
         self.release()
+        self._buffer = premapped.take(self.data, size)  # this process's warm spare's, if any
+        if self._buffer is not None:
+            self.mapped_ahead = True
+            return self._buffer
         fd = os.open(self.data, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             have = os.fstat(fd).st_size
@@ -115,6 +121,9 @@ class SlotFiles:
         """The whole data file of a held slot, mapped to be read (no pages reserved: they are)."""
         if self._buffer is None or self._buffer.size != size:
             self.release()
+            self._buffer = premapped.take(self.data, size)
+            self.mapped_ahead = self._buffer is not None
+        if self._buffer is None:
             fd = os.open(self.data, os.O_RDWR)
             try:
                 self._buffer = HostBuffer(size, fd)
@@ -161,10 +170,12 @@ class SlotFiles:
         if self._buffer is not None:
             self._buffer.close()
             self._buffer = None
+        self.mapped_ahead = False
 
     def discard(self) -> None:
-        """The slot holds nothing: its files go."""
+        """The slot holds nothing: its files go (and a mapping of them made ahead)."""
         self.release()
+        premapped.forget(str(self.data))
         for path in (self.record, self.index, self.data):
             path.unlink(missing_ok=True)
 
