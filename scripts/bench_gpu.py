@@ -208,31 +208,42 @@ def load(setup: Setup) -> List[Row]:
     part = setup.work / "load" / "step_1" / "rank_0.pt"
     target = torch.device("cuda", torch.cuda.current_device()) if setup.device.type == "cuda" else "cpu"
 
+    loaded: List[
+        MemorySnapshots
+    ] = []  # closed (unmapped, unregistered) after the timing: a worker keeps them
+
+    def close_loaded() -> None:
+        while loaded:
+            loaded.pop().close()
+
     def restarted(tier: int) -> Callable[[], object]:
         def load_once() -> object:
             memory = (
                 MemorySnapshots(setup.shm / "load", 0, 1, LocalChannel()) if tier == LOADED_MEMORY else None
             )
+            loaded.extend([memory] if memory is not None else [])
             manager = CheckpointManager(
                 Storage(str(setup.work / "load")), 0, 1, LocalChannel(), memory=memory
             )
             found = manager.load()
             assert found is not None and manager.loaded_tier == tier, (found, manager.loaded_tier)
             setup.sync()
-            if memory is not None:
-                memory.close()
             return found
 
         return load_once
 
-    from_memory = timed(restarted(LOADED_MEMORY), setup.repeats)
+    from_memory = timed(restarted(LOADED_MEMORY), setup.repeats, before=close_loaded)
     # What a warm spare does while parked (launcher/process/spare.py), untimed: the slots mapped
     # and registered by the process that then loads them.
     ahead = timed(
         restarted(LOADED_MEMORY),
         setup.repeats,
-        before=lambda: premapped.look(setup.shm / "load", 0, pin=setup.device.type == "cuda"),
+        before=lambda: (
+            close_loaded(),
+            premapped.look(setup.shm / "load", 0, pin=setup.device.type == "cuda"),
+        ),
     )
+    close_loaded()
     from_storage = timed(restarted(LOADED_STORAGE), 3)
     torch_load = timed(lambda: (torch.load(part, map_location=target, weights_only=True), setup.sync()), 3)
     return [

@@ -6,9 +6,11 @@ side by side, phase by phase, at two sizes of model + AdamW state.
 
 The workload is scripts/bench_gpu_restart_worker.py, one rank: DDP, AdamW, a storage checkpoint
 every 10 steps (blocking, so it is committed before the crash), and under ftlaunch a memory-tier
-snapshot after every step (torchrun has no memory tier: it resumes from storage and does the
-steps since again). The rank SIGKILLs itself in step 12, after its backward. Every figure is read
-from the worker's own CLOCK_MONOTONIC stamps, from that death: when the new process ran its
+snapshot after every step (torchrun has no memory tier: it resumes from storage and does the steps
+since again). The rank SIGKILLs itself in step 12, after its backward; with a warm spare on a GPU,
+once the spare is warm and has registered the rank's memory-tier slots (the steady state: a restart
+never waits for a spare still warming up, it forks the rank instead, as "no spare"). Every figure is
+read from the worker's own CLOCK_MONOTONIC stamps, from that death: when the new process ran its
 script's first line (started), had its process group and its device ready (ready), had built its
 model, loaded the checkpoint into it and built DDP (loaded), finished its first step, and finished
 the interrupted step again (total). ftlaunch's own line on what a spare costs (its GPU memory, as
@@ -47,6 +49,8 @@ def _command(launcher: str, args, size: float, work: Path) -> List[str]:
             "--max-restarts", "1", *worker,
         ]  # fmt: skip
     spare = "on" if "warm spare" in launcher else "off"
+    if spare == "on" and args.device == "cuda":  # the steady state: the spare warm, its slots registered
+        worker.append("--crash-when-spared")
     return [
         sys.executable, "-m", "launcher", "--nproc", "1", "--max-failures", "1", "--warm-spare", spare,
         *(["--backend", "gloo"] if args.device == "cpu" else []),

@@ -32,6 +32,23 @@ def stamp(out: Path, name: str, value: float) -> None:
     (out / f"{name}.tmp").rename(out / name)
 
 
+def wait_for_slots_mapped_by_another(rank: int, timeout: float = 60.0) -> None:
+    """Until a process other than this one maps both of this rank's slots (/proc/PID/maps)."""
+    folder = os.environ["FTLAUNCH_MEMORY_DIR"]
+    wanted = [f"{folder}/rank_{rank}.{slot}" for slot in (0, 1)]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in (p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()):
+            try:
+                maps = Path(f"/proc/{pid}/maps").read_text()
+            except OSError:
+                continue
+            if all(path in maps for path in wanted):
+                return
+        time.sleep(0.05)
+    raise SystemExit(f"no warm spare mapped {wanted} within {timeout:g} s")
+
+
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, required=True)
@@ -42,6 +59,12 @@ def parse() -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=10)
     p.add_argument("--crash-at", type=int, default=12)
     p.add_argument("--steps-after", type=int, default=2, help="steps run past the crash step, then exit")
+    p.add_argument(
+        "--crash-when-spared",
+        action="store_true",
+        help="before the crash, wait until the warm spare maps both memory-tier slots (it is warm and "
+        "has registered them): the steady state, not a crash in the first seconds of an attempt",
+    )
     return p.parse_args()
 
 
@@ -88,6 +111,9 @@ def main() -> None:
         optimizer.zero_grad()
         loss.backward()
         if step == args.crash_at and attempt == 0:
+            if args.crash_when_spared:
+                ft.wait_for_checkpoint()
+                wait_for_slots_mapped_by_another(info.rank)
             sync()
             stamp(args.out, "death", time.monotonic())
             os.kill(os.getpid(), signal.SIGKILL)

@@ -4,9 +4,13 @@ request (``spares.Spare.take``), or lets it go.
 
 What it makes, under nccl: the CUDA context on its GPU, the caching allocator's first block and
 the cuBLAS handle with its workspace (a 64×64 matmul): the one thing a fork cannot carry, and
-the slowest a new worker makes (0.31–0.36 s on an H200). Without CUDA it is a worker already
-forked and re-parented to the supervisor. It holds no rank, no store connection and no
-collective: those are the script's, made after the hand-over.
+the slowest a new worker makes (0.31–0.36 s on an H200); then NCCL's set-up once per process and
+GPU (a group of one on a store of its own, destroyed before it parks: the worker's own group then
+takes 0.03 s instead of 0.5–0.7 s on an H100). While parked it maps and registers with CUDA its
+rank's memory-tier slots as they appear (``worker_lib.checkpoint.premapped``), so its worker's
+restore is one copy per tensor. Without CUDA it is a worker already forked and re-parented to the
+supervisor. It holds no rank, no store connection and no collective: those are the script's,
+made after the hand-over. Once warm, ps shows it as ``ftlaunch-spare <local rank> ready``.
 
 Messages on its socket (SOCK_SEQPACKET, one JSON object each): it sends ``{"ready": {...}}`` (or
 ``{"error": "..."}`` and exits); it receives the rank's request (argv, env, cwd) with its stdout and
@@ -24,6 +28,7 @@ import time
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from launcher.process.linux import show_as
 from worker_lib.core import contract as c
 
 __all__ = ["device_memory_used", "misfit", "park", "warm_cuda", "warn_of_late_cuda_env"]
@@ -45,6 +50,12 @@ def park(sock_fd: int, local_rank: int, cuda: bool, slots: Optional[dict] = None
         _answer(sock, {"error": f"{type(err).__name__}: {err}".splitlines()[0]})
         os._exit(1)
     _answer(sock, {"ready": made})
+    # what ps shows from now on (and a test's evidence that a restart would take it)
+    show_as(
+        "ftlaunch-spare",
+        ["ftlaunch-spare", str(local_rank), "ready"],
+        [f"{k}={v}" for k, v in os.environ.items()],
+    )
     nccl_env = _nccl_env(os.environ)
     try:
         data, fds = _wait_for_rank(sock, slots if cuda else None)

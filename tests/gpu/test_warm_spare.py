@@ -23,7 +23,7 @@ def test_a_crash_resumes_bit_identically_through_a_warm_spare_whose_context_is_o
         out.mkdir()
     a = launcher.run(
         "--nproc", str(nproc), "--warm-spare", "on", "--max-failures", "1", "--run-name", "spared",
-        TRAIN, "--out", str(spared), "--crash", "7", env=DETERMINISTIC, timeout=55,
+        TRAIN, "--out", str(spared), "--crash", "7", "--wait-for-spare", env=DETERMINISTIC, timeout=55,
     )  # fmt: skip
     b = launcher.run(
         "--nproc", str(nproc), "--warm-spare", "off", "--run-name", "plain", TRAIN, "--out", str(plain),

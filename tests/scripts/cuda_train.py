@@ -7,7 +7,9 @@ optimizer and every RNG were restored.
 
 ``--memory``: a memory-tier snapshot after every step, and before its crash rank 0 waits (60 s
 at most) until another process (its warm spare) maps both of its slots; worker_lib's log lines
-go to stderr.
+go to stderr. ``--wait-for-spare``: before its crash rank 0 waits (60 s at most) until every local
+rank's warm spare for the restart is warm (ps shows ``ftlaunch-spare 0 ready``): a restart never waits for a
+spare still warming up.
 
 Before it touches CUDA it writes OUT_DIR/rank_<r>.attempt_<a>.json: its pid, whether CUDA was
 already initialized in it, its current device then, and on which GPUs a primary context exists
@@ -40,25 +42,48 @@ def seen_before_cuda() -> dict:
     }
 
 
-def wait_for_slots_mapped_by_another(rank: int) -> None:
-    """Until a process other than this one maps both of this rank's memory-tier slots (its warm
-    spare, looking every half second), as /proc/PID/maps shows; 60 s at most."""
-    folder = os.environ["FTLAUNCH_MEMORY_DIR"]
-    ft.wait_for_checkpoint()
-    wanted = {f"{folder}/rank_{rank}.{slot}" for slot in (0, 1)}
+def wait_for(seen) -> None:
+    """Until ``seen()``, 60 s at most."""
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            if int(pid) == os.getpid():
-                continue
-            try:
-                maps = Path(f"/proc/{pid}/maps").read_text()
-            except OSError:
-                continue
-            if all(path in maps for path in wanted):
-                return
+    while not seen():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"not seen within 60 s: {seen}")
         time.sleep(0.05)
-    raise SystemExit("no warm spare mapped the memory-tier slots within 60 s")
+
+
+def spares_ready() -> bool:
+    """Whether every local rank's warm spare for the restart is warm."""
+    shown = {tuple(_cmdline(pid)) for pid in _pids()}
+    return all(
+        ("ftlaunch-spare", str(k), "ready") in shown for k in range(int(os.environ["LOCAL_WORLD_SIZE"]))
+    )
+
+
+def slots_mapped_by_another(rank: int) -> bool:
+    """Whether a process other than this one (its warm spare) maps both of this rank's
+    memory-tier slots, as /proc/PID/maps shows (the last snapshot's record written first)."""
+    ft.wait_for_checkpoint()
+    folder = os.environ["FTLAUNCH_MEMORY_DIR"]
+    wanted = {f"{folder}/rank_{rank}.{slot}" for slot in (0, 1)}
+    for pid in _pids():
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        if all(path in maps for path in wanted):
+            return True
+    return False
+
+
+def _pids():
+    return [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and int(pid) != os.getpid()]
+
+
+def _cmdline(pid: int) -> list:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:3]
+    except OSError:
+        return []
 
 
 def main() -> None:
@@ -68,6 +93,7 @@ def main() -> None:
     p.add_argument("--save-every", type=int, default=5)
     p.add_argument("--crash", type=int, default=-1)
     p.add_argument("--memory", action="store_true")
+    p.add_argument("--wait-for-spare", action="store_true")
     args = p.parse_args()
     if args.memory:
         logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
@@ -88,8 +114,10 @@ def main() -> None:
     ddp = DDP(model, device_ids=[device.index])
     for step in range(start, args.steps):
         if step == args.crash and attempt == "0" and info.rank == 0:
+            if args.wait_for_spare:
+                wait_for(spares_ready)
             if args.memory:
-                wait_for_slots_mapped_by_another(info.rank)
+                wait_for(lambda: slots_mapped_by_another(info.rank))
             os.kill(os.getpid(), signal.SIGKILL)
         x = torch.randn(32, 64, generator=torch.Generator().manual_seed(step * 100 + info.rank)).to(device)
         noise = 0.1 * torch.randn(32, 8, device=device)  # the CUDA RNG: restored on resume, or not equal
