@@ -52,8 +52,9 @@ def wait_for(seen) -> None:
 
 
 def spares_ready() -> bool:
-    """Whether every local rank's warm spare for the restart is warm."""
-    shown = {tuple(_cmdline(pid)) for pid in _pids()}
+    """Whether every local rank's warm spare for the restart is warm: this run's spares, the
+    children of this worker's supervisor (another run's, beside it on the machine, do not count)."""
+    shown = {tuple(_cmdline(pid)) for pid in _pids() if _parent(pid) == os.getppid()}
     return all(
         ("ftlaunch-spare", str(k), "ready") in shown for k in range(int(os.environ["LOCAL_WORLD_SIZE"]))
     )
@@ -77,6 +78,13 @@ def slots_mapped_by_another(rank: int) -> bool:
 
 def _pids():
     return [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and int(pid) != os.getpid()]
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
 
 
 def _cmdline(pid: int) -> list:
