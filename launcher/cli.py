@@ -234,8 +234,9 @@ ENV_PREFIX = "FTLAUNCH"
 @click.option(
     "--rdzv-endpoint",
     default=None,
-    metavar="HOST:PORT",
-    help="Node 0's address and a free port, where the nodes meet  [under srun: the step's first host]",
+    metavar="HOST[:PORT]",
+    help="Node 0's address and a free port, where the nodes meet (port 29400 when not given, as torchrun)  "
+    "[under srun: the step's first host]",
 )
 @click.option("--rdzv-id", default=None, help="The rendezvous id  [default: --run-id]")
 @click.option(

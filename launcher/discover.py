@@ -70,6 +70,7 @@ def place(
         node_rank = slurm.node_rank if slurm and nodes > 1 else 0
     if rdzv_endpoint is None:
         rdzv_endpoint = slurm.rdzv_endpoint if slurm and nodes > 1 else ""
+    rdzv_endpoint = with_default_port(rdzv_endpoint)
     if run_name is None and slurm is not None:  # the job id survives requeues; the command may not
         run_name = f"{entry.default_run_name.rsplit('-', 1)[0]}-job{slurm.job_id}"
     name = _check_run_name(run_name or entry.default_run_name)
@@ -84,6 +85,20 @@ def place(
         master_addr = rdzv_endpoint.rpartition(":")[0].strip("[]") if nodes > 1 else "127.0.0.1"
     endpoint = rdzv_endpoint if nodes > 1 else ""
     return Placement(name, run_url, run_id, log_dir, nodes, fewest, node_rank, endpoint, master_addr)
+
+
+# torchrun's c10d rendezvous listens here when --rdzv-endpoint names only a host
+# (torch.distributed.elastic.rendezvous.c10d_rendezvous_backend's default).
+DEFAULT_RDZV_PORT = 29400
+
+
+def with_default_port(endpoint: str) -> str:
+    """``endpoint`` with torchrun's default port when it names only a host ("10.0.0.1",
+    "node0", "[fe80::1]"), as torchrun reads it; else as given (checked later)."""
+    host = endpoint.strip()
+    if host and (host.endswith("]") or ":" not in host):
+        return f"{host}:{DEFAULT_RDZV_PORT}"
+    return endpoint
 
 
 def _check_run_name(name: str) -> str:

@@ -128,3 +128,8 @@ def test_the_metrics_options_read_ftlaunch_and_pet_variables_like_every_option(e
     environ({"FTLAUNCH_METRICS_PORT": "9500", "FTLAUNCH_METRICS_FILE": "/tmp/m.prom"})
     config = _config()
     assert (config.metrics.port, str(config.metrics.file)) == (9500, "/tmp/m.prom")
+
+
+def test_a_pytorchjobs_endpoint_without_a_port_takes_torchruns_default(environ):
+    environ({"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_RDZV_ENDPOINT": "job-worker-0"})
+    assert _config().cluster.rdzv_endpoint == "job-worker-0:29400"

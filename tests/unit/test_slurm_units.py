@@ -78,6 +78,8 @@ def test_under_srun_no_flag_is_needed(monkeypatch):
     "flags, message",
     [
         (["--nnodes", "2"], "--rdzv-endpoint HOST:PORT"),
+        (["--nnodes", "2", "--rdzv-endpoint", "h:"], "--rdzv-endpoint HOST:PORT .*, got 'h:'"),
+        (["--nnodes", "2", "--rdzv-endpoint", "h:99999"], "got 'h:99999'"),
         (
             ["--nnodes", "3:2", "--rdzv-endpoint", "h:1"],
             r"--nnodes 3:2: MIN must be at least 1 and at most MAX",
@@ -97,6 +99,21 @@ def test_under_srun_no_flag_is_needed(monkeypatch):
 def test_bad_node_options_are_usage_errors(flags, message):
     with pytest.raises(UsageError, match=message):
         config_from_options(_options(*flags), environ={})
+
+
+@pytest.mark.parametrize(
+    "given, endpoint, master_addr",
+    [
+        ("10.0.0.1", "10.0.0.1:29400", "10.0.0.1"),
+        ("node-0.job", "node-0.job:29400", "node-0.job"),
+        ("[fe80::1]", "[fe80::1]:29400", "fe80::1"),
+        ("10.0.0.1:1234", "10.0.0.1:1234", "10.0.0.1"),
+        ("[fe80::1]:1234", "[fe80::1]:1234", "fe80::1"),
+    ],
+)
+def test_an_endpoint_without_a_port_takes_torchruns_default_29400(given, endpoint, master_addr):
+    config = config_from_options(_options("--nnodes", "2", "--rdzv-endpoint", given), environ={})
+    assert (config.cluster.rdzv_endpoint, config.group.master_addr) == (endpoint, master_addr)
 
 
 @pytest.mark.parametrize(
