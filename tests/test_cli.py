@@ -133,7 +133,7 @@ def test_help_lists_the_options(ftlaunch):
         # Issue 33.3: nothing is sized by MAX before MAX nodes exist, and MAX is bounded.
         (
             ["--nnodes", "2:1000000000", "--rdzv-endpoint", "127.0.0.1:1", str(ACTOR)],
-            "--nnodes 1000000000: at most 16384 nodes",
+            "--nnodes 2:1000000000: at most 16384 nodes",
         ),
         (
             ["--nnodes", "9999999999999999999", "--rdzv-endpoint", "127.0.0.1:1", str(ACTOR)],

@@ -225,8 +225,9 @@ class ClusterSection:
         if self.nnodes < 1:
             raise UsageError(f"--nnodes must be at least 1, got {self.nnodes}")
         if self.nnodes > MAX_NODES:
+            given = f"{self.min_nodes}:{self.nnodes}" if self.min_nodes else str(self.nnodes)
             raise UsageError(
-                f"--nnodes {self.nnodes}: at most {MAX_NODES} nodes (torch's c10d rendezvous keeps "
+                f"--nnodes {given}: at most {MAX_NODES} nodes (torch's c10d rendezvous keeps "
                 "every node of a round in one record that every node reads and writes)"
             )
         if not 0 <= self.min_nodes <= self.nnodes:
