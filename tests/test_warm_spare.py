@@ -2,10 +2,12 @@
 on a restart (the restarted worker's pid is the spare's), made again, and never left behind
 however the run ends. Their CUDA side is tests/gpu/test_warm_spare.py's."""
 
+import json
 import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Dict
@@ -16,7 +18,7 @@ from helpers import wait_for_files
 from test_fork_server import _zygote_of
 
 from launcher.process.plan import WorkerSpec
-from launcher.process.spares import Spare, SpareFailed, SpareState
+from launcher.process.spares import Spare, SpareFailed, SpareState, WarmSpares
 
 # Rank r of attempt a writes its pid to <dir>/rank_<r>.attempt_<a>.pid, then waits (bounded) for
 # <dir>/go.<a>, and exits with the code that file holds.
@@ -56,16 +58,22 @@ def _worker_pids(folder: Path, attempt: int) -> Dict[int, int]:
 
 
 def _spares(launch, other_than=(), timeout: float = 60.0) -> Dict[int, int]:
-    """Local rank → pid of the supervisor's parked spares (``ftlaunch-spare R`` in ps), once there
-    is one for each local rank that is none of ``other_than``; bounded."""
+    """Local rank → pid of the supervisor's parked spares, once there is a warm one (``ftlaunch-spare
+    R ready`` in ps: a restart takes only those) for each local rank that is none of ``other_than``;
+    bounded."""
     supervisor = psutil.Process(launch.proc.pid)
     deadline = time.monotonic() + timeout
     while True:
         found = {}
         for child in supervisor.children():
             try:
-                if child.status() != psutil.STATUS_ZOMBIE and child.cmdline()[:1] == ["ftlaunch-spare"]:
-                    found[int(child.cmdline()[1])] = child.pid
+                shown = child.cmdline()
+                if (
+                    child.status() != psutil.STATUS_ZOMBIE
+                    and shown[:1] == ["ftlaunch-spare"]
+                    and shown[2:3] == ["ready"]
+                ):
+                    found[int(shown[1])] = child.pid
             except (psutil.NoSuchProcess, IndexError):
                 continue
         if sorted(found) == [0, 1] and not set(found.values()) & set(other_than):
@@ -189,3 +197,52 @@ def test_a_rank_too_large_to_hand_to_a_spare_is_said_as_such(tmp_path):
         theirs.close()
         spare.discard()
     assert child.poll() is not None  # let go: killed and reaped
+
+
+class _Guard:
+    """Stands for the run's orphan guard, which WarmSpares only tells what to watch."""
+
+    def watch(self, pid: int) -> None:
+        pass
+
+    def forget(self, pid: int) -> None:
+        pass
+
+
+def test_a_restart_never_waits_for_a_spare_still_warming_up_and_takes_it_once_warm(tmp_path):
+    """A spare that has not said it is ready is passed over (the rank is forked instead) and kept
+    for the next start, which takes it once it has said so."""
+    child = subprocess.Popen(["sleep", "60"])  # stands for the spare: a live child of ours
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    said = []
+    spares = WarmSpares(1, cuda=False, say=said.append)
+    spec = WorkerSpec(0, 0, ("python", "train.py"), {"LOCAL_RANK": "0"}, tmp_path / "log", tmp_path / "err")
+    try:
+        assert not spares.make_one(lambda rank, cuda: (child.pid, ours), _Guard())
+        assert spares.take(spec, 1, 2) is None  # still warming: not waited for
+        assert spares.pids == (child.pid,) and said == []  # kept, not let go
+        theirs.send(json.dumps({"ready": {"device": "cpu", "seconds": 0.0, "gpu_bytes": None}}).encode())
+
+        def answer() -> None:
+            request, fds, _, _ = socket.recv_fds(theirs, 1 << 20, 2)
+            for fd in fds:
+                os.close(fd)
+            assert json.loads(request)["env"]["LOCAL_RANK"] == "0"
+            theirs.send(json.dumps({"pid": child.pid}).encode())
+
+        helper = threading.Thread(target=answer)
+        helper.start()
+        out_r, out_w = os.pipe()
+        try:
+            worker = spares.take(spec, out_w, out_w)
+        finally:
+            os.close(out_r)
+            os.close(out_w)
+        helper.join(10)
+        assert worker is not None and worker.pid == child.pid and spares.pids == ()
+    finally:
+        theirs.close()
+        spares.close()
+        child.kill()
+        child.wait(10)
+    assert child.poll() is not None
