@@ -246,3 +246,39 @@ def test_a_restart_never_waits_for_a_spare_still_warming_up_and_takes_it_once_wa
         child.kill()
         child.wait(10)
     assert child.poll() is not None
+
+
+def test_a_signal_during_a_hand_over_is_answered_and_the_spare_let_go(tmp_path):
+    """The spare has the rank's request but has not answered (it is registering a large slot, or it
+    is stopped): a signal ends the wait at once, and the spare, which may be that rank's worker by
+    now, is killed, never left to run the rank beside the one started instead."""
+    child = subprocess.Popen(["sleep", "60"])  # stands for a spare that never answers
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    spares = WarmSpares(1, cuda=False, say=lambda line: None)
+    spec = WorkerSpec(0, 0, ("python", "train.py"), {"LOCAL_RANK": "0"}, tmp_path / "log", tmp_path / "err")
+    try:
+        spares.make_one(lambda rank, cuda: (child.pid, ours), _Guard())
+        theirs.send(json.dumps({"ready": {"device": "cpu", "seconds": 0.0, "gpu_bytes": None}}).encode())
+        asked = []
+
+        def go_on() -> bool:  # the signal comes once the request is on its way
+            asked.append(1)
+            return len(asked) < 2
+
+        out_r, out_w = os.pipe()
+        try:
+            assert spares.take(spec, out_w, out_w, go_on) is None
+        finally:
+            os.close(out_r)
+            os.close(out_w)
+        request, fds, _, _ = socket.recv_fds(theirs, 1 << 20, 2)  # it was handed the rank
+        for fd in fds:
+            os.close(fd)
+        assert json.loads(request)["env"]["LOCAL_RANK"] == "0"
+        assert spares.pids == () and child.poll() is not None  # killed and reaped
+    finally:
+        theirs.close()
+        spares.close()
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)

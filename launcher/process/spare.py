@@ -82,7 +82,8 @@ def _wait_for_rank(sock: socket.socket, slots: Optional[dict]) -> Tuple[bytes, L
     ``_LOOK_S``, the rank's memory-tier slots mapped as they appear (and let go as they change)."""
     while slots is not None and not select.select([sock], [], [], _LOOK_S)[0]:
         try:
-            _premapped().look(Path(slots["folder"]), int(slots["rank"]), pin=True)
+            quiet = lambda: not select.select([sock], [], [], 0)[0]  # noqa: E731 - no request yet
+            _premapped().look(Path(slots["folder"]), int(slots["rank"]), pin=True, go_on=quiet)
         except Exception as err:  # noqa: BLE001 - a spare that cannot map ahead still serves
             print(f"ftlaunch-spare: slots not mapped ahead: {type(err).__name__}: {err}", file=sys.stderr)
             slots = None

@@ -29,9 +29,9 @@ __all__ = ["Spare", "SpareFailed", "SpareState", "WarmSpares"]
 
 _MAX_MESSAGE = 1 << 16
 _READY_S = 120.0  # a CUDA context within it (seconds on a busy 8-GPU node), or spares go off
-# A parked spare answers its hand-over at once, unless it is registering a slot of its rank's that
-# has just appeared (about 8 GB/s: 30 s is 240 GB).
-_ANSWER_S = 30.0
+# A parked spare answers its hand-over at once, or once it has registered the slot of its rank's
+# it is registering (about 8 GB/s: 10 s is 80 GB); it looks at its socket before each slot.
+_ANSWER_S = 10.0
 _REAP_S = 10.0  # a SIGKILLed spare is reaped within it (the kernel releases its GPU memory)
 
 MakeSpare = Callable[[int, bool], Tuple[int, socket.socket]]  # (local rank, cuda) → (pid, its socket)
@@ -96,7 +96,11 @@ class Spare:
                     "than one message to a spare can carry"
                 ) from None
             raise SpareFailed(f"local rank {self.local_rank}'s spare died ({self._exit()})") from None
-        answer = self._receive(_ANSWER_S, "its hand-over")
+        try:
+            answer = self._receive(_ANSWER_S, "its hand-over", go_on)
+        except _Interrupted:  # it may be that rank's worker by now: it is no one's, let it go
+            self.discard()
+            raise
         if answer.get("pid") != self.pid:
             raise SpareFailed(
                 f"local rank {self.local_rank}'s spare refused its rank ({answer.get('error')})"
@@ -202,7 +206,10 @@ class WarmSpares:
             del self._spares[spec.local_rank]
             return spare.take(spec, stdout_w, stderr_w, go_on)
         except _Interrupted:
-            self._spares[spec.local_rank] = spare
+            if spare.state is SpareState.GONE:  # let go during its hand-over
+                self._let_go(spare)
+            else:  # a signal came while it still warmed up: it stays for the next start
+                self._spares[spec.local_rank] = spare
             return None
         except SpareFailed as err:
             self._let_go(spare)

@@ -92,3 +92,11 @@ def test_an_empty_or_missing_folder_maps_nothing(tmp_path):
     (tmp_path / "rank_0.0").write_bytes(b"")
     premapped.look(tmp_path, 0, pin=False)
     assert premapped.held() == {}
+
+
+def test_a_look_stops_before_the_next_slot_when_told(tmp_path):
+    _slot(tmp_path, 0, 0, b"x" * 8192)
+    _slot(tmp_path, 0, 1, b"y" * 8192)
+    answers = iter([True, False])  # the spare's request came after the first slot
+    premapped.look(tmp_path, 0, pin=False, go_on=lambda: next(answers))
+    assert list(premapped.held()) == [str(tmp_path / "rank_0.0")]

@@ -15,7 +15,7 @@ is let go at the next look, so the spare never keeps an old file's pages in /dev
 
 import os
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 from worker_lib.checkpoint.staging import HostBuffer
 
@@ -25,10 +25,13 @@ _Key = Tuple[int, int, int]  # st_dev, st_ino, st_size
 _held: Dict[str, Tuple[_Key, HostBuffer]] = {}  # data file's path → its mapping (this process's)
 
 
-def look(folder: Path, rank: int, pin: bool) -> None:
+def look(folder: Path, rank: int, pin: bool, go_on: Callable[[], bool] = lambda: True) -> None:
     """Map each of ``rank``'s slot files in ``folder`` not mapped yet (registered with CUDA when
-    ``pin``); let go of any that changed or went."""
+    ``pin``); let go of any that changed or went. ``go_on`` is asked before each slot (a spare
+    stops when its rank's request has come: registering a large slot takes seconds)."""
     for slot in (0, 1):
+        if not go_on():
+            return
         path = str(folder / f"rank_{rank}.{slot}")
         key = _key(path)
         have = _held.get(path)
