@@ -50,12 +50,9 @@ def park(sock_fd: int, local_rank: int, cuda: bool, slots: Optional[dict] = None
         _answer(sock, {"error": f"{type(err).__name__}: {err}".splitlines()[0]})
         os._exit(1)
     _answer(sock, {"ready": made})
-    # what ps shows from now on (and a test's evidence that a restart would take it)
-    show_as(
-        "ftlaunch-spare",
-        ["ftlaunch-spare", str(local_rank), "ready"],
-        [f"{k}={v}" for k, v in os.environ.items()],
-    )
+    _show(
+        local_rank, "ready"
+    )  # what ps shows from now on (and a test's evidence that a restart would take it)
     nccl_env = _nccl_env(os.environ)
     try:
         data, fds = _wait_for_rank(sock, slots if cuda else None)
@@ -64,6 +61,7 @@ def park(sock_fd: int, local_rank: int, cuda: bool, slots: Optional[dict] = None
     if not data:  # let go: nothing of it is anyone's
         os._exit(0)
     request = json.loads(data)
+    _show(local_rank, "taken")  # until the worker shows itself as its script: no longer to be waited for
     why = misfit(request["env"], local_rank)
     if why:
         _answer(sock, {"error": why})
@@ -89,6 +87,14 @@ def _wait_for_rank(sock: socket.socket, slots: Optional[dict]) -> Tuple[bytes, L
             slots = None
     data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, 2)
     return data, fds
+
+
+def _show(local_rank: int, state: str) -> None:
+    show_as(
+        "ftlaunch-spare",
+        ["ftlaunch-spare", str(local_rank), state],
+        [f"{k}={v}" for k, v in os.environ.items()],
+    )
 
 
 def _same_slots(slots: dict, env: dict) -> bool:
