@@ -74,7 +74,7 @@ class Follower(Role):
             try:
                 return self._join(started, new_round)
             except LeaderUnreachable as lost:
-                self._lost_leader(lost)
+                self._lost_leader(lost, " while the nodes were meeting")
             except RoundFailed as failed:
                 self._say(f"node 0: {failed}; meeting again in a new round")
                 self._kept = None
@@ -172,7 +172,7 @@ class Follower(Role):
             self.channel.report(node_report(self.node, local))
             verdict = self.channel.await_verdict(2 * report_timeout(self.config))
         except LeaderUnreachable as lost:
-            self._lost_leader(lost)
+            self._lost_leader(lost, "; this node's workers are stopped")
             lost_with = dataclasses.replace(local, outcome=AttemptOutcome.SUPERVISOR_LOST, cause=str(lost))
             again = JobVerdict.restart(lost_with.outcome, local.failures, same_round=False, cause=str(lost))
             return Conclusion(lost_with, again)
@@ -219,11 +219,12 @@ class Follower(Role):
         """The job's rendezvous is node 0's: only this node's claim goes."""
         self._claim.release()
 
-    def _lost_leader(self, lost: LeaderUnreachable) -> None:
+    def _lost_leader(self, lost: LeaderUnreachable, then: str) -> None:
         """Wait for node 0 anew: a fresh connection and a new round. The old handler is dropped,
-        not shut down: torch's shutdown closes the rendezvous for the whole job."""
+        not shut down: torch's shutdown closes the rendezvous for the whole job. ``then``: what this
+        node was doing (no workers run while the nodes meet)."""
         self._say(
-            f"lost node 0 ({lost}); this node's workers are stopped; waiting for node 0 to come "
+            f"lost node 0 ({lost}){then}; waiting for node 0 to come "
             f"back (the same command relaunched there resumes the job), up to --join-timeout "
             f"{self.config.cluster.join_timeout:g} s"
         )

@@ -244,7 +244,7 @@ def test_a_follower_that_loses_node_0_while_it_decides_meets_again():
     concluded = follower.conclude(AttemptResult(2, AttemptOutcome.FAILED))
     assert concluded.result.outcome is AttemptOutcome.SUPERVISOR_LOST
     assert follower.decide(concluded, [concluded.result]) == (None, 0.0)
-    assert "lost node 0" in said[0]
+    assert "lost node 0 (node 0's store: connection refused); this node's workers are stopped;" in said[0]
 
 
 def test_a_follower_signalled_while_node_0_decides_leaves_with_the_signals_exit_code():
