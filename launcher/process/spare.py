@@ -6,7 +6,7 @@ What it makes, under nccl: the CUDA context on its GPU, the caching allocator's 
 the cuBLAS handle with its workspace (a 64×64 matmul): the one thing a fork cannot carry, and
 the slowest a new worker makes (0.31–0.36 s on an H200); then NCCL's set-up once per process and
 GPU (a group of one on a store of its own, destroyed before it parks: the worker's own group then
-takes 0.03 s instead of 0.5–0.7 s on an H100). While parked it maps and registers with CUDA its
+takes 0.03 s instead of 0.6–0.65 s on an H100). While parked it maps and registers with CUDA its
 rank's memory-tier slots as they appear (``worker_lib.checkpoint.premapped``), so its worker's
 restore is one copy per tensor. Without CUDA it is a worker already forked and re-parented to the
 supervisor. It holds no rank, no store connection and no collective: those are the script's,
@@ -50,9 +50,8 @@ def park(sock_fd: int, local_rank: int, cuda: bool, slots: Optional[dict] = None
         _answer(sock, {"error": f"{type(err).__name__}: {err}".splitlines()[0]})
         os._exit(1)
     _answer(sock, {"ready": made})
-    _show(
-        local_rank, "ready"
-    )  # what ps shows from now on (and a test's evidence that a restart would take it)
+    # What ps shows from now on: a restart takes only a spare that has said it is ready.
+    _show(local_rank, "ready")
     nccl_env = _nccl_env(os.environ)
     try:
         data, fds = _wait_for_rank(sock, slots if cuda else None)
@@ -61,7 +60,7 @@ def park(sock_fd: int, local_rank: int, cuda: bool, slots: Optional[dict] = None
     if not data:  # let go: nothing of it is anyone's
         os._exit(0)
     request = json.loads(data)
-    _show(local_rank, "taken")  # until the worker shows itself as its script: no longer to be waited for
+    _show(local_rank, "taken")  # until its worker shows itself as the script
     why = misfit(request["env"], local_rank)
     if why:
         _answer(sock, {"error": why})

@@ -196,7 +196,7 @@ class WarmSpares:
     ) -> Optional[ForkedWorker]:
         """The rank's spare, now its worker; None when there is none to take. A spare still
         warming up is not waited for (its warm-up may take longer than a worker forked now takes
-        to make what it makes: 1.2 s against 0.5–0.7 s on an H100): it stays for the next start."""
+        to make what it makes: 1.1 s against 0.6–0.7 s on an H100): it stays for the next start."""
         spare = self._spares.get(spec.local_rank)
         if spare is None:
             return None
