@@ -264,7 +264,11 @@ def test_a_lock_left_by_a_dead_supervisor_is_taken_over(launcher, tmp_path):
     launch = launcher.run("--run-name", "actor", str(ACTOR))
 
     assert launch.proc.returncode == 0, launch.stderr
-    assert f"took the run over from {socket.gethostname()} pid {gone.pid}" in launch.stderr
+    took = f"took the run over from {socket.gethostname()} pid {gone.pid}"
+    assert took in launch.stderr
+    # It left a lock, not a run: the run is new, said after the takeover, and why it is new.
+    new = ": new; its earlier supervisor recorded nothing of it"
+    assert new in launch.stderr and launch.stderr.index(took) < launch.stderr.index(new), launch.stderr
     assert launch.survivors() == []
 
 

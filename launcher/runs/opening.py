@@ -56,18 +56,20 @@ class RunOpening:
                 config=self.config.to_json(),
                 user=_user(),
             )
-            named = " (named after the script and its arguments)" if self.config.has_default_name else ""
-            self._say(f"run {self.config.run.url}: new{named}")
         else:
             _check_owner(prior, self.config)
             earlier = self.dir.read_events()
             state = prior
             newest = self._newest_checkpoint()  # the lost supervisor may have seen later commits
             self._compare_commands(state, newest)
-        if taken_from is not None:
+        if taken_from is not None:  # said first: a run new to us may have had a supervisor that died early
             self._report_takeover(state, taken_from)
         if prior is not None:
             self._resume(state, newest)
+        else:
+            named = " (named after the script and its arguments)" if self.config.has_default_name else ""
+            before = "; its earlier supervisor recorded nothing of it" if taken_from is not None else ""
+            self._say(f"run {self.config.run.url}: new{named}{before}")
         return state, earlier
 
     def _report_takeover(self, state: RunState, previous: LockRecord) -> None:
