@@ -104,9 +104,9 @@ ENV_PREFIX = "FTLAUNCH"
     "--warm-spare",
     type=click.Choice(["auto", "on", "off"]),
     default="auto",
-    help="Keep one process per local rank forked ahead from the fork server, its CUDA context and cuBLAS "
-    "handle made on its GPU: a restarted rank starts there. auto: on with nccl (GPUs), else off; on "
-    "without GPUs: a spare without CUDA.",
+    help="Keep one process per local rank forked ahead from the fork server, its CUDA context, cuBLAS "
+    "handle and NCCL set up on its GPU and its rank's memory-tier slots registered: a restarted rank "
+    "starts there. auto: on with nccl (GPUs), else off; on without GPUs: a spare without CUDA.",
 )
 @click.option(
     "--preempt-signal",
