@@ -55,7 +55,8 @@ run() {
         # shellcheck disable=SC2086  # the sizes are words
         step bench_gpu_restart 150 $PY scripts/bench_gpu_restart.py --device "$DEVICE" --sizes ${RESTART_SIZES:-400 1600} ;;
     probe) step probe 60 $PY scripts/probe_cuda_imports.py ;;
-    *) echo "unknown step $1 (machine, tests, bench_gpu, bench_gpu_restart, probe)"; return 2 ;;
+    probe_exit) step probe_exit 60 $PY scripts/probe_gpu_exit.py ;;
+    *) echo "unknown step $1 (machine, tests, bench_gpu, bench_gpu_restart, probe, probe_exit)"; return 2 ;;
     esac
 }
 
