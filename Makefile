@@ -44,7 +44,7 @@ test-unit: install
 
 demo: install
 	rm -rf demo_run
-	$(VENV)/bin/ftlaunch --nproc 2 --run-dir demo_run \
+	$(VENV)/bin/ftlaunch --nproc 2 --run-dir demo_run --preload sklearn.datasets \
 		examples/train.py --epochs 15 --crash-at-step 170
 
 bench: install
