@@ -4,12 +4,13 @@ resumed after a crash ends with the weights of a run that never stopped only if 
 optimizer and every RNG were restored.
 
     cuda_train.py --out OUT_DIR [--steps 12] [--save-every 5] [--crash STEP] [--memory]
+                  [--wait-for-spare]
 
 ``--memory``: a memory-tier snapshot after every step, and before its crash rank 0 waits (60 s
 at most) until another process (its warm spare) maps both of its slots; worker_lib's log lines
-go to stderr. ``--wait-for-spare``: before its crash rank 0 waits (60 s at most) until every local
-rank's warm spare for the restart is warm (ps shows ``ftlaunch-spare 0 ready``): a restart never waits for a
-spare still warming up.
+go to stderr. ``--wait-for-spare``: before its crash rank 0 waits (60 s at most) until every
+local rank's warm spare for the restart is warm (ps shows ``ftlaunch-spare K ready``): a restart
+never waits for a spare still warming up.
 
 Before it touches CUDA it writes OUT_DIR/rank_<r>.attempt_<a>.json: its pid, whether CUDA was
 already initialized in it, its current device then, and on which GPUs a primary context exists
