@@ -82,8 +82,15 @@ def test_a_spare_takes_only_a_rank_with_the_nccl_settings_it_set_nccl_up_with(mo
     assert "made with NCCL_DEBUG=None, asked for INFO" in misfit({**mine, "NCCL_DEBUG": "INFO"}, 0)
 
 
-def test_a_script_that_picks_its_gpus_after_its_spare_made_the_context_is_told_once(monkeypatch, capsys):
-    monkeypatch.setattr(os._Environ, "__setitem__", os._Environ.__setitem__)  # put back afterwards
+@pytest.fixture
+def environ_hook(monkeypatch):
+    """os.environ's setter as it is now, put back after the test (warn_of_late_cuda_env wraps it)."""
+    monkeypatch.setattr(os._Environ, "__setitem__", os._Environ.__setitem__)
+
+
+def test_a_script_that_picks_its_gpus_after_its_spare_made_the_context_is_told_once(
+    monkeypatch, capsys, environ_hook
+):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     warn_of_late_cuda_env({"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": None})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")  # what the context was made with: nothing to say
@@ -97,8 +104,7 @@ def test_a_script_that_picks_its_gpus_after_its_spare_made_the_context_is_told_o
     assert "made by its warm spare with CUDA_VISIBLE_DEVICES=0,1" in said and "--warm-spare off" in said
 
 
-def test_a_script_that_tunes_nccl_after_its_spare_set_nccl_up_is_told_once(monkeypatch, capsys):
-    monkeypatch.setattr(os._Environ, "__setitem__", os._Environ.__setitem__)  # put back afterwards
+def test_a_script_that_tunes_nccl_after_its_spare_set_nccl_up_is_told_once(monkeypatch, capsys, environ_hook):
     monkeypatch.setenv("NCCL_DEBUG", "WARN")
     warn_of_late_cuda_env({"CUDA_VISIBLE_DEVICES": None}, {"NCCL_DEBUG": "WARN"})
     monkeypatch.setenv("NCCL_DEBUG", "WARN")  # as NCCL read it: nothing to say

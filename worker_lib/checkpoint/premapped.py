@@ -71,7 +71,7 @@ def forget(path: Optional[str] = None) -> None:
 
 
 def held() -> Dict[str, bool]:
-    """Path → registered with CUDA, of each mapping held (what a spare reports)."""
+    """Path → registered with CUDA, of each mapping held in this process."""
     return {path: buffer.pinned for path, (_, buffer) in _held.items()}
 
 
