@@ -161,8 +161,11 @@ def main() -> None:
     if args.no_newline:
         print(f"rank {RANK} last words", end="", flush=True)
     if args.exit_file:
-        args.exit_file.with_suffix(".tmp").write_text(str(os.getpid()))
-        args.exit_file.with_suffix(".tmp").rename(args.exit_file)  # whole, or not there at all
+        # Every rank that exits 0 writes it: each through its own temporary name, or two ranks
+        # exiting together race for one (a rename that finds nothing fails the rank).
+        tmp = args.exit_file.with_name(f"{args.exit_file.name}.{os.getpid()}.tmp")
+        tmp.write_text(str(os.getpid()))
+        tmp.rename(args.exit_file)  # whole, or not there at all
 
 
 if __name__ == "__main__":
