@@ -205,6 +205,11 @@ class AttemptRunner:
             if group.all_exited():
                 machine.transition(GroupState.SUCCEEDED)
                 return AttemptResult(attempt, AttemptOutcome.SUCCEEDED)
+            # Another node's interrupt before this node's own bookkeeping (its beat, the orphan
+            # guard's look, the slots, the progress): every node stops its ranks as soon as it can.
+            remote = role.tick()
+            if remote is not None:
+                return self._stops.by_peer(machine, group, board, rate, remote, role)
             role.keep_alive()
             self._keep_guard(attempt, group)
             slots = board.read()
@@ -219,9 +224,6 @@ class AttemptRunner:
                 machine.transition(GroupState.HUNG, ranks=[f.rank for f in hung], failed_at=cause.observed_at)
                 role.interrupt(InterruptKind.FAILURE, cause.describe())
                 return AttemptResult(attempt, AttemptOutcome.FAILED, hung)
-            remote = role.tick()
-            if remote is not None:
-                return self._stops.by_peer(machine, group, board, rate, remote, role)
             self._signals.wait(_MONITOR_TIMEOUT_S)
 
     def concluded(self, result: AttemptResult, restarting: bool) -> None:

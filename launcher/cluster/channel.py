@@ -122,11 +122,14 @@ class AttemptChannel:
     def tick(self) -> Optional[Interrupt]:
         """Looked at on every turn of the monitor loop: the interrupt in force, if any node raised
         one, or a lost node's. Lost nodes are looked for whether or not the attempt is already
-        interrupted: a node that dies while the others stop still has to be found."""
+        interrupted: a node that dies while the others stop still has to be found. An interrupt
+        seen on this turn is returned at once: the look for lost nodes (a round trip to node 0's
+        store, busy answering every node woken with this one) waits for the next turn."""
         try:
-            lost = self._look_for_lost_nodes()
             if self._interrupt is None and self._interrupt_raised():
                 self._interrupt = Interrupt.from_json(self._watch.value or self._get("interrupt"))
+                return self._interrupt
+            lost = self._look_for_lost_nodes()
         except LeaderUnreachable as err:
             if self._interrupt is None:
                 self._interrupt = Interrupt(0, InterruptKind.LOST, str(err))

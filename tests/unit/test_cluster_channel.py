@@ -104,6 +104,44 @@ def test_tick_keeps_looking_for_lost_nodes_once_interrupted(store):
     leader.close()
 
 
+class Counted:
+    """A store that counts the calls made through it (a clone, the watch's own connection, not)."""
+
+    def __init__(self, store) -> None:
+        self._store, self.calls = store, []
+
+    def __getattr__(self, method: str):
+        call = getattr(self._store, method)
+        if method == "clone":
+            return call
+
+        def counted(*args):
+            self.calls.append(method)
+            return call(*args)
+
+        return counted
+
+
+def test_an_interrupt_pushed_to_a_node_is_acted_on_without_another_call_to_node_0s_store(store):
+    """The woken node asks node 0's store nothing more on the turn it sees the interrupt (node 0's
+    store is then busy answering every other woken node): its look for a lost node 0 waits."""
+    counted = Counted(store)
+    leader = _ends(store, 0)
+    follower = FollowerChannel(counted, ChannelSpec(1, 2, TIMEOUT, "127.0.0.1:0"), Inbox())
+    leader.announce(_info(0)), follower.announce(_info(1))
+    leader.node_infos(2, limit=5.0)
+    assert follower.tick() is None
+    until(lambda: time.monotonic() >= follower._next_look)  # a look for a lost node 0 is due
+    leader.interrupt(Interrupt(0, InterruptKind.FAILURE, "rank 0 failed"))
+    until(lambda: follower._watch.fired, timeout=10 * TIMEOUT)
+    before = len(counted.calls)
+    assert follower.tick().node == 0
+    assert counted.calls[before:] == []
+    follower.tick()  # the turn after: the look for a lost node 0 goes on
+    assert counted.calls[before:], "the follower no longer looks for a lost node 0"
+    follower.close(), leader.close()
+
+
 def test_a_node_that_beats_but_never_reports_is_lost_at_the_report_deadline(store):
     leader, follower = _met(store)
     leader.report(NodeReport(0, "SUCCEEDED", [], False, None))
