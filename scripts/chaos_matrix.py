@@ -187,6 +187,9 @@ class Subject:
             # A rank stopped inside a save (heartbeat paused) is judged against --init-timeout, 15
             # minutes by default: past the trial's limit. A hang drawn at a save step does that.
             "--init-timeout", "30s",
+            # The example's one heavy import, imported once by the fork server instead of by every
+            # rank of every attempt (2 s of CPU each here), as its docstring and the demo advise.
+            "--preload", "sklearn.datasets",
             *extra, str(TRAIN), "--epochs", str(self.epochs), "--checkpoint-every", "10",
             "--save-as", self.setup.save_as,
         ]  # fmt: skip

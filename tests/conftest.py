@@ -18,9 +18,11 @@ from storage_servers import start_gcs, start_s3  # noqa: E402
 
 
 @pytest.fixture
-def launcher(tmp_path: Path):
-    """Runs ftlaunch; after the test, fails it if any process it started is still alive."""
-    runner = Launcher(tmp_path)
+def launcher(tmp_path: Path, request):
+    """Runs ftlaunch; after the test, fails it if any process it started is still alive. In a
+    module marked ``exec_workers``, its launches start their workers as new processes."""
+    plain = request.node.get_closest_marker("exec_workers") is not None
+    runner = Launcher(tmp_path, spawner=("--no-fork-server",) if plain else ())
     yield runner
     leaked = runner.cleanup()
     assert not leaked, f"processes survived the test: {leaked}"

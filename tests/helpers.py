@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, List, Optional, Type, TypeVar, Union
+from typing import Callable, List, Optional, Sequence, Type, TypeVar, Union
 
 import psutil
 
@@ -147,11 +147,22 @@ def read_logged(path: Path) -> List[Logged]:
     return [found for found in map(parse_logged, map(json.loads, complete.splitlines())) if found is not None]
 
 
+# The options that choose how a launch starts its workers.
+_SPAWNER_OPTIONS = {"--fork-server", "--no-fork-server", "--preload", "--warm-spare"}
+# Worker scripts that import nothing but the standard library (the actor, only where its behaviour
+# needs it): for them, the fork server's torch is 4-5 s of CPU a launch that saves nothing.
+_NO_TORCH = {str(SCRIPTS / name) for name in ("actor.py", "waiter.py", "own_checkpoints.py")}
+
+
 class Launcher:
     """Starts ``python -m launcher ...`` in its own session and cleans up after the test."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, spawner: Sequence[str] = ()) -> None:
+        """``spawner``: options put before the launch's own where its script imports no torch and it
+        names no way to start the workers itself (``--no-fork-server`` in modules whose subject is
+        not how workers start)."""
         self.tmp_path = tmp_path
+        self.spawner = tuple(spawner)
         self.launches: List[Launch] = []
 
     def start(
@@ -188,6 +199,8 @@ class Launcher:
             argv[1:3] = ["-c", "\n".join([*lines, "from launcher.__main__ import entry; entry()"])]
         if "--run-dir" not in args:  # runs live in the test's own directory, never the repo's
             argv += ["--run-dir", str(self.tmp_path / "runs")]
+        if _NO_TORCH.intersection(args) and not _SPAWNER_OPTIONS.intersection(args):
+            argv += self.spawner
         argv += args
         proc = subprocess.Popen(
             argv,

@@ -17,6 +17,9 @@ from storage_servers import start_s3_read_only
 
 from launcher.cli import main
 
+# The options' rules hold however the workers start (the fork server's own are test_fork_server's).
+pytestmark = pytest.mark.exec_workers
+
 
 @dataclasses.dataclass(frozen=True)
 class Ran:

@@ -17,6 +17,9 @@ from helpers import ACTOR, SCRIPTS, read_logged, run_state, wait_for_files
 from launcher.core.events import Decision, Resume, RunStart, StopRequested, Takeover, Transition, of_kind
 
 BEATER = str(SCRIPTS / "beater.py")
+# The run dir's rules hold however the workers start: the fork server's own tests are
+# test_fork_server's, and it would import torch for each of this module's many launches.
+pytestmark = pytest.mark.exec_workers
 
 
 def test_relaunch_after_kill_9_of_the_supervisor_resumes_the_run(launcher, tmp_path):
