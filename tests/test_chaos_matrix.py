@@ -52,7 +52,12 @@ def matrices(tmp_path_factory):
         yield get
 
 
-@pytest.mark.parametrize("setup, fault", CASES, ids=[f"{s}:{f}" for s, f in CASES])
+# A setup's cases run on one test worker: its fault-free run (and storage) is made once, not once
+# on each worker that draws one of its cases (8-10 s of CPU each).
+@pytest.mark.parametrize(
+    "setup, fault",
+    [pytest.param(s, f, id=f"{s}:{f}", marks=pytest.mark.xdist_group(f"chaos-matrix-{s}")) for s, f in CASES],
+)
 def test_the_fault_is_survived_with_nothing_lost_or_left(setup, fault, matrices):
     if matrix.FAULTS[fault].needs == "tmpfs" and os.geteuid() != 0:
         pytest.skip("a full disk is a tmpfs of its own: mounting one needs root (CI and dev machines are)")

@@ -34,7 +34,15 @@ def matrices(tmp_path_factory):
         yield get
 
 
-@pytest.mark.parametrize("nnodes, fault", CASES, ids=[f"{n}-nodes:{f}" for n, f in CASES])
+# A job size's cases run on one test worker: its fault-free run is made once, not once on each
+# worker that draws one of its cases (a launch of every node).
+@pytest.mark.parametrize(
+    "nnodes, fault",
+    [
+        pytest.param(n, f, id=f"{n}-nodes:{f}", marks=pytest.mark.xdist_group(f"chaos-nodes-{n}"))
+        for n, f in CASES
+    ],
+)
 def test_a_node_fault_is_survived_with_nothing_lost_or_left(nnodes, fault, matrices):
     trials = matrices(nnodes).run_fault(fault, 1, SEED)
     assert matrix.passed(trials), f"seed {SEED}: " + "; ".join(map(str, trials))
