@@ -61,6 +61,10 @@ BASE_PRELOAD = (
     "worker_lib.checkpoint.manager",
     "worker_lib.checkpoint.directory",
 )
+# Imported lazily at a worker's first autograd op (torch's profiler hook) and at every fsspec URL
+# it resolves (``url_to_fs``): found by listing what a restarted worker still imported after the
+# fork. Private modules, absent from some versions: best effort, like the storage's filesystem.
+LAZY_PRELOAD = ("torch.profiler._cupti_monitor", "fsspec.implementations.chained")
 # In the zygote only: libraries that start their thread pool at import would leave threads behind.
 SINGLE_THREADED = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 _MAX_MESSAGE = 1 << 20
@@ -432,7 +436,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     rank_vars = spec.get("rank_vars", ())
     failed, reads = preload(list(BASE_PRELOAD) + spec.get("preload", []), rank_vars)
     # Best effort: a worker that cannot import its storage's filesystem says why itself.
-    reads.update(preload(spec.get("storage", []), rank_vars)[1])
+    reads.update(preload([*LAZY_PRELOAD, *spec.get("storage", [])], rank_vars)[1])
     gc.freeze()
     ready = {"failed": failed, "reads": reads, "threads": thread_count(), "cuda": _cuda_initialized()}
     sock.send(json.dumps(ready).encode())
