@@ -105,7 +105,8 @@ class GroupStop:
         if not succeeded:
             machine.transition(GroupState.STOPPING)
         first_signal = result.signum if result.outcome.stopped_by_signal and result.signum else signal.SIGTERM
-        report = group.stop(first_signal, self.config.group.grace_period, abort=self.cut_short)
+        grace = self.config.group.grace_period
+        report = group.stop(first_signal, grace, self.cut_short, restarting=result.outcome.may_restart)
         if report.survivors:
             self._say(f"could not stop pids {report.survivors} (uninterruptible?); left behind")
         if not succeeded:

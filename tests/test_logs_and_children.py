@@ -139,7 +139,7 @@ def test_a_process_that_stops_itself_again_when_continued_is_stopped_by_sigterm(
         # stop_tree signals every descendant of its caller: here, pytest's storage servers too
         others = {p.pid for p in psutil.Process().children(recursive=True) if p.pid != proc.pid}
         report = stop_tree(
-            [proc.pid], signal.SIGTERM, grace=60, abort=lambda: False, exclude=others, reap=proc.poll
+            [proc.pid], signal.SIGTERM, grace=60, abort=lambda: False, exclude=lambda: others, reap=proc.poll
         )
         assert not report.killed and report.survivors == [] and proc.returncode == -signal.SIGTERM
     finally:

@@ -1,6 +1,7 @@
 """Warm spares on CPU (``--warm-spare on``): a parked process per local rank is made, handed its rank
 on a restart (the restarted worker's pid is the spare's), made again, and never left behind
-however the run ends. Their CUDA side is tests/gpu/test_warm_spare.py's."""
+however the run ends. Their CUDA side is tests/gpu/test_warm_spare.py's. With spares off, a failed
+group's stop forks the next group's processes ahead, parked the same way (the last tests)."""
 
 import json
 import os
@@ -282,3 +283,75 @@ def test_a_signal_during_a_hand_over_is_answered_and_the_spare_let_go(tmp_path):
         if child.poll() is None:
             child.kill()
             child.wait(10)
+
+
+# Rank r of attempt a writes its pid to <dir>/rank_<r>.attempt_<a>.pid. Rank 1 of attempt 0 then
+# waits (bounded) for <dir>/fail and exits 1; every other rank waits for <dir>/go.<a> and exits
+# with the code it holds. A SIGTERM is answered only once <dir>/release exists, so the failed
+# group's stop lasts until the test says.
+LINGERER = """
+import os, signal, sys, time
+from pathlib import Path
+folder = Path(sys.argv[1])
+rank, attempt = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
+
+def wait_for(path):
+    deadline = time.monotonic() + 120
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return path.exists()
+
+def term(*_):
+    sys.exit(0 if wait_for(folder / "release") else 3)
+
+signal.signal(signal.SIGTERM, term)
+mark = folder / f"rank_{rank}.attempt_{attempt}.pid"
+(folder / f"{mark.name}.tmp").write_text(str(os.getpid()))
+(folder / f"{mark.name}.tmp").rename(mark)
+if (rank, attempt) == ("1", "0"):
+    sys.exit(1 if wait_for(folder / "fail") else 3)
+go = folder / f"go.{attempt}"
+sys.exit(int(go.read_text()) if wait_for(go) else 3)
+"""
+
+
+@pytest.mark.parametrize("then", ["restart", "no restart"])
+def test_a_failed_groups_stop_forks_the_next_ranks_ahead_and_the_restart_takes_them(launcher, tmp_path, then):
+    """While rank 0 of the failed group still answers its SIGTERM, a parked process per local rank
+    is already there (spares off: these are the restart's own, without CUDA); the restart's ranks
+    are those processes. When no restart comes (the budget is spent), they go with the run."""
+    script = tmp_path / "lingerer.py"
+    script.write_text(LINGERER)
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    budget = "1" if then == "restart" else "0"
+    launch = launcher.start(
+        "--nproc", "2", "--max-failures", budget, "--grace-period", "120", str(script), str(folder)
+    )  # fmt: skip
+    first = _worker_pids(folder, 0)
+    assert not _parked(launch)  # none while the group runs: spares are off
+    (folder / "fail").write_text("")
+    parked = _spares(launch)  # rank 0 is still stopping: it waits for release
+    assert _runs(first[0]) and not set(parked.values()) & set(first.values())
+    (folder / "release").write_text("")
+    if then == "restart":
+        assert _worker_pids(folder, 1) == parked
+        _go(folder, 1, 0)
+        assert launch.wait(60) == 0, launch.stderr
+    else:
+        assert launch.wait(60) == 1, launch.stderr
+        assert _gone(parked.values())
+    assert "warm spare" not in launch.stderr and "fork server off" not in launch.stderr
+    assert launch.survivors() == []
+
+
+def _parked(launch) -> list:
+    """The supervisor's children that show themselves as spares (parked, warm or not)."""
+    found = []
+    for child in psutil.Process(launch.proc.pid).children():
+        try:
+            if child.cmdline()[:1] == ["ftlaunch-spare"]:
+                found.append(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return found

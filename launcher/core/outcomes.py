@@ -29,6 +29,12 @@ class AttemptOutcome(str, enum.Enum):
     def stopped_by_signal(self) -> bool:
         return self in (AttemptOutcome.INTERRUPTED, AttemptOutcome.PREEMPTED)
 
+    @property
+    def may_restart(self) -> bool:
+        """Whether a group that ended so is most often followed by another (a failure within the
+        budget, a change of nodes): what is made ahead for it is otherwise let go at the end."""
+        return self in (AttemptOutcome.FAILED, AttemptOutcome.RESIZED, AttemptOutcome.NODE_LOST)
+
 
 class RunStatus(str, enum.Enum):
     RUNNING = "RUNNING"

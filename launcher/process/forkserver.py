@@ -153,6 +153,14 @@ def _batch(specs: List[WorkerSpec]) -> Tuple[List[WorkerSpec], List[WorkerSpec]]
     return specs[:_BATCH], specs[_BATCH:]
 
 
+def _spare_job(local_rank: int, cuda: bool, slots: Optional[dict]) -> dict:
+    return {
+        "argv": ["ftlaunch-spare", str(local_rank)],  # what ps shows
+        # the rank's env and cwd come with its request
+        "spare": {"local_rank": local_rank, "cuda": cuda, "slots": slots},
+    }
+
+
 def storage_modules(url: str) -> List[str]:
     """The modules of the fsspec filesystems that serve the checkpoint URL (``gcsfs`` for
     ``gs://``; every layer of a chained ``simplecache::gs://`` URL), named without importing
@@ -255,24 +263,48 @@ class ForkServer:
     ) -> Tuple[int, socket.socket]:
         """A warm spare for ``local_rank`` (``spare``): its pid, and our end of the socket it is
         handed its rank through. ``slots``: the memory-tier slots it maps ahead (``spare.park``)."""
-        job = {
-            "argv": ["ftlaunch-spare", str(local_rank)],  # what ps shows
-            # the rank's env and cwd come with its request
-            "spare": {"local_rank": local_rank, "cuda": cuda, "slots": slots},
-        }
-        return self._fork_helper(job, timeout)
+        return self._fork_helper(_spare_job(local_rank, cuda, slots), timeout)
+
+    def fork_parked(
+        self, local_ranks: List[int], timeout: float = 10.0
+    ) -> List[Tuple[int, int, socket.socket]]:
+        """A spare without CUDA per local rank, in one request: each one forked's (local rank,
+        pid, our end of its socket); the others start as forks of their own."""
+        jobs = [_spare_job(rank, False, None) for rank in local_ranks]
+        forked, _why = self._fork_helpers(jobs, timeout)
+        return [(rank, pid, ours) for rank, (pid, ours) in zip(local_ranks, forked) if pid is not None]
 
     def _fork_helper(self, job: dict, timeout: float) -> Tuple[int, socket.socket]:
         """A helper of ours (a store host, a spare): its pid, and our end of a socket pair of its
-        own. Its output goes to the fork server's log."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            with open(self._log_file, "ab") as log, theirs:
-                fds = [log.fileno(), log.fileno(), theirs.fileno()]
-                return self._forked([job], [fds], timeout).one(), ours
-        except BaseException:
+        own."""
+        [(pid, ours)], why = self._fork_helpers([job], timeout)
+        if pid is None:
             ours.close()
+            raise ForkServerUnavailable(why)
+        return pid, ours
+
+    def _fork_helpers(
+        self, jobs: List[dict], timeout: float
+    ) -> Tuple[List[Tuple[Optional[int], socket.socket]], str]:
+        """Helpers in one request, each with a socket pair of its own and its output in the fork
+        server's log: each one's pid (None: it died as it started, with our end closed) and our
+        end, and why any died."""
+        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in jobs]
+        try:
+            with open(self._log_file, "ab") as log:
+                fds = [[log.fileno(), log.fileno(), theirs.fileno()] for _, theirs in pairs]
+                forked = self._forked(jobs, fds, timeout)
+        except BaseException:
+            for ours, _ in pairs:
+                ours.close()
             raise
+        finally:
+            for _, theirs in pairs:
+                theirs.close()
+        for (ours, _), pid in zip(pairs, forked.pids):
+            if pid is None:
+                ours.close()
+        return [(pid, ours) for (ours, _), pid in zip(pairs, forked.pids)], forked.why
 
     def _connected(self) -> Tuple[socket.socket, subprocess.Popen]:
         """Its socket and process, once launched (a defect to ask before)."""
@@ -409,11 +441,22 @@ class ForkServerSpawner:
             self._spares.turn_off(str(err))
         return False
 
+    def fork_ahead(self) -> None:
+        if self._state != "serving" or self._guard is None:
+            return
+        try:
+            self._spares.fork_ahead(self._server.fork_parked, self._guard)
+        except ForkServerUnavailable as err:
+            self._give_up(str(err))
+        except OSError as err:  # the fork server's log cannot be opened for them
+            self._spares.turn_off(str(err))
+
     def spawn(
         self, specs: Sequence[WorkerSpec], go_on: Callable[[], bool] = lambda: True
     ) -> Iterator[Started]:
-        """Each rank from its warm spare if it has one, the others forked in requests of up to
-        ``_BATCH``; from the first request the fork server cannot serve, the rest spawned."""
+        """Each rank from its warm spare (or the process forked ahead for it) if it has one, the
+        others forked in requests of up to ``_BATCH``; from the first request the fork server
+        cannot serve, the rest spawned."""
         if self._state in ("new", "launched"):
             self._start(specs[0], lambda: True)
         self._note_slots(specs)

@@ -35,6 +35,8 @@ _ANSWER_S = 10.0
 _REAP_S = 10.0  # a SIGKILLed spare is reaped within it (the kernel releases its GPU memory)
 
 MakeSpare = Callable[[int, bool], Tuple[int, socket.socket]]  # (local rank, cuda) → (pid, its socket)
+# local ranks → (local rank, pid, its socket) of each one forked, without CUDA, in one request
+MakeParked = Callable[[List[int]], List[Tuple[int, int, socket.socket]]]
 
 
 class SpareFailed(Exception):
@@ -149,13 +151,19 @@ class Spare:
 
 
 class WarmSpares:
-    """A spare per local rank while on; off for good after the first trouble (said once)."""
+    """A spare per local rank while on; off for good after the first trouble (said once).
+
+    On or off, a failed group's stop forks a process without CUDA for each local rank that has no
+    spare (``fork_ahead``): the restart takes it as it takes a spare, and its fork (tens of ms,
+    with torch's address space) overlaps the old group's exit instead of holding up the new one's
+    start. Not where spares make CUDA contexts: their refill makes those, warm."""
 
     def __init__(self, nproc: int, cuda: bool, say: Callable[[str], None], on: bool = True) -> None:
         self._nproc = nproc
         self._cuda = cuda  # make each spare's CUDA context on GPU <local rank> (nccl)
         self._say = say
         self._on = on
+        self._ahead = not (on and cuda)  # fork_ahead: off after the first trouble, like spares
         self._spares: Dict[int, Spare] = {}  # local rank → its parked spare
         self._guard: Optional[OrphanGuard] = None
         self._cost_said = False
@@ -175,10 +183,21 @@ class WarmSpares:
             guard.watch(pid)
         return len(missing) > 1
 
+    def fork_ahead(self, make: MakeParked, guard: OrphanGuard) -> None:
+        """A process for each local rank that has no spare, forked now in one request (``make``;
+        its errors are the caller's), parked until the restart takes it."""
+        missing = [rank for rank in range(self._nproc) if rank not in self._spares] if self._ahead else []
+        if not missing:
+            return
+        self._guard = guard
+        for rank, pid, sock in make(missing):
+            self._spares[rank] = Spare(rank, pid, sock)
+            guard.watch(pid)
+
     def say_cost_once(self, go_on: Callable[[], bool]) -> None:
         """Wait for the first spares to be ready, then say once what one costs (measured by each
         spare as it warmed up, before any worker of ours was on its GPU)."""
-        if self._cost_said or not self._spares:
+        if self._cost_said or not self._spares or not self._on:
             return
         try:
             for spare in self._spares.values():
@@ -217,9 +236,10 @@ class WarmSpares:
             return None
 
     def turn_off(self, why: str) -> None:
-        if self._on:
-            self._say(f"warm spare off: {why}; ranks start as forks of the fork server")
-        self._on = False
+        if self._on or self._ahead:
+            what = "warm spare" if self._on else "forking ranks ahead"
+            self._say(f"{what} off: {why}; ranks start as forks of the fork server")
+        self._on = self._ahead = False
         self.close()
 
     def close(self) -> None:

@@ -89,20 +89,24 @@ def stop_tree(
     first_signal: int,
     grace: float,
     abort: Callable[[], bool],
-    exclude: Collection[int] = (),
+    exclude: Callable[[], Collection[int]] = tuple,
     reap: Callable[[], object] = lambda: None,
+    meanwhile: Callable[[], object] = lambda: None,
 ) -> StopReport:
-    """Stop every process group led by ``leaders`` and every descendant of ours.
+    """Stop every process group led by ``leaders`` and every descendant of ours but ``exclude()``
+    (asked before each round of signals: ``meanwhile`` may make helpers of the caller's).
 
     ``abort()`` turning true (a second Ctrl+C) ends the grace period at once; ``reap()`` lets
-    the owner collect its children's exit statuses while we wait.
+    the owner collect its children's exit statuses while we wait; ``meanwhile()`` runs once the
+    first signal is sent, while the processes exit.
     """
     start = time.monotonic()
     # A stopped process acts on SIGTERM only once continued: the signal goes first, so that it is
     # already pending when SIGCONT resumes the process (continued first, a process that stops
     # itself again, in a loop or a chaos fault, would be stopped anew before SIGTERM came).
-    targets = _signal_all(leaders, first_signal, exclude)
-    targets |= _signal_all(leaders, signal.SIGCONT, exclude)
+    targets = _signal_all(leaders, first_signal, exclude())
+    targets |= _signal_all(leaders, signal.SIGCONT, exclude())
+    meanwhile()
     deadline = start + grace
     pause = _Backoff()
     while _alive(targets) and time.monotonic() < deadline and not abort():
@@ -110,7 +114,7 @@ def stop_tree(
         pause.sleep()
     killed = bool(_alive(targets))
     if killed:
-        targets |= _signal_all(leaders, signal.SIGKILL, exclude)
+        targets |= _signal_all(leaders, signal.SIGKILL, exclude())
     survivors = _wait_gone(targets, set(leaders), reap, timeout=2.0)
     return StopReport(killed=killed, survivors=survivors, seconds=time.monotonic() - start)
 

@@ -84,10 +84,16 @@ class Spawner(Protocol):
         more remain to make (one at a time: the supervisor's loop is never held for long)."""
         ...
 
+    def fork_ahead(self) -> None:
+        """Called once a failed group was told to stop: make now, while it exits, what the restart
+        would otherwise make while its ranks wait (a process per local rank, parked until its
+        rank's start). Never more than one request's time."""
+        ...
+
     @property
     def helper_pids(self) -> Tuple[int, ...]:
-        """Our own processes among the supervisor's children (a fork server, a store host):
-        never stopped with a group."""
+        """Our own processes among the supervisor's children (a fork server, a store host, parked
+        processes): never stopped with a group."""
         ...
 
     def host_store(self, listener: socket.socket, go_on: Callable[[], bool]) -> Optional[HostedStore]:
@@ -112,6 +118,9 @@ class PopenSpawner:
 
     def refill(self) -> bool:
         return False
+
+    def fork_ahead(self) -> None:
+        pass  # an exec costs the same now or later
 
     @property
     def helper_pids(self) -> Tuple[int, ...]:
@@ -298,17 +307,21 @@ class WorkerGroup:
                 self._guard.watch(pgid)
         return new
 
-    def stop(self, first_signal: int, grace: float, abort: Callable[[], bool]) -> StopReport:
-        """Stop every worker and every descendant, reap them, and release their groups. Nothing
-        more is made meanwhile: a helper born during the stop would not be spared by it."""
+    def stop(
+        self, first_signal: int, grace: float, abort: Callable[[], bool], restarting: bool = False
+    ) -> StopReport:
+        """Stop every worker and every descendant, reap them, and release their groups. When a
+        restart is likely (``restarting``), the spawner forks the next group's processes while
+        this one exits (``Spawner.fork_ahead``); nothing else is made meanwhile."""
         self._refill_at = None
         report = stop_tree(
             self.pids,
             first_signal,
             grace,
             abort,
-            exclude={self._guard.pid, *self._spawner.helper_pids},
+            exclude=lambda: {self._guard.pid, *self._spawner.helper_pids},
             reap=self.poll,
+            meanwhile=self._spawner.fork_ahead if restarting else lambda: None,
         )
         for pgid in [*self.pids, *self._other_groups]:
             self._guard.forget(pgid)
