@@ -10,6 +10,9 @@ Cold start = launch → every rank finished its first step. Recovery = death →
 new group finished its first step (checkpoint loaded, DDP built), from the same worker-side
 CLOCK_MONOTONIC stamps for all three. ftlaunch's phases come from its event log. torchrun runs
 with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (see bench_recovery.py).
+
+``--against CHECKOUT`` adds the fork-server row of another commit's checkout (ftlaunch run from
+that folder), in the same interleaved runs: an A/B of a change on the same machine load.
 """
 
 import argparse
@@ -56,15 +59,16 @@ def _command(launcher: str, nproc: int, work: Path) -> List[str]:
     ]  # fmt: skip
 
 
-def run_once(launcher: str, nproc: int, work: Path) -> Optional[Dict[str, float]]:
+def run_once(launcher: str, nproc: int, work: Path, tree: Path = ROOT) -> Optional[Dict[str, float]]:
+    """One run; ``tree``: the checkout ftlaunch is run from (its folder first on sys.path)."""
     (work / "out").mkdir(parents=True)
     env = (
         {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
         if launcher == "torchrun"
-        else dict(os.environ)
+        else {**os.environ, "PYTHONPATH": str(tree)}
     )
     launched = time.monotonic()
-    if _run_bounded(_command(launcher, nproc, work), env, 300) != 0:
+    if _run_bounded(_command(launcher, nproc, work), env, 300, cwd=tree) != 0:
         return None
     stamps = _stamps(work / "out")
     death, first = stamps["death"], _first_step_done(stamps, nproc)
@@ -78,23 +82,27 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nproc", type=int, nargs="+", default=[2, 4])
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--against", type=Path, help="another commit's checkout: its fork-server row too")
     args = p.parse_args()
+    trees = {launcher: ROOT for launcher in LAUNCHERS}
+    if args.against is not None:
+        trees[f"ftlaunch, fork server, from {args.against.resolve()}"] = args.against.resolve()
     results: Dict[tuple, list] = {}
     work = Path(tempfile.mkdtemp(prefix="ftlaunch-bench-fork-"))
     try:
         for nproc in args.nproc:
             for i in range(args.repeats):  # interleaved, so all of them see the same machine load
-                for k, launcher in enumerate(LAUNCHERS):
+                for k, (launcher, tree) in enumerate(trees.items()):
                     results.setdefault((launcher, nproc), []).append(
-                        run_once(launcher, nproc, work / f"n{nproc}_{i}_{k}")
+                        run_once(launcher, nproc, work / f"n{nproc}_{i}_{k}", tree)
                     )
                 print(f"--nproc {nproc}: run {i + 1}/{args.repeats} done", file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    _print_table(args, results)
+    _print_table(args, results, list(trees))
 
 
-def _print_table(args, results: Dict[tuple, list]) -> None:
+def _print_table(args, results: Dict[tuple, list], launchers: List[str]) -> None:
     print(
         f"\nDDP with a checkpoint to load, rank 1 SIGKILLed at step 12, {args.repeats} runs each: "
         "median (min–max), milliseconds; ratio = median total / torchrun's\n"
@@ -103,7 +111,7 @@ def _print_table(args, results: Dict[tuple, list]) -> None:
     print("|---" * (len(PHASES) + 4) + "|")
     for nproc in args.nproc:
         base = [r["total"] for r in results[("torchrun", nproc)] if r is not None]
-        for launcher in LAUNCHERS:
+        for launcher in launchers:
             runs = results[(launcher, nproc)]
             ok = [r for r in runs if r is not None]
             cells = [_cell([r[ph] for r in ok if ph in r]) for ph in PHASES]

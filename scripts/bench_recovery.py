@@ -120,9 +120,9 @@ def run_torchrun(
     return {"total": _first_step_done(stamps, nproc) - stamps["death"]}
 
 
-def _run_bounded(cmd: List[str], env: Dict[str, str], timeout: float) -> Optional[int]:
+def _run_bounded(cmd: List[str], env: Dict[str, str], timeout: float, cwd: Path = ROOT) -> Optional[int]:
     """Run ``cmd``; past ``timeout`` kill it and every descendant, by pid. None: timed out."""
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         return proc.wait(timeout)
     except subprocess.TimeoutExpired:
