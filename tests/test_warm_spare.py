@@ -345,6 +345,35 @@ def test_a_failed_groups_stop_forks_the_next_ranks_ahead_and_the_restart_takes_t
     assert launch.survivors() == []
 
 
+def test_a_frozen_fork_server_never_holds_a_failed_groups_stop_past_its_grace(launcher, tmp_path):
+    """The processes are forked ahead without waiting for the fork server: frozen (SIGSTOP), it
+    keeps neither the grace period from ending in a SIGKILL nor the run from ending. (The first
+    version waited for its answer, up to 10 s, before the grace period even began.)"""
+    from launcher.core.events import Transition
+    from launcher.core.group_state import GroupState
+
+    script = tmp_path / "lingerer.py"
+    script.write_text(LINGERER)
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    launch = launcher.start(
+        "--nproc", "2", "--max-failures", "0", "--grace-period", "1", str(script), str(folder)
+    )
+    _worker_pids(folder, 0)
+    zygote = _zygote_of(launch)
+    zygote.suspend()
+    try:
+        (folder / "fail").write_text("")  # rank 0 answers its SIGTERM never: it is killed at 1 s
+        assert launch.wait(60) == 1, launch.stderr
+        stopped = launch.wait_for_event(Transition, lambda t: t.new is GroupState.STOPPED)
+        # About the grace period and a kill: the old wait for the frozen fork server alone took 10 s.
+        assert stopped.killed and stopped.seconds is not None and stopped.seconds < 6, stopped
+    finally:
+        if zygote.is_running():
+            zygote.resume()
+    assert launch.survivors_after(10) == []
+
+
 def _parked(launch) -> list:
     """The supervisor's children that show themselves as spares (parked, warm or not)."""
     found = []

@@ -153,6 +153,15 @@ def _batch(specs: List[WorkerSpec]) -> Tuple[List[WorkerSpec], List[WorkerSpec]]
     return specs[:_BATCH], specs[_BATCH:]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Ahead:
+    """A request for parked processes whose answer is not yet read: for which local ranks, and
+    our ends of their sockets."""
+
+    local_ranks: List[int]
+    ours: List[socket.socket]
+
+
 def _spare_job(local_rank: int, cuda: bool, slots: Optional[dict]) -> dict:
     return {
         "argv": ["ftlaunch-spare", str(local_rank)],  # what ps shows
@@ -188,6 +197,8 @@ class ForkServer:
         self._proc: Optional[subprocess.Popen] = None
         self._launched_at = 0.0
         self.import_s: Optional[float] = None  # how long its imports took: what each new process pays
+        self._ahead: Optional[_Ahead] = None  # send_parked's request, its answer not yet read
+        self._parked: List[Tuple[int, int, socket.socket]] = []  # answered for, not yet taken
 
     @property
     def pid(self) -> Optional[int]:
@@ -265,14 +276,48 @@ class ForkServer:
         handed its rank through. ``slots``: the memory-tier slots it maps ahead (``spare.park``)."""
         return self._fork_helper(_spare_job(local_rank, cuda, slots), timeout)
 
-    def fork_parked(
-        self, local_ranks: List[int], timeout: float = 10.0
-    ) -> List[Tuple[int, int, socket.socket]]:
-        """A spare without CUDA per local rank, in one request: each one forked's (local rank,
-        pid, our end of its socket); the others start as forks of their own."""
-        jobs = [_spare_job(rank, False, None) for rank in local_ranks]
-        forked, _why = self._fork_helpers(jobs, timeout)
-        return [(rank, pid, ours) for rank, (pid, ours) in zip(local_ranks, forked) if pid is not None]
+    def send_parked(self, local_ranks: List[int]) -> None:
+        """Ask for a spare without CUDA per local rank, without waiting: the zygote forks them
+        while the caller goes on, and ``settle`` reads its answer. One such request at a time."""
+        if self._ahead is not None:
+            return
+        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in local_ranks]
+        try:
+            with open(self._log_file, "ab") as log:
+                fds = [[log.fileno(), log.fileno(), theirs.fileno()] for _, theirs in pairs]
+                self._send([_spare_job(rank, False, None) for rank in local_ranks], fds)
+        except BaseException:
+            for ours, _ in pairs:
+                ours.close()
+            raise
+        finally:
+            for _, theirs in pairs:  # the request carries its own copies
+                theirs.close()
+        self._ahead = _Ahead(list(local_ranks), [ours for ours, _ in pairs])
+
+    def settle(self, timeout: float = 30.0, go_on: Callable[[], bool] = lambda: True) -> None:
+        """Read the answer to the request sent ahead, if one is pending: waited for up to
+        ``timeout`` s, or with 0 read only if it is there. What it made goes to ``take_parked``.
+        Answers come in the order of the requests, so every other request settles it first."""
+        ahead = self._ahead
+        if ahead is None or (timeout <= 0 and not select.select([self._connected()[0]], [], [], 0)[0]):
+            return
+        answer = self._receive(max(timeout, 1.0), "fork", go_on)  # with 0: it is there, read at once
+        self._ahead = None
+        pids = answer.get("pids") or [None] * len(ahead.ours)
+        for rank, ours, pid in zip(ahead.local_ranks, ahead.ours, pids):
+            if pid is None:
+                ours.close()  # it died as it started, or was never made
+            else:
+                self._parked.append((rank, pid, ours))
+        if "pids" not in answer:
+            raise ForkServerUnavailable(answer.get("error", f"it answered {answer}"))
+
+    def take_parked(self) -> List[Tuple[int, int, socket.socket]]:
+        """The processes made ahead and answered for since the last call: (local rank, pid, our
+        end of its socket), the caller's from now on."""
+        parked, self._parked = self._parked, []
+        return parked
 
     def _fork_helper(self, job: dict, timeout: float) -> Tuple[int, socket.socket]:
         """A helper of ours (a store host, a spare): its pid, and our end of a socket pair of its
@@ -313,6 +358,14 @@ class ForkServer:
         return self._sock, self._proc
 
     def _forked(self, jobs: List[dict], fds: List[List[int]], timeout: float) -> "Forked":
+        self.settle(timeout)  # its answer comes first
+        self._send(jobs, fds)
+        answer = self._receive(timeout, "fork")
+        if "pids" not in answer:
+            raise ForkServerUnavailable(answer.get("error", f"it answered {answer}"))
+        return Forked(answer["pids"], answer.get("error", ""))
+
+    def _send(self, jobs: List[dict], fds: List[List[int]]) -> None:
         payload = json.dumps({"jobs": jobs, "fds": [len(own) for own in fds]}).encode()
         try:
             socket.send_fds(self._connected()[0], [payload], [fd for own in fds for fd in own])
@@ -323,10 +376,6 @@ class ForkServer:
                     "than one request to it can carry"
                 ) from None
             raise ForkServerUnavailable(f"it stopped answering ({err.strerror or err})") from None
-        answer = self._receive(timeout, "fork")
-        if "pids" not in answer:
-            raise ForkServerUnavailable(answer.get("error", f"it answered {answer}"))
-        return Forked(answer["pids"], answer.get("error", ""))
 
     def _receive(self, timeout: float, what: str, go_on: Callable[[], bool] = lambda: True) -> dict:
         deadline = time.monotonic() + timeout
@@ -346,6 +395,12 @@ class ForkServer:
                 raise ForkServerUnavailable(f"no answer to {what} within {timeout:g} s")
 
     def close(self) -> None:
+        # Processes made ahead and never taken read EOF on their sockets and leave.
+        for ours in self._ahead.ours if self._ahead is not None else []:
+            ours.close()
+        for _, _, ours in self.take_parked():
+            ours.close()
+        self._ahead = None
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -442,14 +497,30 @@ class ForkServerSpawner:
         return False
 
     def fork_ahead(self) -> None:
-        if self._state != "serving" or self._guard is None:
+        missing = self._spares.missing_ahead() if self._state == "serving" else []
+        if not missing:
             return
         try:
-            self._spares.fork_ahead(self._server.fork_parked, self._guard)
+            self._server.send_parked(missing)
         except ForkServerUnavailable as err:
             self._give_up(str(err))
         except OSError as err:  # the fork server's log cannot be opened for them
             self._spares.turn_off(str(err))
+
+    def settle_ahead(self, timeout: float = 0.0, go_on: Callable[[], bool] = lambda: True) -> None:
+        if self._state != "serving" or self._guard is None:
+            return
+        why = ""
+        try:
+            self._server.settle(timeout, go_on)
+        except ForkServerInterrupted:  # a signal: its answer is read by the next request
+            pass
+        except ForkServerUnavailable as err:
+            why = str(err)
+        for rank, pid, sock in self._server.take_parked():
+            self._spares.add_parked(rank, pid, sock, self._guard)
+        if why:
+            self._give_up(why)
 
     def spawn(
         self, specs: Sequence[WorkerSpec], go_on: Callable[[], bool] = lambda: True
@@ -460,6 +531,7 @@ class ForkServerSpawner:
         if self._state in ("new", "launched"):
             self._start(specs[0], lambda: True)
         self._note_slots(specs)
+        self.settle_ahead(30.0, go_on)  # what the last group's stop made ahead, once made
         left = list(specs)
         if self._state == "serving" and self._spares.pids:
             left = []
@@ -548,6 +620,7 @@ class ForkServerSpawner:
         self._say(f"fork server off: {why}; starting workers as new processes{paid}")
 
     def close(self) -> None:
+        self.settle_ahead(2.0)  # so that what was made ahead is killed and reaped with the spares
         self._spares.close()
         if self._store_host is not None:
             self._store_host.stop()

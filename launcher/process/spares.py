@@ -35,8 +35,6 @@ _ANSWER_S = 10.0
 _REAP_S = 10.0  # a SIGKILLed spare is reaped within it (the kernel releases its GPU memory)
 
 MakeSpare = Callable[[int, bool], Tuple[int, socket.socket]]  # (local rank, cuda) → (pid, its socket)
-# local ranks → (local rank, pid, its socket) of each one forked, without CUDA, in one request
-MakeParked = Callable[[List[int]], List[Tuple[int, int, socket.socket]]]
 
 
 class SpareFailed(Exception):
@@ -153,10 +151,11 @@ class Spare:
 class WarmSpares:
     """A spare per local rank while on; off for good after the first trouble (said once).
 
-    On or off, a failed group's stop forks a process without CUDA for each local rank that has no
-    spare (``fork_ahead``): the restart takes it as it takes a spare, and its fork (tens of ms,
-    with torch's address space) overlaps the old group's exit instead of holding up the new one's
-    start. Not where spares make CUDA contexts: their refill makes those, warm."""
+    On or off, a failed group's stop has a process without CUDA forked for each local rank that has
+    no spare (``missing_ahead``, then ``add_parked``): the restart takes it as it takes a spare,
+    and its fork (tens of ms, with torch's address space) overlaps the old group's exit instead of
+    holding up the new one's start. Not where spares make CUDA contexts: their refill makes those,
+    warm."""
 
     def __init__(self, nproc: int, cuda: bool, say: Callable[[str], None], on: bool = True) -> None:
         self._nproc = nproc
@@ -183,16 +182,20 @@ class WarmSpares:
             guard.watch(pid)
         return len(missing) > 1
 
-    def fork_ahead(self, make: MakeParked, guard: OrphanGuard) -> None:
-        """A process for each local rank that has no spare, forked now in one request (``make``;
-        its errors are the caller's), parked until the restart takes it."""
-        missing = [rank for rank in range(self._nproc) if rank not in self._spares] if self._ahead else []
-        if not missing:
-            return
+    def missing_ahead(self) -> List[int]:
+        """The local ranks a failed group's stop forks a process ahead for: those without a spare
+        (none once forking ahead is off)."""
+        return [rank for rank in range(self._nproc) if rank not in self._spares] if self._ahead else []
+
+    def add_parked(self, local_rank: int, pid: int, sock: socket.socket, guard: OrphanGuard) -> None:
+        """A process forked ahead for ``local_rank`` (no CUDA): its spare until taken."""
         self._guard = guard
-        for rank, pid, sock in make(missing):
-            self._spares[rank] = Spare(rank, pid, sock)
-            guard.watch(pid)
+        spare = Spare(local_rank, pid, sock)
+        if local_rank in self._spares:  # made meanwhile by a refill: one is enough
+            spare.discard()
+            return
+        self._spares[local_rank] = spare
+        guard.watch(pid)
 
     def say_cost_once(self, go_on: Callable[[], bool]) -> None:
         """Wait for the first spares to be ready, then say once what one costs (measured by each

@@ -26,24 +26,25 @@ class StopReport:
 
 
 def descendants(exclude: Collection[int] = ()) -> List[int]:
-    """The pid of every descendant of this process, except ``exclude`` (the orphan guard).
+    """The pid of every descendant of this process, except ``exclude`` (the orphan guard, the
+    spawner's helpers) and theirs (what the fork server is forking right now).
     Walked down from here through /proc/<pid>/task/<tid>/children, which reads only our own
     descendants' entries: psutil's children() reads every process of the machine (330 opens a
     second on a machine of 160 processes, for the look every half second at a healthy group)."""
+    skip = frozenset(exclude)
     try:
-        found = _walk(os.getpid())
+        return _walk(os.getpid(), skip)
     except OSError:  # a kernel without those files (CONFIG_PROC_CHILDREN): ask psutil
         try:
-            found = [p.pid for p in psutil.Process().children(recursive=True)]
+            return _psutil_walk(psutil.Process(), skip)
         except psutil.Error:
             return []
-    return [pid for pid in found if pid not in exclude]
 
 
-def _walk(root: int) -> List[int]:
-    """Descendants of ``root``, breadth first. OSError when the kernel has no children files;
-    a process that is gone on the way is skipped with its subtree (its children are re-parented
-    to us, the subreaper, and found at the next look)."""
+def _walk(root: int, skip: Collection[int]) -> List[int]:
+    """Descendants of ``root`` but ``skip`` and theirs, breadth first. OSError when the kernel has
+    no children files; a process that is gone on the way is skipped with its subtree (its
+    children are re-parented to us, the subreaper, and found at the next look)."""
     if not os.path.exists(f"/proc/{root}/task/{root}/children"):
         raise OSError("no /proc/<pid>/task/<tid>/children")
     found, level = [], [root]
@@ -55,9 +56,21 @@ def _walk(root: int) -> List[int]:
             except (FileNotFoundError, ProcessLookupError):
                 continue
             for tid in tids:  # a child belongs to the thread that forked it
-                below += _children_of(f"/proc/{pid}/task/{tid}/children")
+                below += [c for c in _children_of(f"/proc/{pid}/task/{tid}/children") if c not in skip]
         found += below
         level = below
+    return found
+
+
+def _psutil_walk(process: psutil.Process, skip: Collection[int]) -> List[int]:
+    found = []
+    for child in process.children():
+        if child.pid not in skip:
+            found.append(child.pid)
+            try:
+                found += _psutil_walk(child, skip)
+            except psutil.Error:  # gone on the way: its children are ours now, found next time
+                pass
     return found
 
 

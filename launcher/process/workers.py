@@ -85,9 +85,13 @@ class Spawner(Protocol):
         ...
 
     def fork_ahead(self) -> None:
-        """Called once a failed group was told to stop: make now, while it exits, what the restart
-        would otherwise make while its ranks wait (a process per local rank, parked until its
-        rank's start). Never more than one request's time."""
+        """Called once a failed group was told to stop: have made now, while it exits, what the
+        restart would otherwise make while its ranks wait (a process per local rank, parked until
+        its rank's start). Never waits: ``settle_ahead`` takes what was made."""
+        ...
+
+    def settle_ahead(self) -> None:
+        """Take what ``fork_ahead`` had made, if it is made; never waits (every ``poll``)."""
         ...
 
     @property
@@ -121,6 +125,9 @@ class PopenSpawner:
 
     def fork_ahead(self) -> None:
         pass  # an exec costs the same now or later
+
+    def settle_ahead(self) -> None:
+        pass
 
     @property
     def helper_pids(self) -> Tuple[int, ...]:
@@ -247,6 +254,7 @@ class WorkerGroup:
         makes one more piece of the next start (``Spawner.refill``): after the group is running,
         never more than one fork's time per look."""
         now = time.monotonic()
+        self._spawner.settle_ahead()  # made ahead during a stop: known as helpers once made
         new = []
         for spec in self.specs:
             proc = self._procs.get(spec.rank)
