@@ -374,6 +374,50 @@ def test_a_frozen_fork_server_never_holds_a_failed_groups_stop_past_its_grace(la
     assert launch.survivors_after(10) == []
 
 
+def test_a_fork_server_dead_with_the_request_ahead_unread_is_left_and_the_run_goes_on(launcher, tmp_path):
+    """The zygote frozen, then killed while the failed group stops and the request for the next
+    ranks lies unread in its socket: reading its answer meets a reset, not an EOF. That is the
+    fork server gone, said once; the restart spawns its ranks and the run succeeds. (Found from
+    outside: exit 70, ConnectionResetError.)"""
+    script = tmp_path / "lingerer.py"
+    script.write_text(LINGERER)
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    options = ("--nproc", "2", "--max-failures", "1", "--grace-period", "120")
+    launch = launcher.start(*options, str(script), str(folder))
+    first = _worker_pids(folder, 0)
+    supervisor = psutil.Process(launch.proc.pid)
+    held = len(_sockets(supervisor))
+    zygote = _zygote_of(launch)
+    zygote.suspend()
+    (folder / "fail").write_text("")  # rank 0 then waits for release: the stop goes on
+    deadline = time.monotonic() + 60
+    while len(_sockets(supervisor)) < held + 2:  # the request is out: our end of each one's socket
+        assert time.monotonic() < deadline, "no request for the next ranks was sent"
+        time.sleep(0.02)
+    zygote.kill()
+    (folder / "release").write_text("")
+    restarted = _worker_pids(folder, 1)
+    assert not set(restarted.values()) & set(first.values())
+    _go(folder, 1, 0)
+    assert launch.wait(60) == 0, launch.stderr
+    assert launch.stderr.count("fork server off: it died") == 1, launch.stderr
+    assert "internal error" not in launch.stderr and "Traceback" not in launch.stderr
+    assert launch.survivors() == []
+
+
+def _sockets(process: psutil.Process) -> list:
+    """The sockets among ``process``'s open files."""
+    found = []
+    for fd in os.listdir(f"/proc/{process.pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{process.pid}/fd/{fd}").startswith("socket:"):
+                found.append(fd)
+        except OSError:  # closed meanwhile
+            continue
+    return found
+
+
 def _parked(launch) -> list:
     """The supervisor's children that show themselves as spares (parked, warm or not)."""
     found = []

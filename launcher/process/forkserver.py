@@ -385,7 +385,10 @@ class ForkServer:
                 raise ForkServerInterrupted()
             ready, _, _ = select.select([sock], [], [], 0.2)
             if ready:
-                data = sock.recv(_MAX_MESSAGE)
+                try:
+                    data = sock.recv(_MAX_MESSAGE)
+                except OSError:  # reset: it died with a request of ours unread
+                    data = b""
                 if data:
                     return json.loads(data)
                 raise ForkServerUnavailable(f"it died (exit {proc.wait()}; see {self._log_file})")
@@ -620,7 +623,12 @@ class ForkServerSpawner:
         self._say(f"fork server off: {why}; starting workers as new processes{paid}")
 
     def close(self) -> None:
-        self.settle_ahead(2.0)  # so that what was made ahead is killed and reaped with the spares
+        if self._state == "serving" and self._guard is not None:
+            # What was made ahead is killed and reaped with the spares; the run ends: nothing to say.
+            with contextlib.suppress(ForkServerUnavailable, ForkServerInterrupted):
+                self._server.settle(2.0)
+            for rank, pid, sock in self._server.take_parked():
+                self._spares.add_parked(rank, pid, sock, self._guard)
         self._spares.close()
         if self._store_host is not None:
             self._store_host.stop()
