@@ -321,35 +321,15 @@ class ForkServer:
 
     def _fork_helper(self, job: dict, timeout: float) -> Tuple[int, socket.socket]:
         """A helper of ours (a store host, a spare): its pid, and our end of a socket pair of its
-        own."""
-        [(pid, ours)], why = self._fork_helpers([job], timeout)
-        if pid is None:
-            ours.close()
-            raise ForkServerUnavailable(why)
-        return pid, ours
-
-    def _fork_helpers(
-        self, jobs: List[dict], timeout: float
-    ) -> Tuple[List[Tuple[Optional[int], socket.socket]], str]:
-        """Helpers in one request, each with a socket pair of its own and its output in the fork
-        server's log: each one's pid (None: it died as it started, with our end closed) and our
-        end, and why any died."""
-        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in jobs]
+        own. Its output goes to the fork server's log."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            with open(self._log_file, "ab") as log:
-                fds = [[log.fileno(), log.fileno(), theirs.fileno()] for _, theirs in pairs]
-                forked = self._forked(jobs, fds, timeout)
+            with open(self._log_file, "ab") as log, theirs:
+                fds = [log.fileno(), log.fileno(), theirs.fileno()]
+                return self._forked([job], [fds], timeout).one(), ours
         except BaseException:
-            for ours, _ in pairs:
-                ours.close()
+            ours.close()
             raise
-        finally:
-            for _, theirs in pairs:
-                theirs.close()
-        for (ours, _), pid in zip(pairs, forked.pids):
-            if pid is None:
-                ours.close()
-        return [(pid, ours) for (ours, _), pid in zip(pairs, forked.pids)], forked.why
 
     def _connected(self) -> Tuple[socket.socket, subprocess.Popen]:
         """Its socket and process, once launched (a defect to ask before)."""
