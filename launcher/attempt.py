@@ -227,7 +227,11 @@ class AttemptRunner:
             self._signals.wait(_MONITOR_TIMEOUT_S)
 
     def concluded(self, result: AttemptResult, restarting: bool) -> None:
-        """The job's outcome of an attempt (every node's reports merged), for the run log."""
+        """The job's outcome of an attempt (every node's reports merged), for the run log. On a
+        node of many, a restart's processes are forked from here, while the nodes meet again
+        (one node alone forked them during its stop: ``GroupStop.stop``)."""
+        if restarting and self.config.cluster.many_nodes:
+            self._spawner.fork_ahead()
         cause = result.root_cause
         kind = ""
         if result.outcome is AttemptOutcome.FAILED:

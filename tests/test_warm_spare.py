@@ -418,6 +418,11 @@ def _sockets(process: psutil.Process) -> list:
     return found
 
 
+def _local_sockets(process: psutil.Process) -> list:
+    """``process``'s Unix sockets (a fork server's, a parked process's), not its TCP connections."""
+    return process.net_connections(kind="unix")
+
+
 def _parked(launch) -> list:
     """The supervisor's children that show themselves as spares (parked, warm or not)."""
     found = []
@@ -428,3 +433,52 @@ def _parked(launch) -> list:
         except psutil.NoSuchProcess:
             continue
     return found
+
+
+def test_on_many_nodes_the_next_ranks_are_forked_ahead_at_the_verdict_not_during_the_stop(launcher, tmp_path):
+    """Nodes sharing a machine need its CPU to hear of a crash and stop their ranks: a node of many
+    forks the next group once the job's verdict says restart (before the nodes meet again), not
+    while its own group stops. Node 1's rank fails and node 0's rank lingers in its SIGTERM, so the
+    verdict waits: node 1, its group stopped, has asked its (frozen) fork server for nothing; once
+    the verdict comes it asks, and the restart takes what it made. (Forked during the stop, 16
+    loopback nodes' ranks were all stopped 0.24-0.32 s after a crash, against 0.13-0.15 s.)"""
+    from test_many_nodes import Job
+
+    from launcher.core.events import Transition
+    from launcher.core.group_state import GroupState
+
+    script = tmp_path / "lingerer.py"
+    script.write_text(LINGERER)
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    job = Job(
+        launcher, tmp_path, 2, "--nproc", "1", "--max-failures", "1", "--grace-period", "120",
+        str(script), str(folder), node_timeout="15s",
+    )  # fmt: skip
+    job.start_all()
+    first = _worker_pids(folder, 0)
+    node1 = job.nodes[1]
+    supervisor = psutil.Process(node1.proc.pid)
+    held = len(_local_sockets(supervisor))  # its store connections come and go: TCP not counted
+    zygote = _zygote_of(node1)
+    zygote.suspend()  # a request sent to it stays pending: our end of its socket stays open
+    try:
+        (folder / "fail").write_text("")  # rank 1 (node 1) exits 1; rank 0 (node 0) lingers
+        node1.wait_for_event(Transition, lambda t: t.new is GroupState.STOPPED, timeout=60)
+        assert len(_local_sockets(supervisor)) == held, "node 1 forked ahead during its stop"
+        assert _runs(first[0])  # the verdict still waits for node 0's group
+        (folder / "release").write_text("")
+        deadline = time.monotonic() + 60
+        while len(_local_sockets(supervisor)) < held + 1:  # asked once the verdict is in
+            assert time.monotonic() < deadline, "node 1 never forked its rank ahead"
+            time.sleep(0.02)
+    finally:
+        if zygote.is_running():
+            zygote.resume()
+    restarted = _worker_pids(folder, 1)
+    assert not set(restarted.values()) & set(first.values())
+    _go(folder, 1, 0)
+    assert job.wait(120) == {0: 0, 1: 0}, [launch.stderr for launch in job.nodes.values()]
+    for launch in job.nodes.values():
+        assert "fork server off" not in launch.stderr and "Traceback" not in launch.stderr
+    assert job.survivors() == []
