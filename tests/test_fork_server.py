@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import socket
+import time
 
 import fsspec
 import psutil
@@ -425,3 +426,46 @@ def _command(process: psutil.Process) -> list:
         return process.cmdline()
     except psutil.Error:
         return []
+
+
+def _huge_pages_of(pid: int) -> int:
+    """Bytes of ``pid``'s anonymous memory backed by huge pages."""
+    with open(f"/proc/{pid}/smaps_rollup") as rollup:
+        for line in rollup:
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_the_fork_server_backs_its_memory_with_huge_pages(launcher, tmp_path):
+    """Once imported, the zygote collapses its memory (torch's, about 200 MB) to huge pages, so
+    that a fork copies a page-table entry per 2 MiB and a forked worker's exit tears down as few
+    (what that saves is measured in scripts/bench_fork_server.py and bench_scale.py). Where this
+    kernel cannot (MADV_COLLAPSE is Linux 6.1's; THP disabled), there is nothing to see."""
+    import mmap
+
+    from launcher.process.linux import anonymous_pieces, collapse_to_huge_pages
+
+    probe = mmap.mmap(-1, 8 << 20)
+    probe.write(b"x" * (8 << 20))
+    start = next((s for s, n in anonymous_pieces() if n == 4 << 20), None)
+    if start is None or not collapse_to_huge_pages(start, 4 << 20):
+        pytest.skip("this kernel cannot collapse memory to huge pages (MADV_COLLAPSE: Linux 6.1, THP on)")
+    probe.close()
+    script = tmp_path / "waits.py"
+    script.write_text(
+        "import sys, time\nfrom pathlib import Path\nhere = Path(sys.argv[1])\n"
+        "(here / 'started').write_text('')\ndeadline = time.monotonic() + 120\n"
+        "while not (here / 'go').exists() and time.monotonic() < deadline:\n    time.sleep(0.05)\n"
+    )
+    launch = launcher.start("--nproc", "1", str(script), str(tmp_path))
+    wait_for_files(tmp_path, "started", 1, timeout=60)
+    zygote = _zygote_of(launch)
+    deadline = time.monotonic() + 60
+    while _huge_pages_of(zygote.pid) < 64 << 20:
+        assert time.monotonic() < deadline, f"{_huge_pages_of(zygote.pid) >> 20} MiB in huge pages after 60 s"
+        time.sleep(0.1)
+    (tmp_path / "go").write_text("")
+    assert launch.wait(60) == 0, launch.stderr
+    assert "fork server off" not in launch.stderr
+    assert launch.survivors() == []

@@ -4,9 +4,17 @@ import ctypes
 import ctypes.util
 import os
 import signal
-from typing import Callable, Sequence
+from typing import Callable, Iterable, List, Sequence, Tuple
 
-__all__ = ["become_subreaper", "die_with_parent", "ignoring", "set_parent_death_signal", "show_as"]
+__all__ = [
+    "anonymous_pieces",
+    "become_subreaper",
+    "collapse_to_huge_pages",
+    "die_with_parent",
+    "ignoring",
+    "set_parent_death_signal",
+    "show_as",
+]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
@@ -14,9 +22,14 @@ _PR_SET_CHILD_SUBREAPER = 36
 # /proc/PID/stat's fields (counted from 1) that bound the command line and the environment.
 _ARG_START, _ENV_END = 48, 51
 
+_HUGE_PAGE = 2 << 20  # x86-64's and arm64's (4 KiB pages) PMD size
+_MADV_COLLAPSE = 25  # Linux 6.1
+
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _prctl = _libc.prctl
 _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_madvise = _libc.madvise
+_madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 
 def become_subreaper() -> None:
@@ -94,3 +107,31 @@ def _fitted(entries: Sequence[str], room: int) -> bytes:
             break
         data += piece
     return data.ljust(room, b"\0")
+
+
+def anonymous_pieces(size: int = 2 * _HUGE_PAGE) -> List[Tuple[int, int]]:
+    """This process's private writable anonymous memory (its heap and anonymous mappings), as
+    (start, length) pieces of at most ``size`` bytes, on huge-page boundaries: what a fork copies
+    page table by page table, and what a forked child's exit tears down."""
+    with open("/proc/self/maps") as maps:
+        return pieces_of(maps, size)
+
+
+def pieces_of(maps: Iterable[str], size: int) -> List[Tuple[int, int]]:
+    """``anonymous_pieces`` of the lines of a /proc/PID/maps."""
+    pieces: List[Tuple[int, int]] = []
+    for line in maps:
+        fields = line.split()
+        if fields[1][1:2] != "w" or fields[1][3:4] != "p" or fields[5:6] not in ([], ["[heap]"]):
+            continue  # read-only, shared, a file's, a stack
+        start, end = (int(bound, 16) for bound in fields[0].split("-"))
+        start += -start % _HUGE_PAGE
+        end -= end % _HUGE_PAGE
+        pieces.extend((at, min(size, end - at)) for at in range(start, end, size))
+    return pieces
+
+
+def collapse_to_huge_pages(start: int, length: int) -> bool:
+    """Back [start, start + length) with huge pages now (madvise MADV_COLLAPSE). False where the
+    kernel cannot: older than 6.1, THP disabled, no free huge page, memory that is not plain."""
+    return _madvise(start, length, _MADV_COLLAPSE) == 0

@@ -41,7 +41,7 @@ import traceback
 import weakref
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from launcher.process.linux import set_parent_death_signal, show_as
+from launcher.process.linux import anonymous_pieces, collapse_to_huge_pages, set_parent_death_signal, show_as
 from launcher.process.spare import park
 from launcher.process.store_host import serve_stores
 
@@ -206,6 +206,21 @@ def serve(sock: socket.socket, supervisor: int) -> Optional[Tuple[dict, List[int
         for fd in fds:
             os.close(fd)
         sock.send(json.dumps(answer).encode())
+
+
+def to_huge_pages() -> None:
+    """Back the zygote's memory (about 200 MB: torch's and the preload's) with huge pages, once
+    imported: a fork then copies a page-table entry per 2 MiB instead of per 4 KiB, and a forked
+    process's exit tears down as few. Measured on 2 cores: a fork of the zygote 2 ms instead of
+    11, a child's exit 4.5 ms instead of 16 (a crash reaches the supervisor that much sooner), a
+    child touching its objects 46 ms instead of 66; the collapse itself about 0.3 s, before the
+    zygote says it is ready. Not later, while it idles: a page collapsed after a fork is the
+    zygote's own copy, and the store host and the first group's workers kept the old ones (180
+    MB more in all, measured). A write in a child still copies 4 KiB: the kernel splits the huge
+    page's mapping there. Where the kernel cannot (before 6.1, THP disabled, memory short) a
+    piece is left as it is."""
+    for start, length in anonymous_pieces():
+        collapse_to_huge_pages(start, length)
 
 
 def _split(fds: List[int], counts: List[int]) -> List[List[int]]:
@@ -438,6 +453,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     # Best effort: a worker that cannot import its storage's filesystem says why itself.
     reads.update(preload([*LAZY_PRELOAD, *spec.get("storage", [])], rank_vars)[1])
     gc.freeze()
+    to_huge_pages()
     ready = {"failed": failed, "reads": reads, "threads": thread_count(), "cuda": _cuda_initialized()}
     sock.send(json.dumps(ready).encode())
     job = serve(sock, spec["supervisor"])
