@@ -2,6 +2,7 @@
 
 import ctypes
 import ctypes.util
+import mmap
 import os
 import signal
 from typing import Callable, Iterable, List, Sequence, Tuple
@@ -10,6 +11,8 @@ __all__ = [
     "anonymous_pieces",
     "become_subreaper",
     "collapse_to_huge_pages",
+    "huge_pages_allowed",
+    "resident_share",
     "die_with_parent",
     "ignoring",
     "set_parent_death_signal",
@@ -30,6 +33,9 @@ _prctl = _libc.prctl
 _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 _madvise = _libc.madvise
 _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_mincore = _libc.mincore
+_mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+_THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
 def become_subreaper() -> None:
@@ -109,7 +115,7 @@ def _fitted(entries: Sequence[str], room: int) -> bytes:
     return data.ljust(room, b"\0")
 
 
-def anonymous_pieces(size: int = 2 * _HUGE_PAGE) -> List[Tuple[int, int]]:
+def anonymous_pieces(size: int = _HUGE_PAGE) -> List[Tuple[int, int]]:
     """This process's private writable anonymous memory (its heap and anonymous mappings), as
     (start, length) pieces of at most ``size`` bytes, on huge-page boundaries: what a fork copies
     page table by page table, and what a forked child's exit tears down."""
@@ -135,3 +141,23 @@ def collapse_to_huge_pages(start: int, length: int) -> bool:
     """Back [start, start + length) with huge pages now (madvise MADV_COLLAPSE). False where the
     kernel cannot: older than 6.1, THP disabled, no free huge page, memory that is not plain."""
     return _madvise(start, length, _MADV_COLLAPSE) == 0
+
+
+def resident_share(start: int, length: int) -> float:
+    """The share of [start, start + length)'s pages that are in memory (mincore(2)); 0.0 where it
+    cannot be told. Memory reserved but never written is not: a huge page over it would be."""
+    pages = length // mmap.PAGESIZE
+    vector = ctypes.create_string_buffer(pages)
+    if pages == 0 or _mincore(start, length, vector) != 0:
+        return 0.0
+    return sum(byte & 1 for byte in vector.raw) / pages
+
+
+def huge_pages_allowed(setting: str = _THP_ENABLED) -> bool:
+    """Whether this machine's administrator left transparent huge pages on (``always`` or
+    ``madvise``): MADV_COLLAPSE itself ignores the setting, so we read it."""
+    try:
+        with open(setting) as chosen:
+            return "[never]" not in chosen.read()
+    except OSError:  # no THP in this kernel
+        return False
