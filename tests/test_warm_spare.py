@@ -186,7 +186,7 @@ def test_a_rank_too_large_to_hand_to_a_spare_is_said_as_such(tmp_path):
     child = subprocess.Popen(["sleep", "60"])  # stands for the parked spare: a live child of ours
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        spare = Spare(0, child.pid, ours)
+        spare = Spare(0, child.pid, ours, cuda=False)
         spare.state = SpareState.READY
         env = {"LOCAL_RANK": "0", **{f"BIG_{i}": "x" * 60_000 for i in range(5)}}
         spec = WorkerSpec(0, 0, ("python", "train.py"), env, tmp_path / "log", tmp_path / "err")
@@ -211,12 +211,12 @@ class _Guard:
 
 
 def test_a_restart_never_waits_for_a_spare_still_warming_up_and_takes_it_once_warm(tmp_path):
-    """A spare that has not said it is ready is passed over (the rank is forked instead) and kept
-    for the next start, which takes it once it has said so."""
+    """A spare that has not said it is ready (its CUDA context takes seconds) is passed over (the
+    rank is forked instead) and kept for the next start, which takes it once it has said so."""
     child = subprocess.Popen(["sleep", "60"])  # stands for the spare: a live child of ours
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     said = []
-    spares = WarmSpares(1, cuda=False, say=said.append)
+    spares = WarmSpares(1, cuda=True, say=said.append)
     spec = WorkerSpec(0, 0, ("python", "train.py"), {"LOCAL_RANK": "0"}, tmp_path / "log", tmp_path / "err")
     try:
         assert not spares.make_one(lambda rank, cuda: (child.pid, ours), _Guard())
@@ -247,6 +247,42 @@ def test_a_restart_never_waits_for_a_spare_still_warming_up_and_takes_it_once_wa
         child.kill()
         child.wait(10)
     assert child.poll() is not None
+
+
+def test_a_process_forked_ahead_without_cuda_is_waited_for_not_forked_anew(tmp_path):
+    """Without CUDA a parked process is ready a moment after its fork: a restart that comes first
+    waits for it (found from outside: a many-node leader met the others before its process forked
+    ahead said ready, forked its rank anew and kept the unused one parked through the attempt)."""
+    child = subprocess.Popen(["sleep", "60"])  # stands for the parked process
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    spares = WarmSpares(1, cuda=False, say=lambda line: None, on=False)
+    spec = WorkerSpec(0, 0, ("python", "train.py"), {"LOCAL_RANK": "0"}, tmp_path / "log", tmp_path / "err")
+    asked = []
+
+    def go_on() -> bool:  # called once the restart waits for it: only then does it say ready
+        if not asked:
+            theirs.send(json.dumps({"ready": {"device": "cpu", "seconds": 0.0, "gpu_bytes": None}}).encode())
+        asked.append(1)
+        return True
+
+    def answer() -> None:
+        request, fds, _, _ = socket.recv_fds(theirs, 1 << 20, 2)
+        for fd in fds:
+            os.close(fd)
+        theirs.send(json.dumps({"pid": child.pid}).encode())
+
+    try:
+        spares.add_parked(0, child.pid, ours, _Guard())
+        helper = threading.Thread(target=answer)
+        helper.start()
+        worker = spares.take(spec, 1, 2, go_on)
+        helper.join(10)
+        assert asked and worker is not None and worker.pid == child.pid and spares.pids == ()
+    finally:
+        theirs.close()
+        spares.close()
+        child.kill()
+        child.wait(10)
 
 
 def test_a_signal_during_a_hand_over_is_answered_and_the_spare_let_go(tmp_path):
@@ -477,6 +513,7 @@ def test_on_many_nodes_the_next_ranks_are_forked_ahead_at_the_verdict_not_during
             zygote.resume()
     restarted = _worker_pids(folder, 1)
     assert not set(restarted.values()) & set(first.values())
+    assert _parked(node1) == []  # the restart took what was forked ahead: none left unused
     _go(folder, 1, 0)
     assert job.wait(120) == {0: 0, 1: 0}, [launch.stderr for launch in job.nodes.values()]
     for launch in job.nodes.values():

@@ -58,9 +58,10 @@ class SpareState(str, enum.Enum):
 class Spare:
     """One parked process for ``local_rank``, and our end of its socket."""
 
-    def __init__(self, local_rank: int, pid: int, sock: socket.socket) -> None:
+    def __init__(self, local_rank: int, pid: int, sock: socket.socket, cuda: bool) -> None:
         self.local_rank = local_rank
         self.pid = pid
+        self.cuda = cuda  # it makes a CUDA context before it is ready: seconds, not a fork's ms
         self.made: dict = {}  # its warm-up's report: device, seconds, gpu_bytes (None: unknown)
         self.state = SpareState.WARMING
         self._sock = sock
@@ -178,7 +179,7 @@ class WarmSpares:
         missing = [rank for rank in range(self._nproc) if rank not in self._spares] if self._on else []
         if missing:
             pid, sock = make(missing[0], self._cuda)
-            self._spares[missing[0]] = Spare(missing[0], pid, sock)
+            self._spares[missing[0]] = Spare(missing[0], pid, sock, self._cuda)
             guard.watch(pid)
         return len(missing) > 1
 
@@ -190,7 +191,7 @@ class WarmSpares:
     def add_parked(self, local_rank: int, pid: int, sock: socket.socket, guard: OrphanGuard) -> None:
         """A process forked ahead for ``local_rank`` (no CUDA): its spare until taken."""
         self._guard = guard
-        spare = Spare(local_rank, pid, sock)
+        spare = Spare(local_rank, pid, sock, cuda=False)
         if local_rank in self._spares:  # made meanwhile by a refill: one is enough
             spare.discard()
             return
@@ -217,13 +218,17 @@ class WarmSpares:
         self, spec: WorkerSpec, stdout_w: int, stderr_w: int, go_on: Callable[[], bool] = lambda: True
     ) -> Optional[ForkedWorker]:
         """The rank's spare, now its worker; None when there is none to take. A spare still
-        warming up is not waited for (its warm-up may take longer than a worker forked now takes
-        to make what it makes: 1.1 s against 0.6–0.7 s on an H100): it stays for the next start."""
+        making its CUDA context is not waited for (its warm-up may take longer than a worker
+        forked now takes to make what it makes: 1.1 s against 0.6–0.7 s on an H100): it stays for
+        the next start. One without CUDA is ready a moment after its fork: waited for, since a
+        fork now would cost more and leave it parked through the attempt (found from outside: a
+        many-node restart's leader met the others before its process forked ahead said ready,
+        forked its ranks anew and kept the unused ones)."""
         spare = self._spares.get(spec.local_rank)
         if spare is None:
             return None
         try:
-            if not spare.ready_now():
+            if spare.cuda and not spare.ready_now():
                 return None
             del self._spares[spec.local_rank]
             return spare.take(spec, stdout_w, stderr_w, go_on)
