@@ -319,7 +319,8 @@ def _stepping_job(launcher, tmp_path, nnodes, name):
         "--until-attempt",
         "1",
     ).start_all()
-    wait_for_files(ready, "rank_*.attempt_0", nnodes, timeout=60)
+    # A hang guard: 3 nodes importing torch on a loaded machine took more than 60 s.
+    wait_for_files(ready, "rank_*.attempt_0", nnodes, timeout=180)
     return job
 
 
