@@ -1,4 +1,5 @@
-"""The Linux process controls ftlaunch relies on: prctl(2), and what a process shows of itself."""
+"""The Linux process controls ftlaunch relies on: prctl(2), what a process shows of itself, and
+its memory's pages (the fork server's, in huge pages)."""
 
 import ctypes
 import ctypes.util
@@ -11,10 +12,11 @@ __all__ = [
     "anonymous_pieces",
     "become_subreaper",
     "collapse_to_huge_pages",
-    "huge_pages_allowed",
-    "resident_share",
     "die_with_parent",
+    "huge_pages_allowed",
     "ignoring",
+    "pieces_of",
+    "resident_share",
     "set_parent_death_signal",
     "show_as",
 ]

@@ -29,6 +29,9 @@ __all__ = ["Spare", "SpareFailed", "SpareState", "WarmSpares"]
 
 _MAX_MESSAGE = 1 << 16
 _READY_S = 120.0  # a CUDA context within it (seconds on a busy 8-GPU node), or spares go off
+# Without CUDA a parked process is ready once forked (ms): one that says nothing for this long (a
+# frozen one) is let go and its rank forked anew, and forking ahead goes off.
+_PARKED_READY_S = 10.0
 # A parked spare answers its hand-over at once, or once it has registered the slot of its rank's
 # it is registering (about 8 GB/s: 10 s is 80 GB); it looks at its socket before each slot.
 _ANSWER_S = 10.0
@@ -86,7 +89,7 @@ class Spare:
 
     def take(self, spec: WorkerSpec, stdout_w: int, stderr_w: int, go_on: Callable[[], bool]) -> ForkedWorker:
         """Hand it ``spec``'s rank: once it answers, it is that rank's worker."""
-        self.wait_ready(_READY_S, go_on)
+        self.wait_ready(_READY_S if self.cuda else _PARKED_READY_S, go_on)
         request = json.dumps({"argv": list(spec.argv), "env": dict(spec.env), "cwd": os.getcwd()}).encode()
         try:
             socket.send_fds(self._sock, [request], [stdout_w, stderr_w])
