@@ -442,16 +442,20 @@ def test_the_fork_server_backs_its_memory_with_huge_pages(launcher, tmp_path):
     that a fork copies a page-table entry per 2 MiB and a forked worker's exit tears down as few
     (what that saves is measured in scripts/bench_fork_server.py and bench_scale.py). Where this
     kernel cannot (MADV_COLLAPSE is Linux 6.1's; THP disabled), there is nothing to see."""
+    import ctypes
     import mmap
 
-    from launcher.process.linux import anonymous_pieces, collapse_to_huge_pages
+    from launcher.process.linux import collapse_to_huge_pages
 
-    probe = mmap.mmap(-1, 8 << 20)
+    probe = mmap.mmap(-1, 8 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     probe.write(b"x" * (8 << 20))
-    start = next((s for s, n in anonymous_pieces() if n == 4 << 20), None)
-    if start is None or not collapse_to_huge_pages(start, 4 << 20):
-        pytest.skip("this kernel cannot collapse memory to huge pages (MADV_COLLAPSE: Linux 6.1, THP on)")
+    view = ctypes.c_char.from_buffer(probe)
+    aligned = -(-ctypes.addressof(view) // (2 << 20)) * (2 << 20)  # a whole huge page inside it
+    able = collapse_to_huge_pages(aligned, 2 << 20)
+    del view
     probe.close()
+    if not able:
+        pytest.skip("this kernel cannot collapse memory to huge pages (MADV_COLLAPSE: Linux 6.1, THP on)")
     script = tmp_path / "waits.py"
     script.write_text(
         "import sys, time\nfrom pathlib import Path\nhere = Path(sys.argv[1])\n"
