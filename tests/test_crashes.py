@@ -8,6 +8,10 @@ from helpers import ACTOR
 
 from launcher.core.events import InternalError, Transition, WorkerExit
 
+# The crashes are the subject, not how the workers start (tests/test_fork_server.py has forked ones'
+# ends): the actor's workers are new processes here.
+pytestmark = pytest.mark.exec_workers
+
 ROOT_CAUSES = {
     "exit": "exit code 1",
     "sigkill": "Signal 9 (SIGKILL)",

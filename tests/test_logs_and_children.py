@@ -7,10 +7,13 @@ import sys
 import time
 
 import psutil
+import pytest
 from helpers import ACTOR, SCRIPTS
 
 from launcher.core.events import Transition
 from launcher.process.tree import stop_tree
+
+pytestmark = pytest.mark.exec_workers  # logs and children, not how the workers start
 
 
 def test_console_lines_are_whole_and_prefixed(launcher):

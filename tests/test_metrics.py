@@ -19,6 +19,8 @@ from prometheus_server import Prometheus, why_not_here
 from launcher.core.events import AttemptEnded, CheckpointTotals, Hang, Steps, Transition
 from launcher.core.recovery import recoveries
 
+pytestmark = pytest.mark.exec_workers  # what is measured and served, not how the workers start
+
 OBSERVED = str(SCRIPTS / "observed.py")
 
 

@@ -24,7 +24,9 @@ from launcher.core.group_state import GroupState
 from launcher.grammar.errors import ExitCode
 from launcher.runs.directory import RunDir
 
-pytestmark = pytest.mark.timeout(300)  # storage's own retries last minutes; the tests wait out a few
+# Storage's own retries last minutes; the tests wait out a few. The storage is the subject, not
+# how the workers start.
+pytestmark = [pytest.mark.timeout(300), pytest.mark.exec_workers]
 
 WAITER = str(SCRIPTS / "waiter.py")
 
