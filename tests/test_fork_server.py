@@ -42,7 +42,18 @@ def test_a_forked_worker_sees_what_a_new_interpreter_sees(launcher, tmp_path):
     assert "fork server off" not in fork_run.stderr
     for ours, theirs in zip(_probes(forked, 0), _probes(spawned, 0)):
         assert ours["forked"] and not theirs["forked"]  # the fork server really served
-        same = ["name", "path0", "cwd", "own_session", "stdin", "usr1", "sigint", "stdout", "torch_threads"]
+        same = [
+            "name",
+            "path0",
+            "cwd",
+            "own_session",
+            "stdin",
+            "usr1",
+            "sigint",
+            "stdout",
+            "torch_threads",
+            "gc",
+        ]
         same += ["file", "loader", "spec"]  # an absolute __file__, a source loader, no spec
         same += ["storage_imported"]  # none, with a local checkpoint folder
         assert {k: ours[k] for k in same} == {k: theirs[k] for k in same}

@@ -7,6 +7,7 @@ Writes OUT_DIR/rank_<r>.attempt_<a>.json. --leak sets a module attribute in atte
 later attempt must not see; --crash-rank R: that rank exits 3 in attempt 0, after writing.
 """
 
+import gc
 import json
 import os
 import random
@@ -40,7 +41,8 @@ def seen() -> dict:
         "numpy_draw": float(numpy.random.random()),
         "random_draw": random.random(),
         "leaked": hasattr(worker_lib, "_probe_leak"),
-        "forked": __import__("gc").get_freeze_count() > 0,  # the fork server froze its objects
+        "forked": gc.get_freeze_count() > 0,  # the fork server froze its objects
+        "gc": [gc.isenabled(), gc.get_threshold()],  # the zygote imports with its collector off
         "storage_imported": [m for m in ("gcsfs", "s3fs") if m in sys.modules],  # none imports them
         "env_rank": os.environ["RANK"],
         "file": __file__,
