@@ -52,6 +52,7 @@ bench: install
 	$(PY) scripts/bench_recovery_nodes.py
 	$(PY) scripts/bench_scale.py
 	$(PY) scripts/bench_fork_server.py
+	$(PY) scripts/bench_zygote.py
 	$(PY) scripts/bench_goodput.py
 	$(PY) scripts/bench_load_cache.py
 	$(PY) scripts/bench_checkpoint.py
