@@ -7,8 +7,8 @@ Rows, each the median (min-max) of ``--repeats`` fresh processes, CPU seconds fr
 - the zygote's imports (``zygote.BASE_PRELOAD``), with the collector on as Python starts, and
   off as the zygote imports now (then ``gc.freeze()``);
 - a worker's exit once its script is done: a child forked from such a frozen zygote leaving by
-  the interpreter's teardown (``sys.exit``) or by ``zygote.leave``; and a new interpreter with the
-  same imports (a torchrun worker) leaving by its teardown. A worker's exit is paid by each rank
+  the interpreter's teardown (``sys.exit``) or by ``worker_exit.leave``; and a new interpreter
+  with the same imports (a torchrun worker) leaving by its teardown. A worker's exit is paid by each rank
   at the end of a run, and by a rank that exits on an error.
 """
 
@@ -39,9 +39,11 @@ _IMPORTS = textwrap.dedent(
 _FORKED_EXIT = textwrap.dedent(
     """
     import gc, os, sys
-    from launcher.process.zygote import BASE_PRELOAD, leave, preload
+    from launcher.process.worker_exit import leave, remember_imported
+    from launcher.process.zygote import BASE_PRELOAD, preload
     gc.disable()
     preload(list(BASE_PRELOAD))
+    remember_imported()
     gc.freeze()
     for _ in range(int(sys.argv[2])):
         pid = os.fork()
@@ -124,7 +126,7 @@ def main() -> None:
     print("| a worker's exit after its script | CPU ms, median (min–max) |")
     print("|---|---|")
     print(f"| forked from the zygote, interpreter teardown (before) | {_cell(exits['teardown'], 1000, 0)} |")
-    print(f"| forked from the zygote, zygote.leave (ftlaunch now) | {_cell(exits['leave'], 1000, 0)} |")
+    print(f"| forked from the zygote, worker_exit.leave (ftlaunch now) | {_cell(exits['leave'], 1000, 0)} |")
     fresh = _cell(exits["new interpreter"], 1000, 0)
     print(f"| torchrun: a new interpreter, same imports, teardown | {fresh} |")
 

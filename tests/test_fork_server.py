@@ -9,6 +9,7 @@ import re
 import signal
 import socket
 import time
+import zipfile
 
 import fsspec
 import psutil
@@ -351,33 +352,63 @@ def test_a_forked_scripts_traceback_is_the_one_a_new_interpreter_prints(launcher
     assert all(launch.survivors() == [] for launch in launcher.launches)
 
 
-# A script's end, each way it can end: what the interpreter does at exit that a script can see.
+# A script's end, each way it can end, with what an exit must still do (or must not get stuck on),
+# each a break found from outside: what the interpreter does at exit that a script can see.
 _ENDING = """
-import atexit, os, sys, threading
+import atexit, fcntl, os, signal, struct, sys, tempfile, termios, threading, time, zipfile
 out = sys.argv[1]
-def later():  # a non-daemon thread: the exit waits for it
+here = lambda name: os.path.join(out, name)
+def on_term(signum, frame):  # the main thread gets it while the exit joins the thread below
+    sys.exit(143)
+signal.signal(signal.SIGTERM, on_term)
+def later():  # a non-daemon thread: the exit waits for it (and is interrupted while it does)
     threading.main_thread().join()
-    with open(os.path.join(out, "thread"), "w") as f:
+    with open(here("thread"), "w") as f:
         f.write("after main")
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
 threading.Thread(target=later).start()
-atexit.register(lambda: open(os.path.join(out, "atexit"), "w").write("ran"))
-text = open(os.path.join(out, "text"), "w")  # left open, its data still in the buffer
+atexit.register(lambda: open(here("atexit"), "w").write("ran"))
+text = open(here("text"), "w")  # left open, its data still in the buffer
 text.write("buffered text")
-raw = open(os.path.join(out, "binary"), "wb")
+raw = open(here("binary"), "wb")
 raw.write(b"buffered bytes")
+archive = zipfile.ZipFile(here("archive.zip"), "w")  # left open: its directory is written at exit
+archive.writestr("inside", "zipped")
+temporary = tempfile.NamedTemporaryFile(dir=out, prefix="temporary-")  # removed at exit
+class Said:  # its __del__ uses no builtin: at exit the interpreter has none left
+    def __init__(self):
+        self.file = open(here("del"), "w")
+    def __del__(self):
+        self.file.write("ran")
+        self.file.close()
+said = Said()
+sys.stdout = open(here("stdout"), "w")  # a script's own stdout, never flushed by it
+print("printed")
+# A daemon thread stuck writing into a full pipe, holding its file's lock (held by it alone: the
+# interpreter would abort on one of __main__'s, which it closes at exit).
+reader, writer = os.pipe()
+threading.Thread(target=os.fdopen(writer, "wb").write, args=(b"x" * (1 << 20),), daemon=True).start()
+deadline = time.monotonic() + 60
+while struct.unpack("i", fcntl.ioctl(reader, termios.FIONREAD, b"1234"))[0] < 4096:
+    assert time.monotonic() < deadline
+    time.sleep(0.01)
 end = sys.argv[2]
 if end == "code":
     sys.exit(7)
 if end == "message":
     sys.exit("stopped: a message")
+if end == "past a C long":
+    sys.exit(2**63)
 """
+_STATUS = {"return": 0, "code": 7, "message": 1, "past a C long": 255}
 
 
-@pytest.mark.parametrize("end", ["return", "code", "message"])
+@pytest.mark.parametrize("end", sorted(_STATUS))
 def test_a_forked_worker_ends_as_a_new_interpreter_does(launcher, tmp_path, end):
-    """A forked worker leaves without tearing the zygote's modules down (zygote.leave: 0.4-0.6 s
-    of CPU a rank): its exit code, its last message, its non-daemon threads, its atexit functions
-    and the data in the files it left open are a new interpreter's."""
+    """A forked worker leaves without tearing the zygote's modules down (worker_exit.leave: 0.4-0.6
+    s of CPU a rank): its exit status and message, its non-daemon threads, a signal while they are
+    joined, its atexit functions, the files it left open, what its objects do when freed, a
+    stdout of its own, and a daemon thread stuck holding a file are a new interpreter's."""
     script = tmp_path / "ending.py"
     script.write_text(_ENDING)
     seen = {}
@@ -389,18 +420,23 @@ def test_a_forked_worker_ends_as_a_new_interpreter_does(launcher, tmp_path, end)
         )  # fmt: skip
         assert "fork server off" not in launch.stderr, launch.stderr
         log = (launch.log_dir / "attempt_0" / "rank_0.log").read_text()
-        files = {path.name: path.read_text() for path in out.iterdir()}
-        seen[mode] = ([e.exitcode for e in launch.events(WorkerExit)], files, "stopped: a message" in log)
+        with zipfile.ZipFile(out / "archive.zip") as archive:
+            zipped = archive.read("inside").decode()
+        files = {path.name: path.read_text() for path in out.iterdir() if path.name != "archive.zip"}
+        exits = [e.exitcode for e in launch.events(WorkerExit)]
+        seen[mode] = (exits, files, zipped, "stopped: a message" in log, "Exception ignored in" in log)
     assert seen["--fork-server"] == seen["--no-fork-server"]
-    codes, files, said = seen["--fork-server"]
-    assert codes == [{"return": 0, "code": 7, "message": 1}[end]]
+    codes, files, zipped, said, ignored = seen["--fork-server"]
+    assert codes == [_STATUS[end]]
     assert files == {
         "thread": "after main",
         "atexit": "ran",
         "text": "buffered text",
         "binary": "buffered bytes",
-    }
-    assert said == (end == "message")
+        "del": "ran",
+        "stdout": "printed\n",
+    }  # and no temporary-* left
+    assert zipped == "zipped" and said == (end == "message") and ignored
     assert all(launch.survivors() == [] for launch in launcher.launches)
 
 

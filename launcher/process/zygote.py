@@ -42,7 +42,7 @@ import sys
 import time
 import traceback
 import weakref
-from typing import Dict, List, NoReturn, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from launcher.process.linux import (
     anonymous_pieces,
@@ -54,6 +54,7 @@ from launcher.process.linux import (
 )
 from launcher.process.spare import park
 from launcher.process.store_host import serve_stores
+from launcher.process.worker_exit import leave, remember_imported
 
 # What every training script imports, directly or lazily at its first DDP step, process group,
 # torch.load or worker_lib call (ft.init() imports worker_lib's session and checkpoints, and its
@@ -430,67 +431,6 @@ def run_main(argv: List[str]) -> None:
         sys.exit(1)
 
 
-def leave(code: object) -> NoReturn:
-    """A forked worker's end, once its script returned or called sys.exit(``code``): what the
-    interpreter's exit does that a script can see, in its order, and then ``os._exit``.
-
-    - the code's message (not an int or None: printed, exit 1), as for an uncaught SystemExit;
-    - non-daemon threads joined (``threading._shutdown``), then the atexit functions (logging's
-      flush, multiprocessing's children, ``weakref.finalize``, tempfile's folders);
-    - every file object the worker left open closed, as tearing it down would: its buffered data
-      written (``_close_files``); stdout and stderr flushed.
-
-    What is left out is the teardown of every module and object, the zygote's 2,000 modules
-    included: each freed object's refcount written copies its page from the zygote. Measured on
-    2 cores, with torch, its DDP and worker_lib imported: 0.46-0.61 s of CPU for each rank that
-    exits, and 0.08 s this way. Python promises no ``__del__`` at exit for an object still alive.
-    A KeyboardInterrupt is left to the interpreter (it ends by SIGINT, as a new one would)."""
-    import atexit
-    import threading
-
-    if code is None:
-        status = 0
-    elif isinstance(code, int):
-        status = code & 0xFF
-    else:
-        print(code, file=sys.stderr)
-        status = 1
-    threading._shutdown()  # type: ignore[attr-defined] # what Py_FinalizeEx calls first
-    atexit._run_exitfuncs()
-    _close_files()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
-    os._exit(status)
-
-
-def _close_files() -> None:
-    """Close the file objects the worker opened and left open, what their teardown would have
-    done: outermost first (text, then its buffer, then the raw file), so that each one's data is
-    written into the one under it. The zygote's own (gc.freeze()'s, stdout and stderr among them)
-    are not in ``gc.get_objects()``."""
-    import io
-
-    def layer(obj: io.IOBase) -> int:  # text 0, buffered 1, any other 2, raw (the descriptor's) 3
-        for order, kind in enumerate((io.TextIOBase, io.BufferedIOBase)):
-            if isinstance(obj, kind):
-                return order
-        return 3 if isinstance(obj, io.RawIOBase) else 2
-
-    left = [obj for obj in gc.get_objects() if isinstance(obj, io.IOBase)]
-    standard = {id(stream) for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)}
-    for obj in sorted(left, key=layer):
-        if id(obj) in standard:
-            continue
-        try:
-            if not obj.closed:
-                obj.close()
-        except Exception:  # noqa: BLE001 - as at teardown: a file that cannot close is passed over
-            pass
-
-
 def _run_script(path: str) -> None:
     """As ``python SCRIPT`` runs it (runpy.run_path does not quite): the code compiled from the
     absolute path, in a fresh ``__main__`` whose ``__file__`` is absolute (a script that changes
@@ -541,6 +481,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     failed, reads = preload(list(BASE_PRELOAD) + spec.get("preload", []), rank_vars)
     # Best effort: a worker that cannot import its storage's filesystem says why itself.
     reads.update(preload([*LAZY_PRELOAD, *spec.get("storage", [])], rank_vars)[1])
+    remember_imported()  # what a worker's exit leaves as it is (worker_exit)
     gc.freeze()
     to_huge_pages()
     ready = {"failed": failed, "reads": reads, "threads": thread_count(), "cuda": _cuda_initialized()}
