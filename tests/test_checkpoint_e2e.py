@@ -117,3 +117,38 @@ def test_parts_that_never_committed_are_removed_when_the_run_ends(launcher, tmp_
     assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step_")) == ["step_5"]
     assert (ckpt / "step_5" / "COMMITTED").exists()
     assert launch.survivors() == []
+
+
+# A save still being written when the script ends: the pickle of its state holds the save's thread
+# until the main thread has begun the interpreter's exit, then the tensor's bytes (8 MB, over the
+# size whose checksum goes to the helper thread) are written.
+_SAVE_AND_LEAVE = """
+import threading, torch, worker_lib as ft
+
+class UntilExit:
+    def __reduce__(self):
+        if threading.current_thread() is not threading.main_thread():
+            threading.main_thread().join()  # returns once the exit has begun
+        return (UntilExit, ())
+
+ft.init()
+ft.save_checkpoint(1, {"w": torch.ones(2_000_000), "gate": UntilExit()})
+print("step 1 handed to the save thread; the script ends", flush=True)
+"""
+
+
+def test_a_save_still_being_written_as_the_script_ends_is_committed(launcher, tmp_path):
+    """Once the interpreter's exit has begun, concurrent.futures takes no new work: the save's
+    checksum, given to a helper thread, failed the whole save (found from outside) and the run
+    ended 0 without its last step. The checksum is now taken on the save's own thread then."""
+    script, ckpt = tmp_path / "save_and_leave.py", tmp_path / "ckpt"
+    script.write_text(_SAVE_AND_LEAVE)
+    for mode in ("--fork-server", "--no-fork-server"):
+        name = mode[2:]
+        launch = launcher.run(
+            "--nproc", "1", "--run-name", name, "--checkpoint-dir", str(ckpt / name), mode, str(script)
+        )  # fmt: skip
+        assert launch.proc.returncode == 0, launch.stderr
+        assert "save failed" not in launch.stdout + launch.stderr, launch.stdout + launch.stderr
+        assert (ckpt / name / "step_1" / "COMMITTED").exists()
+    assert all(launch.survivors() == [] for launch in launcher.launches)

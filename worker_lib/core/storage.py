@@ -196,7 +196,7 @@ class _HashingWriter:
         # A big buffer is checksummed on a helper thread while this one writes it: both release
         # the GIL, so the checksum costs no time where a second core is free. The buffer is
         # unchanged until write returns, and the checksum is done by then.
-        summing = _summer().submit(self.checksum.update, data) if len(data) >= _OVERLAP_MIN else None
+        summing = _beside(self.checksum.update, data) if len(data) >= _OVERLAP_MIN else None
         try:
             if summing is None:
                 self.checksum.update(data)
@@ -230,6 +230,17 @@ def _summer() -> concurrent.futures.ThreadPoolExecutor:
             max_workers=1, thread_name_prefix="ftlaunch-checksum"
         )
     return _summers[pid]
+
+
+def _beside(update: Callable[[bytes], object], data) -> Optional[concurrent.futures.Future]:
+    """``update(data)`` on the helper thread; None where it takes no more work: from the moment
+    the interpreter's exit begins (``threading._shutdown``), concurrent.futures refuses new work,
+    and a save still being written as the script ended failed at its first big write (found from
+    outside: torch.save said only "unexpected pos"). The caller checksums on its own thread then."""
+    try:
+        return _summer().submit(update, data)
+    except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
+        return None
 
 
 def _fill(fill: Callable[[BinaryIO], object], hashing: _HashingWriter) -> None:
