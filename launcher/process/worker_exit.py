@@ -57,10 +57,10 @@ def leave(code: object) -> NoReturn:
         status = 1
     _ignoring("threading", threading._shutdown)  # type: ignore[attr-defined]
     _ignoring("atexit", atexit._run_exitfuncs)
-    if not _ignoring("sys.stdout", _flush_standard):
+    if not _ignoring("the standard streams", _flush_standard):
         status = _FLUSH_FAILED
     _ignoring("the worker's modules", _clear_own_modules)
-    if not _ignoring("sys.stdout", _flush_standard):
+    if not _ignoring("the standard streams", _flush_standard):
         status = _FLUSH_FAILED
     os._exit(status)
 
