@@ -74,15 +74,8 @@ def _env() -> Dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
-def _cpu_of(code: str, *args: str) -> float:
-    """The CPU seconds of a new interpreter running ``code`` (wait4)."""
-    proc = subprocess.Popen([sys.executable, "-c", code, *args], env=_env(), cwd=ROOT)
-    _, status, usage = os.wait4(proc.pid, 0)
-    assert status == 0, f"exit status {status}"
-    return usage.ru_utime + usage.ru_stime
-
-
 def _output_and_cpu(code: str, *args: str) -> tuple:
+    """What a new interpreter running ``code`` printed, and its CPU seconds (wait4)."""
     proc = subprocess.Popen([sys.executable, "-c", code, *args], env=_env(), cwd=ROOT, stdout=subprocess.PIPE)
     out = proc.stdout.read().decode()  # type: ignore[union-attr]
     _, status, usage = os.wait4(proc.pid, 0)
@@ -105,7 +98,7 @@ def main() -> None:
     imports: Dict[str, List[float]] = {"on": [], "off": []}
     for _ in range(args.repeats):  # interleaved: both see the same machine load
         for collector in imports:
-            imports[collector].append(_cpu_of(_IMPORTS, collector))
+            imports[collector].append(_output_and_cpu(_IMPORTS, collector)[1])
 
     exits: Dict[str, List[float]] = {}
     for way in ("teardown", "leave"):

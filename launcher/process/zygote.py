@@ -26,8 +26,8 @@ Rules the zygote keeps, each because it broke something when it was not kept:
   when named (``--preload``).
 - The collector off while it imports, ``gc.freeze()`` once the imports are done, and on again in
   each worker (as Python's documentation of ``gc.freeze`` advises for a fork server): a collection
-  would walk the imports' 480k objects again and again (measured, 0.7-0.9 s of the zygote's 3.4 s
-  of CPU), and the children's first collection need not walk (and so copy) every page the
+  would walk the imports' 480k objects again and again (measured, 0.7-1.4 s of the zygote's
+  3.4-5.7 s of CPU), and the children's first collection need not walk (and so copy) every page the
   zygote's objects live in.
 """
 
