@@ -54,9 +54,17 @@ class ProcessFailure:
         return f"rank {self.rank} ({_where(self.node, self.pid)}): {what}{_INJECTED if self.injected else ''}"
 
     @property
+    def killed(self) -> bool:
+        """Ended by a signal from outside or by its own fault (SIGKILL, SIGSEGV, ...): a peer whose
+        collective broke raises instead (an exit code), or aborts (SIGABRT: NCCL's watchdog)."""
+        return self.exitcode < 0 and -self.exitcode != signal.SIGABRT
+
+    @property
     def blame_order(self) -> tuple:
-        """Exits seen in the same poll are ordered by the time their exception was recorded."""
-        return (self.observed_at, self.error.timestamp if self.error else 0, self.rank)
+        """A rank killed before one that exited: its peers' exits are the collective it broke, and
+        which supervisor saw its death first is a race between nodes. Then the earliest seen, and
+        exits seen in the same poll by the time their exception was recorded."""
+        return (not self.killed, self.observed_at, self.error.timestamp if self.error else 0, self.rank)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,8 +185,8 @@ def _where(node: Optional[int], pid: int) -> str:
 
 def root_cause(failures: Sequence[Failure]) -> Failure:
     """The failure that most likely caused the others: one --chaos injected (known, not
-    guessed); for exits the earliest (later ones are usually peers dying of a broken collective);
-    for hangs the rank that is behind."""
+    guessed); for exits a rank killed by a signal, then the earliest (the others are usually peers
+    dying of a broken collective); for hangs the rank that is behind."""
     return min(
         failures, key=lambda f: (not getattr(f, "injected", False), _KIND_ORDER[type(f)], f.blame_order)
     )

@@ -102,6 +102,18 @@ def test_root_cause_is_the_earliest_failure():
     assert root_cause(same_poll).rank == 1
 
 
+def test_a_rank_killed_by_a_signal_is_the_cause_over_a_peer_that_exited_first():
+    # Node 0 saw its rank's exit (gloo: "connection closed by peer") before node 1 saw the kill
+    # that caused it: which supervisor looks first is a race, the kind of death is evidence.
+    peer = ProcessFailure(rank=0, local_rank=0, pid=1, exitcode=1, observed_at=1.0, node=0)
+    killed = ProcessFailure(rank=1, local_rank=0, pid=2, exitcode=-signal.SIGKILL, observed_at=1.2, node=1)
+    assert root_cause([peer, killed]) is killed
+    # NCCL's watchdog aborts the peers of a rank that raised: SIGABRT is no evidence of a cause.
+    aborted = ProcessFailure(rank=0, local_rank=0, pid=1, exitcode=-signal.SIGABRT, observed_at=1.3)
+    raised = ProcessFailure(rank=1, local_rank=1, pid=2, exitcode=1, observed_at=1.0)
+    assert root_cause([aborted, raised]) is raised
+
+
 def test_error_file_formats(tmp_path: Path):
     path = tmp_path / "e.json"
     path.write_text(
