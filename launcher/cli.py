@@ -11,7 +11,7 @@ import signal
 import sys
 import zlib
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import click
 from click.core import ParameterSource
@@ -33,6 +33,7 @@ from launcher.discover import place, resolve_backend, slurm_step, visible_gpu_co
 from launcher.environment import torchrun_defaults
 from launcher.grammar.durations import parse_duration
 from launcher.grammar.errors import ExitCode, FtlaunchError, UsageError
+from launcher.grammar.numbers import decimal, whole_number
 from launcher.preflight import preflight
 from launcher.process.signals import SignalInbox
 from worker_lib.core.backend import BACKENDS
@@ -40,6 +41,25 @@ from worker_lib.core.backend import BACKENDS
 __all__ = ["cli", "main"]
 
 ENV_PREFIX = "FTLAUNCH"
+
+
+class _Number(click.ParamType):
+    """click's INT and FLOAT take other scripts' digits ("２") and underscores: these do not."""
+
+    def __init__(self, name: str, parse: Callable[[str], Union[int, float]], words: str) -> None:
+        self.name, self._parse, self._words = name, parse, words
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> Any:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value  # a default
+        try:
+            return self._parse(str(value))
+        except ValueError:
+            self.fail(f"{value!r} is not {self._words}", param, ctx)
+
+
+WHOLE = _Number("integer", whole_number, "a whole number")
+DECIMAL = _Number("float", decimal, "a number")
 
 
 @click.command(
@@ -60,7 +80,7 @@ ENV_PREFIX = "FTLAUNCH"
 @click.option("--no-python", is_flag=True, help="Run SCRIPT as an executable, not with python.")
 @click.option(
     "--max-failures",
-    type=int,
+    type=WHOLE,
     default=3,
     help="Failed groups restarted before giving up; -1: unlimited, 0: none.",
 )
@@ -79,7 +99,7 @@ ENV_PREFIX = "FTLAUNCH"
 )
 @click.option(
     "--grace-period",
-    type=float,
+    type=DECIMAL,
     default=5.0,
     help="Seconds between SIGTERM and SIGKILL when stopping workers.",
 )
@@ -126,7 +146,7 @@ ENV_PREFIX = "FTLAUNCH"
     help="Address the workers' store listens on (node 0's)  [default: 127.0.0.1; with many nodes the "
     "--rdzv-endpoint host]",
 )
-@click.option("--master-port", type=int, default=0, help="Port of the workers' store; 0: a free one.")
+@click.option("--master-port", type=WHOLE, default=0, help="Port of the workers' store; 0: a free one.")
 @click.option(
     "--console-ranks",
     default=None,
@@ -189,14 +209,14 @@ ENV_PREFIX = "FTLAUNCH"
 )
 @click.option(
     "--crash-loop",
-    type=int,
+    type=WHOLE,
     default=3,
     help="Stop early (exit 3) after this many failed attempts in a row known to have made no progress "
     "(no newer commit, no further heartbeat step, or a failure at once); 0: off.",
 )
 @click.option(
     "--max-preemptions",
-    type=int,
+    type=WHOLE,
     default=-1,
     help="Preemptions (SIGTERM) a run may be resumed after; they never count as failures. -1: unlimited.",
 )
@@ -226,7 +246,7 @@ ENV_PREFIX = "FTLAUNCH"
 )
 @click.option(
     "--node-rank",
-    type=int,
+    type=WHOLE,
     default=None,
     help="This node's rank; node 0 leads (hosts the stores, holds the run)  [default: 0; under srun: "
     "SLURM_PROCID]",
@@ -277,7 +297,7 @@ ENV_PREFIX = "FTLAUNCH"
 )
 @click.option(
     "--metrics-port",
-    type=int,
+    type=WHOLE,
     default=None,
     metavar="PORT",
     help="Serve the run's metrics (Prometheus text: attempts, failures by kind, downtime, goodput, the "
@@ -510,7 +530,7 @@ def _parse_nproc(value: str, gpus: int) -> int:
     if value == "cpu":
         return os.cpu_count() or 1
     try:
-        return int(value)
+        return whole_number(value)
     except ValueError:
         raise UsageError(f"--nproc must be a whole number or 'auto' (or gpu, cpu), got {value!r}") from None
 
@@ -519,7 +539,7 @@ def _parse_nnodes(value: str) -> Tuple[int, int]:
     """N (a fixed count: MIN 0) or MIN:MAX (elastic membership)."""
     low, sep, high = value.partition(":")
     try:
-        fewest, most = (int(low), int(high)) if sep else (0, int(value))
+        fewest, most = (whole_number(low), whole_number(high)) if sep else (0, whole_number(value))
     except ValueError:
         raise UsageError(f"--nnodes takes N or MIN:MAX (whole numbers), got {value!r}") from None
     if sep and not 1 <= fewest <= most:
@@ -547,7 +567,7 @@ def _parse_rdzv_conf(value: Optional[str]) -> Tuple[Tuple[str, str], ...]:
             continue
         key, sep, setting = item.partition("=")
         key = key.strip()
-        if not sep or key not in _RDZV_KEYS or not setting.strip().isdigit():
+        if not sep or key not in _RDZV_KEYS or not (setting.strip().isascii() and setting.strip().isdigit()):
             raise UsageError(
                 f"--rdzv-conf takes {', '.join(_RDZV_KEYS)} as KEY=whole number, comma-separated, "
                 f"got {item!r}"
@@ -560,7 +580,7 @@ def _parse_ranks(value: Optional[str]) -> Optional[frozenset]:
     if value is None:
         return None
     try:
-        return frozenset(int(part) for part in value.split(",") if part.strip())
+        return frozenset(whole_number(part) for part in value.split(",") if part.strip())
     except ValueError:
         raise UsageError(f"--console-ranks takes ranks like 0 or 0,3, got {value!r}") from None
 

@@ -107,8 +107,8 @@ def test_help_lists_the_options(ftlaunch):
         (["--heartbeat-floor", "-5s", str(ACTOR)], "--heartbeat-floor must not be negative"),
         (["--heartbeat-timeout", "nan", str(ACTOR)], "--heartbeat-timeout takes a duration like"),
         (["--init-timeout", "inf", str(ACTOR)], "--init-timeout takes a duration like"),
-        (["--grace-period", "nan", str(ACTOR)], "--grace-period must be a finite number of seconds, got nan"),
-        (["--grace-period", "inf", str(ACTOR)], "--grace-period must be a finite number of seconds, got inf"),
+        (["--grace-period", "nan", str(ACTOR)], "Invalid value for '--grace-period': 'nan' is not a number"),
+        (["--grace-period", "inf", str(ACTOR)], "Invalid value for '--grace-period': 'inf' is not a number"),
         (["--max-backoff", "inf", str(ACTOR)], "--max-backoff takes a duration like"),
         (["--storage-timeout", "0", str(ACTOR)], "--storage-timeout must be more than 0 seconds"),
         (["-m", "no_such_module_here"], "no module named 'no_such_module_here'"),
@@ -141,6 +141,28 @@ def test_help_lists_the_options(ftlaunch):
         (
             ["--nnodes", "9999999999999999999", "--rdzv-endpoint", "127.0.0.1:1", str(ACTOR)],
             "--nnodes 9999999999999999999: at most 16384 nodes",
+        ),
+        # The error names --nnodes as written: an elastic job's MIN too.
+        (["--nnodes", "1:16384", str(ACTOR)], "--nnodes 1:16384 needs --rdzv-endpoint HOST:PORT"),
+        # int() and float() take other scripts' digits and underscores; no shell script means them.
+        (["--nproc", "\uff12", str(ACTOR)], "--nproc must be a whole number or 'auto'"),
+        (
+            ["--max-failures", "1_0", str(ACTOR)],
+            "Invalid value for '--max-failures': '1_0' is not a whole number",
+        ),
+        (
+            ["--grace-period", "\uff15", str(ACTOR)],
+            "Invalid value for '--grace-period': '\uff15' is not a number",
+        ),
+        (["--nnodes", "\uff12", str(ACTOR)], "--nnodes takes N or MIN:MAX (whole numbers)"),
+        (["--heartbeat-timeout", "\u0661\u0660", str(ACTOR)], "--heartbeat-timeout takes a duration like"),
+        (
+            ["--chaos", "kill:rank=\uff11,at=step:3", str(ACTOR)],
+            "--chaos: rank takes a whole number, got '\uff11'",
+        ),
+        (
+            ["--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:\uff12\uff19\uff15", str(ACTOR)],
+            "needs --rdzv-endpoint HOST:PORT",
         ),
     ],
 )

@@ -225,9 +225,8 @@ class ClusterSection:
         if self.nnodes < 1:
             raise UsageError(f"--nnodes must be at least 1, got {self.nnodes}")
         if self.nnodes > MAX_NODES:
-            given = f"{self.min_nodes}:{self.nnodes}" if self.min_nodes else str(self.nnodes)
             raise UsageError(
-                f"--nnodes {given}: at most {MAX_NODES} nodes (torch's c10d rendezvous keeps "
+                f"--nnodes {self.nnodes_given}: at most {MAX_NODES} nodes (torch's c10d rendezvous keeps "
                 "every node of a round in one record that every node reads and writes)"
             )
         if not 0 <= self.min_nodes <= self.nnodes:
@@ -249,15 +248,20 @@ class ClusterSection:
             )
         if self.nnodes > 1:
             host, _, port = self.rdzv_endpoint.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
                 raise UsageError(
-                    f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address and a free "
-                    f"port), got {self.rdzv_endpoint!r}"
+                    f"--nnodes {self.nnodes_given} needs --rdzv-endpoint HOST:PORT (node 0's address and "
+                    f"a free port), got {self.rdzv_endpoint!r}"
                 )
 
     @property
     def many_nodes(self) -> bool:
         return self.nnodes > 1
+
+    @property
+    def nnodes_given(self) -> str:
+        """--nnodes as it was written: MIN:MAX for an elastic job, N for a fixed one."""
+        return f"{self.min_nodes}:{self.nnodes}" if self.min_nodes else str(self.nnodes)
 
     @property
     def fewest(self) -> int:

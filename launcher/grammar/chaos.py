@@ -30,6 +30,7 @@ from typing import Optional, Tuple
 
 from launcher.grammar.durations import parse_duration
 from launcher.grammar.errors import UsageError
+from launcher.grammar.numbers import whole_number
 
 __all__ = ["ChaosPlan", "Fault", "FaultKind", "Trigger", "TriggerKind", "parse_chaos"]
 
@@ -178,7 +179,7 @@ def _default_times(trigger: Trigger) -> Optional[int]:
 
 def _integer(text: str, what: str, minimum: int) -> int:
     try:
-        value = int(text.strip())
+        value = whole_number(text)
     except ValueError:
         raise UsageError(f"{_OPTION}: {what} takes a whole number, got {text.strip()!r}") from None
     if value < minimum:

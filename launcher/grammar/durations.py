@@ -3,6 +3,7 @@
 import math
 
 from launcher.grammar.errors import UsageError
+from launcher.grammar.numbers import decimal
 
 __all__ = ["parse_duration"]
 
@@ -14,7 +15,7 @@ def parse_duration(value: str, option: str) -> float:
     text = value.strip().lower()
     number, unit = text.rstrip("smhd"), text[len(text.rstrip("smhd")) :]
     try:
-        seconds = float(number) * _UNITS[unit]
+        seconds = decimal(number) * _UNITS[unit]
     except (ValueError, KeyError):
         seconds = math.nan
     if not math.isfinite(seconds):  # "nan" and "inf" parse as floats: a deadline of nan never fires

@@ -7,6 +7,7 @@ import re
 from typing import List, Mapping, Optional
 
 from launcher.grammar.errors import UsageError
+from launcher.grammar.numbers import whole_number
 
 __all__ = ["SlurmStep", "expand_hostlist", "read_slurm_step"]
 
@@ -35,11 +36,11 @@ def read_slurm_step(environ: Mapping[str, str]) -> Optional[SlurmStep]:
         return None
     try:
         job_id = environ["SLURM_JOB_ID"]
-        nnodes = int(environ["SLURM_STEP_NUM_NODES"])
-        tasks = int(environ.get("SLURM_STEP_NUM_TASKS", environ.get("SLURM_NTASKS", nnodes)))
-        task = int(environ.get("SLURM_PROCID", "0"))
+        nnodes = whole_number(environ["SLURM_STEP_NUM_NODES"])
+        tasks = whole_number(environ.get("SLURM_STEP_NUM_TASKS", environ.get("SLURM_NTASKS", str(nnodes))))
+        task = whole_number(environ.get("SLURM_PROCID", "0"))
         nodelist = environ.get("SLURM_STEP_NODELIST") or environ["SLURM_JOB_NODELIST"]
-        int(job_id)
+        whole_number(job_id)
     except (KeyError, ValueError) as err:
         raise UsageError(f"cannot read this SLURM step's environment: {err}") from None
     if tasks != nnodes:
@@ -87,7 +88,7 @@ def _expand_range(spec: str) -> List[str]:
     out = []
     for item in spec.split(","):
         low, _, high = item.partition("-")
-        if not low.isdigit() or (high and not high.isdigit()):
+        if not _digits(low) or (high and not _digits(high)):
             raise UsageError(f"cannot read the range [{spec}] in SLURM's node list")
         if not high:
             out.append(low)
@@ -96,3 +97,7 @@ def _expand_range(spec: str) -> List[str]:
             raise UsageError(f"cannot read the range [{spec}] in SLURM's node list")
         out.extend(str(n).zfill(len(low)) for n in range(int(low), int(high) + 1))
     return out
+
+
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()

@@ -89,7 +89,7 @@ def test_under_srun_no_flag_is_needed(monkeypatch):
         (["--nnodes", "a:b"], r"--nnodes takes N or MIN:MAX \(whole numbers\), got 'a:b'"),
         (["--nnodes", "2:"], r"--nnodes takes N or MIN:MAX"),
         (["--nnodes", "1:2:3"], r"--nnodes takes N or MIN:MAX"),
-        (["--nnodes", "1:4"], "--nnodes 4 needs --rdzv-endpoint HOST:PORT"),
+        (["--nnodes", "1:4"], "--nnodes 1:4 needs --rdzv-endpoint HOST:PORT"),
         (["--nnodes", "1:2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "--node-rank must be in 0..1"),
         (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "--node-rank must be in 0..1"),
         (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-conf", "color=red"], "--rdzv-conf takes"),
