@@ -63,3 +63,30 @@ def test_a_follower_killed_while_nodes_meet_never_shrinks_a_fixed_job(launcher, 
     assert all(a.world_size == 2 and [n["node"] for n in a.nodes] == [0, 1] for a in state.attempts)
     assert out.exists() and "rank 1 attempt" in follower.stdout
     assert job.survivors() == []
+
+
+@pytest.mark.parametrize("signalled", [0, 1])
+def test_a_signal_on_one_node_while_the_nodes_meet_stops_every_node(launcher, tmp_path, signalled):
+    """README: SIGTERM on any node stops every node. While the nodes meet there is no attempt's
+    channel to carry it: the stop goes through node 0's store (the lobby), where every node looks
+    while it waits. Node 1 is held at the moment before its round (a failpoint), node 0 waits for
+    it; one of them gets SIGTERM. Before, only that node stopped and the other waited out
+    --join-timeout."""
+    job = Job(launcher, tmp_path, 2, "--nproc", "1", "--run-name", "met", DDP, node_timeout="30s")
+    node0 = job.start(0)
+    node1 = job.start(1, env={"FTLAUNCH_FAILPOINT": "before-round"})
+    frozen_at(node1, "before-round")
+    node0.read_console_until(lambda line: "waiting for all 2 nodes to join" in line, 60, stream="stderr")
+    os.kill(job.nodes[signalled].proc.pid, signal.SIGTERM)
+    os.kill(node1.proc.pid, signal.SIGCONT)
+
+    codes = job.wait(60)
+    assert codes == {0: 143, 1: 143}, (node0.stderr, node1.stderr)
+    other = 1 - signalled
+    assert "interrupted by SIGTERM while the nodes were meeting" in job.nodes[signalled].stderr
+    said = f"interrupted by SIGTERM on node {signalled} while the nodes were meeting"
+    assert said in job.nodes[other].stderr
+    state = run_state(tmp_path / "runs" / "met")
+    assert state.status.value == "PREEMPTED" and state.attempts == []
+    assert "worker" not in node0.stdout + node1.stdout  # no rank ever started
+    assert job.survivors() == []

@@ -4,11 +4,11 @@ goes silent."""
 
 import json
 import time
-from typing import List, NoReturn
+from typing import Callable, List, NoReturn
 
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
 from launcher.cluster.deadline_store import DeadlineStore
-from launcher.cluster.rendezvous import LeaderUnreachable
+from launcher.cluster.rendezvous import WATCH_EVERY_S, LeaderUnreachable
 from launcher.cluster.wire import Interrupt, JobVerdict, RoundPlan
 from launcher.core.beats import ProgressRow
 from launcher.process.signals import SignalInbox
@@ -43,10 +43,13 @@ class FollowerChannel(AttemptChannel):
         self.broken = f"node 0 has been {why} (--node-timeout)"
         raise LeaderUnreachable(self.broken)
 
-    def read_plan(self, limit: float) -> RoundPlan:
-        """Node 0's plan for the attempt; any signal ends the wait (SignalReceived)."""
+    def read_plan(self, limit: float, watch: Callable[[], None] = lambda: None) -> RoundPlan:
+        """Node 0's plan for the attempt; any signal ends the wait (SignalReceived), and so does
+        an error raised by ``watch``, called every half second meanwhile."""
         wait = self._wait(limit, since=0)
         while not self._has("plan"):
+            if wait.due(WATCH_EVERY_S, "watch", first=0):
+                watch()
             self._look_for_lost_nodes()
             if wait.expired:
                 self.broken = f"node 0 planned no attempt within {limit:g} s"

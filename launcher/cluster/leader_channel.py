@@ -4,10 +4,10 @@ ended everywhere, and tells every node its verdict."""
 import dataclasses
 import json
 import time
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
-from launcher.cluster.rendezvous import RoundFailed
+from launcher.cluster.rendezvous import WATCH_EVERY_S, RoundFailed
 from launcher.cluster.wire import Interrupt, JobVerdict, NodeInfo, NodeReport, RoundPlan
 from launcher.core.beats import NodeRow, ProgressRow
 from launcher.core.failures import Failure, NodeLostFailure
@@ -28,14 +28,19 @@ class LeaderChannel(AttemptChannel):
         self._infos: Dict[int, NodeInfo] = {}
         self._lost_at: Dict[int, float] = {}  # node → when it was declared lost (monotonic)
 
-    def node_infos(self, count: int, limit: float) -> Dict[int, NodeInfo]:
+    def node_infos(
+        self, count: int, limit: float, watch: Callable[[], None] = lambda: None
+    ) -> Dict[int, NodeInfo]:
         """The announcements of all ``count`` nodes of the round. One that has not announced
         itself within ``limit`` seconds died on the way (a live one does so as soon as it learns
         of the round): the round fails (RoundFailed) and every node meets again, so that no
         attempt starts on fewer nodes than its round counted. Any signal ends the wait. From
-        then on, the nodes announced are the attempt's, and only they are watched."""
+        then on, the nodes announced are the attempt's, and only they are watched. ``watch``:
+        called every half second meanwhile (an error it raises ends the wait)."""
         wait = self._wait(limit, since=0)
         while True:
+            if wait.due(WATCH_EVERY_S, "watch", first=0):
+                watch()
             present = self._listed("nodes")
             if len(present) >= count:
                 break

@@ -8,10 +8,14 @@ job is refused at once, with exit 2, instead of waiting out --join-timeout:
     lobby/hellos          "n," appended by each follower that said hello: node 0 reads who came in
                           one call, whatever --nnodes MAX is
     lobby/refused/<n>     node 0's refusal of it (another command), and lobby/read/<n> its ack
+    lobby/stopped         a node that got a signal while the nodes met: which, and what signal;
+                          lobby/stop-read/<n> each follower's ack (node 0 waits for them before
+                          its store goes away with it)
 
-torch's rendezvous decides who is in a round; this only keeps out a node started by mistake: a
-second supervisor with a rank that a live one holds, or one that runs another command (and so
-another rendezvous id) than node 0."""
+torch's rendezvous decides who is in a round; this only keeps out a node started by mistake (a
+second supervisor with a rank that a live one holds, or one that runs another command, and so
+another rendezvous id, than node 0), and passes on a stop: a signal on any node stops every node,
+while they meet as during an attempt."""
 
 import dataclasses
 import json
@@ -24,7 +28,9 @@ from launcher.cluster.alive import AliveCounter, beat_every
 from launcher.grammar.errors import UsageError
 from launcher.process.waiting import Inbox, Wait
 
-__all__ = ["Hello", "Lobby", "NodeClaim"]
+__all__ = ["Hello", "Lobby", "NodeClaim", "StopNotice", "read_stop", "say_stop", "stop_read"]
+
+_STOPPED = "lobby/stopped"
 
 # How many of a claimant's beats its counter is watched for before it is judged gone.
 _JUDGE_BEATS = 3
@@ -37,6 +43,36 @@ class Hello:
     pid: int
     rdzv_id: str
     command: List[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class StopNotice:
+    """A node that got a signal while the nodes met: every node stops as it does."""
+
+    node: int
+    signum: int
+    said_as: str  # the signal's name as the user sent it (SIGUSR1 for a preemption notice)
+
+
+def say_stop(store, notice: StopNotice) -> None:
+    """Tell every node (through node 0's store) that ``notice.node`` stops; the first notice
+    stands: two nodes signalled at once stop the job once."""
+    store.compare_set(_STOPPED, "", json.dumps(dataclasses.asdict(notice)))
+    stop_read(store, notice.node)
+
+
+def read_stop(store, node: int) -> Optional[StopNotice]:
+    """Another node's stop, if one came."""
+    if not store.check([_STOPPED]):
+        return None
+    notice = StopNotice(**json.loads(_text(store.get(_STOPPED))))
+    return notice if notice.node != node else None
+
+
+def stop_read(store, node: int) -> None:
+    """A follower has the notice (node 0 waits for this before its store goes away)."""
+    if node != 0:
+        store.set(f"lobby/stop-read/{node}", "1")
 
 
 class NodeClaim:
@@ -109,6 +145,26 @@ class Lobby:
         texts = self._store.multi_get([f"lobby/hello/{n}" for n in said]) if said else []
         hellos = [Hello(**json.loads(_text(text))) for text in texts]
         return [hello for hello in hellos if hello.rdzv_id != self._rdzv_id]
+
+    def await_stop_read(self, wait: Wait, say: Callable[[str], None]) -> None:
+        """Node 0 stops while the nodes meet: until every follower that came has read the notice
+        (``wait``'s limit at most), since this node's store, and with it the notice, goes away
+        with it. A follower that never reads it (dead, stopped) is waited out; after a second,
+        that is said once."""
+        said = self._store.get("lobby/hellos") if self._store.check(["lobby/hellos"]) else b""
+        nodes, told = {int(n) for n in _text(said).split(",") if n}, False
+        while not wait.expired:
+            nodes = {n for n in nodes if not self._store.check([f"lobby/stop-read/{n}"])}
+            if not nodes:
+                return
+            if not told and wait.waited >= 1.0:
+                told = True
+                names = ", ".join(map(str, sorted(nodes)))
+                say(
+                    f"stopping every node: waiting up to {wait.left:.0f} s for node(s) {names} to "
+                    "learn of it (a second signal ends the wait)"
+                )
+            wait.pause()
 
     def refuse(self, hello: Hello, signals: Inbox) -> str:
         """Tell ``hello``'s node why it cannot join; wait (--node-timeout at most, a signal ends

@@ -26,7 +26,7 @@ __all__ = ["LeaderUnreachable", "Rendezvous", "Round", "RoundFailed", "connect_j
 _CONNECT_TRY_S = 2.0  # one connection try; between tries, signals are looked at
 _ROUND_SLACK_S = 30.0
 _SAY_EVERY_S = 30.0  # while waiting: one line this often
-_WATCH_EVERY_S = 0.5  # while waiting for a round: how often the caller's watch looks
+WATCH_EVERY_S = 0.5  # while the nodes meet: how often the caller's watch looks
 # Rendezvous handlers a follower dropped when it lost node 0 (see Rendezvous.drop): a few per run.
 _DROPPED: list = []
 # --nnodes MIN:MAX: once MIN nodes are in, a round waits this long for more before it starts
@@ -219,7 +219,7 @@ class Rendezvous:
             if wait.expired:
                 outcome.setdefault("error", RendezvousTimeoutError("the join did not return"))
                 break
-            if wait.due(_WATCH_EVERY_S, "watch", first=0):
+            if wait.due(WATCH_EVERY_S, "watch", first=0):
                 watch()
             if wait.due(_SAY_EVERY_S, first=10.0):
                 say(

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, List, Optional
 from launcher.core.beats import BeatSummary
 from launcher.core.failures import Failure, root_cause
 from launcher.core.outcomes import AttemptOutcome, RunStatus
-from launcher.grammar.errors import exit_code_for_signal
+from launcher.grammar.errors import PeerStopped, SignalReceived, exit_code_for_signal
 
 if TYPE_CHECKING:  # the records are filled in by the loop; recovery sits above this module
     from launcher.core.recovery import Recovery
@@ -46,6 +46,12 @@ class RunResult:
     recoveries: List["Recovery"] = dataclasses.field(default_factory=list)
     goodput: Optional[float] = None  # over the whole run, earlier supervisors included
     holds_run: bool = True  # False on a follower node: recoveries and goodput are node 0's to tell
+
+
+def meeting_stopped(error: SignalReceived) -> str:
+    """Where a signal that came while the nodes met stopped the job: here, or on another node."""
+    where = f"on node {error.node} " if isinstance(error, PeerStopped) else ""
+    return f"{where}while the nodes were meeting"
 
 
 def ended_by_signal(

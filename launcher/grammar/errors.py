@@ -8,6 +8,7 @@ __all__ = [
     "FtlaunchError",
     "SignalReceived",
     "JobOver",
+    "PeerStopped",
     "JoinTimeout",
     "RunBusy",
     "RunLost",
@@ -95,3 +96,13 @@ class SignalReceived(FtlaunchError):
         super().__init__(f"interrupted by {self.said_as} before any worker started")
         self.exit_code = exit_code_for_signal(signum)
         self.signum = signum
+
+
+class PeerStopped(SignalReceived):
+    """Another node got a signal while the nodes met: this node stops as that one does (the same
+    exit code), so that one Ctrl+C or SIGTERM stops the job, not one node of it."""
+
+    def __init__(self, node: int, signum: int, said_as: str = "") -> None:
+        super().__init__(signum, said_as)
+        self.node = node
+        self.args = (f"node {node} got {self.said_as} while the nodes were meeting",)

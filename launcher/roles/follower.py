@@ -12,7 +12,7 @@ from typing import Callable, List, Optional, Tuple, TypeVar
 from launcher.cluster.channel import ChannelSpec
 from launcher.cluster.deadline_store import DeadlineStore, StoreTimeout
 from launcher.cluster.follower_channel import FollowerChannel
-from launcher.cluster.lobby import Hello, NodeClaim
+from launcher.cluster.lobby import Hello, NodeClaim, StopNotice, read_stop, say_stop, stop_read
 from launcher.cluster.rendezvous import LeaderUnreachable, Rendezvous, Round, RoundFailed, connect_job_store
 from launcher.cluster.wire import (
     Interrupt,
@@ -29,9 +29,9 @@ from launcher.core.config import LaunchConfig
 from launcher.core.events import EventLog, NodesMet, Say
 from launcher.core.layout import Layout
 from launcher.core.outcomes import AttemptOutcome, RunStatus
-from launcher.core.results import AttemptResult, RunResult, ended_by_signal
+from launcher.core.results import AttemptResult, RunResult, ended_by_signal, meeting_stopped
 from launcher.core.stopping import StopReading
-from launcher.grammar.errors import FtlaunchError, SignalReceived, UsageError
+from launcher.grammar.errors import FtlaunchError, PeerStopped, SignalReceived, UsageError
 from launcher.process.signals import SignalInbox
 from launcher.roles.base import AttemptPlan, Conclusion, Role, in_attempt
 from launcher.roles.leader import node_report, report_timeout
@@ -109,7 +109,7 @@ class Follower(Role):
             self._rendezvous = Rendezvous(self.config.cluster, self.config.run.run_id, store)
         if self._kept is None:
             failpoints.reached("before-round")
-        round_ = self._kept or self._rendezvous.next_round(self._signals, self._say, watch=self._refused)
+        round_ = self._kept or self._rendezvous.next_round(self._signals, self._say, watch=self._watch_lobby)
         self._kept = None
         failpoints.reached("round-joined")
         self._channel = FollowerChannel(round_.next_attempt_store(), self._spec, self._signals)
@@ -119,7 +119,7 @@ class Follower(Role):
                 NodeInfo.here(self.node, self.config.group.nproc, self.config.entry.command)
             )
             failpoints.reached("announced")
-            plan = self.channel.read_plan(report_timeout(self.config))
+            plan = self.channel.read_plan(report_timeout(self.config), self._watch_lobby)
         except BaseException:
             self.channel.close()
             raise
@@ -151,11 +151,16 @@ class Follower(Role):
         ended = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.updated_at))
         return f"the job has ended: run {self.config.run.url} succeeded at {ended} (node 0's record)"
 
-    def _refused(self) -> None:
-        """While it waits for a round: node 0 may have refused this node (another command)."""
-        reason = self._in_lobby(lambda: self._claim.refusal(self._lobby_store))
+    def _watch_lobby(self) -> None:
+        """While the nodes meet: node 0 may have refused this node (another command), or a node
+        got a signal (PeerStopped: this one stops as it does)."""
+        store = self._lobby_store
+        reason = self._in_lobby(lambda: self._claim.refusal(store))
         if reason:
             raise UsageError(reason)
+        stop = self._in_lobby(lambda: read_stop(store, self.node))
+        if stop is not None:
+            raise PeerStopped(stop.node, stop.signum, stop.said_as)
 
     def _in_lobby(self, call: Callable[[], T]) -> T:
         """A lobby call to node 0's store; one that fails or does not answer is node 0 lost."""
@@ -208,9 +213,25 @@ class Follower(Role):
 
     def ended_waiting(self, error: FtlaunchError, attempts: List[AttemptResult]) -> RunResult:
         if isinstance(error, SignalReceived):
-            while_ = "while the nodes were meeting"
+            self._pass_on_stop(error)
+            while_ = meeting_stopped(error)
             return ended_by_signal(error.signum, attempts, while_, holds_run=False, said_as=error.said_as)
         return RunResult(error.exit_code, RunStatus.STOPPED, attempts, str(error), holds_run=False)
+
+    def _pass_on_stop(self, error: SignalReceived) -> None:
+        """A signal here while the nodes meet stops every node: said in node 0's store, where
+        every node looks while it meets. Another node's stop: read (node 0 waits for that).
+        Best effort: a node 0 that does not answer is lost anyway."""
+        store = self._lobby_store
+        if store is None:  # never reached node 0: no node knows of this one
+            return
+        try:
+            if isinstance(error, PeerStopped):
+                stop_read(store, self.node)
+            else:
+                say_stop(store, StopNotice(self.node, error.signum, error.said_as))
+        except (StoreTimeout, RuntimeError):
+            pass
 
     def pause(self, seconds: float) -> None:
         """Node 0 pauses (its backoff) before it meets the nodes again: the next round waits."""
@@ -234,6 +255,7 @@ class Follower(Role):
         self._claim.release()
         if self._lobby_store is not None:
             self._lobby_store.close()  # its thread ends once free (it may be stuck in a call)
+            self._lobby_store = None
         self._deadline = time.monotonic() + self.config.cluster.join_timeout
 
     # -- during an attempt -------------------------------------------------------------------

@@ -10,7 +10,7 @@ from launcher.core.failures import NodeLostFailure
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.policy import RestartPolicy, Verdict
 from launcher.core.records import AttemptEntry
-from launcher.core.results import AttemptResult, RunResult, ended_by_signal
+from launcher.core.results import AttemptResult, RunResult, ended_by_signal, meeting_stopped
 from launcher.grammar.errors import ExitCode, FtlaunchError, SignalReceived, StartFailed
 from launcher.process.signals import SignalInbox
 from launcher.process.store import AttemptStore, StoreHost, host_here
@@ -138,8 +138,7 @@ class RunHolder(Role):
 
     def ended_waiting(self, error: FtlaunchError, attempts: List[AttemptResult]) -> RunResult:
         if isinstance(error, SignalReceived):
-            while_ = "while the nodes were meeting"
-            return ended_by_signal(error.signum, attempts, while_, said_as=error.said_as)
+            return ended_by_signal(error.signum, attempts, meeting_stopped(error), said_as=error.said_as)
         return RunResult(ExitCode.JOIN_TIMEOUT, RunStatus.STOPPED, attempts, str(error))
 
     def pause(self, seconds: float) -> None:

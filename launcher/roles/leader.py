@@ -7,7 +7,7 @@ from typing import Dict, List, Optional, Tuple
 
 from launcher.cluster.channel import ChannelSpec
 from launcher.cluster.leader_channel import LeaderChannel
-from launcher.cluster.lobby import Lobby
+from launcher.cluster.lobby import Lobby, StopNotice, read_stop, say_stop
 from launcher.cluster.rendezvous import Rendezvous, Round, RoundFailed
 from launcher.cluster.wire import (
     Interrupt,
@@ -27,8 +27,16 @@ from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.policy import RestartPolicy
 from launcher.core.results import AttemptResult, RunResult
 from launcher.core.stopping import StopReading
-from launcher.grammar.errors import ExitCode, JoinTimeout, UsageError
+from launcher.grammar.errors import (
+    ExitCode,
+    FtlaunchError,
+    JoinTimeout,
+    PeerStopped,
+    SignalReceived,
+    UsageError,
+)
 from launcher.process.signals import SignalInbox
+from launcher.process.waiting import Wait
 from launcher.roles.base import AttemptPlan, Conclusion, in_attempt
 from launcher.roles.holder import RunHolder
 from launcher.runs.run import Run
@@ -109,15 +117,13 @@ class Leader(RunHolder):
         while True:
             new_round = self._round is None
             if self._round is None:
-                self._round = self._rendezvous.next_round(
-                    self._signals, self._say, watch=self._refuse_strangers
-                )
+                self._round = self._rendezvous.next_round(self._signals, self._say, watch=self._watch_lobby)
             meeting = self._round
             channel = LeaderChannel(meeting.next_attempt_store(), self._spec, self._signals)
             self._channel = channel
             channel.announce(NodeInfo.here(0, self.config.group.nproc, self.config.entry.command))
             try:
-                infos = channel.node_infos(meeting.size, _announce_timeout(self.config))
+                infos = channel.node_infos(meeting.size, _announce_timeout(self.config), self._watch_lobby)
             except RoundFailed as failed:
                 self._meet_again(channel, meeting.size, str(failed), started)
                 continue
@@ -173,15 +179,38 @@ class Leader(RunHolder):
             f"{self.config.cluster.fewest}:{self.config.cluster.nnodes}{resize}"
         )
 
-    def _refuse_strangers(self) -> None:
-        """While waiting for a round: a node that came with another command (another rendezvous
-        id) is refused at once. Before this launch's first attempt, node 0 stops with it (the
-        job was started wrong); later, it goes on waiting for the right node."""
+    def _watch_lobby(self) -> None:
+        """While the nodes meet: a follower that got a signal stops the job (PeerStopped), and a
+        node that came with another command (another rendezvous id) is refused at once. Before
+        this launch's first attempt, node 0 stops with it (the job was started wrong); later,
+        it goes on waiting for the right node."""
+        stop = read_stop(self._rendezvous.store, 0)
+        if stop is not None:
+            raise PeerStopped(stop.node, stop.signum, stop.said_as)
         for hello in self._lobby.strangers():
             reason = self._lobby.refuse(hello, self._signals)
             if not self._planned:
                 raise UsageError(reason)
             self._say(f"refused a node: {reason}")
+
+    def ended_waiting(self, error: FtlaunchError, attempts: List[AttemptResult]) -> RunResult:
+        if isinstance(error, SignalReceived):
+            self._pass_on_stop(error)
+        return super().ended_waiting(error, attempts)
+
+    def _pass_on_stop(self, error: SignalReceived) -> None:
+        """A signal on any node while the nodes meet stops every node, as during an attempt. The
+        notice lives in this node's store, which goes away with it: node 0 waits until every
+        follower that came has read it (each looks every half second while it meets), within
+        --node-timeout (a follower that never looks is dead or frozen); a second signal ends
+        the wait."""
+        store = self._rendezvous.store
+        try:
+            if not isinstance(error, PeerStopped):
+                say_stop(store, StopNotice(0, error.signum, error.said_as))
+            self._lobby.await_stop_read(Wait(self.config.cluster.node_timeout, self._signals), self._say)
+        except (SignalReceived, RuntimeError):  # a second signal; torch's store errors
+            pass
 
     def conclude(self, local: AttemptResult) -> Conclusion:
         """The job's attempt: every node's report (this one's included) and every lost node."""
