@@ -214,7 +214,9 @@ def _hold(role: RunHolder, runner: AttemptRunner, run: Run, events: EventLog, sa
             result = run_attempts(role, runner)
     finally:
         role.close()  # many nodes: a node that comes late learns at once that the job is over
-    _remove_uncommitted_parts(run, say)
+    lost = _remove_uncommitted_parts(run, say)
+    if lost and result.status is RunStatus.SUCCEEDED:  # every rank exited 0, and yet
+        result = dataclasses.replace(result, reason=f"{result.reason}; but {lost}")
     result = dataclasses.replace(
         result, recoveries=recoveries(events.logged), goodput=goodput(run.state.attempts, time.time())
     )
@@ -230,8 +232,18 @@ def _already_succeeded(run: Run) -> RunResult:
     return RunResult(ExitCode.SUCCESS, RunStatus.SUCCEEDED, [], reason)
 
 
-def _remove_uncommitted_parts(run: Run, say) -> None:
-    """The run is over and no worker runs: parts that never got their commit marker go."""
+def _remove_uncommitted_parts(run: Run, say) -> str:
+    """The run is over and no worker runs: parts that never got their commit marker go. Returns
+    what the run's record must add when the newest of them is newer than every committed step
+    (a final save that failed: the run's last work has no checkpoint), else ''."""
     removed = run.remove_uncommitted()
-    if removed:
-        say(f"removed the parts of step(s) {', '.join(map(str, removed))}, which were never committed")
+    if not removed.steps:
+        return ""
+    say(f"removed the parts of step(s) {', '.join(map(str, removed.steps))}, which were never committed")
+    if not removed.newest_lost:
+        return ""
+    newest = removed.newest_committed
+    return (
+        f"the save of step {max(removed.steps)} was never committed; the newest checkpoint is "
+        f"{'none' if newest is None else f'step {newest}'}"
+    )

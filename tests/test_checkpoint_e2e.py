@@ -119,6 +119,30 @@ def test_parts_that_never_committed_are_removed_when_the_run_ends(launcher, tmp_
     assert launch.survivors() == []
 
 
+def test_a_run_that_succeeded_says_when_its_last_save_was_never_committed(launcher, tmp_path):
+    """Every rank exited 0, but the newest save never got its marker (a final save that failed):
+    the run succeeded, and its record says that its last work has no checkpoint."""
+    import torch
+
+    from worker_lib.checkpoint.manager import CheckpointManager, LocalChannel
+    from worker_lib.core.storage import Storage
+
+    ckpt = tmp_path / "ckpt"
+    CheckpointManager(Storage(str(ckpt)), 0, 1, LocalChannel()).save(5, {"w": torch.ones(3)}, blocking=True)
+    (ckpt / "step_7").mkdir()
+    (ckpt / "step_7" / "rank_0.pt").write_bytes(b"x" * 1000)
+
+    launch = launcher.run("--checkpoint-dir", str(ckpt), str(ACTOR))
+
+    assert launch.proc.returncode == 0, launch.stderr
+    said = "but the save of step 7 was never committed; the newest checkpoint is step 5"
+    assert said in launch.stderr
+    state = launch.run_state()
+    assert state.status.value == "SUCCEEDED" and said in state.reason
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step_")) == ["step_5"]
+    assert launch.survivors() == []
+
+
 # A save still being written when the script ends: the pickle of its state holds the save's thread
 # until the main thread has begun the interpreter's exit, then the tensor's bytes (8 MB, over the
 # size whose checksum goes to the helper thread) are written.

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, List, Optional, Tuple
 if TYPE_CHECKING:
     from worker_lib.core.storage import Storage
 
-__all__ = ["CheckpointDir", "NewestCheckpoint"]
+__all__ = ["CheckpointDir", "NewestCheckpoint", "Uncommitted"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +22,20 @@ class NewestCheckpoint:
     committed_at: Optional[float] = None  # wall clock of the commit
     error: str = ""
     other_size: Tuple[int, ...] = ()  # newer committed steps that this world size cannot load
+
+
+@dataclasses.dataclass(frozen=True)
+class Uncommitted:
+    """Steps whose parts never got their commit marker (removed at the run's end)."""
+
+    steps: List[int] = dataclasses.field(default_factory=list)
+    newest_committed: Optional[int] = None  # at any world size; None: nothing committed
+
+    @property
+    def newest_lost(self) -> bool:
+        """A save newer than every committed step never committed: the run's last work since
+        that step has no checkpoint."""
+        return bool(self.steps) and (self.newest_committed is None or max(self.steps) > self.newest_committed)
 
 
 class CheckpointDir:
@@ -51,12 +65,12 @@ class CheckpointDir:
         except (StorageError, OSError) as err:
             return NewestCheckpoint(known=False, error=str(err))
 
-    def remove_uncommitted(self) -> List[int]:
-        """Delete the step folders that hold parts but no commit marker, and return their steps.
-        Only when no worker runs (the run's end): then no save is in flight, and such parts
-        (a save cut off, or one whose peers failed, a full disk) can never be committed."""
+    def remove_uncommitted(self) -> Uncommitted:
+        """Delete the step folders that hold parts but no commit marker, and say which. Only when
+        no worker runs (the run's end): then no save is in flight, and such parts (a save cut
+        off, or one whose peers failed, a full disk) can never be committed."""
         if not self.url:
-            return []
+            return Uncommitted()
         from worker_lib.checkpoint.marker import committed_steps, step_dir, step_numbers
         from worker_lib.core.storage import Storage, StorageError
 
@@ -67,5 +81,5 @@ class CheckpointDir:
             for step in doomed:
                 storage.remove_tree(step_dir(step))
         except (StorageError, OSError):
-            return []  # best effort: the next run's retention removes them too
-        return doomed
+            return Uncommitted()  # best effort: the next run's retention removes them too
+        return Uncommitted(doomed, max(committed, default=None))

@@ -18,7 +18,7 @@ from launcher.core.evidence import ProgressEvidence, judge_progress
 from launcher.core.failures import Failure, root_cause
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.records import AttemptEntry, FailureCause, FailureEntry, kept_seconds
-from launcher.runs.checkpoints import CheckpointDir, NewestCheckpoint
+from launcher.runs.checkpoints import CheckpointDir, NewestCheckpoint, Uncommitted
 from launcher.runs.directory import (
     EVENTS_FILE,
     PROGRESS_FILE,
@@ -184,12 +184,12 @@ class Run:
             self._say(f"cannot list the checkpoints ({newest.error}); progress unknown")
         return newest
 
-    def remove_uncommitted(self) -> List[int]:
+    def remove_uncommitted(self) -> Uncommitted:
         """At the run's end: parts never committed go, when the checkpoint dir answers."""
         if self._listing is not None and not self._listing.done.is_set():
-            return []  # it did not answer the last look
+            return Uncommitted()  # it did not answer the last look
         removing = _Listing(self.checkpoints.remove_uncommitted)
-        return removing.result(self.config.run.storage_timeout) or []
+        return removing.result(self.config.run.storage_timeout) or Uncommitted()
 
     def publish_progress(
         self, attempt: int, ranks: List[ProgressRow], nodes: Optional[List[NodeRow]] = None

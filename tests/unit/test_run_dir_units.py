@@ -107,3 +107,12 @@ def test_a_run_at_another_size_warns_only_of_steps_it_cannot_load(tmp_path, kind
     assert len(sizes) == 1, said
     assert sizes[0].startswith("WARNING: ") == warned
     assert ("step(s) 20 were saved by one rank each (per-rank parts)" in sizes[0]) == warned
+
+
+def test_an_uncommitted_step_newer_than_every_committed_one_is_lost_work():
+    from launcher.runs.checkpoints import Uncommitted
+
+    assert Uncommitted([7], newest_committed=5).newest_lost
+    assert Uncommitted([3], newest_committed=None).newest_lost
+    assert not Uncommitted([3, 4], newest_committed=5).newest_lost  # leftovers of older saves
+    assert not Uncommitted([], newest_committed=5).newest_lost
