@@ -4,6 +4,7 @@ supervisor (node 0) from what every node reports."""
 
 import dataclasses
 import logging
+import signal
 import time
 import traceback
 from pathlib import Path
@@ -29,6 +30,7 @@ from launcher.core.failures import (
     HangFailure,
     NodeLostFailure,
     ProcessFailure,
+    died_on_its_own,
     read_error_file,
     root_cause,
 )
@@ -47,6 +49,7 @@ from launcher.process.logs import LogPump, tail_lines
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.plan import plan_workers
 from launcher.process.signals import SignalInbox
+from launcher.process.tree import StopReport
 from launcher.process.workers import Exit, Spawner, WorkerGroup
 from launcher.roles.base import AttemptPlan, Role
 
@@ -137,7 +140,8 @@ class AttemptRunner:
         try:
             result = self._start_and_watch(machine, group, board)
             lived = time.monotonic() - started
-            self._stops.stop(machine, group, result)
+            report = self._stops.stop(machine, group, result)
+            result = _with_deaths_while_stopping(result, group, report, self._node_rank)
             slots = board.read()
             self._observer.final(slots, board.checkpoint_counters())
             result = dataclasses.replace(result, lived=lived, beats=BeatSummary.of(slots.values()))
@@ -262,18 +266,12 @@ class AttemptRunner:
             WorkerExit(attempt, exited.spec.rank, exited.pid, exited.exitcode, exited.observed_at)
         )
         if exited.exitcode != 0:
-            failures.append(
-                ProcessFailure(
-                    rank=exited.spec.rank,
-                    local_rank=exited.spec.local_rank,
-                    pid=exited.pid,
-                    exitcode=exited.exitcode,
-                    observed_at=exited.observed_at,
-                    error=read_error_file(exited.spec.error_file),
-                    log_file=exited.spec.log_file,
-                    node=self.config.cluster.node_rank if self.config.cluster.many_nodes else None,
-                )
-            )
+            failures.append(_failure_of(exited, self._node_rank))
+
+    @property
+    def _node_rank(self) -> Optional[int]:
+        """This node's rank in a job of many nodes, for its failure records."""
+        return self.config.cluster.node_rank if self.config.cluster.many_nodes else None
 
     def _spawning_may_go_on(self) -> bool:
         """Asked between two spawns: the lease stays fresh however many ranks start, and a signal
@@ -307,6 +305,35 @@ class AttemptRunner:
         log.info("attempt %s: %s -> %s", attempt, old and old.value, new.value)
         if new is GroupState.RUNNING:
             self.role.group_running()
+
+
+def _failure_of(exited: Exit, node: Optional[int]) -> ProcessFailure:
+    return ProcessFailure(
+        rank=exited.spec.rank,
+        local_rank=exited.spec.local_rank,
+        pid=exited.pid,
+        exitcode=exited.exitcode,
+        observed_at=exited.observed_at,
+        error=read_error_file(exited.spec.error_file),
+        log_file=exited.spec.log_file,
+        node=node,
+    )
+
+
+def _with_deaths_while_stopping(
+    result: AttemptResult, group: WorkerGroup, report: StopReport, node: Optional[int]
+) -> AttemptResult:
+    """A failed group's ranks that died of their own signal while it was being stopped are
+    failures of the attempt too (not its root cause: they were seen later)."""
+    if result.outcome is not AttemptOutcome.FAILED or not result.failures:
+        return result
+    known = {f.rank for f in result.failures}
+    late = [
+        _failure_of(e, node)
+        for e in group.exits()
+        if e.spec.rank not in known and died_on_its_own(e.exitcode, signal.SIGTERM, report.killed)
+    ]
+    return dataclasses.replace(result, failures=[*result.failures, *late]) if late else result
 
 
 def _with_log_tails(result: AttemptResult) -> AttemptResult:

@@ -139,7 +139,7 @@ def _lead(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, con
             on_events(events)
             events.emit(RunStart(run_id=config.run.run_id, config=config.to_json(), pid=os.getpid()))
             with OrphanGuard() as guard, _memory_tier(guard) as memory:
-                run = _open(config, directory, events, say, taken_from)
+                run = _open(config, directory, events, say, signals, taken_from)
                 policy = RestartPolicy(
                     config.restart.max_failures,
                     config.restart.failure_window,
@@ -181,9 +181,11 @@ def _acquire(directory: RunDir, config: LaunchConfig) -> Optional[LockRecord]:
         raise UsageError(f"run dir {config.run.url} is not usable: {err}") from None
 
 
-def _open(config: LaunchConfig, directory: RunDir, events: EventLog, say, taken_from) -> Run:
+def _open(
+    config: LaunchConfig, directory: RunDir, events: EventLog, say, signals: SignalInbox, taken_from
+) -> Run:
     try:
-        return Run(config, directory, events, say, taken_from)
+        return Run(config, directory, events, say, signals, taken_from)
     except StorageError as err:
         raise UsageError(f"run dir {config.run.url} is not usable: {err}") from None
 

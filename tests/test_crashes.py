@@ -115,6 +115,23 @@ def test_ranks_that_succeed_while_another_fails_still_fail_the_group(launcher, t
     assert {(a, r, c) for a, r, c in exits if a == 1} == {(1, 0, 0), (1, 1, 0)}  # then both succeed
 
 
+def test_ranks_killed_at_once_are_each_a_failure_though_the_first_look_saw_fewer(launcher, tmp_path):
+    """Every rank kills itself (SIGKILL) once all are ready, and ignores the stop's SIGTERM: the
+    look that saw the first death saw one or two, the others were reaped while the group
+    stopped. Each died of its own signal, not of the stop's, so each is a failure of the attempt
+    (before, 4 ranks killed at once were recorded as 1 or 2)."""
+    launch = launcher.run(
+        "--nproc", "4", "--max-failures", "0", "--grace-period", "120", str(ACTOR), "--fail", "sigkill",
+        "--together", "--fail-after", "0", "--trap", "ignore", "--ready-dir", str(tmp_path / "ready"),
+    )  # fmt: skip
+
+    assert launch.proc.returncode == 1, launch.stderr
+    (attempt,) = launch.run_state().attempts
+    assert sorted(f.rank for f in attempt.failures) == [0, 1, 2, 3]
+    assert all("Signal 9 (SIGKILL)" in f.detail for f in attempt.failures), attempt.failures
+    assert launch.survivors() == []
+
+
 def test_unlimited_failures(launcher):
     launch = launcher.run(
         "--nproc",

@@ -152,6 +152,37 @@ def test_a_signal_or_an_exit_is_answered_at_once_while_the_run_dir_storage_hangs
     assert launch.survivors() == []
 
 
+def test_a_second_signal_ends_the_waits_on_storage_that_does_not_answer_at_the_runs_end(
+    launcher, emulator, tmp_path
+):
+    """Ctrl+C twice: the run dir and the checkpoint dir both hang. The first SIGTERM stops the
+    ranks; the run's end then waits on storage (the checkpoints' listing up to --storage-timeout,
+    then the run's record): the second ends every such wait at once, and each says so. Before, a
+    SIGTERM with storage gone took about 30 s, the most SLURM and Kubernetes wait before SIGKILL."""
+    launch = launcher.start(
+        "--nproc", "1", "--run-dir", f"gs://{emulator.bucket}/runs", "--run-name", "deaf",
+        "--checkpoint-dir", f"gs://{emulator.bucket}/ckpt", "--storage-timeout", "10m",
+        WAITER, "--go-file", str(tmp_path / "go"), env=emulator.env,
+    )  # fmt: skip
+    launch.read_console_until(lambda line: "waits for" in line, timeout=120)
+    _bounded(lambda: _running_attempt_recorded(f"gs://{emulator.bucket}/runs/deaf"), timeout=60)
+    emulator.kill()
+    hole = BlackHole(emulator.port)
+    try:
+        launch.proc.send_signal(signal.SIGTERM)
+        slow = "has not answered for 5 s"
+        launch.read_console_until(lambda line: slow in line, timeout=120, stream="stderr")
+        launch.proc.send_signal(signal.SIGTERM)
+        assert launch.wait(60) == ExitCode.PREEMPTED, launch.stderr
+    finally:
+        hole.close()
+    assert "cannot list the checkpoints (not waited for after SIGTERM); progress unknown" in launch.stderr
+    assert "the run's end is not recorded" in launch.stderr
+    assert "(not waited for after SIGTERM)" in launch.stderr.split("the run's end is not recorded")[1]
+    assert "Traceback" not in launch.stderr and "internal error" not in launch.stderr
+    assert launch.survivors() == []
+
+
 def test_run_dir_storage_dead_past_the_lease_ends_the_run_with_its_own_exit_code(
     launcher, emulator, tmp_path
 ):

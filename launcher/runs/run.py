@@ -18,6 +18,8 @@ from launcher.core.evidence import ProgressEvidence, judge_progress
 from launcher.core.failures import Failure, root_cause
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.records import AttemptEntry, FailureCause, FailureEntry, kept_seconds
+from launcher.grammar.errors import SignalReceived
+from launcher.process.waiting import Inbox, Wait
 from launcher.runs.checkpoints import CheckpointDir, NewestCheckpoint, Uncommitted
 from launcher.runs.directory import (
     EVENTS_FILE,
@@ -37,6 +39,8 @@ T = TypeVar("T")
 
 _FINISH_S = 5.0  # the run's end: tried this long (a full disk may free up) before it is left unwritten
 _CLOSE_S = 5.0  # then the lock's release
+_LOOK_S = 0.05  # a wait on storage looks for a signal this often
+_SLOW_S = 5.0  # a listing that has not answered in this long is said (a signal may end the wait)
 
 
 class Run:
@@ -49,6 +53,7 @@ class Run:
         directory: RunDir,
         events: EventLog,
         say: Callable[[str], None],
+        signals: Inbox,
         taken_from: Optional[LockRecord] = None,
     ) -> None:
         self.config = config
@@ -56,6 +61,8 @@ class Run:
         self.checkpoints = CheckpointDir(config.group.checkpoint_url, config.world_size)
         self._events = events
         self._say = say
+        self._signals = signals
+        self._hurried = ""  # a signal that cut a wait on storage short: later ones are one look
         self._listing: Optional[_Listing[NewestCheckpoint]] = (
             None  # a look at the checkpoint dir still under way
         )
@@ -154,13 +161,36 @@ class Run:
         that does not answer): the next launch of the command finds the run either way."""
         self.state.status, self.state.reason, self.state.exit_code = status, reason, exit_code
         self.save()
-        if not self._writer.flush(_FINISH_S):
-            why = self._writer.last_error or f"no answer within {_FINISH_S:g} s"
+        try:
+            written = self._writer.flush(self._limit(_FINISH_S), self._cut_short())
+        except SignalReceived as stop:
+            self._cut(stop)
+            written = False
+        if not written:
+            why = self._hurried or self._writer.last_error or f"no answer within {_FINISH_S:g} s"
             self._say(f"the run's end is not recorded in {self.dir.url}/{STATE_FILE} ({why})")
 
     def close(self) -> None:
         """Release the run (its lock), if storage answers within a few seconds."""
-        self._writer.close(_CLOSE_S)
+        try:
+            self._writer.close(self._limit(_CLOSE_S), self._cut_short())
+        except SignalReceived as stop:
+            self._cut(stop)
+
+    # -- waits on storage ----------------------------------------------------------------------
+    # Each has a deadline, and a signal that comes during one ends it (Ctrl+C again: leave now).
+    # Once one did, every later wait is a single look: the user asked twice.
+
+    def _limit(self, seconds: float) -> float:
+        return 0.0 if self._hurried else seconds
+
+    def _cut_short(self) -> Callable[[], None]:
+        """What a wait on storage calls at every look: SignalReceived once a new signal came."""
+        return Wait(0, self._signals).check_signals
+
+    def _cut(self, stop: SignalReceived) -> str:
+        self._hurried = f"not waited for after {stop.said_as}"
+        return self._hurried
 
     def save(self) -> None:
         """run.json and the event log, both written whole (atomically on local disks) by the
@@ -178,7 +208,7 @@ class Run:
         listing that did not return is still under way, the answer is unknown at once."""
         if self._listing is None or self._listing.done.is_set():
             self._listing = _Listing(self.checkpoints.newest)
-        answer = self._listing.result(self.config.run.storage_timeout)
+        answer = self._listen(self._listing, "list the checkpoints")
         newest = answer or NewestCheckpoint(known=False, error=self._listing.error)
         if newest.error:
             self._say(f"cannot list the checkpoints ({newest.error}); progress unknown")
@@ -189,7 +219,29 @@ class Run:
         if self._listing is not None and not self._listing.done.is_set():
             return Uncommitted()  # it did not answer the last look
         removing = _Listing(self.checkpoints.remove_uncommitted)
-        return removing.result(self.config.run.storage_timeout) or Uncommitted()
+        return self._listen(removing, "remove the parts never committed") or Uncommitted()
+
+    def _listen(self, listing: "_Listing[T]", what: str) -> Optional[T]:
+        """A look at the checkpoint dir's answer, within --storage-timeout; said once when storage
+        is slow to answer, since a signal ends the wait."""
+        limit = self._limit(self.config.run.storage_timeout)
+        try:
+            answer = listing.result(limit, self._cut_short(), self._slow(what, limit))
+        except SignalReceived as stop:
+            listing.error = self._cut(stop)
+            return None
+        if self._hurried and not listing.done.is_set():
+            listing.error = self._hurried
+        return answer
+
+    def _slow(self, what: str, limit: float) -> Callable[[], None]:
+        def say() -> None:
+            self._say(
+                f"the checkpoint dir {self.config.group.checkpoint_url} has not answered for {_SLOW_S:g} s: "
+                f"waiting up to {limit:g} s (--storage-timeout) to {what}; a signal stops the wait"
+            )
+
+        return say
 
     def publish_progress(
         self, attempt: int, ranks: List[ProgressRow], nodes: Optional[List[NodeRow]] = None
@@ -206,6 +258,10 @@ class Run:
         """Called from the supervisor's loop: the writer's thread keeps the lease; this says what
         it found, and raises RunLost or StorageLost when the run must end."""
         self._writer.check()
+
+
+def _nothing() -> None:
+    pass
 
 
 class _Listing(Generic[T]):
@@ -226,12 +282,23 @@ class _Listing(Generic[T]):
         finally:
             self.done.set()
 
-    def result(self, timeout: float) -> Optional[T]:
+    def result(
+        self, timeout: float, watch: Callable[[], None] = _nothing, slow: Callable[[], None] = _nothing
+    ) -> Optional[T]:
         """Its answer; None when it failed, or gave none within ``timeout`` seconds (``error``
-        says which)."""
-        if not self.done.wait(timeout):
-            self.error = f"no answer within {timeout:g} s (--storage-timeout)"
-        return self._answer if self.done.is_set() else None
+        says which). ``watch`` is called at every look (what it raises ends the wait); ``slow``
+        once, when there is no answer after a second."""
+        deadline = time.monotonic() + timeout
+        slow_at = time.monotonic() + _SLOW_S
+        while not self.done.wait(max(0.0, min(deadline - time.monotonic(), _LOOK_S))):
+            if time.monotonic() >= deadline:
+                self.error = f"no answer within {timeout:g} s (--storage-timeout)"
+                return None
+            if time.monotonic() >= slow_at:
+                slow_at = float("inf")
+                slow()
+            watch()
+        return self._answer
 
 
 def _resize(previous: Optional[AttemptEntry], nodes: List[dict]) -> str:

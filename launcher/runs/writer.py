@@ -93,9 +93,10 @@ class RunDirWriter:
                 "resumes the run once the storage answers"
             )
 
-    def flush(self, timeout: float) -> bool:
+    def flush(self, timeout: float, watch: Callable[[], None] = lambda: None) -> bool:
         """Wait until everything submitted is written (or failed once more), at most ``timeout``
-        seconds; True when nothing is left unwritten."""
+        seconds; True when nothing is left unwritten. ``watch`` is called at every look: what it
+        raises (a signal: leave now) ends the wait."""
         deadline = time.monotonic() + timeout
         with self._lock:
             self._lock.notify()
@@ -104,15 +105,20 @@ class RunDirWriter:
                 if left <= 0:
                     return False
                 self._lock.wait(min(left, 0.1))
+                watch()
             return not self._unwritten and self._health.lost is None
 
-    def close(self, timeout: float) -> None:
+    def close(self, timeout: float, watch: Callable[[], None] = lambda: None) -> None:
         """Release the lock (if it is still ours) after what is pending, and stop; a thread still
-        waiting on storage after ``timeout`` seconds is left behind (a daemon)."""
+        waiting on storage after ``timeout`` seconds, or when ``watch`` raises, is left behind
+        (a daemon)."""
         with self._lock:
             self._closing = True
             self._lock.notify()
-        self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            self._thread.join(min(deadline - time.monotonic(), 0.1))
+            watch()
 
     @property
     def last_error(self) -> str:

@@ -22,6 +22,11 @@ def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--fail", choices=["exit", "sigkill", "segv", "raise"], help="how the chosen rank dies")
     p.add_argument("--fail-rank", type=int, default=1)
+    p.add_argument(
+        "--together",
+        action="store_true",
+        help="every rank fails, once every rank of the attempt is ready (needs --ready-dir)",
+    )
     p.add_argument("--fail-attempts", default="0", help="comma list of attempts that fail, or 'all'")
     p.add_argument("--fail-after", type=float, default=0.3, help="seconds before failing")
     p.add_argument(
@@ -63,7 +68,14 @@ def attempt_fails(args: argparse.Namespace) -> bool:
 
 
 def fails_now(args: argparse.Namespace) -> bool:
-    return RANK == args.fail_rank and attempt_fails(args)
+    return (RANK == args.fail_rank or args.together) and attempt_fails(args)
+
+
+def all_ready(ready_dir: Path) -> None:
+    """Until every rank of this attempt wrote its ready file (120 s at most)."""
+    deadline, world = time.monotonic() + 120, int(os.environ["WORLD_SIZE"])
+    while len(list(ready_dir.glob(f"rank_*.attempt_{ATTEMPT}.pid"))) < world and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def die(how: str) -> None:
@@ -153,6 +165,8 @@ def main() -> None:
     if fails_now(args):
         if args.exit_file:
             wait_until_gone(args.exit_file)
+        if args.together:
+            all_ready(args.ready_dir)
         time.sleep(args.fail_after)
         die(args.fail)
     if args.others == "sleep" or (args.others == "wait" and attempt_fails(args)):
