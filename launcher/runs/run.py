@@ -41,6 +41,9 @@ _FINISH_S = 5.0  # the run's end: tried this long (a full disk may free up) befo
 _CLOSE_S = 5.0  # then the lock's release
 _LOOK_S = 0.05  # a wait on storage looks for a signal this often
 _SLOW_S = 5.0  # a listing that has not answered in this long is said (a signal may end the wait)
+# Once a signal cut a wait on storage short, each later one gets this long: enough for a local
+# disk to take the run's end, not for storage that hangs.
+_HURRIED_S = 0.5
 
 
 class Run:
@@ -62,7 +65,7 @@ class Run:
         self._events = events
         self._say = say
         self._signals = signals
-        self._hurried = ""  # a signal that cut a wait on storage short: later ones are one look
+        self._hurried = ""  # a signal that cut a wait on storage short: later ones are short
         self._listing: Optional[_Listing[NewestCheckpoint]] = (
             None  # a look at the checkpoint dir still under way
         )
@@ -179,10 +182,10 @@ class Run:
 
     # -- waits on storage ----------------------------------------------------------------------
     # Each has a deadline, and a signal that comes during one ends it (Ctrl+C again: leave now).
-    # Once one did, every later wait is a single look: the user asked twice.
+    # Once one did, every later wait is short: the user asked twice.
 
     def _limit(self, seconds: float) -> float:
-        return 0.0 if self._hurried else seconds
+        return min(seconds, _HURRIED_S) if self._hurried else seconds
 
     def _cut_short(self) -> Callable[[], None]:
         """What a wait on storage calls at every look: SignalReceived once a new signal came."""
