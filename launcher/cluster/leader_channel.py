@@ -27,6 +27,7 @@ class LeaderChannel(AttemptChannel):
         super().__init__(store, spec, signals, watched=[])
         self._infos: Dict[int, NodeInfo] = {}
         self._lost_at: Dict[int, float] = {}  # node → when it was declared lost (monotonic)
+        self._unreported: Dict[int, float] = {}  # node → the report deadline it beat through
 
     def node_infos(
         self, count: int, limit: float, watch: Callable[[], None] = lambda: None
@@ -77,6 +78,7 @@ class LeaderChannel(AttemptChannel):
                 pid=self._infos[n].pid if n in self._infos else 0,
                 silent_for=self._silent_for(n),
                 observed_at=time.monotonic(),
+                unreported=self._unreported.get(n, 0.0),
             )
             for n in sorted(self._lost)
             if self._lost_at.get(n, 0.0) < after
@@ -160,6 +162,7 @@ class LeaderChannel(AttemptChannel):
                 break
             if wait.expired:
                 for n in missing:
+                    self._unreported[n] = limit
                     self._declare_lost(n, f"sent no report within {limit:g} s of the attempt's end")
                 break
             self.answer_stop_if_asked()  # and looks for lost nodes

@@ -136,8 +136,15 @@ class NodeLostFailure:
     observed_at: float  # time.monotonic() when it was declared lost
     rank: int = -1  # no one rank: every rank of that node is gone with it
     stalled: bool = False  # found by the node itself: its supervisor's process did not run
+    unreported: float = 0.0  # it still beat, but sent no report within this many seconds
 
     def describe(self) -> str:
+        if self.unreported:
+            return (
+                f"node {self.node} ({self.host}, supervisor pid {self.pid}): lost: no report within "
+                f"{seconds(self.unreported)} s of the attempt's end, though its supervisor answered "
+                f"{self.silent_for:.1f} s before (stuck starting or stopping its ranks?)"
+            )
         if self.stalled:
             return (
                 f"node {self.node} ({self.host}, supervisor pid {self.pid}): its supervisor did not run "

@@ -148,6 +148,10 @@ def test_a_node_that_beats_but_never_reports_is_lost_at_the_report_deadline(stor
     assert [r.node for r in leader.gather(limit=0.5)] == [0]
     (lost,) = leader.lost_failures()
     assert lost.node == 1
+    # Its counter moved all along: "no sign of life for 0.2 s" would be false.
+    said = lost.describe()
+    assert "lost: no report within 0.5 s of the attempt's end, though its supervisor answered" in said
+    assert "no sign of life" not in lost.describe()
     leader.close(), follower.close()
 
 
