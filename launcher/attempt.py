@@ -4,7 +4,6 @@ supervisor (node 0) from what every node reports."""
 
 import dataclasses
 import logging
-import signal
 import time
 import traceback
 from pathlib import Path
@@ -30,7 +29,6 @@ from launcher.core.failures import (
     HangFailure,
     NodeLostFailure,
     ProcessFailure,
-    died_on_its_own,
     read_error_file,
     root_cause,
 )
@@ -49,7 +47,6 @@ from launcher.process.logs import LogPump, tail_lines
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.plan import plan_workers
 from launcher.process.signals import SignalInbox
-from launcher.process.tree import StopReport
 from launcher.process.workers import Exit, Spawner, WorkerGroup
 from launcher.roles.base import AttemptPlan, Role
 
@@ -140,8 +137,8 @@ class AttemptRunner:
         try:
             result = self._start_and_watch(machine, group, board)
             lived = time.monotonic() - started
-            report = self._stops.stop(machine, group, result)
-            result = _with_deaths_while_stopping(result, group, report, self._node_rank)
+            result = _with_exits_before_the_stop(result, group, self._record_exit)
+            self._stops.stop(machine, group, result)
             slots = board.read()
             self._observer.final(slots, board.checkpoint_counters())
             result = dataclasses.replace(result, lived=lived, beats=BeatSummary.of(slots.values()))
@@ -307,6 +304,23 @@ class AttemptRunner:
             self.role.group_running()
 
 
+def _with_exits_before_the_stop(
+    result: AttemptResult, group: WorkerGroup, record: Callable[[int, Exit, List[Failure]], None]
+) -> AttemptResult:
+    """One more look at a failed group's ranks before the stop signals them: those that died
+    since the look that saw the failure (eight ranks killed at once: it saw one or two) died of
+    their own, and are failures of the attempt too. One that dies after the stop's signal may have
+    died of it (a handler that turns SIGTERM into KeyboardInterrupt ends by SIGINT): that is no
+    evidence, and is not counted."""
+    if result.outcome is not AttemptOutcome.FAILED or not result.failures:
+        return result
+    failpoints.reached("failure-seen")
+    late: List[Failure] = []
+    for exited in group.poll():
+        record(result.attempt, exited, late)
+    return dataclasses.replace(result, failures=[*result.failures, *late]) if late else result
+
+
 def _failure_of(exited: Exit, node: Optional[int]) -> ProcessFailure:
     return ProcessFailure(
         rank=exited.spec.rank,
@@ -318,22 +332,6 @@ def _failure_of(exited: Exit, node: Optional[int]) -> ProcessFailure:
         log_file=exited.spec.log_file,
         node=node,
     )
-
-
-def _with_deaths_while_stopping(
-    result: AttemptResult, group: WorkerGroup, report: StopReport, node: Optional[int]
-) -> AttemptResult:
-    """A failed group's ranks that died of their own signal while it was being stopped are
-    failures of the attempt too (not its root cause: they were seen later)."""
-    if result.outcome is not AttemptOutcome.FAILED or not result.failures:
-        return result
-    known = {f.rank for f in result.failures}
-    late = [
-        _failure_of(e, node)
-        for e in group.exits()
-        if e.spec.rank not in known and died_on_its_own(e.exitcode, signal.SIGTERM, report.killed)
-    ]
-    return dataclasses.replace(result, failures=[*result.failures, *late]) if late else result
 
 
 def _with_log_tails(result: AttemptResult) -> AttemptResult:

@@ -15,7 +15,6 @@ from launcher.core.results import AttemptResult
 from launcher.core.stopping import CooperativeStop, StepRate
 from launcher.hangs.board import HeartbeatBoard
 from launcher.process.signals import SignalInbox
-from launcher.process.tree import StopReport
 from launcher.process.waiting import LOOK_S
 from launcher.process.workers import Exit, WorkerGroup
 from launcher.roles.base import Role
@@ -100,7 +99,7 @@ class GroupStop:
             group, board, rate, lambda step: self._events.emit(StopRequested(attempt, step)), turn
         )
 
-    def stop(self, machine: GroupStateMachine, group: WorkerGroup, result: AttemptResult) -> StopReport:
+    def stop(self, machine: GroupStateMachine, group: WorkerGroup, result: AttemptResult) -> None:
         """Stop the whole group. After a success this only sweeps up leftover grandchildren."""
         succeeded = result.outcome is AttemptOutcome.SUCCEEDED
         if not succeeded:
@@ -123,7 +122,6 @@ class GroupStop:
                 seconds=round(report.seconds, 3),
                 survivors=report.survivors,
             )
-        return report
 
     def kill(self, machine: GroupStateMachine, group: WorkerGroup) -> None:
         """Whatever went wrong in the supervisor itself, no worker outlives this attempt."""

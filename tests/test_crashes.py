@@ -2,9 +2,13 @@
 cause is reported. Every test also checks (fixture) that no process survives it."""
 
 import json
+import os
+import signal
+import time
 
+import psutil
 import pytest
-from helpers import ACTOR
+from helpers import ACTOR, frozen_at
 
 from launcher.core.events import InternalError, Transition, WorkerExit
 
@@ -115,21 +119,40 @@ def test_ranks_that_succeed_while_another_fails_still_fail_the_group(launcher, t
     assert {(a, r, c) for a, r, c in exits if a == 1} == {(1, 0, 0), (1, 1, 0)}  # then both succeed
 
 
-def test_ranks_killed_at_once_are_each_a_failure_though_the_first_look_saw_fewer(launcher, tmp_path):
-    """Every rank kills itself (SIGKILL) once all are ready, and ignores the stop's SIGTERM: the
-    look that saw the first death saw one or two, the others were reaped while the group
-    stopped. Each died of its own signal, not of the stop's, so each is a failure of the attempt
-    (before, 4 ranks killed at once were recorded as 1 or 2)."""
-    launch = launcher.run(
-        "--nproc", "4", "--max-failures", "0", "--grace-period", "120", str(ACTOR), "--fail", "sigkill",
-        "--together", "--fail-after", "0", "--trap", "ignore", "--ready-dir", str(tmp_path / "ready"),
+def test_ranks_dead_before_the_stop_are_each_a_failure_and_one_the_stop_ended_is_not(launcher, tmp_path):
+    """Rank 0 kills itself; the supervisor is held at the moment it saw that (a failpoint), while
+    ranks 1 and 2 are killed too: eight ranks killed at once were recorded as one or two, the
+    others counted as stopped. They died before the stop: each is a failure. Rank 3 turns the
+    stop's SIGTERM into KeyboardInterrupt and so ends by SIGINT: the stop's doing, no failure,
+    and never the root cause."""
+    ready = tmp_path / "ready"
+    launch = launcher.start(
+        "--nproc", "4", "--max-failures", "0", str(ACTOR), "--fail", "sigkill", "--fail-rank", "0",
+        "--fail-after", "0", "--fail-when-all-ready", "--ready-dir", str(ready), "--others", "sleep",
+        "--trap", "interrupt", env={"FTLAUNCH_FAILPOINT": "failure-seen"},
     )  # fmt: skip
+    frozen_at(launch, "failure-seen")
+    for rank in (1, 2):
+        pid = int((ready / f"rank_{rank}.attempt_0.pid").read_text())
+        os.kill(pid, signal.SIGKILL)
+        _until(lambda pid=pid: psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)  # dead, not reaped
+    os.kill(launch.proc.pid, signal.SIGCONT)
 
-    assert launch.proc.returncode == 1, launch.stderr
+    assert launch.wait(120) == 1, launch.stderr
     (attempt,) = launch.run_state().attempts
-    assert sorted(f.rank for f in attempt.failures) == [0, 1, 2, 3]
-    assert all("Signal 9 (SIGKILL)" in f.detail for f in attempt.failures), attempt.failures
+    assert [(f.rank, f.detail.split(": ", 1)[1]) for f in attempt.failures] == [
+        (0, "Signal 9 (SIGKILL)"),  # the root cause: seen first
+        (1, "Signal 9 (SIGKILL)"),
+        (2, "Signal 9 (SIGKILL)"),
+    ]
     assert launch.survivors() == []
+
+
+def _until(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "not within the deadline"
+        time.sleep(0.01)
 
 
 def test_unlimited_failures(launcher):

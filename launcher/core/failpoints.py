@@ -1,13 +1,14 @@
-"""Named moments of the many-node protocol where a test can freeze this supervisor, so that it can
-be killed exactly there: ``FTLAUNCH_FAILPOINT=round-joined`` (a comma-separated list of names) in
-the supervisor's environment makes it print ``ftlaunch failpoint <name>`` on stderr and stop itself
-(SIGSTOP) when it reaches that moment; the test sees the process stopped, then acts. Read once, at
-import; no other effect. Not for users: a moment in the protocol is not an interface.
+"""Named moments (of the many-node protocol, and one of a node's own) where a test can freeze this
+supervisor, so that it can act exactly there: ``FTLAUNCH_FAILPOINT=round-joined`` (a comma-separated
+list of names) in the supervisor's environment makes it print ``ftlaunch failpoint <name>`` on
+stderr and stop itself (SIGSTOP) when it reaches that moment; the test sees the process stopped,
+then acts. Read once, at import; no other effect. Not for users: a moment in the protocol is not an interface.
 
     before-round    a follower is in the lobby and about to join a rendezvous round
     round-joined    a follower's round is complete; it has not announced itself yet
     announced       a follower announced itself; it has not read node 0's plan yet
     planned         a node holds its attempt's plan; its ranks have not started
+    failure-seen    a node saw a rank fail; it has not looked at the others again, nor stopped them
 """
 
 import os
@@ -16,7 +17,7 @@ import sys
 
 __all__ = ["POINTS", "reached"]
 
-POINTS = ("before-round", "round-joined", "announced", "planned")
+POINTS = ("before-round", "round-joined", "announced", "planned", "failure-seen")
 _ARMED = frozenset(name for name in os.environ.get("FTLAUNCH_FAILPOINT", "").split(",") if name)
 
 

@@ -16,7 +16,6 @@ __all__ = [
     "NodeLostFailure",
     "ProcessFailure",
     "describe_exit",
-    "died_on_its_own",
     "failure_from_json",
     "failure_to_json",
     "read_error_file",
@@ -189,17 +188,6 @@ def describe_exit(exitcode: int) -> str:
 
 def _where(node: Optional[int], pid: int) -> str:
     return f"node {node}, pid {pid}" if node is not None else f"pid {pid}"
-
-
-def died_on_its_own(exitcode: int, stop_signal: int, escalated: bool) -> bool:
-    """Whether a rank reaped while its group was being stopped died of something else than the
-    stop: a signal that is not the stop's own (nor its SIGKILL, once the grace period ran out).
-    Eight ranks killed at once are eight failures, though the poll that saw the first saw one or
-    two. An exit code is no evidence either way (a rank's handler may exit 1 on the stop's
-    SIGTERM), nor is a peer's abort (SIGABRT: its collective broke)."""
-    if exitcode >= 0 or -exitcode in (stop_signal, signal.SIGABRT):
-        return False
-    return not (escalated and -exitcode == signal.SIGKILL)
 
 
 def root_cause(failures: Sequence[Failure]) -> Failure:

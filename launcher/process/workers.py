@@ -268,10 +268,6 @@ class WorkerGroup:
             self._refill_at = self._refill_at if self._spawner.refill() else None
         return new
 
-    def exits(self) -> List[Exit]:
-        """Every exit seen so far (in the monitor's polls, or reaped while the group stopped)."""
-        return list(self._exits.values())
-
     def running(self) -> Dict[int, int]:
         """Rank → pid of every worker not yet seen to exit."""
         return {rank: proc.pid for rank, proc in self._procs.items() if rank not in self._exits}

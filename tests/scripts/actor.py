@@ -23,9 +23,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--fail", choices=["exit", "sigkill", "segv", "raise"], help="how the chosen rank dies")
     p.add_argument("--fail-rank", type=int, default=1)
     p.add_argument(
-        "--together",
+        "--fail-when-all-ready",
         action="store_true",
-        help="every rank fails, once every rank of the attempt is ready (needs --ready-dir)",
+        help="the failing rank waits until every rank of the attempt is ready (needs --ready-dir)",
     )
     p.add_argument("--fail-attempts", default="0", help="comma list of attempts that fail, or 'all'")
     p.add_argument("--fail-after", type=float, default=0.3, help="seconds before failing")
@@ -47,7 +47,11 @@ def parse() -> argparse.Namespace:
     )
     p.add_argument("--ready-dir", type=Path, help="write <dir>/rank_<r>.attempt_<a>.pid once started")
     p.add_argument("--env-dir", type=Path, help="dump the environment to <dir>/rank_<r>.attempt_<a>.json")
-    p.add_argument("--trap", choices=["report", "ignore"], help="INT/TERM/HUP: print and exit 0, or ignore")
+    p.add_argument(
+        "--trap",
+        choices=["report", "ignore", "interrupt"],
+        help="INT/TERM/HUP: print and exit 0, ignore, or raise KeyboardInterrupt (Python ends by SIGINT)",
+    )
     p.add_argument("--grandchild", choices=["group", "session"], help="start a `sleep` child")
     p.add_argument("--spam", type=int, default=0, help="print this many long lines fast")
     p.add_argument("--no-newline", action="store_true", help="end with a line without newline")
@@ -68,7 +72,7 @@ def attempt_fails(args: argparse.Namespace) -> bool:
 
 
 def fails_now(args: argparse.Namespace) -> bool:
-    return (RANK == args.fail_rank or args.together) and attempt_fails(args)
+    return RANK == args.fail_rank and attempt_fails(args)
 
 
 def all_ready(ready_dir: Path) -> None:
@@ -109,7 +113,7 @@ def trap(mode: str) -> None:
         time.sleep(0.3)  # as a save in the handler would: a second delivery would run it again
         sys.exit(0)
 
-    handler = report if mode == "report" else signal.SIG_IGN
+    handler = {"report": report, "ignore": signal.SIG_IGN, "interrupt": signal.default_int_handler}[mode]
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, handler)
 
@@ -165,7 +169,7 @@ def main() -> None:
     if fails_now(args):
         if args.exit_file:
             wait_until_gone(args.exit_file)
-        if args.together:
+        if args.fail_when_all_ready:
             all_ready(args.ready_dir)
         time.sleep(args.fail_after)
         die(args.fail)

@@ -224,16 +224,3 @@ def test_a_store_left_to_the_supervisor_is_served_unless_a_signal_came_first():
             socket.create_connection(("127.0.0.1", unserved.port), timeout=30).close()
     finally:
         unserved.close()
-
-
-def test_a_rank_reaped_while_its_group_stopped_failed_only_of_a_signal_not_the_stops():
-    from launcher.core.failures import died_on_its_own
-
-    term, kill = signal.SIGTERM, signal.SIGKILL
-    assert died_on_its_own(-kill, term, escalated=False)  # nobody here sent it
-    assert died_on_its_own(-signal.SIGSEGV, term, escalated=True)
-    assert not died_on_its_own(-term, term, escalated=False)  # the stop's own
-    assert not died_on_its_own(-kill, term, escalated=True)  # the stop's, once the grace ran out
-    assert not died_on_its_own(1, term, escalated=False)  # a handler may exit 1 on the SIGTERM
-    assert not died_on_its_own(-signal.SIGABRT, term, escalated=False)  # a peer's broken collective
-    assert not died_on_its_own(0, term, escalated=False)
