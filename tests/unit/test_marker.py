@@ -103,3 +103,12 @@ def test_per_rank_parts_of_another_world_size_are_an_error_naming_the_way_out(tm
     alone = CheckpointManager(storage, 0, 1, LocalChannel())
     with pytest.raises(CheckpointError, match="step 5: saved by 2 ranks as per-rank parts.*replicated=True"):
         alone.load()
+
+
+def test_only_the_step_folders_ftlaunch_names_are_steps(tmp_path):
+    """step_007 and step_\uff17 read as 7 through int(): they are someone else's folders, never
+    counted (the run's end would call them step 7's lost save) nor removed."""
+    storage = Storage(str(tmp_path / "ckpt"))
+    for name in ("step_7", "step_007", "step_\uff17", "step_\u0663", "step_x", "step_", "step_-1"):
+        storage.write_bytes(f"{name}/rank_0.pt", b"x")
+    assert step_numbers(storage) == [7]

@@ -134,13 +134,16 @@ class CommitMarker:
 
 
 def step_numbers(storage: Storage) -> List[int]:
-    """Every step folder, committed or not, oldest first."""
-    names = storage.list_names()
-    return sorted(
-        int(n[len(_STEP_PREFIX) :])
-        for n in names
-        if n.startswith(_STEP_PREFIX) and n[len(_STEP_PREFIX) :].isdigit()
-    )
+    """Every step folder, committed or not, oldest first. Only the names ``step_dir`` writes: a
+    folder like step_007 or step_\uff17 is someone else's (int() would read both as 7, and a
+    removal of step 7 would then miss it)."""
+    steps = []
+    for name in storage.list_names():
+        digits = name[len(_STEP_PREFIX) :]
+        if name.startswith(_STEP_PREFIX) and digits.isascii() and digits.isdigit():
+            if step_dir(int(digits)) == name:
+                steps.append(int(digits))
+    return sorted(steps)
 
 
 def committed_steps(storage: Storage) -> Iterator[CommitMarker]:
