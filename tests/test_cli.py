@@ -142,6 +142,24 @@ def test_help_lists_the_options(ftlaunch):
             ["--nnodes", "9999999999999999999", "--rdzv-endpoint", "127.0.0.1:1", str(ACTOR)],
             "--nnodes 9999999999999999999: at most 16384 nodes",
         ),
+        # torch takes them as C ints (a traceback past 2**31), and 0 keeps nodes from ever meeting.
+        (
+            [
+                "--nnodes",
+                "1:2",
+                "--rdzv-endpoint",
+                "127.0.0.1:1",
+                "--rdzv-conf",
+                "join_timeout=99999999999999999999",
+            ]
+            + [str(ACTOR)],
+            "--rdzv-conf join_timeout=99999999999999999999: must be 1 to 604800 seconds (7 days)",
+        ),
+        (
+            ["--nnodes", "1:2", "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-conf", "keep_alive_max_attempt=0"]
+            + [str(ACTOR)],
+            "--rdzv-conf keep_alive_max_attempt=0: must be 1 to 604800",
+        ),
         # The error names --nnodes as written: an elastic job's MIN too.
         (["--nnodes", "1:16384", str(ACTOR)], "--nnodes 1:16384 needs --rdzv-endpoint HOST:PORT"),
         # int() and float() take other scripts' digits and underscores; no shell script means them.

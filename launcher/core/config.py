@@ -240,6 +240,15 @@ class ClusterSection:
         for value, option in ((self.join_timeout, "--join-timeout"), (self.node_timeout, "--node-timeout")):
             if value > MAX_CLUSTER_WAIT_S:
                 raise UsageError(f"{option} {value:g} s: at most 7 days ({MAX_CLUSTER_WAIT_S:g} s)")
+        for key, setting in self.rdzv_conf:
+            # torch's handler takes them as C ints and seconds; 0 keeps nodes from ever meeting
+            # (no keep-alive, no beat), except for the last call (start at once with MIN).
+            fewest = 0 if key == "last_call_timeout" else 1
+            if not fewest <= _number(setting) <= MAX_CLUSTER_WAIT_S:
+                unit = "" if key == "keep_alive_max_attempt" else " seconds (7 days)"
+                raise UsageError(
+                    f"--rdzv-conf {key}={setting}: must be {fewest} to {MAX_CLUSTER_WAIT_S:g}{unit}"
+                )
         last_call = dict(self.rdzv_conf).get("last_call_timeout")
         if last_call is not None and _number(last_call) >= self.join_timeout:
             raise UsageError(

@@ -3,6 +3,7 @@ the job's id (stable across requeues). Read from SLURM's environment, never gues
 
 import dataclasses
 import itertools
+import math
 import re
 from typing import List, Mapping, Optional
 
@@ -14,6 +15,8 @@ __all__ = ["SlurmStep", "expand_hostlist", "read_slurm_step"]
 # torchrun's default rendezvous port is 29400; a job on a shared node gets its own.
 _BASE_PORT = 29400
 _PORT_SPREAD = 1000
+# Far beyond any cluster's: a list that names more is a mistake, expanded it would fill memory.
+_MOST_HOSTS = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +64,8 @@ def expand_hostlist(nodelist: str) -> List[str]:
     for name in _split_top_level(nodelist):
         parts = re.split(r"(\[[^\]]*\])", name)
         choices = [_expand_range(p[1:-1]) if p.startswith("[") else [p] for p in parts]
+        if len(hosts) + math.prod(len(c) for c in choices) > _MOST_HOSTS:
+            raise UsageError(f"SLURM's node list names more than {_MOST_HOSTS} hosts: {nodelist[:80]!r}")
         hosts.extend("".join(combo) for combo in itertools.product(*choices))
     return hosts
 
@@ -95,6 +100,8 @@ def _expand_range(spec: str) -> List[str]:
             continue
         if int(high) < int(low):
             raise UsageError(f"cannot read the range [{spec}] in SLURM's node list")
+        if int(high) - int(low) >= _MOST_HOSTS:
+            raise UsageError(f"the range [{spec}] in SLURM's node list names more than {_MOST_HOSTS} hosts")
         out.extend(str(n).zfill(len(low)) for n in range(int(low), int(high) + 1))
     return out
 

@@ -128,3 +128,11 @@ def test_nnodes_takes_a_range_for_elastic_membership(value, fewest, most, elasti
     assert config.world_size == most * config.group.nproc  # the full job's
     monkeypatch.setenv("FTLAUNCH_NNODES", value)
     assert config_from_options(_options("--rdzv-endpoint", "h:1"), environ={}).cluster == cluster
+
+
+def test_a_slurm_node_list_too_large_to_be_real_is_refused_before_it_is_expanded():
+    with pytest.raises(UsageError, match="names more than 1048576 hosts"):
+        expand_hostlist("n[0-99999999999]")
+    with pytest.raises(UsageError, match="names more than 1048576 hosts"):
+        expand_hostlist("r[1-2000]n[1-2000]")  # each range small, their product not
+    assert len(expand_hostlist("n[1-1000]")) == 1000
