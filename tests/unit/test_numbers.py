@@ -47,4 +47,3 @@ def test_slurm_variables_and_ranges_take_ascii_digits_only():
     assert read_slurm_step({**env, "SLURM_STEP_NUM_NODES": "2"}).nnodes == 2
     with pytest.raises(UsageError, match="cannot read the range"):
         expand_hostlist("n[\uff11-2]")
-
