@@ -239,9 +239,10 @@ class Run:
 
     def _slow(self, what: str, limit: float) -> Callable[[], None]:
         def say() -> None:
+            which = "another signal (Ctrl+C again)" if self._signals.received else "a signal"
             self._say(
                 f"the checkpoint dir {self.config.group.checkpoint_url} has not answered for {_SLOW_S:g} s: "
-                f"waiting up to {limit:g} s (--storage-timeout) to {what}; a signal stops the wait"
+                f"waiting up to {limit:g} s (--storage-timeout) to {what}; {which} stops the wait"
             )
 
         return say
