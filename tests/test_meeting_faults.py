@@ -12,7 +12,7 @@ import pytest
 from helpers import SCRIPTS, frozen_at, run_state
 from test_many_nodes import Job
 
-from launcher.core.events import Decision, NodesMet, RoundAbandoned
+from launcher.core.events import Decision, NodesMet, RoundAbandoned, WorkerExit
 
 # Several launches (a fault-free run, relaunches), each with its own bounded waits: on a loaded
 # machine more than the suite's 120 s. The limit is a hang guard, not a measure of speed.
@@ -89,4 +89,23 @@ def test_a_signal_on_one_node_while_the_nodes_meet_stops_every_node(launcher, tm
     state = run_state(tmp_path / "runs" / "met")
     assert state.status.value == "PREEMPTED" and state.attempts == []
     assert "worker" not in node0.stdout + node1.stdout  # no rank ever started
+    assert job.survivors() == []
+
+
+def test_a_signal_on_a_node_whose_ranks_are_done_stops_every_node_as_a_preemption(launcher, tmp_path):
+    """Node 1's rank exited 0 and node 1 waits for node 0's verdict while node 0's rank still runs.
+    A SIGTERM there is a preemption of the job (every node exits 143, nothing counted), not node
+    1 leaving the attempt, which node 0 counted as a failure and restarted without it."""
+    actor = [str(SCRIPTS / "actor.py"), "--sleeper", "0", "--run-for", "0"]
+    job = Job(launcher, tmp_path, 2, "--nproc", "1", "--run-name", "done", *actor)
+    job.start_all()
+    job.nodes[1].wait_for_event(WorkerExit, lambda e: e.rank == 1 and e.exitcode == 0, timeout=120)
+    os.kill(job.nodes[1].proc.pid, signal.SIGTERM)
+
+    codes = job.wait(120)
+    assert codes == {0: 143, 1: 143}, (job.nodes[0].stderr, job.nodes[1].stderr)
+    state = run_state(tmp_path / "runs" / "done")
+    assert state.status.value == "PREEMPTED", state.reason
+    assert [a.outcome for a in state.attempts] == ["PREEMPTED"] and state.attempts[0].failures == []
+    assert "left the attempt" not in job.nodes[0].stderr
     assert job.survivors() == []

@@ -182,6 +182,7 @@ class Follower(Role):
             again = JobVerdict.restart(lost_with.outcome, local.failures, same_round=False, cause=str(lost))
             return Conclusion(lost_with, again)
         except SignalReceived as stopped:  # a signal while node 0 decides: this node leaves
+            self._stop_every_node(stopped)
             return Conclusion(local, _leaving(stopped, local))
         finally:
             self.channel.close()
@@ -217,6 +218,14 @@ class Follower(Role):
             while_ = meeting_stopped(error)
             return ended_by_signal(error.signum, attempts, while_, holds_run=False, said_as=error.said_as)
         return RunResult(error.exit_code, RunStatus.STOPPED, attempts, str(error), holds_run=False)
+
+    def _stop_every_node(self, stopped: SignalReceived) -> None:
+        """This node's ranks are done, others may still run: the signal stops them as one during
+        the attempt would (a stop, not this node leaving, which node 0 would count as a failure)."""
+        try:
+            self.channel.interrupt(Interrupt(self.node, InterruptKind.STOP, stopped.said_as, stopped.signum))
+        except LeaderUnreachable:
+            pass
 
     def _pass_on_stop(self, error: SignalReceived) -> None:
         """A signal here while the nodes meet stops every node: said in node 0's store, where

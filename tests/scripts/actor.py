@@ -39,6 +39,7 @@ def parse() -> argparse.Namespace:
         "--beat", action="store_true", help="ft.heartbeat(0) first: no attempt gets past step 0 (no progress)"
     )
     p.add_argument("--run-for", type=float, default=1.0, help="seconds the others run before exit0")
+    p.add_argument("--sleeper", type=int, help="this rank sleeps (until stopped) instead of exiting 0")
     p.add_argument(
         "--exit-file",
         type=Path,
@@ -173,7 +174,7 @@ def main() -> None:
             all_ready(args.ready_dir)
         time.sleep(args.fail_after)
         die(args.fail)
-    if args.others == "sleep" or (args.others == "wait" and attempt_fails(args)):
+    if args.others == "sleep" or (args.others == "wait" and attempt_fails(args)) or RANK == args.sleeper:
         time.sleep(1000)
     time.sleep(args.run_for)
     if args.no_newline:

@@ -201,6 +201,10 @@ def test_a_lost_node_is_no_failure_of_the_workers(elastic, outcome):
 class FakeChannel:
     def __init__(self, verdict=None, error: Optional[Exception] = None):
         self.verdict, self.error, self.reported, self.closed = verdict, error, [], False
+        self.interrupts: list = []
+
+    def interrupt(self, interrupt) -> None:
+        self.interrupts.append(interrupt)
 
     def report(self, report: NodeReport) -> None:
         self.reported.append(report)
@@ -248,8 +252,12 @@ def test_a_follower_that_loses_node_0_while_it_decides_meets_again():
 
 
 def test_a_follower_signalled_while_node_0_decides_leaves_with_the_signals_exit_code():
-    follower, _ = _follower(FakeChannel(error=SignalReceived(signal.SIGINT)))
+    channel = FakeChannel(error=SignalReceived(signal.SIGINT))
+    follower, _ = _follower(channel)
     concluded = follower.conclude(AttemptResult(2, AttemptOutcome.FAILED))
     ended, _ = follower.decide(concluded, [concluded.result])
     assert ended.exit_code == 128 + signal.SIGINT
     assert ended.reason == "interrupted by SIGINT while waiting for node 0's verdict"
+    # The other nodes are stopped as by a signal during the attempt, not told this one left.
+    (stop,) = channel.interrupts
+    assert (stop.node, stop.kind.value, stop.signum) == (1, "stop", signal.SIGINT)
