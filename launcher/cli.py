@@ -33,7 +33,7 @@ from launcher.discover import place, resolve_backend, slurm_step, visible_gpu_co
 from launcher.environment import torchrun_defaults
 from launcher.grammar.durations import parse_duration
 from launcher.grammar.errors import ExitCode, FtlaunchError, UsageError
-from launcher.grammar.numbers import decimal, whole_number
+from launcher.grammar.numbers import decimal, digits, whole_number
 from launcher.preflight import preflight
 from launcher.process.signals import SignalInbox
 from worker_lib.core.backend import BACKENDS
@@ -567,7 +567,7 @@ def _parse_rdzv_conf(value: Optional[str]) -> Tuple[Tuple[str, str], ...]:
             continue
         key, sep, setting = item.partition("=")
         key = key.strip()
-        if not sep or key not in _RDZV_KEYS or not (setting.strip().isascii() and setting.strip().isdigit()):
+        if not sep or key not in _RDZV_KEYS or not digits(setting.strip()):
             raise UsageError(
                 f"--rdzv-conf takes {', '.join(_RDZV_KEYS)} as KEY=whole number, comma-separated, "
                 f"got {item!r}"

@@ -15,6 +15,7 @@ from typing import Any, FrozenSet, Optional, Sequence, Tuple
 
 from launcher.grammar.chaos import ChaosPlan
 from launcher.grammar.errors import UsageError
+from launcher.grammar.numbers import digits
 
 __all__ = [
     "ChaosSection",
@@ -257,7 +258,7 @@ class ClusterSection:
             )
         if self.nnodes > 1:
             host, _, port = self.rdzv_endpoint.rpartition(":")
-            if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+            if not host or not digits(port) or not 0 < int(port) < 65536:
                 raise UsageError(
                     f"--nnodes {self.nnodes_given} needs --rdzv-endpoint HOST:PORT (node 0's address and "
                     f"a free port), got {self.rdzv_endpoint!r}"

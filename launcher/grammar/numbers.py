@@ -4,10 +4,15 @@ torchrun command line means by a number never has them, so they are refused, not
 
 import re
 
-__all__ = ["decimal", "whole_number"]
+__all__ = ["decimal", "digits", "whole_number"]
 
 _WHOLE = re.compile(r"[+-]?[0-9]+")
 _DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def digits(text: str) -> bool:
+    """Only ASCII digits, at least one ("007" yes; "", "+7", "７" no)."""
+    return text.isascii() and text.isdigit()
 
 
 def whole_number(text: str) -> int:

@@ -8,7 +8,7 @@ import re
 from typing import List, Mapping, Optional
 
 from launcher.grammar.errors import UsageError
-from launcher.grammar.numbers import whole_number
+from launcher.grammar.numbers import digits, whole_number
 
 __all__ = ["SlurmStep", "expand_hostlist", "read_slurm_step"]
 
@@ -93,7 +93,7 @@ def _expand_range(spec: str) -> List[str]:
     out = []
     for item in spec.split(","):
         low, _, high = item.partition("-")
-        if not _digits(low) or (high and not _digits(high)):
+        if not digits(low) or (high and not digits(high)):
             raise UsageError(f"cannot read the range [{spec}] in SLURM's node list")
         if not high:
             out.append(low)
@@ -104,7 +104,3 @@ def _expand_range(spec: str) -> List[str]:
             raise UsageError(f"the range [{spec}] in SLURM's node list names more than {_MOST_HOSTS} hosts")
         out.extend(str(n).zfill(len(low)) for n in range(int(low), int(high) + 1))
     return out
-
-
-def _digits(text: str) -> bool:
-    return text.isascii() and text.isdigit()
