@@ -226,7 +226,7 @@ def _kill_while_meeting(relaunch_after: Callable[[random.Random], float]):
 
 
 def _arm_a_follower(job: NodeJob, rng: random.Random) -> None:
-    job.armed = {rng.randrange(1, job.nnodes): rng.choice(failpoints.POINTS)}
+    job.armed = {rng.randrange(1, job.nnodes): rng.choice(failpoints.MEETING)}
 
 
 def _kill_worker(job: NodeJob, rng: random.Random) -> Trial:

@@ -23,7 +23,8 @@ import chaos_matrix as matrix  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 
-SEED = random.randrange(2**31)
+# CHAOS_SEED=<the seed a failure names> replays its draws.
+SEED = int(os.environ.get("CHAOS_SEED") or random.randrange(2**31))
 EPOCHS = 4
 TRIALS = 1  # the repetitions are make chaos's
 FIRST = matrix.SETUPS["state-local"]
@@ -62,4 +63,6 @@ def test_the_fault_is_survived_with_nothing_lost_or_left(setup, fault, matrices)
     if matrix.FAULTS[fault].needs == "tmpfs" and os.geteuid() != 0:
         pytest.skip("a full disk is a tmpfs of its own: mounting one needs root (CI and dev machines are)")
     trials = matrices(setup).run_fault(fault, TRIALS, SEED)
-    assert matrix.passed(trials), f"seed {SEED}: " + "; ".join(map(str, trials))
+    assert matrix.passed(trials), f"seed {SEED} (CHAOS_SEED={SEED} replays it): " + "; ".join(
+        map(str, trials)
+    )

@@ -15,9 +15,12 @@ import os
 import signal
 import sys
 
-__all__ = ["POINTS", "reached"]
+__all__ = ["MEETING", "POINTS", "reached"]
 
-POINTS = ("before-round", "round-joined", "announced", "planned", "failure-seen")
+# The moments every healthy meeting passes (a chaos trial may freeze any of them); a rank's failure
+# is not one of them.
+MEETING = ("before-round", "round-joined", "announced", "planned")
+POINTS = (*MEETING, "failure-seen")
 _ARMED = frozenset(name for name in os.environ.get("FTLAUNCH_FAILPOINT", "").split(",") if name)
 
 
