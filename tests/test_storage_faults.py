@@ -183,6 +183,33 @@ def test_a_second_signal_ends_the_waits_on_storage_that_does_not_answer_at_the_r
     assert launch.survivors() == []
 
 
+def test_one_signal_ends_the_run_within_a_schedulers_grace_while_storage_does_not_answer(
+    launcher, emulator, tmp_path
+):
+    """One SIGTERM (a scheduler's, with SIGKILL 30 s later), the run dir and the checkpoint dir
+    both hanging, --storage-timeout 10 minutes: the run's end waits on storage 10 s in all, not
+    --storage-timeout and 5 s and 5 s more. Before, the listing alone waited the 10 minutes."""
+    launch = launcher.start(
+        "--nproc", "1", "--run-dir", f"gs://{emulator.bucket}/runs", "--run-name", "deaf",
+        "--checkpoint-dir", f"gs://{emulator.bucket}/ckpt", "--storage-timeout", "10m",
+        WAITER, "--go-file", str(tmp_path / "go"), env=emulator.env,
+    )  # fmt: skip
+    launch.read_console_until(lambda line: "waits for" in line, timeout=120)
+    _bounded(lambda: _running_attempt_recorded(f"gs://{emulator.bucket}/runs/deaf"), timeout=60)
+    emulator.kill()
+    hole = BlackHole(emulator.port)
+    try:
+        launch.proc.send_signal(signal.SIGTERM)
+        assert launch.wait(120) == ExitCode.PREEMPTED, launch.stderr
+    finally:
+        hole.close()
+    assert "waiting up to 10 s (a stopping run's limit) to list the checkpoints" in launch.stderr
+    assert "cannot list the checkpoints (no answer within 10 s, a stopping run's limit)" in launch.stderr
+    assert "the run's end is not recorded" in launch.stderr
+    assert "Traceback" not in launch.stderr and "internal error" not in launch.stderr
+    assert launch.survivors() == []
+
+
 def test_run_dir_storage_dead_past_the_lease_ends_the_run_with_its_own_exit_code(
     launcher, emulator, tmp_path
 ):

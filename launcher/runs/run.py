@@ -41,8 +41,12 @@ _FINISH_S = 5.0  # the run's end: tried this long (a full disk may free up) befo
 _CLOSE_S = 5.0  # then the lock's release
 _LOOK_S = 0.05  # a wait on storage looks for a signal this often
 _SLOW_S = 5.0  # a listing that has not answered in this long is said (a signal may end the wait)
-# Once a signal cut a wait on storage short, each later one gets this long: enough for a local
-# disk to take the run's end, not for storage that hangs.
+# Once a signal came, the run's end waits on storage this long in all (the checkpoints' listing,
+# the record of its end, the lock's release): with --grace-period's 5 s, within the 30 s SLURM
+# (KillWait) and Kubernetes (terminationGracePeriodSeconds) give by default before SIGKILL.
+_STOPPING_S = 10.0
+# Once a signal cut a wait on storage short (or the stopping run's time is spent), each later one
+# gets this long: enough for a local disk to take the run's end, not for storage that hangs.
 _HURRIED_S = 0.5
 
 
@@ -66,6 +70,7 @@ class Run:
         self._say = say
         self._signals = signals
         self._hurried = ""  # a signal that cut a wait on storage short: later ones are short
+        self._stopping_until: Optional[float] = None  # once a signal came: the end of storage's time
         self._listing: Optional[_Listing[NewestCheckpoint]] = (
             None  # a look at the checkpoint dir still under way
         )
@@ -164,13 +169,14 @@ class Run:
         that does not answer): the next launch of the command finds the run either way."""
         self.state.status, self.state.reason, self.state.exit_code = status, reason, exit_code
         self.save()
+        limit = self._limit(_FINISH_S)
         try:
-            written = self._writer.flush(self._limit(_FINISH_S), self._cut_short())
+            written = self._writer.flush(limit, self._cut_short())
         except SignalReceived as stop:
             self._cut(stop)
             written = False
         if not written:
-            why = self._hurried or self._writer.last_error or f"no answer within {_FINISH_S:g} s"
+            why = self._hurried or self._writer.last_error or f"no answer within {limit:g} s"
             self._say(f"the run's end is not recorded in {self.dir.url}/{STATE_FILE} ({why})")
 
     def close(self) -> None:
@@ -185,7 +191,19 @@ class Run:
     # Once one did, every later wait is short: the user asked twice.
 
     def _limit(self, seconds: float) -> float:
-        return min(seconds, _HURRIED_S) if self._hurried else seconds
+        """How long the next wait on storage may take: ``seconds``, less once a signal came."""
+        if self._hurried:
+            return min(seconds, _HURRIED_S)
+        if not self._signals.received:
+            return seconds
+        if self._stopping_until is None:  # the first wait since the signal: the run's end begins
+            self._stopping_until = time.monotonic() + _STOPPING_S
+        left = round(self._stopping_until - time.monotonic(), 1)  # tenths: it is said
+        return min(seconds, max(left, _HURRIED_S))
+
+    def _limit_named(self, limit: float) -> str:
+        """What set ``limit``, for the lines that name it."""
+        return "--storage-timeout" if limit >= self.config.run.storage_timeout else "a stopping run's limit"
 
     def _cut_short(self) -> Callable[[], None]:
         """What a wait on storage calls at every look: SignalReceived once a new signal came."""
@@ -229,7 +247,8 @@ class Run:
         is slow to answer, since a signal ends the wait."""
         limit = self._limit(self.config.run.storage_timeout)
         try:
-            answer = listing.result(limit, self._cut_short(), self._slow(what, limit))
+            named = self._limit_named(limit)
+            answer = listing.result(limit, self._cut_short(), self._slow(what, limit, named), named)
         except SignalReceived as stop:
             listing.error = self._cut(stop)
             return None
@@ -237,12 +256,12 @@ class Run:
             listing.error = self._hurried
         return answer
 
-    def _slow(self, what: str, limit: float) -> Callable[[], None]:
+    def _slow(self, what: str, limit: float, named: str) -> Callable[[], None]:
         def say() -> None:
             which = "another signal (Ctrl+C again)" if self._signals.received else "a signal"
             self._say(
                 f"the checkpoint dir {self.config.group.checkpoint_url} has not answered for {_SLOW_S:g} s: "
-                f"waiting up to {limit:g} s (--storage-timeout) to {what}; {which} stops the wait"
+                f"waiting up to {limit:g} s ({named}) to {what}; {which} stops the wait"
             )
 
         return say
@@ -287,16 +306,20 @@ class _Listing(Generic[T]):
             self.done.set()
 
     def result(
-        self, timeout: float, watch: Callable[[], None] = _nothing, slow: Callable[[], None] = _nothing
+        self,
+        timeout: float,
+        watch: Callable[[], None] = _nothing,
+        slow: Callable[[], None] = _nothing,
+        named: str = "--storage-timeout",
     ) -> Optional[T]:
         """Its answer; None when it failed, or gave none within ``timeout`` seconds (``error``
-        says which). ``watch`` is called at every look (what it raises ends the wait); ``slow``
-        once, when there is no answer after a second."""
+        says which, and ``named`` what set them). ``watch`` is called at every look (what it
+        raises ends the wait); ``slow`` once, when there is no answer after _SLOW_S."""
         deadline = time.monotonic() + timeout
         slow_at = time.monotonic() + _SLOW_S
         while not self.done.wait(max(0.0, min(deadline - time.monotonic(), _LOOK_S))):
             if time.monotonic() >= deadline:
-                self.error = f"no answer within {timeout:g} s (--storage-timeout)"
+                self.error = f"no answer within {timeout:g} s, {named}"
                 return None
             if time.monotonic() >= slow_at:
                 slow_at = float("inf")
