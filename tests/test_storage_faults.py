@@ -203,8 +203,8 @@ def test_one_signal_ends_the_run_within_a_schedulers_grace_while_storage_does_no
         assert launch.wait(120) == ExitCode.PREEMPTED, launch.stderr
     finally:
         hole.close()
-    assert "waiting up to 10 s (a stopping run's limit) to list the checkpoints" in launch.stderr
-    assert "cannot list the checkpoints (no answer within 10 s, a stopping run's limit)" in launch.stderr
+    assert "waiting up to 9 s (a stopping run's limit) to list the checkpoints" in launch.stderr
+    assert "cannot list the checkpoints (no answer within 9 s, a stopping run's limit)" in launch.stderr
     assert "the run's end is not recorded" in launch.stderr
     assert "Traceback" not in launch.stderr and "internal error" not in launch.stderr
     assert launch.survivors() == []

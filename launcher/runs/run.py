@@ -5,6 +5,7 @@ is open, every read and write goes through ``runs.writer``'s thread: the supervi
 waits on storage."""
 
 import json
+import math
 import os
 import socket
 import threading
@@ -33,7 +34,7 @@ from launcher.runs.directory import (
 from launcher.runs.opening import RunOpening
 from launcher.runs.writer import RunDirWriter
 
-__all__ = ["Run"]
+__all__ = ["Run", "StoppingTime"]
 
 T = TypeVar("T")
 
@@ -45,8 +46,9 @@ _SLOW_S = 5.0  # a listing that has not answered in this long is said (a signal 
 # the record of its end, the lock's release): with --grace-period's 5 s, within the 30 s SLURM
 # (KillWait) and Kubernetes (terminationGracePeriodSeconds) give by default before SIGKILL.
 _STOPPING_S = 10.0
-# Once a signal cut a wait on storage short (or the stopping run's time is spent), each later one
-# gets this long: enough for a local disk to take the run's end, not for storage that hangs.
+# Once a signal cut a wait on storage short, each later one gets this long: enough for a local
+# disk to take the run's end, not for storage that hangs. Within _STOPPING_S, the record and the
+# release are each kept this much of it.
 _HURRIED_S = 0.5
 
 
@@ -70,7 +72,7 @@ class Run:
         self._say = say
         self._signals = signals
         self._hurried = ""  # a signal that cut a wait on storage short: later ones are short
-        self._stopping_until: Optional[float] = None  # once a signal came: the end of storage's time
+        self._stopping = StoppingTime(_STOPPING_S)  # storage's time once a signal came
         self._listing: Optional[_Listing[NewestCheckpoint]] = (
             None  # a look at the checkpoint dir still under way
         )
@@ -169,20 +171,24 @@ class Run:
         that does not answer): the next launch of the command finds the run either way."""
         self.state.status, self.state.reason, self.state.exit_code = status, reason, exit_code
         self.save()
-        limit = self._limit(_FINISH_S)
+        limit = self._limit(_FINISH_S, kept_back=_HURRIED_S)  # for the release
         try:
             written = self._writer.flush(limit, self._cut_short())
         except SignalReceived as stop:
             self._cut(stop)
             written = False
         if not written:
-            why = self._hurried or self._writer.last_error or f"no answer within {limit:g} s"
+            why = (
+                self._hurried
+                or self._writer.last_error
+                or f"no answer within {limit:g} s{self._why(limit, _FINISH_S)}"
+            )
             self._say(f"the run's end is not recorded in {self.dir.url}/{STATE_FILE} ({why})")
 
     def close(self) -> None:
         """Release the run (its lock), if storage answers within a few seconds."""
         try:
-            self._writer.close(self._limit(_CLOSE_S), self._cut_short())
+            self._writer.close(self._limit(_CLOSE_S, kept_back=0.0), self._cut_short())
         except SignalReceived as stop:
             self._cut(stop)
 
@@ -190,20 +196,19 @@ class Run:
     # Each has a deadline, and a signal that comes during one ends it (Ctrl+C again: leave now).
     # Once one did, every later wait is short: the user asked twice.
 
-    def _limit(self, seconds: float) -> float:
-        """How long the next wait on storage may take: ``seconds``, less once a signal came."""
+    def _limit(self, seconds: float, kept_back: float) -> float:
+        """How long the next wait on storage may take: ``seconds``, less once a signal came
+        (``kept_back``: what the run's end's later waits are kept of the stopping run's time)."""
         if self._hurried:
             return min(seconds, _HURRIED_S)
         if not self._signals.received:
             return seconds
-        if self._stopping_until is None:  # the first wait since the signal: the run's end begins
-            self._stopping_until = time.monotonic() + _STOPPING_S
-        left = round(self._stopping_until - time.monotonic(), 1)  # tenths: it is said
-        return min(seconds, max(left, _HURRIED_S))
+        return self._stopping.limit(seconds, kept_back)
 
-    def _limit_named(self, limit: float) -> str:
-        """What set ``limit``, for the lines that name it."""
-        return "--storage-timeout" if limit >= self.config.run.storage_timeout else "a stopping run's limit"
+    @staticmethod
+    def _why(limit: float, full: float) -> str:
+        """Said after a limit shorter than its wait's own (``full``)."""
+        return "" if limit >= full else ", a stopping run's limit"
 
     def _cut_short(self) -> Callable[[], None]:
         """What a wait on storage calls at every look: SignalReceived once a new signal came."""
@@ -245,9 +250,10 @@ class Run:
     def _listen(self, listing: "_Listing[T]", what: str) -> Optional[T]:
         """A look at the checkpoint dir's answer, within --storage-timeout; said once when storage
         is slow to answer, since a signal ends the wait."""
-        limit = self._limit(self.config.run.storage_timeout)
+        full = self.config.run.storage_timeout
+        limit = self._limit(full, kept_back=2 * _HURRIED_S)  # for the record and the release
+        named = "--storage-timeout" if limit >= full else "a stopping run's limit"
         try:
-            named = self._limit_named(limit)
             answer = listing.result(limit, self._cut_short(), self._slow(what, limit, named), named)
         except SignalReceived as stop:
             listing.error = self._cut(stop)
@@ -285,6 +291,26 @@ class Run:
 
 def _nothing() -> None:
     pass
+
+
+class StoppingTime:
+    """Once a signal came, the run's end has ``total`` seconds on storage in all: one deadline,
+    set at its first wait. Each wait keeps back what the later ones are kept, so that the last
+    still ends by the deadline: a scheduler's SIGKILL comes at a fixed time, not after our waits."""
+
+    def __init__(self, total: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._total = total
+        self._clock = clock
+        self._deadline: Optional[float] = None
+
+    def limit(self, seconds: float, kept_back: float) -> float:
+        """At most ``seconds``, ending ``kept_back`` before the deadline; in tenths (it is said),
+        rounded down."""
+        now = self._clock()
+        if self._deadline is None:
+            self._deadline = now + self._total
+        left = math.floor((self._deadline - kept_back - now) * 10) / 10
+        return max(0.0, min(seconds, left))
 
 
 class _Listing(Generic[T]):
