@@ -37,6 +37,7 @@ from launcher.roles.leader import Leader
 from launcher.roles.single import SingleNode
 from launcher.runs.directory import LockRecord, RunDir
 from launcher.runs.run import Run
+from launcher.runs.taking import take
 from worker_lib.core.storage import StorageError
 
 __all__ = ["RunResult", "run_attempts", "supervise"]
@@ -131,7 +132,7 @@ def _lead(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, con
         host_job_store(config.cluster) if config.cluster.many_nodes else None
     )  # the others may already wait
     directory = RunDir(config.run.url, retries=False)
-    taken_from = _acquire(directory, config)  # before anything is written, logs included
+    taken_from = _acquire(directory, config, signals, say)  # before anything is written, logs included
     run: Optional[Run] = None
     try:
         become_subreaper()
@@ -172,11 +173,11 @@ def _lead(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, con
             directory.release()
 
 
-def _acquire(directory: RunDir, config: LaunchConfig) -> Optional[LockRecord]:
+def _acquire(directory: RunDir, config: LaunchConfig, signals: SignalInbox, say) -> Optional[LockRecord]:
     """Hold the run; storage that fails here (a full disk, no answer) is one line, and nothing
     has started."""
     try:
-        return directory.acquire(config.run.lease)
+        return take(directory, config.run.lease, signals, say)
     except StorageError as err:
         raise UsageError(f"run dir {config.run.url} is not usable: {err}") from None
 

@@ -275,16 +275,47 @@ def test_a_lock_left_by_a_dead_supervisor_is_taken_over(launcher, tmp_path):
     assert launch.survivors() == []
 
 
-def test_another_hosts_lock_is_respected_until_its_lease_expires(launcher, tmp_path):
+def test_another_hosts_lock_is_waited_for_and_refused_once_it_is_renewed(launcher, tmp_path):
+    """Only the lease tells whether a supervisor on another host lives: the launch waits for it
+    (a requeued job lands on another node moments after its supervisor there was killed, and a
+    refusal is never requeued), and is refused (exit 2, nothing started) once the lease is renewed."""
     run = tmp_path / "runs" / "actor"
-    _write_lock(run, host="elsewhere", renewed_at=time.time() - 10)
-    refused = launcher.run("--run-name", "actor", str(ACTOR))
-    assert refused.proc.returncode == 2 and "elsewhere pid 1" in refused.stderr
+    _write_lock(run, host="elsewhere", renewed_at=time.time())
+    launch = launcher.start("--run-name", "actor", str(ACTOR))
+    launch.read_console_until(lambda line: "for its lease to expire" in line, timeout=120, stream="stderr")
+    _write_lock(run, host="elsewhere", renewed_at=time.time())  # its holder's next renewal
+    assert launch.wait(60) == 2, launch.stderr
+    assert "held by another ftlaunch: elsewhere pid 1" in launch.stderr
+    assert "it renewed its lease while this launch waited: it is alive" in launch.stderr
+    assert json.loads((run / "lock.json").read_text())["host"] == "elsewhere"
+    assert not (run / "logs").exists() and not (run / "run.json").exists()
+    assert launch.survivors() == []
 
-    _write_lock(run, host="elsewhere", renewed_at=time.time() - 600)
+
+def test_another_hosts_lock_is_taken_over_once_its_lease_expires_never_before(launcher, tmp_path):
+    run = tmp_path / "runs" / "actor"
+    expires = time.time() + 8.0
+    _write_lock(run, host="elsewhere", renewed_at=expires - 60.0, lease=60.0)
     launch = launcher.run("--run-name", "actor", str(ACTOR))
     assert launch.proc.returncode == 0, launch.stderr
     assert "took the run over from elsewhere pid 1" in launch.stderr and "lease expired" in launch.stderr
+    (taken,) = of_kind(read_logged(run / "events.jsonl"), Takeover)
+    assert taken.t_wall >= expires, (taken.t_wall, expires)
+    assert launch.survivors() == []
+
+
+def test_ctrl_c_while_waiting_for_another_hosts_lease_ends_the_launch_with_nothing_written(
+    launcher, tmp_path
+):
+    run = tmp_path / "runs" / "actor"
+    _write_lock(run, host="elsewhere", renewed_at=time.time())
+    launch = launcher.start("--run-name", "actor", str(ACTOR))
+    launch.read_console_until(lambda line: "Ctrl+C stops" in line, timeout=120, stream="stderr")
+    launch.proc.send_signal(signal.SIGINT)
+    assert launch.wait(60) == 130, launch.stderr
+    assert json.loads((run / "lock.json").read_text())["host"] == "elsewhere"
+    assert not (run / "logs").exists() and not (run / "run.json").exists()
+    assert "Traceback" not in launch.stderr
     assert launch.survivors() == []
 
 
