@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -80,6 +81,10 @@ class LockRecord:
             value = data[name]
             if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
                 raise ValueError(f"{name} is {value!r}")
+            if isinstance(value, float) and not math.isfinite(value):  # JSON's NaN, Infinity: never ours
+                raise ValueError(f"{name} is {value!r}")
+        if data["lease"] <= 0:
+            raise ValueError(f"lease is {data['lease']!r}")
         return cls(**data)
 
     @classmethod

@@ -24,7 +24,10 @@ def take(directory: RunDir, lease: float, signals: Inbox, say: Callable[[str], N
     held = directory.read_lock()
     if held is None or held.host == socket.gethostname() or held.expired(time.time()):
         return directory.acquire(lease)
-    wait = Wait(held.renewed_at + held.lease + _MARGIN_S - time.time(), signals, look=_LOOK_S)
+    # Until its end, and never longer than a whole lease: a live holder renews within a third of
+    # it, whatever its clock says (a renewal time in our future is its clock's, not a promise).
+    left = min(held.renewed_at + held.lease - time.time(), held.lease)
+    wait = Wait(left + _MARGIN_S, signals, look=_LOOK_S)
     say(
         f"run {directory.url} is held by {held.describe(time.time())}: waiting up to {wait.left:.0f} s "
         "for its lease to expire (a supervisor gone with its host) or be renewed (a live one: this "

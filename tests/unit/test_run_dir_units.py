@@ -116,3 +116,17 @@ def test_an_uncommitted_step_newer_than_every_committed_one_is_lost_work():
     assert Uncommitted([3], newest_committed=None).newest_lost
     assert not Uncommitted([3, 4], newest_committed=5).newest_lost  # leftovers of older saves
     assert not Uncommitted([], newest_committed=5).newest_lost
+
+
+@pytest.mark.parametrize(
+    "fields", [{"lease": float("nan")}, {"lease": 0.0}, {"lease": -5.0}, {"renewed_at": float("inf")}]
+)
+def test_a_lock_with_numbers_no_ftlaunch_writes_is_damaged(tmp_path, fields):
+    """A NaN lease never expires, and a launch waiting for it would wait for ever."""
+    record = dataclasses.replace(LockRecord.me(lease=30.0), host="elsewhere", **fields)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / LOCK_FILE).write_text(json.dumps(dataclasses.asdict(record)))
+    with pytest.raises(
+        UsageError, match=r"run/lock.json is damaged \((lease|renewed_at) is .*\); if no ftlaunch"
+    ):
+        RunDir(str(tmp_path / "run")).read_lock()
