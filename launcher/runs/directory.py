@@ -77,15 +77,20 @@ class LockRecord:
         }
         if not isinstance(data, dict) or set(data) != set(types):
             raise ValueError(f"expected the fields {sorted(types)}")
+        fields = {}
         for name, kind in types.items():
             value = data[name]
             if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
                 raise ValueError(f"{name} is {value!r}")
-            if isinstance(value, float) and not math.isfinite(value):  # JSON's NaN, Infinity: never ours
-                raise ValueError(f"{name} is {value!r}")
-        if data["lease"] <= 0:
-            raise ValueError(f"lease is {data['lease']!r}")
-        return cls(**data)
+            if isinstance(value, (int, float)) and kind is float:
+                # an int past 2**53 (10**400 does not even fit), NaN, Infinity: never ftlaunch's
+                if not (isinstance(value, float) or abs(value) < 2**53) or not math.isfinite(value):
+                    raise ValueError(f"{name} is {value!r}"[:80])
+                value = float(value)
+            fields[name] = value
+        if fields["lease"] <= 0:
+            raise ValueError(f"lease is {fields['lease']!r}")
+        return cls(**fields)
 
     @classmethod
     def me(cls, lease: float) -> "LockRecord":

@@ -119,10 +119,17 @@ def test_an_uncommitted_step_newer_than_every_committed_one_is_lost_work():
 
 
 @pytest.mark.parametrize(
-    "fields", [{"lease": float("nan")}, {"lease": 0.0}, {"lease": -5.0}, {"renewed_at": float("inf")}]
+    "fields",
+    [
+        {"lease": float("nan")},
+        {"lease": 0.0},
+        {"lease": -5.0},
+        {"renewed_at": float("inf")},
+        {"lease": 10**400},
+    ],
 )
 def test_a_lock_with_numbers_no_ftlaunch_writes_is_damaged(tmp_path, fields):
-    """A NaN lease never expires, and a launch waiting for it would wait for ever."""
+    """A NaN lease never expires (a launch waiting for it would wait for ever); 10**400 is no float."""
     record = dataclasses.replace(LockRecord.me(lease=30.0), host="elsewhere", **fields)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / LOCK_FILE).write_text(json.dumps(dataclasses.asdict(record)))
