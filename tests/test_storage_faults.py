@@ -96,10 +96,11 @@ def emulator(tmp_path, monkeypatch):
         emulator.kill()
 
 
-def _start(launcher, emulator: Emulator, tmp_path: Path, *options: str):
+def _start(launcher, emulator: Emulator, tmp_path: Path, *options: str, checkpoints: str = ""):
+    """A waiting rank, the run dir on the emulator, the checkpoint dir local unless given."""
     launch = launcher.start(
         "--nproc", "1", "--run-dir", f"gs://{emulator.bucket}/runs", "--run-name", "deaf",
-        "--checkpoint-dir", str(tmp_path / "ckpt"), *options,
+        "--checkpoint-dir", checkpoints or str(tmp_path / "ckpt"), *options,
         WAITER, "--go-file", str(tmp_path / "go"), env=emulator.env,
     )  # fmt: skip
     launch.read_console_until(lambda line: "waits for" in line, timeout=120)
@@ -159,13 +160,9 @@ def test_a_second_signal_ends_the_waits_on_storage_that_does_not_answer_at_the_r
     ranks; the run's end then waits on storage (the checkpoints' listing up to --storage-timeout,
     then the run's record): the second ends every such wait at once, and each says so. Before, a
     SIGTERM with storage gone took about 30 s, the most SLURM and Kubernetes wait before SIGKILL."""
-    launch = launcher.start(
-        "--nproc", "1", "--run-dir", f"gs://{emulator.bucket}/runs", "--run-name", "deaf",
-        "--checkpoint-dir", f"gs://{emulator.bucket}/ckpt", "--storage-timeout", "10m",
-        WAITER, "--go-file", str(tmp_path / "go"), env=emulator.env,
-    )  # fmt: skip
-    launch.read_console_until(lambda line: "waits for" in line, timeout=120)
-    _bounded(lambda: _running_attempt_recorded(f"gs://{emulator.bucket}/runs/deaf"), timeout=60)
+    launch = _start(
+        launcher, emulator, tmp_path, "--storage-timeout", "10m", checkpoints=f"gs://{emulator.bucket}/ckpt"
+    )
     emulator.kill()
     hole = BlackHole(emulator.port)
     try:
@@ -189,13 +186,9 @@ def test_one_signal_ends_the_run_within_a_schedulers_grace_while_storage_does_no
     """One SIGTERM (a scheduler's, with SIGKILL 30 s later), the run dir and the checkpoint dir
     both hanging, --storage-timeout 10 minutes: the run's end waits on storage 10 s in all, not
     --storage-timeout and 5 s and 5 s more. Before, the listing alone waited the 10 minutes."""
-    launch = launcher.start(
-        "--nproc", "1", "--run-dir", f"gs://{emulator.bucket}/runs", "--run-name", "deaf",
-        "--checkpoint-dir", f"gs://{emulator.bucket}/ckpt", "--storage-timeout", "10m",
-        WAITER, "--go-file", str(tmp_path / "go"), env=emulator.env,
-    )  # fmt: skip
-    launch.read_console_until(lambda line: "waits for" in line, timeout=120)
-    _bounded(lambda: _running_attempt_recorded(f"gs://{emulator.bucket}/runs/deaf"), timeout=60)
+    launch = _start(
+        launcher, emulator, tmp_path, "--storage-timeout", "10m", checkpoints=f"gs://{emulator.bucket}/ckpt"
+    )
     emulator.kill()
     hole = BlackHole(emulator.port)
     try:
