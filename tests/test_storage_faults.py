@@ -4,6 +4,7 @@ gcsfs, real workers. The supervisor's loop never waits on storage: a signal is a
 whatever storage does, a blip shorter than the lease does not end the run, and storage silent for
 longer than the lease ends it with its own exit code and one line."""
 
+import contextlib
 import os
 import signal
 import socket
@@ -12,7 +13,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import List
+from typing import Iterator, List
 
 import pytest
 from conftest import use_emulator
@@ -122,14 +123,23 @@ def _bounded(predicate, timeout: float) -> None:
         time.sleep(0.05)
 
 
+@contextlib.contextmanager
+def _hanging(emulator: Emulator) -> Iterator[BlackHole]:
+    """The emulator gone and its port taken by storage that never answers, until the block ends."""
+    emulator.kill()
+    hole = BlackHole(emulator.port)
+    try:
+        yield hole
+    finally:
+        hole.close()
+
+
 @pytest.mark.parametrize("event", ["SIGTERM", "a worker's exit"])
 def test_a_signal_or_an_exit_is_answered_at_once_while_the_run_dir_storage_hangs(
     launcher, emulator, tmp_path, event
 ):
     launch = _start(launcher, emulator, tmp_path)
-    emulator.kill()
-    hole = BlackHole(emulator.port)
-    try:
+    with _hanging(emulator) as hole:
         _bounded(lambda: hole.accepted > 0, timeout=60)  # the supervisor's next look waits on it now
         happened = time.monotonic()
         if event == "SIGTERM":
@@ -138,8 +148,6 @@ def test_a_signal_or_an_exit_is_answered_at_once_while_the_run_dir_storage_hangs
             (tmp_path / "go").touch()
         expected = ExitCode.PREEMPTED if event == "SIGTERM" else ExitCode.SUCCESS
         assert launch.wait(120) == expected, launch.stderr
-    finally:
-        hole.close()
     answered = GroupState.STOPPING if event == "SIGTERM" else GroupState.SUCCEEDED
     seen = [
         found.t_mono
@@ -163,16 +171,12 @@ def test_a_second_signal_ends_the_waits_on_storage_that_does_not_answer_at_the_r
     launch = _start(
         launcher, emulator, tmp_path, "--storage-timeout", "10m", checkpoints=f"gs://{emulator.bucket}/ckpt"
     )
-    emulator.kill()
-    hole = BlackHole(emulator.port)
-    try:
+    with _hanging(emulator):
         launch.proc.send_signal(signal.SIGTERM)
         slow = "has not answered for 5 s"
         launch.read_console_until(lambda line: slow in line, timeout=120, stream="stderr")
         launch.proc.send_signal(signal.SIGTERM)
         assert launch.wait(60) == ExitCode.PREEMPTED, launch.stderr
-    finally:
-        hole.close()
     assert "cannot list the checkpoints (not waited for after SIGTERM); progress unknown" in launch.stderr
     assert "the run's end is not recorded" in launch.stderr
     assert "(not waited for after SIGTERM)" in launch.stderr.split("the run's end is not recorded")[1]
@@ -189,13 +193,9 @@ def test_one_signal_ends_the_run_within_a_schedulers_grace_while_storage_does_no
     launch = _start(
         launcher, emulator, tmp_path, "--storage-timeout", "10m", checkpoints=f"gs://{emulator.bucket}/ckpt"
     )
-    emulator.kill()
-    hole = BlackHole(emulator.port)
-    try:
+    with _hanging(emulator):
         launch.proc.send_signal(signal.SIGTERM)
         assert launch.wait(120) == ExitCode.PREEMPTED, launch.stderr
-    finally:
-        hole.close()
     assert "waiting up to 9 s (a stopping run's limit) to list the checkpoints" in launch.stderr
     assert "cannot list the checkpoints (no answer within 9 s, a stopping run's limit)" in launch.stderr
     assert "the run's end is not recorded" in launch.stderr
