@@ -6,7 +6,7 @@ The data set (1,797 8x8 images, 10 classes) ships inside scikit-learn: no downlo
 it costs every new worker about 2 s of CPU on a small machine, at every restart: ftlaunch's fork
 server imports only torch, worker_lib and the storage libraries ahead (the script's own imports
 run in the worker, as under torchrun); ``ftlaunch --preload sklearn.datasets`` imports it once
-(a restart then takes 0.3 s instead of 2.2 s here; the README says what a preload shares). Every
+(a restart then takes 0.3 s instead of 2.2 s here; docs/gpus.md says what a preload shares). Every
 ``--checkpoint-every`` steps the model and optimizer are saved through worker_lib (replicated: the
 state is the same on every rank, so rank 0 uploads it once; each rank's RNG goes with it). The save
 is copied to memory at the call and written in the background; a crash mid-save never destroys the

@@ -67,9 +67,9 @@ def test_a_follower_killed_while_nodes_meet_never_shrinks_a_fixed_job(launcher, 
 
 @pytest.mark.parametrize("signalled", [0, 1])
 def test_a_signal_on_one_node_while_the_nodes_meet_stops_every_node(launcher, tmp_path, signalled):
-    """README: SIGTERM on any node stops every node. While the nodes meet there is no attempt's
-    channel to carry it: the stop goes through node 0's store (the lobby), where every node looks
-    while it waits. Node 1 is held at the moment before its round (a failpoint), node 0 waits for
+    """docs/many-nodes.md: SIGTERM on any node stops every node. While the nodes meet there is no
+    attempt's channel to carry it: the stop goes through node 0's store (the lobby), where every
+    node looks while it waits. Node 1 is held at the moment before its round (a failpoint), node 0 waits for
     it; one of them gets SIGTERM. Before, only that node stopped and the other waited out
     --join-timeout."""
     job = Job(launcher, tmp_path, 2, "--nproc", "1", "--run-name", "met", DDP, node_timeout="30s")

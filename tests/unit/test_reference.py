@@ -1,0 +1,168 @@
+"""docs/reference.md's tables against what the code declares: every option click knows is in the
+table and nothing else, with click's default and the variables that really set it (click's own
+FTLAUNCH_* resolution, launcher.environment's PET_* mapping); the exit codes are ExitCode's.
+Help texts are not compared: the table says it in its own words."""
+
+import os
+import re
+from pathlib import Path
+from typing import Dict, List, Set, Tuple
+
+import click
+import pytest
+
+from launcher import environment
+from launcher.cli import ENV_PREFIX, cli, main
+from launcher.environment import PET_PREFIX, torchrun_defaults
+from launcher.grammar.errors import ExitCode
+from launcher.status_cli import status_cli
+
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference.md"
+NONE = "—"
+
+
+class Row:
+    def __init__(self, cells: List[str]) -> None:
+        self.options = re.findall(r"`(-{1,2}[A-Za-z][\w-]*)`", cells[0])
+        self.default = cells[1]
+        self.variables = _variables(cells[2])
+
+    def __repr__(self) -> str:
+        return f"Row({self.options}, default={self.default!r}, variables={self.variables})"
+
+
+def _variables(cell: str) -> Set[Tuple[str, ...]]:
+    """'`A`, `B`:`C`' -> {('A',), ('B', 'C')}: a pair is two variables that together set it."""
+    if cell.strip() == NONE:
+        return set()
+    return {tuple(re.findall(r"`([A-Z_]+)`", item)) for item in cell.split(",")}
+
+
+def _table(heading: str) -> List[Row]:
+    """The rows of the first table under ``## heading``."""
+    section = REFERENCE.read_text().split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("|")][2:]  # head, rule
+    return [Row([cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]) for line in lines]
+
+
+def _options(command: click.Command, context: click.Context) -> List[click.Option]:
+    return [p for p in command.get_params(context) if isinstance(p, click.Option)]
+
+
+def _rows_by_option(rows: List[Row]) -> Dict[str, Row]:
+    found: Dict[str, Row] = {}
+    for row in rows:
+        for name in row.options:
+            assert name not in found, f"{name} appears twice in {REFERENCE.name}"
+            found[name] = row
+    return found
+
+
+def _check_names(command: click.Command, context: click.Context, rows: List[Row]) -> Dict[str, Row]:
+    by_option = _rows_by_option(rows)
+    declared = {name for p in _options(command, context) for name in p.opts + p.secondary_opts}
+    assert sorted(declared - set(by_option)) == [], f"options missing from {REFERENCE.name}"
+    assert sorted(set(by_option) - declared) == [], f"options in {REFERENCE.name} that click lacks"
+    return by_option
+
+
+def _check_default(option: click.Option, context: click.Context, cell: str) -> None:
+    name = option.opts[-1]
+    if not option.expose_value:  # --help, --version: no value
+        assert cell == NONE, f"{name}: default should be {NONE}"
+        return
+    default = option.get_default(context, call=True)
+    if option.is_flag and option.is_bool_flag:
+        assert cell == ("on" if default else "off"), f"{name}: click's default is {default}, not {cell!r}"
+        return
+    literal = re.match(r"`([^`]*)`", cell)
+    if default in (None, ""):  # derived, or unset: the table says so in words
+        assert literal is None, f"{name}: click has no default, the table states `{literal and literal[1]}`"
+        return
+    assert literal is not None, f"{name}: click's default is {default!r}, the table states none"
+    stated = option.type_cast_value(context, literal[1])
+    assert stated == default, f"{name}: {literal[1]!r} is not click's {default!r}"
+
+
+def test_every_ftlaunch_option_is_in_the_table_with_clicks_default():
+    context = click.Context(cli, info_name="ftlaunch", auto_envvar_prefix=ENV_PREFIX)
+    by_option = _check_names(cli, context, _table("`ftlaunch` options"))
+    for option in _options(cli, context):
+        _check_default(option, context, by_option[option.opts[0]].default)
+
+
+def test_every_status_option_is_in_the_table_with_clicks_default():
+    context = click.Context(status_cli, info_name="ftlaunch status")
+    by_option = _check_names(status_cli, context, _table("`ftlaunch status` options"))
+    for option in _options(status_cli, context):
+        _check_default(option, context, by_option[option.opts[0]].default)
+
+
+@pytest.fixture
+def bare_environ(monkeypatch):
+    for key in list(os.environ):
+        if key.startswith((PET_PREFIX, f"{ENV_PREFIX}_", "SLURM_")):
+            monkeypatch.delenv(key)
+    return monkeypatch
+
+
+def _ftlaunch_variables(option: click.Option, context: click.Context, candidates, env) -> Set[Tuple[str]]:
+    """The FTLAUNCH_* names click itself resolves for ``option``, each tried alone."""
+    found = set()
+    for name in candidates:
+        env.setenv(name, "1")
+        if option.resolve_envvar_value(context) is not None:
+            found.add((name,))
+        env.delenv(name)
+    return found
+
+
+def _pet_variables(option: click.Option, candidates) -> Set[Tuple[str, ...]]:
+    """The PET_* names (or pairs) that launcher.environment maps onto ``option``."""
+    names = [p.name for p in cli.params if p.name]
+    return {
+        group
+        for group in candidates
+        if option.name in torchrun_defaults({name: "c10d" for name in group}, names)
+    }
+
+
+def test_the_tables_variables_are_the_ones_that_set_each_option(bare_environ):
+    context = click.Context(cli, info_name="ftlaunch", auto_envvar_prefix=ENV_PREFIX)
+    options = _options(cli, context)
+    by_option = _rows_by_option(_table("`ftlaunch` options"))
+    listed = {group for row in by_option.values() for group in row.variables}
+    ours = {f"{ENV_PREFIX}_{p.name.upper()}" for p in options if p.name} | {
+        g[0] for g in listed if g[0].startswith(f"{ENV_PREFIX}_")
+    }
+    pets = {(f"{PET_PREFIX}{p.name.upper()}",) for p in options if p.name}
+    pets |= {(PET_PREFIX + name,) for name in environment._RENAMED}
+    pets |= {tuple(PET_PREFIX + name for name in environment._MASTER)}
+    pets |= {g for g in listed if g[0].startswith(PET_PREFIX)}
+    for option in options:
+        expected = _ftlaunch_variables(option, context, sorted(ours), bare_environ)
+        expected |= _pet_variables(option, pets)
+        if option.name and option.name.startswith("_click"):  # --help's name is click's own
+            expected = set()
+        row = by_option.get(option.opts[0])
+        assert row is not None and row.variables == expected, option.opts[-1]
+
+
+def test_status_reads_no_variable(bare_environ, tmp_path, capsys):
+    """As main() calls it: FTLAUNCH_RUN_DIR does not reach `ftlaunch status` (the table says so)."""
+    context = click.Context(status_cli, info_name="ftlaunch status")  # main() gives no prefix
+    by_option = _rows_by_option(_table("`ftlaunch status` options"))
+    for option in _options(status_cli, context):
+        bare_environ.setenv(f"{ENV_PREFIX}_{option.name.upper()}", "1")
+        assert option.resolve_envvar_value(context) is None
+        assert by_option[option.opts[0]].variables == set(), option.opts[-1]
+    bare_environ.chdir(tmp_path)
+    bare_environ.setenv(f"{ENV_PREFIX}_RUN_DIR", str(tmp_path / "elsewhere"))
+    assert main(["status"]) == 0
+    assert "no runs under ftlaunch_runs" in capsys.readouterr().out
+
+
+def test_the_exit_code_table_is_exit_code():
+    section = REFERENCE.read_text().split("\n## Exit codes\n", 1)[1].split("\n## ", 1)[0]
+    codes = [int(m) for m in re.findall(r"^\| (\d+) \|", section, re.MULTILINE)]
+    assert codes == sorted(int(code) for code in ExitCode)
