@@ -64,9 +64,10 @@ DECIMAL = _Number("float", decimal, "a number")
 
 @click.command(
     context_settings={"allow_interspersed_args": False, "show_default": True},
-    epilog="Every option can also be set as FTLAUNCH_<OPTION>, e.g. FTLAUNCH_NPROC=8, or as torchrun's "
-    "PET_<OPTION> (PET_NPROC_PER_NODE, PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT as "
-    "the rendezvous endpoint, ...), which the command line and FTLAUNCH_<OPTION> override.",
+    epilog="Every option but --help and --version can also be set as FTLAUNCH_<OPTION>, e.g. "
+    "FTLAUNCH_NPROC=8, or as torchrun's PET_<OPTION> (PET_NPROC_PER_NODE, PET_NNODES, PET_NODE_RANK, "
+    "PET_MASTER_ADDR and PET_MASTER_PORT as the rendezvous endpoint, ...), which the command line and "
+    "FTLAUNCH_<OPTION> override.",
 )
 @click.option(
     "--nproc",
@@ -317,7 +318,10 @@ DECIMAL = _Number("float", decimal, "a number")
 @click.option("-v", "--verbose", is_flag=True, help="Log the supervisor's own decisions.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-@click.version_option(package_name="ftlaunch")
+# Only the command line asks for these: a stray FTLAUNCH_VERSION=1 (or --help's variable) would end
+# the command before anything starts, and the run would be skipped with exit 0.
+@click.version_option(package_name="ftlaunch", allow_from_autoenv=False)
+@click.help_option(allow_from_autoenv=False)
 @click.pass_obj
 def cli(signals: SignalInbox, verbose: bool, **options) -> int:
     """Start SCRIPT on N workers, watch them, and restart the whole group when one fails.
@@ -486,8 +490,10 @@ def _warm_spare(choice: str, fork_server: bool, backend: str) -> bool:
 
 
 def _torchrun_defaults() -> Dict[str, str]:
-    """torchrun's PET_* variables, below FTLAUNCH_* and the command line."""
-    return torchrun_defaults(os.environ, [p.name for p in cli.params if p.name])
+    """torchrun's PET_* variables, below FTLAUNCH_* and the command line: for the options that
+    FTLAUNCH_* may set, not SCRIPT, --version or --help."""
+    names = [p.name for p in cli.params if isinstance(p, click.Option) and p.allow_from_autoenv and p.name]
+    return torchrun_defaults(os.environ, names)
 
 
 def _duration(options: Mapping[str, Any], name: str, option: str) -> Optional[float]:

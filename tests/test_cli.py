@@ -228,6 +228,19 @@ def test_bad_environment_variable_is_a_usage_error(ftlaunch):
     _assert_usage_error(ftlaunch(str(ACTOR), env={"FTLAUNCH_BACKEND": "mpi"}), "'mpi' is not one of")
 
 
+def test_only_the_command_line_asks_for_the_version_or_the_help(launcher, ftlaunch):
+    """A stray FTLAUNCH_VERSION=1 (or PET_VERSION, or --help's variable under its names in older
+    and newer clicks) printed the version or the help and exited 0: the run was skipped."""
+    stray = {name: "1" for name in ("FTLAUNCH_VERSION", "PET_VERSION", "FTLAUNCH_HELP", "PET_HELP")}
+    stray["FTLAUNCH__CLICK_DEFAULT_HELP"] = "1"  # click 8.5's name for --help's value
+    launch = launcher.run("--nproc", "1", str(ACTOR), "--run-for", "0", env=stray)
+    assert launch.proc.returncode == 0, launch.stderr
+    assert launch.run_state().attempts[0].outcome == "SUCCEEDED", launch.stdout
+    assert "version" not in launch.stdout and "Usage:" not in launch.stdout
+    assert launch.survivors() == []
+    assert ftlaunch("--version").stdout.startswith("ftlaunch, version ")  # as the command line asks
+
+
 def test_everything_after_the_script_belongs_to_the_script(launcher, tmp_path):
     # --nproc after SCRIPT goes to the script (which rejects it), not to ftlaunch.
     launch = launcher.run("--max-failures", "0", str(ACTOR), "--nproc", "5")

@@ -17,6 +17,7 @@ The two-"pod" job launched with Trainer's variables is tests/test_kubernetes.py.
 
 import os
 
+import click
 import pytest
 
 from launcher.cli import config_from_options, options_of
@@ -103,6 +104,17 @@ def test_a_static_rendezvous_is_ftlaunchs_c10d_and_another_backend_is_refused(en
     environ({"PET_RDZV_BACKEND": "etcd-v2"})
     with pytest.raises(UsageError, match="PET_RDZV_BACKEND=etcd-v2: ftlaunch meets through torch's c10d"):
         options_of(["train.py"])
+
+
+def test_pet_variables_set_only_the_options_ftlaunch_variables_set(environ, capsys):
+    """PET_VERSION=1 printed the version and ended the command (a pod's training skipped, exit 0),
+    and PET_SCRIPT named the script: PET_* now reaches what FTLAUNCH_* does, nothing more."""
+    environ({"PET_VERSION": "1", "PET_HELP": "1", "PET_SCRIPT": "other.py", "PET_SCRIPT_ARGS": "--x"})
+    options = options_of(["train.py"])
+    assert (options["script"], options["script_args"]) == ("train.py", ())
+    assert capsys.readouterr().out == ""
+    with pytest.raises(click.MissingParameter):
+        options_of([])
 
 
 def test_torchruns_words_for_the_number_of_workers(environ):

@@ -12,8 +12,8 @@ import click
 import pytest
 
 from launcher import environment
-from launcher.cli import ENV_PREFIX, cli, main
-from launcher.environment import PET_PREFIX, torchrun_defaults
+from launcher.cli import ENV_PREFIX, _torchrun_defaults, cli, main
+from launcher.environment import PET_PREFIX
 from launcher.grammar.errors import ExitCode
 from launcher.status_cli import status_cli
 
@@ -117,14 +117,18 @@ def _ftlaunch_variables(option: click.Option, context: click.Context, candidates
     return found
 
 
-def _pet_variables(option: click.Option, candidates) -> Set[Tuple[str, ...]]:
-    """The PET_* names (or pairs) that launcher.environment maps onto ``option``."""
-    names = [p.name for p in cli.params if p.name]
-    return {
-        group
-        for group in candidates
-        if option.name in torchrun_defaults({name: "c10d" for name in group}, names)
-    }
+def _pet_variables(option: click.Option, candidates, env) -> Set[Tuple[str, ...]]:
+    """The PET_* names (or pairs) that the launch's own mapping (launcher.environment, for the
+    options cli.py hands it) puts onto ``option``, each tried alone."""
+    found = set()
+    for group in candidates:
+        for name in group:
+            env.setenv(name, "c10d")
+        if option.name in _torchrun_defaults():
+            found.add(group)
+        for name in group:
+            env.delenv(name)
+    return found
 
 
 def test_the_tables_variables_are_the_ones_that_set_each_option(bare_environ):
@@ -141,9 +145,7 @@ def test_the_tables_variables_are_the_ones_that_set_each_option(bare_environ):
     pets |= {g for g in listed if g[0].startswith(PET_PREFIX)}
     for option in options:
         expected = _ftlaunch_variables(option, context, sorted(ours), bare_environ)
-        expected |= _pet_variables(option, pets)
-        if option.name and option.name.startswith("_click"):  # --help's name is click's own
-            expected = set()
+        expected |= _pet_variables(option, pets, bare_environ)
         row = by_option.get(option.opts[0])
         assert row is not None and row.variables == expected, option.opts[-1]
 
