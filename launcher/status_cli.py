@@ -18,17 +18,27 @@ from launcher.core.config import join_run_url
 from launcher.core.failures import seconds
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.records import RunState
+from launcher.environment import PET_PREFIX
 from launcher.grammar.errors import UsageError
 from launcher.runs.checkpoints import CheckpointDir
 from launcher.runs.directory import PROGRESS_FILE, LockState, RunDir
 
 __all__ = ["status_cli", "run_status"]
 
+# Where the launch's --run-dir is read from below the command line, in its order: status finds the
+# runs that a script's exported FTLAUNCH_RUN_DIR (scripts/ftlaunch_sbatch.sh) put there.
+RUN_DIR_VARIABLES = ("FTLAUNCH_RUN_DIR", f"{PET_PREFIX}RUN_DIR")
+
 
 @click.command(name="ftlaunch status")
 @click.argument("run", required=False)
 @click.option(
-    "--run-dir", default="ftlaunch_runs", metavar="URL", help="Where runs live  [default: ftlaunch_runs]"
+    "--run-dir",
+    default="ftlaunch_runs",
+    envvar=list(RUN_DIR_VARIABLES),
+    show_envvar=True,
+    metavar="URL",
+    help="Where runs live (as the launch's --run-dir)  [default: ftlaunch_runs]",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON object, for scripts.")
 @click.option(

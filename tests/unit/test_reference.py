@@ -150,18 +150,35 @@ def test_the_tables_variables_are_the_ones_that_set_each_option(bare_environ):
         assert row is not None and row.variables == expected, option.opts[-1]
 
 
-def test_status_reads_no_variable(bare_environ, tmp_path, capsys):
-    """As main() calls it: FTLAUNCH_RUN_DIR does not reach `ftlaunch status` (the table says so)."""
-    context = click.Context(status_cli, info_name="ftlaunch status")  # main() gives no prefix
+def test_the_status_tables_variables_are_the_ones_that_set_each_option(bare_environ):
+    """As main() calls it. --run-dir reads what the launch's --run-dir reads (a SLURM script
+    exports FTLAUNCH_RUN_DIR for both); --json, --plot and --help read nothing."""
+    context = click.Context(status_cli, info_name="ftlaunch status")
     by_option = _rows_by_option(_table("`ftlaunch status` options"))
+    names = [p.name.upper() for p in _options(status_cli, context) if p.name]
+    candidates = sorted({f"{prefix}{name}" for prefix in (f"{ENV_PREFIX}_", PET_PREFIX) for name in names})
     for option in _options(status_cli, context):
-        bare_environ.setenv(f"{ENV_PREFIX}_{option.name.upper()}", "1")
-        assert option.resolve_envvar_value(context) is None
-        assert by_option[option.opts[0]].variables == set(), option.opts[-1]
+        expected = _ftlaunch_variables(option, context, candidates, bare_environ)
+        assert by_option[option.opts[0]].variables == expected, option.opts[-1]
+    launch = _rows_by_option(_table("`ftlaunch` options"))["--run-dir"]
+    assert by_option["--run-dir"].variables == launch.variables
+
+
+def test_status_looks_for_runs_where_the_launch_put_them(bare_environ, tmp_path, capsys):
+    """`ftlaunch status` beside an exported FTLAUNCH_RUN_DIR answered "no runs under
+    ftlaunch_runs". The order is the launch's: --run-dir, FTLAUNCH_RUN_DIR, PET_RUN_DIR."""
     bare_environ.chdir(tmp_path)
-    bare_environ.setenv(f"{ENV_PREFIX}_RUN_DIR", str(tmp_path / "elsewhere"))
-    assert main(["status"]) == 0
-    assert "no runs under ftlaunch_runs" in capsys.readouterr().out
+
+    def listing(*args: str) -> str:
+        assert main(["status", *args]) == 0
+        return capsys.readouterr().out.strip()
+
+    assert listing() == "no runs under ftlaunch_runs"
+    bare_environ.setenv(f"{PET_PREFIX}RUN_DIR", "pets")
+    assert listing() == "no runs under pets"
+    bare_environ.setenv(f"{ENV_PREFIX}_RUN_DIR", "ours")
+    assert listing() == "no runs under ours"
+    assert listing("--run-dir", "given") == "no runs under given"
 
 
 def test_the_exit_code_table_is_exit_code():
