@@ -340,11 +340,11 @@ def cli(signals: SignalInbox, verbose: bool, **options) -> int:
     from launcher.summary import summary_lines
     from launcher.supervisor import supervise
 
-    chaos = _chaos_banner(config)
+    chaos = _chaos_source(config)
     if chaos:  # a forgotten FTLAUNCH_CHAOS must not inject faults unannounced
         say(
-            f"{chaos}; injected failures {'count' if config.chaos.counts else 'do not count'} "
-            "against --max-failures"
+            f"{chaos}: injecting {config.chaos.plan} into this run; injected failures "
+            f"{'count' if config.chaos.counts else 'do not count'} against --max-failures"
         )
     with open_exporter(config.metrics, config.run.name, config.cluster.node_rank) as metrics:
         if metrics.port is not None:
@@ -353,18 +353,19 @@ def cli(signals: SignalInbox, verbose: bool, **options) -> int:
         result = supervise(config, signals, say=say, on_events=metrics.watch)
     for line in summary_lines(result):
         say(line)
-    if chaos:
-        say(f"  {chaos.replace('injecting', 'injected')}")
+    if chaos:  # a run that had already succeeded starts no worker: nothing was injected
+        nothing = "nothing injected: no worker was started"
+        say(f"  {chaos}: " + (f"injected {config.chaos.plan} into this run" if result.attempts else nothing))
     return int(result.exit_code)
 
 
-def _chaos_banner(config: LaunchConfig) -> str:
-    """'' without chaos; else where it came from and what it injects."""
+def _chaos_source(config: LaunchConfig) -> str:
+    """'' without chaos; else 'chaos (where it came from)'."""
     if config.chaos.plan is None:
         return ""
     source = click.get_current_context().get_parameter_source("chaos")
     where = f"{ENV_PREFIX}_CHAOS in the environment" if source is ParameterSource.ENVIRONMENT else "--chaos"
-    return f"chaos ({where}): injecting {config.chaos.plan} into this run"
+    return f"chaos ({where})"
 
 
 def _torchrun_banner() -> str:

@@ -328,6 +328,10 @@ def test_a_succeeded_run_is_not_run_again_unless_fresh(launcher, tmp_path):
     assert again.proc.returncode == 0
     assert "had already succeeded" in again.stderr and "--fresh starts it again" in again.stderr
     assert not (again.log_dir / "attempt_0").exists()  # no worker started
+    chaos = launcher.run("--chaos", "kill:rank=0,at=1s", str(ACTOR))  # the same run: nothing starts
+    assert chaos.proc.returncode == 0 and "had already succeeded" in chaos.stderr
+    assert "  chaos (--chaos): nothing injected: no worker was started" in chaos.stderr, chaos.stderr
+    assert "injected kill" not in chaos.stderr
 
     fresh = launcher.run("--fresh", str(ACTOR))
     assert fresh.proc.returncode == 0, fresh.stderr
