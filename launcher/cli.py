@@ -268,7 +268,7 @@ DECIMAL = _Number("float", decimal, "a number")
     default=None,
     metavar="K=V[,K=V...]",
     help="Rendezvous settings, as torchrun's (join_timeout, last_call_timeout, close_timeout, "
-    "keep_alive_interval, keep_alive_max_attempt).",
+    "heartbeat, keep_alive_interval, keep_alive_max_attempt).",
 )
 @click.option(
     "--join-timeout",

@@ -20,7 +20,7 @@ __all__ = [
 
 
 class ExitCode(enum.IntEnum):
-    """What ftlaunch's exit status means (the README's table is written from this)."""
+    """What ftlaunch's exit status means (docs/reference.md's table is written from this)."""
 
     SUCCESS = 0  # every rank exited 0 (or the run had already succeeded)
     FAILED = 1  # the failure budget is spent

@@ -1,7 +1,8 @@
 """docs/reference.md's tables against what the code declares: every option click knows is in the
 table and nothing else, with click's default and the variables that really set it (click's own
 FTLAUNCH_* resolution, launcher.environment's PET_* mapping); the exit codes are ExitCode's.
-Help texts are not compared: the table says it in its own words."""
+Help texts are not compared (the table says it in its own words), but for the one list both give:
+--rdzv-conf's settings."""
 
 import os
 import re
@@ -26,6 +27,7 @@ class Row:
         self.options = re.findall(r"`(-{1,2}[A-Za-z][\w-]*)`", cells[0])
         self.default = cells[1]
         self.variables = _variables(cells[2])
+        self.meaning = cells[3]
 
     def __repr__(self) -> str:
         return f"Row({self.options}, default={self.default!r}, variables={self.variables})"
@@ -179,6 +181,16 @@ def test_status_looks_for_runs_where_the_launch_put_them(bare_environ, tmp_path,
     bare_environ.setenv(f"{ENV_PREFIX}_RUN_DIR", "ours")
     assert listing() == "no runs under ours"
     assert listing("--run-dir", "given") == "no runs under given"
+
+
+def test_rdzv_conf_names_every_setting_its_parser_takes_in_the_help_and_the_table():
+    """--help left out heartbeat, which the parser takes."""
+    from launcher.cli import _RDZV_KEYS
+
+    (option,) = [p for p in cli.params if p.name == "rdzv_conf"]
+    row = _rows_by_option(_table("`ftlaunch` options"))["--rdzv-conf"]
+    for text in (option.help or "", row.meaning):
+        assert re.search(r"\(([a-z_, ]+)\)", text)[1].split(", ") == list(_RDZV_KEYS), text
 
 
 def test_the_exit_code_table_is_exit_code():
