@@ -1,7 +1,8 @@
 """``ftlaunch [OPTIONS] SCRIPT [SCRIPT_ARGS]...``: options → LaunchConfig, errors → exit codes.
 
-Every option can also be set as ``FTLAUNCH_<OPTION>`` (``FTLAUNCH_NPROC=8``), and below that as
-torchrun's ``PET_<OPTION>`` (``launcher.environment``); the command line wins over both.
+Every option but --help and --version can also be set as ``FTLAUNCH_<OPTION>``
+(``FTLAUNCH_NPROC=8``), and below that as torchrun's ``PET_<OPTION>`` (``launcher.environment``);
+the command line wins over both.
 """
 
 import logging
