@@ -49,8 +49,10 @@ def _check_entrypoint(config: LaunchConfig) -> None:
 
 
 def _check_script(path: Path) -> None:
+    if path.is_dir():
+        raise UsageError(f"{path} is a directory, not a Python script (name the file to run)")
     if not path.is_file():
-        raise UsageError(f"script not found: {path}")
+        raise UsageError(f"script not found: {path}" if not path.exists() else f"{path} is not a file")
     try:
         source = path.read_bytes()
     except OSError as err:

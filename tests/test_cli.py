@@ -188,6 +188,25 @@ def test_bad_input_is_one_line_and_exit_2(ftlaunch, args, fragment):
     _assert_usage_error(ftlaunch(*args), fragment)
 
 
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        # Issue 48. 4: the run id (the name and a hash) names worker_lib's node cache folder: each
+        # rank died in ft.init with 'File name too long' (exit 3).
+        (["--run-name", "a" * 250, str(ACTOR)], "--run-name is 250 bytes long, at most 246"),
+        # 6d: it fell back to the default name.
+        (["--run-name", "", str(ACTOR)], "--run-name is empty"),
+        # 6a: it said "script not found: tests".
+        (["tests"], "tests is a directory, not a Python script"),
+    ],
+)
+def test_refused_before_anything_is_written(ftlaunch, tmp_path, args, fragment):
+    """No run folder, no checkpoints/ or logs/ left behind, no worker started."""
+    launch = ftlaunch(*args)
+    _assert_usage_error(launch, fragment)
+    assert not (tmp_path / "runs").exists() and not launch.log_dir.exists()
+
+
 def test_node_0_refuses_more_nodes_than_its_open_file_limit_can_connect(launcher):
     """Node 0 hosts the job's store: each node connects to it, within node 0's ulimit -n."""
     prelude = "import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))"
