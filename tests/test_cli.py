@@ -194,6 +194,8 @@ def test_bad_input_is_one_line_and_exit_2(ftlaunch, args, fragment):
         # Issue 48. 4: the run id (the name and a hash) names worker_lib's node cache folder: each
         # rank died in ft.init with 'File name too long' (exit 3).
         (["--run-name", "a" * 250, str(ACTOR)], "--run-name is 250 bytes long, at most 246"),
+        # 3: it said "run ...: new", then the workers' store could not listen (exit 1).
+        (["--metrics-port", "29611", "--master-port", "29611", str(ACTOR)], "both name port 29611"),
         # 6d: it fell back to the default name.
         (["--run-name", "", str(ACTOR)], "--run-name is empty"),
         # 6a: it said "script not found: tests".

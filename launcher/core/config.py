@@ -421,6 +421,7 @@ class LaunchConfig:
                 raise UsageError(f"--console-ranks names ranks {outside} outside 0..{self.world_size - 1}")
         if self.chaos.plan is not None:
             self.chaos.plan.check_ranks(self.world_size)
+        _check_ports_apart(self.listens_on)
 
     @classmethod
     def of(cls, **flat: Any) -> "LaunchConfig":
@@ -435,6 +436,18 @@ class LaunchConfig:
     def world_size(self) -> int:
         """Every node's ranks, all nodes in (an elastic job's attempts may have fewer)."""
         return self.group.nproc * self.cluster.nnodes
+
+    @property
+    def listens_on(self) -> Tuple[Tuple[str, int], ...]:
+        """The fixed ports this node's ftlaunch opens, each with the option that names it (0, the
+        OS's pick, is never taken): the metrics server on every node; on the node that leads, the
+        workers' store and, with many nodes, the job's store at the rendezvous endpoint."""
+        ports = [("--metrics-port", self.metrics.port or 0)]
+        if self.cluster.leads:
+            ports.append(("--master-port", self.group.master_port))
+        if self.cluster.leads and self.cluster.many_nodes:
+            ports.append(("--rdzv-endpoint", self.cluster.rdzv_port))
+        return tuple((option, port) for option, port in ports if port)
 
     @property
     def checkpoints_in_run_dir(self) -> bool:
@@ -457,6 +470,19 @@ class LaunchConfig:
         data["chaos"] = str(self.chaos.plan) if self.chaos.plan is not None else None
         data["metrics_file"] = str(self.metrics.file) if self.metrics.file is not None else None
         return data
+
+
+def _check_ports_apart(ports: Sequence[Tuple[str, int]]) -> None:
+    """Two of ftlaunch's own servers on one port: the second could never listen (it failed at the
+    first attempt, after the run was written). Whatever their addresses: one port, one server."""
+    seen: dict = {}
+    for option, port in ports:
+        if port in seen:
+            raise UsageError(
+                f"{seen[port]} and {option} both name port {port}: ftlaunch listens on each on this "
+                "node, and each needs a port of its own"
+            )
+        seen[port] = option
 
 
 def join_run_url(run_dir: str, name: str) -> str:

@@ -51,3 +51,19 @@ def test_a_run_name_or_id_too_long_for_a_folder_is_refused_in_bytes():
 def test_an_empty_run_name_is_refused_not_taken_for_the_default():
     with pytest.raises(UsageError, match=r"^--run-name is empty: name the run, or leave the option out"):
         _config("--run-name", "")
+
+
+def test_two_of_ftlaunchs_own_ports_on_one_node_are_refused():
+    """Issue 48.3: the second server could never listen (the workers' store failed at the first
+    attempt, after 'run ...: new'). Node 0 opens the metrics server, the workers' store and the
+    job's store; a follower only its metrics server."""
+    with pytest.raises(UsageError, match=r"^--metrics-port and --master-port both name port 29611"):
+        _config("--metrics-port", "29611", "--master-port", "29611")
+    node_0 = ["--nnodes", "2", "--rdzv-endpoint", "10.0.0.1"]  # torchrun's default port: 29400
+    with pytest.raises(UsageError, match=r"^--master-port and --rdzv-endpoint both name port 29400"):
+        _config(*node_0, "--master-port", "29400")
+    with pytest.raises(UsageError, match=r"^--metrics-port and --rdzv-endpoint both name port 29400"):
+        _config(*node_0, "--metrics-port", "29400")
+    follower = _config(*node_0, "--node-rank", "1", "--metrics-port", "29400", "--master-port", "29400")
+    assert follower.listens_on == (("--metrics-port", 29400),)
+    assert _config("--metrics-port", "0", "--master-port", "0").listens_on == ()  # the OS's picks
