@@ -30,6 +30,13 @@ def preflight(config: LaunchConfig, interrupted: Callable[[], None] = lambda: No
     if config.cluster.many_nodes and config.cluster.node_rank == 0:
         _check_node_0_can_host(config.cluster.nnodes, config.group.nproc)
     _check_store_address(config.group.master_addr, config.group.master_port)
+    _check_outside_this_process("run dir (--run-dir)", config.run.url, "the run would end with ftlaunch")
+    if config.group.checkpoint_url:
+        _check_outside_this_process(
+            "checkpoint storage (--checkpoint-dir)",
+            config.group.checkpoint_url,
+            "each rank would have its own: nothing saved is ever loaded",
+        )
     _probe_storage("run dir", config.run.url, config.run.storage_timeout, interrupted)
     if config.group.checkpoint_url:
         _probe_storage(
@@ -197,17 +204,38 @@ def _probe_storage(label: str, url: str, timeout: float, interrupted: Callable[[
         raise failure[0]
 
 
+def _check_outside_this_process(what: str, url: str, why: str) -> None:
+    """Storage that lives inside the process that opens it (fsspec's memory filesystem, alone or
+    in a chain) passed the probe, but every worker opens its own: nothing saved was ever loaded,
+    a crash loop. Asked of fsspec's classes, before anything is written."""
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    if any(issubclass(kind, MemoryFileSystem) for kind in _filesystem_classes(url)):
+        raise UsageError(
+            f"{what} {url}: fsspec keeps it inside the process that opens it ({why}); "
+            "give a path or a store that every process reaches"
+        )
+
+
 def _import_library(url: str) -> None:
     """Import the filesystem library of each protocol of ``url`` (``simplecache::gs://…`` has two);
     one that does not exist or cannot be imported is left for ``Storage`` to report."""
+    _filesystem_classes(url)
+
+
+def _filesystem_classes(url: str) -> List[type]:
+    """fsspec's filesystem class of each protocol of ``url``, up to one it does not know or cannot
+    import (``Storage`` reports that)."""
     import fsspec
     from fsspec.core import split_protocol
 
+    found = []
     for part in url.split("::"):
         try:
-            fsspec.get_filesystem_class(split_protocol(part)[0] or "file")
+            found.append(fsspec.get_filesystem_class(split_protocol(part)[0] or "file"))
         except (ValueError, ImportError):
-            return
+            break
+    return found
 
 
 class _LastError(logging.Handler):

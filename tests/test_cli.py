@@ -196,6 +196,13 @@ def test_bad_input_is_one_line_and_exit_2(ftlaunch, args, fragment):
         (["--run-name", "a" * 250, str(ACTOR)], "--run-name is 250 bytes long, at most 246"),
         # 3: it said "run ...: new", then the workers' store could not listen (exit 1).
         (["--metrics-port", "29611", "--master-port", "29611", str(ACTOR)], "both name port 29611"),
+        # 5: every rank had its own memory filesystem: nothing saved was loaded, a crash loop.
+        (
+            ["--checkpoint-dir", "memory://x", str(ACTOR)],
+            "checkpoint storage (--checkpoint-dir) memory://x: fsspec keeps it inside the process",
+        ),
+        (["--checkpoint-dir", "simplecache::memory://x", str(ACTOR)], "fsspec keeps it inside the process"),
+        (["--run-dir", "memory://runs", str(ACTOR)], "run dir (--run-dir) memory://runs/actor-"),
         # 6d: it fell back to the default name.
         (["--run-name", "", str(ACTOR)], "--run-name is empty"),
         # 6a: it said "script not found: tests".
