@@ -207,35 +207,43 @@ def _probe_storage(label: str, url: str, timeout: float, interrupted: Callable[[
 def _check_outside_this_process(what: str, url: str, why: str) -> None:
     """Storage that lives inside the process that opens it (fsspec's memory filesystem, alone or
     in a chain) passed the probe, but every worker opens its own: nothing saved was ever loaded,
-    a crash loop. Asked of fsspec's classes, before anything is written."""
-    from fsspec.implementations.memory import MemoryFileSystem
-
-    if any(issubclass(kind, MemoryFileSystem) for kind in _filesystem_classes(url)):
+    a crash loop. Asked before anything is written, and before any storage library is imported
+    (that is the probe's, bounded and interruptible)."""
+    if any(_memory_class(_protocol(part)) for part in url.split("::")):
         raise UsageError(
             f"{what} {url}: fsspec keeps it inside the process that opens it ({why}); "
             "give a path or a store that every process reaches"
         )
 
 
+def _protocol(url: str) -> str:
+    from fsspec.core import split_protocol
+
+    return split_protocol(url)[0] or "file"
+
+
+def _memory_class(protocol: str) -> bool:
+    """fsspec's class for ``protocol`` is its memory filesystem: a registered class asked itself,
+    one not yet imported by the path fsspec's registry knows it by."""
+    from fsspec.implementations.memory import MemoryFileSystem
+    from fsspec.registry import known_implementations, registry
+
+    if protocol in registry:
+        return issubclass(registry[protocol], MemoryFileSystem)
+    known = known_implementations.get(protocol, {}).get("class")
+    return known == f"{MemoryFileSystem.__module__}.{MemoryFileSystem.__name__}"
+
+
 def _import_library(url: str) -> None:
     """Import the filesystem library of each protocol of ``url`` (``simplecache::gs://…`` has two);
     one that does not exist or cannot be imported is left for ``Storage`` to report."""
-    _filesystem_classes(url)
-
-
-def _filesystem_classes(url: str) -> List[type]:
-    """fsspec's filesystem class of each protocol of ``url``, up to one it does not know or cannot
-    import (``Storage`` reports that)."""
     import fsspec
-    from fsspec.core import split_protocol
 
-    found = []
     for part in url.split("::"):
         try:
-            found.append(fsspec.get_filesystem_class(split_protocol(part)[0] or "file"))
+            fsspec.get_filesystem_class(_protocol(part))
         except (ValueError, ImportError):
-            break
-    return found
+            return
 
 
 class _LastError(logging.Handler):
