@@ -30,18 +30,17 @@ def preflight(config: LaunchConfig, interrupted: Callable[[], None] = lambda: No
     if config.cluster.many_nodes and config.cluster.node_rank == 0:
         _check_node_0_can_host(config.cluster.nnodes, config.group.nproc)
     _check_store_address(config.group.master_addr, config.group.master_port)
-    _check_outside_this_process("run dir (--run-dir)", config.run.url, "the run would end with ftlaunch")
+    run_dir, checkpoints = "run dir (--run-dir)", "checkpoint storage (--checkpoint-dir)"  # named options
+    _check_outside_this_process(run_dir, config.run.url, "the run would end with ftlaunch")
     if config.group.checkpoint_url:
         _check_outside_this_process(
-            "checkpoint storage (--checkpoint-dir)",
+            checkpoints,
             config.group.checkpoint_url,
             "each rank would have its own: nothing saved is ever loaded",
         )
-    _probe_storage("run dir", config.run.url, config.run.storage_timeout, interrupted)
+    _probe_storage(run_dir, config.run.url, config.run.storage_timeout, interrupted)
     if config.group.checkpoint_url:
-        _probe_storage(
-            "checkpoint storage", config.group.checkpoint_url, config.run.storage_timeout, interrupted
-        )
+        _probe_storage(checkpoints, config.group.checkpoint_url, config.run.storage_timeout, interrupted)
     _check_log_dir_writable(config.group.log_dir)  # last: it creates the folder, which a failure would leave
 
 
@@ -143,7 +142,10 @@ def _check_store_address(addr: str, port: int) -> None:
         listen(addr, port).close()
     except OSError as err:
         where = f"{addr}:{port}"
-        raise UsageError(f"cannot listen on {where} for the workers' store: {err.strerror or err}") from None
+        raise UsageError(
+            f"cannot listen on {where} for the workers' store (--master-addr, --master-port): "
+            f"{err.strerror or err}"
+        ) from None
 
 
 def _check_log_dir_writable(log_dir: Path) -> None:

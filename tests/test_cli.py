@@ -252,8 +252,16 @@ def test_options_from_ftlaunch_environment_variables(launcher, tmp_path):
     assert '"TORCHELASTIC_MAX_RESTARTS": "7"' in (envs / "rank_2.attempt_0.json").read_text()
 
 
-def test_bad_environment_variable_is_a_usage_error(ftlaunch):
+def test_bad_environment_variable_is_a_usage_error(ftlaunch, tmp_path):
     _assert_usage_error(ftlaunch(str(ACTOR), env={"FTLAUNCH_BACKEND": "mpi"}), "'mpi' is not one of")
+    # Issue 48.6b: preflight's errors name their option, so the variable is said too.
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    launch = ftlaunch(str(ACTOR), env={"FTLAUNCH_CHECKPOINT_DIR": str(blocker / "ckpt")})
+    _assert_usage_error(launch, "checkpoint storage (--checkpoint-dir) '")
+    assert launch.stderr.rstrip().endswith(
+        f"(--checkpoint-dir came from FTLAUNCH_CHECKPOINT_DIR={blocker}/ckpt)"
+    )
 
 
 def test_everything_after_the_script_belongs_to_the_script(launcher, tmp_path):
@@ -306,14 +314,18 @@ def test_storage_without_write_permission_is_a_usage_error(launcher, tmp_path):
         ).ls("ckpt")
     finally:
         server.stop()
-    _assert_usage_error(launch, "checkpoint storage 's3://ckpt/run' is not usable: PermissionError")
+    _assert_usage_error(
+        launch, "checkpoint storage (--checkpoint-dir) 's3://ckpt/run' is not usable: PermissionError"
+    )
     assert "Access Denied" in launch.stderr
     assert listed == []
 
 
 def test_missing_bucket_is_a_usage_error(launcher, gcs_env):
     launch = launcher.run("--checkpoint-dir", "gcs://no-such-bucket-here/run", str(ACTOR), env=gcs_env)
-    _assert_usage_error(launch, "checkpoint storage 'gcs://no-such-bucket-here/run' is not usable")
+    _assert_usage_error(
+        launch, "checkpoint storage (--checkpoint-dir) 'gcs://no-such-bucket-here/run' is not usable"
+    )
 
 
 @pytest.mark.parametrize("answer", ["never", "refused"])
@@ -331,7 +343,8 @@ def test_storage_that_does_not_answer_is_one_line_within_the_storage_timeout(lau
         )
         launch.wait(timeout=40)  # the bound itself: gcsfs's own retries take a minute or more
     _assert_usage_error(
-        launch, "checkpoint storage 'gs://bucket/x' did not answer within 3 s (--storage-timeout)"
+        launch,
+        "checkpoint storage (--checkpoint-dir) 'gs://bucket/x' did not answer within 3 s (--storage-timeout)",
     )
     if answer == "refused":
         assert "last error:" in launch.stderr and f"127.0.0.1:{port}" in launch.stderr
