@@ -5,14 +5,16 @@ Every option but --help and --version can also be set as ``FTLAUNCH_<OPTION>``
 the command line wins over both.
 """
 
+import contextlib
 import logging
 import os
+import re
 import secrets
 import signal
 import sys
 import zlib
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import click
 from click.core import ParameterSource
@@ -31,7 +33,7 @@ from launcher.core.config import (
     RunSection,
 )
 from launcher.discover import place, resolve_backend, slurm_step, visible_gpu_count
-from launcher.environment import torchrun_defaults
+from launcher.environment import torchrun_defaults, torchrun_origins
 from launcher.grammar.durations import parse_duration
 from launcher.grammar.errors import ExitCode, FtlaunchError, UsageError
 from launcher.grammar.numbers import decimal, digits, whole_number
@@ -63,7 +65,65 @@ WHOLE = _Number("integer", whole_number, "a whole number")
 DECIMAL = _Number("float", decimal, "a number")
 
 
+class _Command(click.Command):
+    """``ftlaunch``: an error about a value the environment gave says which variable it was,
+    whichever check refused it (click's while it parses, ftlaunch's later)."""
+
+    def parse_args(self, ctx: click.Context, args: List[str]) -> List[str]:
+        with _naming_variables(ctx):
+            return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _naming_variables(ctx):
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _naming_variables(ctx: click.Context) -> Iterator[None]:
+    """The one place that adds where a value came from: click's sources know it for every option."""
+    try:
+        yield
+    except click.ClickException as err:  # its message is final: said again, as main() says it
+        told = _variables_named(err.format_message(), ctx)
+        if not told:
+            raise
+        raise UsageError(f"{err.format_message()}{told}") from None
+    except UsageError as err:
+        err.args = (f"{err}{_variables_named(str(err), ctx)}",)
+        raise
+
+
+def _variables_named(message: str, ctx: click.Context) -> str:
+    """' (--node-rank came from PET_NODE_RANK=x)' for the options ``message`` names that the
+    environment set; '' for none."""
+    told = [
+        f"{flags[0]} came from {origin}"
+        for flags, origin in _set_by_environment(ctx)
+        if any(re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", message) for flag in flags)
+    ]
+    return f" ({'; '.join(told)})" if told else ""
+
+
+def _set_by_environment(ctx: click.Context) -> List[Tuple[List[str], str]]:
+    """Each option whose value a variable gave (FTLAUNCH_<OPTION>, or torchrun's PET_*): its
+    flags, and the variables as they were set."""
+    torchrun = torchrun_origins(os.environ, [p.name for p in ctx.command.params if p.name])
+    found = []
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or not param.name:
+            continue
+        flags = sorted(param.opts, key=lambda flag: not flag.startswith("--"))  # --module before -m
+        source = ctx.get_parameter_source(param.name)
+        if source is ParameterSource.ENVIRONMENT:
+            variable = f"{ctx.auto_envvar_prefix}_{param.name.upper()}"
+            found.append((flags, f"{variable}={os.environ.get(variable, '')}"))
+        elif source is ParameterSource.DEFAULT_MAP and param.name in torchrun:
+            found.append((flags, torchrun[param.name]))
+    return found
+
+
 @click.command(
+    cls=_Command,
     context_settings={"allow_interspersed_args": False, "show_default": True},
     epilog="Every option but --help and --version can also be set as FTLAUNCH_<OPTION>, e.g. "
     "FTLAUNCH_NPROC=8, or as torchrun's PET_<OPTION> (PET_NPROC_PER_NODE, PET_NNODES, PET_NODE_RANK, "
@@ -330,10 +390,10 @@ def cli(signals: SignalInbox, verbose: bool, **options) -> int:
     Everything after SCRIPT is passed to SCRIPT.
     """
     _configure_logging(verbose)
+    config = config_from_options(options)  # a value it refuses names its variable itself
     torchrun = _torchrun_banner()
-    if torchrun:  # a pod's environment decides how many nodes: say so before anything can fail
+    if torchrun:  # a pod's environment decides how many nodes: say so before anything else can fail
         say(torchrun)
-    config = config_from_options(options)
     signals.preempt_signal = config.group.preempt_signal
     preflight(config, signals.raise_if_received)
     signals.raise_if_received()

@@ -73,7 +73,7 @@ def place(
     rdzv_endpoint = with_default_port(rdzv_endpoint)
     if run_name is None and slurm is not None:  # the job id survives requeues; the command may not
         run_name = f"{entry.default_run_name.rsplit('-', 1)[0]}-job{slurm.job_id}"
-    name = _check_run_name(run_name or entry.default_run_name)
+    name = _check_run_name(entry.default_run_name if run_name is None else run_name)
     run_url = join_run_url(run_dir, name)
     local = "://" not in run_url or run_url.startswith("file://")
     run_id = run_id or f"{name}-{hashlib.sha1(run_url.encode()).hexdigest()[:8]}"
@@ -102,7 +102,9 @@ def with_default_port(endpoint: str) -> str:
 
 
 def _check_run_name(name: str) -> str:
-    if not name or name in (".", "..") or "/" in name or any(ch.isspace() for ch in name):
+    if not name:  # an unset variable in a script (--run-name "$NAME"): never the default's run
+        raise UsageError("--run-name is empty: name the run, or leave the option out for the default name")
+    if name in (".", "..") or "/" in name or any(ch.isspace() for ch in name):
         raise UsageError(f"--run-name must be a plain name (no '/', no spaces), got {name!r}")
     return name
 

@@ -12,11 +12,11 @@ as where the nodes meet when no rendezvous endpoint is given. What they become i
 """
 
 import logging
-from typing import Dict, Iterable, Mapping
+from typing import Dict, Iterable, Mapping, Tuple
 
 from launcher.grammar.errors import UsageError
 
-__all__ = ["PET_PREFIX", "torchrun_defaults"]
+__all__ = ["PET_PREFIX", "torchrun_defaults", "torchrun_origins"]
 
 log = logging.getLogger(__name__)
 
@@ -53,24 +53,38 @@ _TORCHRUN_ONLY = (
 
 def torchrun_defaults(environ: Mapping[str, str], options: Iterable[str]) -> Dict[str, str]:
     """What ``PET_*`` says for each of ``options`` (click's parameter names), as a default_map."""
-    found: Dict[str, str] = {}
-    for torchrun_name, ours in _RENAMED.items():
-        if PET_PREFIX + torchrun_name in environ:
-            found[ours] = environ[PET_PREFIX + torchrun_name]
-    for name in options:  # ftlaunch's own name wins over torchrun's for the same option
-        key = PET_PREFIX + name.upper()
-        if key in environ and name.upper() not in _MASTER:
-            found[name] = environ[key]
+    found = {name: value for name, (value, _) in _read(environ, options).items()}
     if "rdzv_backend" in found:
         found["rdzv_backend"] = _backend(found["rdzv_backend"])
-    addr, port = (environ.get(PET_PREFIX + name) for name in _MASTER)
-    if "rdzv_endpoint" not in found and addr and port:
-        found["rdzv_endpoint"] = f"{addr}:{port}"
     ignored = sorted(
         k for k in environ if k.startswith(PET_PREFIX) and k[len(PET_PREFIX) :] in _TORCHRUN_ONLY
     )
     if ignored:
         log.info("torchrun's %s: nothing to do for ftlaunch", ", ".join(ignored))
+    return found
+
+
+def torchrun_origins(environ: Mapping[str, str], options: Iterable[str]) -> Dict[str, str]:
+    """Which variables gave each option its ``torchrun_defaults`` value, as a person would set them
+    (``PET_MAX_RESTARTS=abc``): for an error about that value."""
+    return {name: origin for name, (_, origin) in _read(environ, options).items()}
+
+
+def _read(environ: Mapping[str, str], options: Iterable[str]) -> Dict[str, Tuple[str, str]]:
+    """Each option's value from ``PET_*`` and the variables it came from."""
+    found: Dict[str, Tuple[str, str]] = {}
+    for torchrun_name, ours in _RENAMED.items():
+        key = PET_PREFIX + torchrun_name
+        if key in environ:
+            found[ours] = (environ[key], f"{key}={environ[key]}")
+    for name in options:  # ftlaunch's own name wins over torchrun's for the same option
+        key = PET_PREFIX + name.upper()
+        if key in environ and name.upper() not in _MASTER:
+            found[name] = (environ[key], f"{key}={environ[key]}")
+    addr, port = (PET_PREFIX + name for name in _MASTER)
+    if "rdzv_endpoint" not in found and environ.get(addr) and environ.get(port):
+        endpoint = f"{environ[addr]}:{environ[port]}"
+        found["rdzv_endpoint"] = (endpoint, f"{addr}={environ[addr]} and {port}={environ[port]}")
     return found
 
 

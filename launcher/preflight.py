@@ -30,11 +30,17 @@ def preflight(config: LaunchConfig, interrupted: Callable[[], None] = lambda: No
     if config.cluster.many_nodes and config.cluster.node_rank == 0:
         _check_node_0_can_host(config.cluster.nnodes, config.group.nproc)
     _check_store_address(config.group.master_addr, config.group.master_port)
-    _probe_storage("run dir", config.run.url, config.run.storage_timeout, interrupted)
+    run_dir, checkpoints = "run dir (--run-dir)", "checkpoint storage (--checkpoint-dir)"  # named options
+    _check_outside_this_process(run_dir, config.run.url, "the run would end with ftlaunch")
     if config.group.checkpoint_url:
-        _probe_storage(
-            "checkpoint storage", config.group.checkpoint_url, config.run.storage_timeout, interrupted
+        _check_outside_this_process(
+            checkpoints,
+            config.group.checkpoint_url,
+            "each rank would have its own: nothing saved is ever loaded",
         )
+    _probe_storage(run_dir, config.run.url, config.run.storage_timeout, interrupted)
+    if config.group.checkpoint_url:
+        _probe_storage(checkpoints, config.group.checkpoint_url, config.run.storage_timeout, interrupted)
     _check_log_dir_writable(config.group.log_dir)  # last: it creates the folder, which a failure would leave
 
 
@@ -49,8 +55,10 @@ def _check_entrypoint(config: LaunchConfig) -> None:
 
 
 def _check_script(path: Path) -> None:
+    if path.is_dir():
+        raise UsageError(f"{path} is a directory, not a Python script (name the file to run)")
     if not path.is_file():
-        raise UsageError(f"script not found: {path}")
+        raise UsageError(f"script not found: {path}" if not path.exists() else f"{path} is not a file")
     try:
         source = path.read_bytes()
     except OSError as err:
@@ -134,7 +142,10 @@ def _check_store_address(addr: str, port: int) -> None:
         listen(addr, port).close()
     except OSError as err:
         where = f"{addr}:{port}"
-        raise UsageError(f"cannot listen on {where} for the workers' store: {err.strerror or err}") from None
+        raise UsageError(
+            f"cannot listen on {where} for the workers' store (--master-addr, --master-port): "
+            f"{err.strerror or err}"
+        ) from None
 
 
 def _check_log_dir_writable(log_dir: Path) -> None:
@@ -195,15 +206,44 @@ def _probe_storage(label: str, url: str, timeout: float, interrupted: Callable[[
         raise failure[0]
 
 
+def _check_outside_this_process(what: str, url: str, why: str) -> None:
+    """Storage that lives inside the process that opens it (fsspec's memory filesystem, alone or
+    in a chain) passed the probe, but every worker opens its own: nothing saved was ever loaded,
+    a crash loop. Asked before anything is written, and before any storage library is imported
+    (that is the probe's, bounded and interruptible)."""
+    if any(_memory_class(_protocol(part)) for part in url.split("::")):
+        raise UsageError(
+            f"{what} {url}: fsspec keeps it inside the process that opens it ({why}); "
+            "give a path or a store that every process reaches"
+        )
+
+
+def _protocol(url: str) -> str:
+    from fsspec.core import split_protocol
+
+    return split_protocol(url)[0] or "file"
+
+
+def _memory_class(protocol: str) -> bool:
+    """fsspec's class for ``protocol`` is its memory filesystem: a registered class asked itself,
+    one not yet imported by the path fsspec's registry knows it by."""
+    from fsspec.implementations.memory import MemoryFileSystem
+    from fsspec.registry import known_implementations, registry
+
+    if protocol in registry:
+        return issubclass(registry[protocol], MemoryFileSystem)
+    known = known_implementations.get(protocol, {}).get("class")
+    return known == f"{MemoryFileSystem.__module__}.{MemoryFileSystem.__name__}"
+
+
 def _import_library(url: str) -> None:
     """Import the filesystem library of each protocol of ``url`` (``simplecache::gs://…`` has two);
     one that does not exist or cannot be imported is left for ``Storage`` to report."""
     import fsspec
-    from fsspec.core import split_protocol
 
     for part in url.split("::"):
         try:
-            fsspec.get_filesystem_class(split_protocol(part)[0] or "file")
+            fsspec.get_filesystem_class(_protocol(part))
         except (ValueError, ImportError):
             return
 

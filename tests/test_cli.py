@@ -188,6 +188,34 @@ def test_bad_input_is_one_line_and_exit_2(ftlaunch, args, fragment):
     _assert_usage_error(ftlaunch(*args), fragment)
 
 
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        # Issue 48. 4: the run id (the name and a hash) names worker_lib's node cache folder: each
+        # rank died in ft.init with 'File name too long' (exit 3).
+        (["--run-name", "a" * 250, str(ACTOR)], "--run-name is 250 bytes long, at most 246"),
+        # 3: it said "run ...: new", then the workers' store could not listen (exit 1).
+        (["--metrics-port", "29611", "--master-port", "29611", str(ACTOR)], "both name port 29611"),
+        # 5: every rank had its own memory filesystem: nothing saved was loaded, a crash loop.
+        (
+            ["--checkpoint-dir", "memory://x", str(ACTOR)],
+            "checkpoint storage (--checkpoint-dir) memory://x: fsspec keeps it inside the process",
+        ),
+        (["--checkpoint-dir", "simplecache::memory://x", str(ACTOR)], "fsspec keeps it inside the process"),
+        (["--run-dir", "memory://runs", str(ACTOR)], "run dir (--run-dir) memory://runs/actor-"),
+        # 6d: it fell back to the default name.
+        (["--run-name", "", str(ACTOR)], "--run-name is empty"),
+        # 6a: it said "script not found: tests".
+        (["tests"], "tests is a directory, not a Python script"),
+    ],
+)
+def test_refused_before_anything_is_written(ftlaunch, tmp_path, args, fragment):
+    """No run folder, no checkpoints/ or logs/ left behind, no worker started."""
+    launch = ftlaunch(*args)
+    _assert_usage_error(launch, fragment)
+    assert not (tmp_path / "runs").exists() and not launch.log_dir.exists()
+
+
 def test_node_0_refuses_more_nodes_than_its_open_file_limit_can_connect(launcher):
     """Node 0 hosts the job's store: each node connects to it, within node 0's ulimit -n."""
     prelude = "import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))"
@@ -224,8 +252,16 @@ def test_options_from_ftlaunch_environment_variables(launcher, tmp_path):
     assert '"TORCHELASTIC_MAX_RESTARTS": "7"' in (envs / "rank_2.attempt_0.json").read_text()
 
 
-def test_bad_environment_variable_is_a_usage_error(ftlaunch):
+def test_bad_environment_variable_is_a_usage_error(ftlaunch, tmp_path):
     _assert_usage_error(ftlaunch(str(ACTOR), env={"FTLAUNCH_BACKEND": "mpi"}), "'mpi' is not one of")
+    # Issue 48.6b: preflight's errors name their option, so the variable is said too.
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    launch = ftlaunch(str(ACTOR), env={"FTLAUNCH_CHECKPOINT_DIR": str(blocker / "ckpt")})
+    _assert_usage_error(launch, "checkpoint storage (--checkpoint-dir) '")
+    assert launch.stderr.rstrip().endswith(
+        f"(--checkpoint-dir came from FTLAUNCH_CHECKPOINT_DIR={blocker}/ckpt)"
+    )
 
 
 def test_only_the_command_line_asks_for_the_version_or_the_help(launcher, ftlaunch):
@@ -291,14 +327,18 @@ def test_storage_without_write_permission_is_a_usage_error(launcher, tmp_path):
         ).ls("ckpt")
     finally:
         server.stop()
-    _assert_usage_error(launch, "checkpoint storage 's3://ckpt/run' is not usable: PermissionError")
+    _assert_usage_error(
+        launch, "checkpoint storage (--checkpoint-dir) 's3://ckpt/run' is not usable: PermissionError"
+    )
     assert "Access Denied" in launch.stderr
     assert listed == []
 
 
 def test_missing_bucket_is_a_usage_error(launcher, gcs_env):
     launch = launcher.run("--checkpoint-dir", "gcs://no-such-bucket-here/run", str(ACTOR), env=gcs_env)
-    _assert_usage_error(launch, "checkpoint storage 'gcs://no-such-bucket-here/run' is not usable")
+    _assert_usage_error(
+        launch, "checkpoint storage (--checkpoint-dir) 'gcs://no-such-bucket-here/run' is not usable"
+    )
 
 
 @pytest.mark.parametrize("answer", ["never", "refused"])
@@ -316,7 +356,8 @@ def test_storage_that_does_not_answer_is_one_line_within_the_storage_timeout(lau
         )
         launch.wait(timeout=40)  # the bound itself: gcsfs's own retries take a minute or more
     _assert_usage_error(
-        launch, "checkpoint storage 'gs://bucket/x' did not answer within 3 s (--storage-timeout)"
+        launch,
+        "checkpoint storage (--checkpoint-dir) 'gs://bucket/x' did not answer within 3 s (--storage-timeout)",
     )
     if answer == "refused":
         assert "last error:" in launch.stderr and f"127.0.0.1:{port}" in launch.stderr

@@ -190,10 +190,42 @@ class RunSection:
     def __post_init__(self) -> None:
         _finite(self.lease, "--lease")
         _finite(self.storage_timeout, "--storage-timeout")
+        _check_folder_names(self.name, self.run_id)
         if self.lease <= 0:
             raise UsageError(f"--lease must be more than 0 seconds, got {self.lease}")
         if self.storage_timeout <= 0:
             raise UsageError(f"--storage-timeout must be more than 0 seconds, got {self.storage_timeout}")
+
+
+# The most bytes a file or folder name may have (NAME_MAX on Linux's filesystems: ext4, xfs, tmpfs).
+NAME_MAX = 255
+
+
+def _folders_named(name: str, run_id: str) -> Tuple[Tuple[str, str, str], ...]:
+    """The folders whose whole name is the run's name or id: (option, folder, its name). All else
+    ftlaunch and worker_lib make lies below them under names of their own (run.json,
+    checkpoints/step_<n>, logs/attempt_<n>); /dev/shm's memory tier and heartbeat files are named
+    by pid, and no socket has a path."""
+    return (  # the id first: by default it is the name and a hash, the longer one
+        ("--run-id", "the node's checkpoint cache <tmp>/ftlaunch-cache-<uid>/RUN_ID", run_id),
+        ("--run-name", "the run's folder <run-dir>/NAME (or ftlaunch_logs/NAME)", name),
+    )
+
+
+def _check_folder_names(name: str, run_id: str) -> None:
+    """Each fits a folder's name (a 250-character --run-name made a 259-byte run id: every rank
+    died in ft.init with 'File name too long', a crash loop)."""
+    for option, folder, text in _folders_named(name, run_id):
+        size = len(os.fsencode(text))
+        if size <= NAME_MAX:
+            continue
+        if option == "--run-id" and run_id.startswith(f"{name}-"):  # derived: NAME-<hash>
+            own = len(os.fsencode(name))
+            raise UsageError(
+                f"--run-name is {own} bytes long, at most {NAME_MAX - (size - own)}: the run id (the "
+                f"name and a hash, {size} bytes) names {folder}, at most {NAME_MAX} bytes"
+            )
+        raise UsageError(f"{option} is {size} bytes long, at most {NAME_MAX}: it names {folder}")
 
 
 # The longest --node-timeout and --join-timeout: both become torch store and rendezvous timeouts,
@@ -389,6 +421,7 @@ class LaunchConfig:
                 raise UsageError(f"--console-ranks names ranks {outside} outside 0..{self.world_size - 1}")
         if self.chaos.plan is not None:
             self.chaos.plan.check_ranks(self.world_size)
+        _check_ports_apart(self.listens_on)
 
     @classmethod
     def of(cls, **flat: Any) -> "LaunchConfig":
@@ -403,6 +436,18 @@ class LaunchConfig:
     def world_size(self) -> int:
         """Every node's ranks, all nodes in (an elastic job's attempts may have fewer)."""
         return self.group.nproc * self.cluster.nnodes
+
+    @property
+    def listens_on(self) -> Tuple[Tuple[str, int], ...]:
+        """The fixed ports this node's ftlaunch opens, each with the option that names it (0, the
+        OS's pick, is never taken): the metrics server on every node; on the node that leads, the
+        workers' store and, with many nodes, the job's store at the rendezvous endpoint."""
+        ports = [("--metrics-port", self.metrics.port or 0)]
+        if self.cluster.leads:
+            ports.append(("--master-port", self.group.master_port))
+        if self.cluster.leads and self.cluster.many_nodes:
+            ports.append(("--rdzv-endpoint", self.cluster.rdzv_port))
+        return tuple((option, port) for option, port in ports if port)
 
     @property
     def checkpoints_in_run_dir(self) -> bool:
@@ -425,6 +470,19 @@ class LaunchConfig:
         data["chaos"] = str(self.chaos.plan) if self.chaos.plan is not None else None
         data["metrics_file"] = str(self.metrics.file) if self.metrics.file is not None else None
         return data
+
+
+def _check_ports_apart(ports: Sequence[Tuple[str, int]]) -> None:
+    """Two of ftlaunch's own servers on one port: the second could never listen (it failed at the
+    first attempt, after the run was written). Whatever their addresses: one port, one server."""
+    seen: dict = {}
+    for option, port in ports:
+        if port in seen:
+            raise UsageError(
+                f"{seen[port]} and {option} both name port {port}: ftlaunch listens on each on this "
+                "node, and each needs a port of its own"
+            )
+        seen[port] = option
 
 
 def join_run_url(run_dir: str, name: str) -> str:

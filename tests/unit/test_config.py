@@ -1,6 +1,14 @@
-"""LaunchConfig's derived values."""
+"""LaunchConfig's derived values, and the values it refuses."""
 
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import config_from_options, options_of
 from launcher.core.config import EntryKind, default_run_name
+from launcher.grammar.errors import UsageError
+from worker_lib.checkpoint.directory import node_cache_root
 
 
 def test_a_script_whose_name_has_spaces_gets_a_plain_run_name():
@@ -12,3 +20,50 @@ def test_the_same_command_names_the_same_run_and_other_arguments_another():
     a = default_run_name(EntryKind.MODULE, "pkg.train", ["--lr", "1"])
     assert a == default_run_name(EntryKind.MODULE, "pkg.train", ["--lr", "1"]) and a.startswith("train-")
     assert a != default_run_name(EntryKind.MODULE, "pkg.train", ["--lr", "2"])
+
+
+def _config(*argv: str):
+    return config_from_options(options_of([*argv, "train.py"]), environ={})
+
+
+def test_the_longest_run_name_is_the_longest_whose_folders_can_be_made(tmp_path, monkeypatch):
+    """The limit is the paths' own: at 246 bytes the run's folder and worker_lib's node cache (whose
+    folder is the run id, the name and a hash) can be made; at 247 the cache's cannot."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where worker_lib's node cache goes
+    longest = _config("--run-dir", str(tmp_path / "runs"), "--run-name", "a" * 246).run
+    (node_cache_root(longest.run_id) / "attempt_0").mkdir(parents=True)
+    Path(longest.url, "logs").mkdir(parents=True)
+    with pytest.raises(OSError, match="File name too long"):
+        (node_cache_root(longest.run_id + "x")).mkdir()
+    with pytest.raises(UsageError, match=r"^--run-name is 247 bytes long, at most 246: the run id"):
+        _config("--run-name", "a" * 247)
+
+
+def test_a_run_name_or_id_too_long_for_a_folder_is_refused_in_bytes():
+    with pytest.raises(UsageError, match=r"^--run-name is 256 bytes long, at most 255: it names the run"):
+        _config("--run-name", "a" * 256, "--run-id", "short")
+    with pytest.raises(UsageError, match=r"^--run-id is 256 bytes long, at most 255: it names the node's"):
+        _config("--run-id", "b" * 256)
+    with pytest.raises(UsageError, match=r"^--run-name is 248 bytes long, at most 246"):
+        _config("--run-name", "é" * 124)  # 124 characters, two bytes each
+
+
+def test_an_empty_run_name_is_refused_not_taken_for_the_default():
+    with pytest.raises(UsageError, match=r"^--run-name is empty: name the run, or leave the option out"):
+        _config("--run-name", "")
+
+
+def test_two_of_ftlaunchs_own_ports_on_one_node_are_refused():
+    """Issue 48.3: the second server could never listen (the workers' store failed at the first
+    attempt, after 'run ...: new'). Node 0 opens the metrics server, the workers' store and the
+    job's store; a follower only its metrics server."""
+    with pytest.raises(UsageError, match=r"^--metrics-port and --master-port both name port 29611"):
+        _config("--metrics-port", "29611", "--master-port", "29611")
+    node_0 = ["--nnodes", "2", "--rdzv-endpoint", "10.0.0.1"]  # torchrun's default port: 29400
+    with pytest.raises(UsageError, match=r"^--master-port and --rdzv-endpoint both name port 29400"):
+        _config(*node_0, "--master-port", "29400")
+    with pytest.raises(UsageError, match=r"^--metrics-port and --rdzv-endpoint both name port 29400"):
+        _config(*node_0, "--metrics-port", "29400")
+    follower = _config(*node_0, "--node-rank", "1", "--metrics-port", "29400", "--master-port", "29400")
+    assert follower.listens_on == (("--metrics-port", 29400),)
+    assert _config("--metrics-port", "0", "--master-port", "0").listens_on == ()  # the OS's picks

@@ -20,7 +20,7 @@ import os
 import click
 import pytest
 
-from launcher.cli import config_from_options, options_of
+from launcher.cli import config_from_options, main, options_of
 from launcher.environment import torchrun_defaults
 from launcher.grammar.errors import UsageError
 
@@ -145,3 +145,42 @@ def test_the_metrics_options_read_ftlaunch_and_pet_variables_like_every_option(e
 def test_a_pytorchjobs_endpoint_without_a_port_takes_torchruns_default(environ):
     environ({"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_RDZV_ENDPOINT": "job-worker-0"})
     assert _config().cluster.rdzv_endpoint == "job-worker-0:29400"
+
+
+@pytest.mark.parametrize(
+    "variables, argv, said",
+    [
+        # Issue 48.6b: click's own conversions named only the option.
+        ({"PET_NODE_RANK": "x"}, [], "'x' is not a whole number (--node-rank came from PET_NODE_RANK=x)"),
+        (
+            {"PET_MAX_RESTARTS": "abc"},
+            [],
+            "'abc' is not a whole number (--max-failures came from PET_MAX_RESTARTS=abc)",
+        ),
+        (
+            {"FTLAUNCH_MAX_FAILURES": "abc"},
+            [],
+            "'abc' is not a whole number (--max-failures came from FTLAUNCH_MAX_FAILURES=abc)",
+        ),
+        # ftlaunch's own checks, after parsing: one line, which said nothing of the variable (the
+        # banner of PET_* options came before it).
+        (
+            {"PET_NNODES": "2", "PET_NODE_RANK": "5", "PET_MASTER_ADDR": "10.0.0.1", "PET_MASTER_PORT": "1"},
+            [],
+            "--node-rank must be in 0..1, got 5 (--node-rank came from PET_NODE_RANK=5)\n",
+        ),
+        (
+            {"PET_NNODES": "2", "PET_MASTER_ADDR": "10.0.0.1", "PET_MASTER_PORT": "29500"},
+            ["--master-port", "29500"],
+            "(--rdzv-endpoint came from PET_MASTER_ADDR=10.0.0.1 and PET_MASTER_PORT=29500)",
+        ),
+        ({"FTLAUNCH_MODULE": "1"}, ["--no-python"], "each other (--module came from FTLAUNCH_MODULE=1)"),
+        # The command line's own value is not the environment's, whatever the environment holds.
+        ({"PET_MAX_RESTARTS": "abc"}, ["--max-failures", "2", "--nproc", "x"], "got 'x'\n"),
+    ],
+)
+def test_a_refused_value_from_the_environment_names_its_variable(environ, capsys, variables, argv, said):
+    environ(variables)
+    assert main([*argv, "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ftlaunch: error: ") and said in err, err
