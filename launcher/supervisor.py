@@ -207,9 +207,9 @@ def _memory_tier(guard: OrphanGuard) -> Iterator[Optional[Path]]:
 def _hold(role: RunHolder, runner: AttemptRunner, run: Run, events: EventLog, say) -> RunResult:
     """The held run from its first attempt to its record in run.json."""
     try:
-        if run.already_succeeded:
-            result = _already_succeeded(run)
-        elif 0 <= role.config.restart.max_preemptions < run.preemptions:
+        if run.already_succeeded:  # nothing starts, so nothing of the run changes: not its record either
+            return _already_succeeded(run, role.config.run.url)
+        if 0 <= role.config.restart.max_preemptions < run.preemptions:
             limit = role.config.restart.max_preemptions
             reason = f"preempted {run.preemptions} time(s), --max-preemptions {limit}"
             result = RunResult(ExitCode.FAILED, RunStatus.FAILED, [], reason)
@@ -228,10 +228,10 @@ def _hold(role: RunHolder, runner: AttemptRunner, run: Run, events: EventLog, sa
     return result
 
 
-def _already_succeeded(run: Run) -> RunResult:
-    state = run.state
-    ended = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.updated_at))
-    reason = f"run {state.url} had already succeeded ({ended}); --fresh starts it again"
+def _already_succeeded(run: Run, url: str) -> RunResult:
+    """``url``: where the run is now (run.json keeps where it was made: a run dir can be copied)."""
+    ended = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.state.updated_at))
+    reason = f"run {url} had already succeeded ({ended}); --fresh starts it again"
     return RunResult(ExitCode.SUCCESS, RunStatus.SUCCEEDED, [], reason)
 
 
