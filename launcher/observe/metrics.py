@@ -137,10 +137,9 @@ class RunMetrics:
 
     def step_rate(self, now: float) -> float:
         """Steps per second between the newest two readings, or up to now when the step has not
-        moved for longer than they were apart (a stalled group slows down to 0)."""
-        if not self.running:
-            return 0.0
-        if len(self._steps) < 2:
+        moved for longer than they were apart (a stalled group slows down to 0). No group runs
+        (done, failed, between attempts): no pace, which is not a pace of 0."""
+        if not self.running or len(self._steps) < 2:
             return _UNKNOWN
         first, last = self._steps
         apart = last.reported_at - first.reported_at
@@ -224,7 +223,7 @@ class RunMetrics:
             Family.one(
                 "ftlaunch_steps_per_second",
                 "gauge",
-                "Steps per second, this node's slowest rank.",
+                "Steps per second, this node's slowest rank (NaN: no group running, or one reading).",
                 self.step_rate(now),
             ),
             Family.one(
