@@ -157,9 +157,12 @@ class RunState:
 
 def kept_seconds(attempts: Sequence[AttemptEntry], now: float) -> Optional[float]:
     """The wall seconds of ``attempts`` spent on kept steps (goodput's numerator); None (unknown)
-    when one ended without success and the script commits no checkpoint ftlaunch can see: what
-    such an attempt kept, in checkpoints of the script's own, is not known."""
+    when ftlaunch saw no step of them (no rank beat, no worker_lib commit: ``/bin/echo`` took none,
+    a training script took steps unseen), or when one ended without success and the script
+    commits no checkpoint ftlaunch can see: what such an attempt kept is not known."""
     script_commits = any(a.newest_step_at_end is not None for a in attempts)
+    if attempts and not script_commits and not any(a.beat for a in attempts):
+        return None
     done = (AttemptOutcome.SUCCEEDED, None)
     if not script_commits and any(a.outcome not in done for a in attempts):
         return None
