@@ -151,6 +151,7 @@ class RunState:
         """Raises ValueError, TypeError or KeyError for anything that is not a run's state: a
         field of the wrong type, a number out of its range, NaN, a time that is no date."""
         _check_fields(cls, data)
+        _check_fields(_RecordedConfig, data.get("config", {}))
         attempts = [AttemptEntry.from_json(a) for a in data.get("attempts", [])]
         return cls(**{**data, "status": RunStatus(data["status"]), "attempts": attempts})
 
@@ -175,6 +176,21 @@ def kept_seconds(attempts: Sequence[AttemptEntry], now: float) -> Optional[float
 _LATEST_WALL = 253402300799.0  # 9999-12-31 23:59:59 UTC: later is no date (time_t, strftime)
 _LARGEST_INT = 2**63 - 1  # int64, as torch and the OS hold steps and pids
 _LOWEST = {"rank": -1}  # a failure's rank -1: a whole node; every other int is 0 or more
+
+
+@dataclasses.dataclass
+class _RecordedConfig:
+    """The fields of ``RunState.config`` (``LaunchConfig.to_json``) that a reader of run.json uses
+    (`status`, a relaunch comparing commands); older files may lack any of them."""
+
+    entry_kind: Optional[str]
+    entrypoint: Optional[str]
+    script_args: Optional[List[str]]
+    nproc: Optional[int]
+    nnodes: Optional[int]
+    checkpoint_url: Optional[str]
+    log_dir: Optional[str]
+    chaos: Optional[str]
 
 
 @dataclasses.dataclass
@@ -214,7 +230,9 @@ def _fits(value: Any, kind: Any, lowest: int) -> bool:
         return isinstance(value, (int, float)) and 0 <= value <= _LATEST_WALL
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         return value in {member.value for member in kind}
+    if dataclasses.is_dataclass(kind):  # a record within: its own from_json checks its fields
+        return isinstance(value, dict)
     origin = typing.get_origin(kind) or kind
-    if origin is list:  # every list in run.json holds records: JSON objects
-        return isinstance(value, list) and all(isinstance(item, dict) for item in value)
+    if origin is list:
+        return isinstance(value, list) and all(_fits(item, args[0], lowest) for item in value)
     return isinstance(value, origin)  # str, dict

@@ -174,6 +174,9 @@ def _whole_state(url: str) -> RunState:
         ("run", "config", []),
         ("node", "pid", "42"),
         ("run", "takeovers", ["someone"]),
+        ("config", "nproc", "x"),  # `status` of a RUNNING run did int() on it: exit 70
+        ("config", "checkpoint_url", 5),
+        ("config", "script_args", [1]),  # a relaunch compares commands with it
     ],
 )
 def test_a_state_with_values_no_supervisor_writes_is_damaged_naming_the_field(tmp_path, where, field, value):
@@ -183,7 +186,13 @@ def test_a_state_with_values_no_supervisor_writes_is_damaged_naming_the_field(tm
     RunDir(url).write_state(_whole_state(url))
     data = json.loads((tmp_path / "run" / "run.json").read_text())
     attempt = data["attempts"][0]
-    target = {"run": data, "attempt": attempt, "failure": attempt["failures"][0], "node": attempt["nodes"][0]}
+    target = {
+        "run": data,
+        "config": data["config"],
+        "attempt": attempt,
+        "failure": attempt["failures"][0],
+        "node": attempt["nodes"][0],
+    }
     target[where][field] = value
     (tmp_path / "run" / "run.json").write_text(json.dumps(data))
     with pytest.raises(UsageError, match=rf"run/run.json is damaged \({field} is .*\); --fresh starts"):
