@@ -111,8 +111,10 @@ def test_a_second_supervisor_on_a_live_run_is_refused(launcher, tmp_path):
     assert live.survivors() == [] and refused.survivors() == []
 
     # Preemptions are not failures (--max-failures 0 would have stopped at one), and are limited apart.
+    recorded = {name: (runs / "actor" / name).read_bytes() for name in ("run.json", "events.jsonl")}
     limited = launcher.run(*named, "--max-preemptions", "0", str(ACTOR))
     assert limited.proc.returncode == 1 and "preempted 1 time(s), --max-preemptions 0" in limited.stderr
+    assert {name: (runs / "actor" / name).read_bytes() for name in recorded} == recorded  # nothing started
     resumed = launcher.run(*named, "--max-failures", "0", str(ACTOR))
     assert resumed.proc.returncode == 0, resumed.stderr
     assert [a.outcome for a in run_state(runs / "actor").attempts] == ["PREEMPTED", "SUCCEEDED"]
