@@ -229,7 +229,7 @@ def _fits(value: Any, kind: Any, lowest: int) -> bool:
     if kind is float:  # NaN fails both comparisons
         return isinstance(value, (int, float)) and 0 <= value <= _LATEST_WALL
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
-        return value in {member.value for member in kind}
+        return isinstance(value, str) and value in {member.value for member in kind}  # str enums
     if dataclasses.is_dataclass(kind):  # a record within: its own from_json checks its fields
         return isinstance(value, dict)
     origin = typing.get_origin(kind) or kind

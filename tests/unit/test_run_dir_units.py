@@ -170,6 +170,7 @@ def _whole_state(url: str) -> RunState:
         ("attempt", "beat", 1),
         ("attempt", "supervisor_pid", True),
         ("attempt", "outcome", "WON"),
+        ("attempt", "outcome", ["FAILED"]),
         ("attempt", "host", 7),
         ("run", "config", []),
         ("node", "pid", "42"),
