@@ -125,13 +125,16 @@ class RunMetrics:
 
     def goodput(self, now_wall: float) -> float:
         """As ``recovery.goodput``: the attempt in progress counts as kept from its first step on;
-        before it (imports, data, a rendezvous) nothing was spent on steps yet. A script that
-        never beats reads low while it runs; the run's record credits it at its end."""
+        before it (imports, data, a rendezvous) nothing was spent on steps yet. With nothing kept
+        and no step seen yet it is unknown: a script that never beats may never show one (its
+        record's goodput is unknown too), and 0 would be a number for what is not known."""
         if self._kept is None or self._kept.event.seconds is None:
             return _UNKNOWN
         kept, since = self._kept.event.seconds, self._kept.event.since
         if self._kept.event.in_progress and self._stepping_since is not None:
             kept += max(0.0, now_wall - max(self._stepping_since, self._kept.t_wall))
+        elif self._kept.event.in_progress and kept == 0.0:
+            return _UNKNOWN
         total = now_wall - since
         return max(0.0, min(1.0, kept / total)) if total > 0 else _UNKNOWN
 

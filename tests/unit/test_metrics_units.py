@@ -268,12 +268,15 @@ def test_the_metrics_section_refuses_a_path_that_a_rename_would_replace(tmp_path
 
 def test_goodput_before_any_step_is_not_a_run_that_kept_all_its_time():
     """The run opens (the in-progress KeptTime), its first attempt starts, and for 60 s no rank
-    has stepped (imports, data, the fork server's start): nothing was spent on steps yet."""
+    has stepped (imports, data, the fork server's start): nothing was spent on steps yet, and a
+    script that never beats may never show a step (issue 48: it read 0%, a number for unknown)."""
     metrics = _folded(
         _at(KeptTime(seconds=0.0, since=1000.0, in_progress=True), 0.0),
         *_attempt(0, 1.0),
     )
-    assert not _values(metrics, 60.0)["ftlaunch_goodput_ratio"] > 0.5
+    assert math.isnan(_values(metrics, 60.0)["ftlaunch_goodput_ratio"])
+    metrics.fold(_at(FirstStep(0), 60.0))
+    assert _values(metrics, 100.0)["ftlaunch_goodput_ratio"] == 0.4  # 40 s stepping of 100
 
 
 def test_after_an_attempts_first_minute_steps_and_totals_are_written_seldom(tmp_path):
