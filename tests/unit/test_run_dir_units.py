@@ -205,3 +205,21 @@ def test_a_whole_state_reads_back_as_written(tmp_path):
     url = str(tmp_path / "run")
     RunDir(url).write_state(_whole_state(url))
     assert RunDir(url).read_state() == _whole_state(url)
+
+
+def test_a_run_dir_copied_elsewhere_and_resumed_records_where_it_is_now(tmp_path):
+    """Issue 48: a copied run dir kept its old URL in run.json (a relaunch of a succeeded one
+    named it: tests/test_plot.py); a resumed one records the new URL."""
+    from launcher.core.config import EntrySection, GroupSection, LaunchConfig, RunSection
+    from launcher.core.events import EventLog
+    from launcher.runs.checkpoints import NewestCheckpoint
+    from launcher.runs.opening import RunOpening
+
+    url = str(tmp_path / "copy" / "run")
+    group = GroupSection(nproc=1, log_dir=tmp_path / "logs", checkpoint_url=str(tmp_path / "ckpt"))
+    config = LaunchConfig(EntrySection("train.py"), group=group, run=RunSection(url=url, name="run"))
+    RunDir(url).write_state(RunState("run", "/elsewhere/run", RunStatus.PREEMPTED, 1.0, config.to_json()))
+    with EventLog(tmp_path / "events.jsonl") as events:
+        opening = RunOpening(config, RunDir(url), events, lambda _line: None, lambda: NewestCheckpoint(False))
+        state, _ = opening.open(None)
+    assert state.url == url
