@@ -25,7 +25,7 @@ def entry() -> None:
     except KeyboardInterrupt:  # before the inbox was open
         code = 130  # ExitCode.INTERRUPTED_SIGINT: nothing heavy is imported before the inbox
     except Exception:  # a defect of ours: its traceback, and an exit, never a finalization that hangs
-        _report_defect()
+        _report_defect(sys.argv[1:])
         code = _INTERNAL
     # Everything is done and closed. The interpreter's finalization is skipped: its last garbage
     # collections would walk torch's objects once more (about half a second), and a helper thread
@@ -43,17 +43,23 @@ def entry() -> None:
     os._exit(int(code))
 
 
-def _report_defect() -> None:
+def _report_defect(args: list) -> None:
     import traceback
 
     try:
         sys.stderr.write(traceback.format_exc())
-        sys.stderr.write(
-            f"ftlaunch: internal error (exit {_INTERNAL}): a defect in ftlaunch, please report it with "
-            "the traceback above; its workers were stopped, and the same command resumes the run\n"
-        )
+        sys.stderr.write(defect_line(args))
     except (OSError, ValueError):
         pass
+
+
+def defect_line(args: list) -> str:
+    """The line after a defect's traceback: what it left behind. ``ftlaunch status`` (told apart
+    as ``launcher.cli.main`` tells it) only reads: it stopped no worker and has nothing to resume."""
+    said = f"ftlaunch: internal error (exit {_INTERNAL}): a defect in ftlaunch, please report it with the "
+    if args[:1] == ["status"] and not os.path.exists("status"):
+        return said + "traceback above; `ftlaunch status` only reads the run directory, it changed nothing\n"
+    return said + "traceback above; its workers were stopped, and the same command resumes the run\n"
 
 
 if __name__ == "__main__":

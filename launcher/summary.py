@@ -39,7 +39,10 @@ def summary_lines(result: RunResult) -> List[str]:
     elif result.goodput is not None:
         lines.append(f"  goodput {100 * result.goodput:.0f}% (wall time spent on steps that were kept)")
     else:
-        lines.append("  goodput unknown: ftlaunch sees no checkpoint of this script (it sees worker_lib's)")
+        lines.append(
+            "  goodput unknown: ftlaunch sees steps through ft.heartbeat, and what a failed attempt kept "
+            "through worker_lib's checkpoints"
+        )
     if failed and result.status is RunStatus.FAILED and failed[-1].root_cause is not None:
         lines += _root_cause_detail(failed[-1].root_cause)
     return lines

@@ -205,16 +205,14 @@ def _memory_tier(guard: OrphanGuard) -> Iterator[Optional[Path]]:
 
 
 def _hold(role: RunHolder, runner: AttemptRunner, run: Run, events: EventLog, say) -> RunResult:
-    """The held run from its first attempt to its record in run.json."""
+    """The held run from its first attempt to its record in run.json. A launch that starts no
+    attempt leaves the run as it was: its record, its events, so its picture and its goodput."""
     try:
-        if run.already_succeeded:
-            result = _already_succeeded(run)
-        elif 0 <= role.config.restart.max_preemptions < run.preemptions:
-            limit = role.config.restart.max_preemptions
-            reason = f"preempted {run.preemptions} time(s), --max-preemptions {limit}"
-            result = RunResult(ExitCode.FAILED, RunStatus.FAILED, [], reason)
-        else:
-            result = run_attempts(role, runner)
+        refused = _refused(run, role.config)
+        if refused is not None:
+            events.emit(RunEnd(exit_code=int(refused.exit_code), reason=refused.reason))  # this node's log
+            return refused
+        result = run_attempts(role, runner)
     finally:
         role.close()  # many nodes: a node that comes late learns at once that the job is over
     lost = _remove_uncommitted_parts(run, say)
@@ -228,11 +226,18 @@ def _hold(role: RunHolder, runner: AttemptRunner, run: Run, events: EventLog, sa
     return result
 
 
-def _already_succeeded(run: Run) -> RunResult:
-    state = run.state
-    ended = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.updated_at))
-    reason = f"run {state.url} had already succeeded ({ended}); --fresh starts it again"
-    return RunResult(ExitCode.SUCCESS, RunStatus.SUCCEEDED, [], reason)
+def _refused(run: Run, config: LaunchConfig) -> Optional[RunResult]:
+    """Why this launch starts no attempt, if it starts none. The run is named where it is now
+    (run.json keeps where it was made, and a run dir can be copied elsewhere)."""
+    if run.already_succeeded:
+        ended = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.state.updated_at))
+        reason = f"run {config.run.url} had already succeeded ({ended}); --fresh starts it again"
+        return RunResult(ExitCode.SUCCESS, RunStatus.SUCCEEDED, [], reason)
+    limit = config.restart.max_preemptions
+    if 0 <= limit < run.preemptions:
+        reason = f"preempted {run.preemptions} time(s), --max-preemptions {limit}"
+        return RunResult(ExitCode.FAILED, RunStatus.FAILED, [], reason)
+    return None
 
 
 def _remove_uncommitted_parts(run: Run, say) -> str:

@@ -18,6 +18,8 @@ from prometheus_server import Prometheus, why_not_here
 
 from launcher.core.events import AttemptEnded, CheckpointTotals, Hang, Steps, Transition
 from launcher.core.recovery import recoveries
+from launcher.observe.plot import draw_run, node_events
+from launcher.runs.directory import RunDir
 
 pytestmark = pytest.mark.exec_workers  # what is measured and served, not how the workers start
 
@@ -155,6 +157,22 @@ def test_the_metrics_file_is_whole_at_every_read_and_ends_with_the_runs_final_va
     assert math.isnan(final["ftlaunch_goodput_ratio"][()])
     assert "goodput unknown" in launch.stderr
     assert [p.name for p in metrics.parent.iterdir()] == ["ftlaunch.prom"]  # no temporary left
+
+
+def test_a_run_that_took_no_step_has_no_goodput_and_no_pace_wherever_they_are_said(launcher, tmp_path):
+    """Issue 48: `--no-python /bin/echo` said 'goodput 100%' (summary, metrics file, picture) and a
+    pace of 0.0 once done, though no step was ever taken: what is not known is NaN, never a number."""
+    metrics = tmp_path / "ftlaunch.prom"
+    command = ["--run-name", "echo", "--metrics-file", str(metrics), "--no-python", "/bin/echo", "hi"]
+    launch = launcher.run(*command)
+    assert launch.proc.returncode == 0, launch.stderr
+    final = _families(metrics.read_text())
+    assert math.isnan(final["ftlaunch_goodput_ratio"][()])
+    assert math.isnan(final["ftlaunch_steps_per_second"][()])
+    assert "goodput unknown" in launch.stderr and "goodput 1" not in launch.stderr
+    figure = draw_run("echo", node_events(RunDir(launch.run_url()).read_events(), None))
+    assert figure.axes[0].get_title() == "echo: goodput unknown"
+    assert launch.survivors() == []
 
 
 def test_a_metrics_file_that_cannot_be_written_any_more_is_said_once_and_the_run_goes_on(launcher, tmp_path):

@@ -3,8 +3,10 @@ lines are the run's Steps events, its marks the run's failures and loads, its ti
 the run's own summary gave."""
 
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import SCRIPTS
@@ -97,3 +99,31 @@ def test_status_plot_writes_png_and_svg_and_refuses_another_format(crashed_run, 
     assert done.returncode == 2 and "--plot writes .png or .svg files, not run.jpg" in done.stderr
     done = _status(url, "--plot", str(tmp_path / "missing" / "run.png"))
     assert done.returncode == 2 and "--plot: cannot write" in done.stderr
+
+
+def test_a_relaunch_that_starts_nothing_leaves_the_run_and_its_picture_as_they_were(
+    crashed_run, launcher, tmp_path
+):
+    """Issue 48: the same command once the run had succeeded appended its own events to the run's
+    (the picture, whose goodput runs to the last event, fell from 69% to 5%) and rewrote run.json;
+    and a run dir copied elsewhere was said to be at its old URL."""
+    copied = tmp_path / "copied" / Path(crashed_run.run_url()).name
+    shutil.copytree(crashed_run.run_url(), copied)
+    before = {name: (copied / name).read_bytes() for name in ("run.json", "events.jsonl")}
+    title = _title(copied)
+    config = RunDir(str(copied)).read_state().config
+    command = ["--nproc", str(config["nproc"]), config["entrypoint"], *config["script_args"]]
+    again = launcher.run("--run-dir", str(copied.parent), *command)
+    assert again.proc.returncode == 0, again.stderr
+    assert f"[ftlaunch] run {copied} had already succeeded (" in again.stderr
+    assert {name: (copied / name).read_bytes() for name in before} == before
+    assert _title(copied) == title and re.search(r"goodput \d+%", title)
+    shown = _status(str(copied), "--plot", str(tmp_path / "run.png"))
+    assert shown.returncode == 0 and "status       SUCCEEDED (every rank exited 0)" in shown.stdout
+    assert again.survivors() == []
+
+
+def _title(run: Path) -> str:
+    """The picture's title, as `status --plot` draws it."""
+    figure = draw_run(run.name, node_events(RunDir(str(run)).read_events(), None))
+    return figure.axes[0].get_title()

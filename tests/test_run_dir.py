@@ -15,6 +15,9 @@ import pytest
 from helpers import ACTOR, SCRIPTS, read_logged, run_state, wait_for_files
 
 from launcher.core.events import Decision, Resume, RunStart, StopRequested, Takeover, Transition, of_kind
+from launcher.core.outcomes import RunStatus
+from launcher.core.records import RunState
+from launcher.runs.directory import RunDir
 
 BEATER = str(SCRIPTS / "beater.py")
 # The run dir's rules hold however the workers start: the fork server's own tests are
@@ -108,8 +111,10 @@ def test_a_second_supervisor_on_a_live_run_is_refused(launcher, tmp_path):
     assert live.survivors() == [] and refused.survivors() == []
 
     # Preemptions are not failures (--max-failures 0 would have stopped at one), and are limited apart.
+    recorded = {name: (runs / "actor" / name).read_bytes() for name in ("run.json", "events.jsonl")}
     limited = launcher.run(*named, "--max-preemptions", "0", str(ACTOR))
     assert limited.proc.returncode == 1 and "preempted 1 time(s), --max-preemptions 0" in limited.stderr
+    assert {name: (runs / "actor" / name).read_bytes() for name in recorded} == recorded  # nothing started
     resumed = launcher.run(*named, "--max-failures", "0", str(ACTOR))
     assert resumed.proc.returncode == 0, resumed.stderr
     assert [a.outcome for a in run_state(runs / "actor").attempts] == ["PREEMPTED", "SUCCEEDED"]
@@ -209,6 +214,66 @@ def test_damaged_state_files_are_errors_not_tracebacks(launcher, tmp_path):
     fresh = launcher.run("--fresh", *failing)
     assert fresh.proc.returncode == 1 and "moved to" in fresh.stderr  # started anew (attempt 0 fails)
     assert all(launch.survivors() == [] for launch in (resumed, refused, fresh))
+
+
+def _damage(state: Path, **fields) -> str:
+    """run.json with ``fields`` set in the run and in each of its attempts, where they are."""
+    data = json.loads(state.read_text())
+    for record in (data, *data["attempts"]):
+        record.update({name: value for name, value in fields.items() if name in record})
+    state.write_text(json.dumps(data))
+    return state.read_text()
+
+
+def test_a_run_json_whose_times_are_no_dates_is_damaged_for_status_and_a_launch(launcher, tmp_path):
+    """Issue 48: times of 1e300 made `status` exit 70 with the launch's 'its workers were stopped'
+    line (and listed the run as SUCCEEDED); -1e18 and NaN said 'Value too large', naming no file."""
+    runs = tmp_path / "runs"
+    assert launcher.run("--run-name", "actor", str(ACTOR)).proc.returncode == 0
+    state = runs / "actor" / "run.json"
+    kept = state.read_text()
+    for times, said in (
+        ({"started_at": 1e300, "ended_at": 1e308, "created_at": 1e308}, "created_at is 1e+308"),
+        ({"started_at": -1e18, "ended_at": float("nan")}, "started_at is -1e+18"),
+    ):
+        state.write_text(kept)
+        damaged = _damage(state, **times)
+        for plot in ([], ["--plot", str(tmp_path / "run.png")]):
+            shown = launcher.run("status", "--run-dir", str(runs), "actor", *plot, log_dir=False)
+            assert shown.proc.returncode == 2, shown.stderr
+            assert shown.stderr.splitlines() == [
+                f"ftlaunch: error: {runs}/actor/run.json is damaged ({said}); --fresh starts the run anew "
+                "(the damaged file is archived), or move the file away"
+            ]
+        listing = launcher.run("status", "--run-dir", str(runs), log_dir=False)
+        assert re.search(r"^actor\s+DAMAGED\s+-\s+-$", listing.stdout, re.M), listing.stdout
+        resumed = launcher.run("--run-name", "actor", str(ACTOR))  # the run had succeeded: not now
+        assert resumed.proc.returncode == 2 and f"run.json is damaged ({said})" in resumed.stderr
+        assert not (resumed.log_dir / "attempt_0").exists() and state.read_text() == damaged
+    assert not (tmp_path / "run.png").exists()
+    assert all(launch.survivors() == [] for launch in launcher.launches)
+
+
+# A defect planted in `ftlaunch status` itself: drawing its table raises.
+_STATUS_DEFECT = """
+import launcher.status_cli as status_cli
+def _defect(report):
+    raise RuntimeError("a defect planted by the test")
+status_cli._table = _defect
+"""
+
+
+def test_a_defect_in_status_says_that_it_only_read_never_that_workers_were_stopped(launcher, tmp_path):
+    runs = tmp_path / "runs"
+    RunDir(str(runs / "run")).write_state(RunState("run", str(runs / "run"), RunStatus.SUCCEEDED, 1.0, {}))
+    shown = launcher.run("status", "--run-dir", str(runs), "run", log_dir=False, prelude=_STATUS_DEFECT)
+    assert shown.proc.returncode == 70, shown.stderr
+    assert "RuntimeError: a defect planted by the test" in shown.stderr  # the traceback
+    assert shown.stderr.splitlines()[-1] == (
+        "ftlaunch: internal error (exit 70): a defect in ftlaunch, please report it with the traceback "
+        "above; `ftlaunch status` only reads the run directory, it changed nothing"
+    )
+    assert shown.survivors() == []
 
 
 def test_a_launch_that_cannot_start_its_workers_leaves_the_run_as_it_was(launcher, tmp_path):

@@ -3,7 +3,9 @@ serialize to JSON (enums by value) and load back typed; ``runs.run`` decides wha
 
 import dataclasses
 import enum
+import functools
 import json
+import typing
 from typing import Any, Dict, List, Optional, Sequence
 
 from launcher.core.evidence import Progress
@@ -46,6 +48,7 @@ class FailureEntry:
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> "FailureEntry":
+        _check_fields(cls, data)
         return cls(**{**data, "cause": FailureCause(data["cause"])})
 
 
@@ -96,6 +99,9 @@ class AttemptEntry:
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> "AttemptEntry":
+        _check_fields(cls, data)
+        for node in data.get("nodes", []):
+            _check_fields(_NodeEntry, node)
         outcome = data.get("outcome")
         return cls(
             **{
@@ -142,19 +148,91 @@ class RunState:
 
     @classmethod
     def from_json(cls, data: Dict[str, Any]) -> "RunState":
-        """Raises ValueError, TypeError or KeyError for anything that is not a run's state."""
-        if not isinstance(data, dict):
-            raise TypeError(f"a JSON object was expected, not {type(data).__name__}")
+        """Raises ValueError, TypeError or KeyError for anything that is not a run's state: a
+        field of the wrong type, a number out of its range, NaN, a time that is no date."""
+        _check_fields(cls, data)
+        _check_fields(_RecordedConfig, data.get("config", {}))
         attempts = [AttemptEntry.from_json(a) for a in data.get("attempts", [])]
         return cls(**{**data, "status": RunStatus(data["status"]), "attempts": attempts})
 
 
 def kept_seconds(attempts: Sequence[AttemptEntry], now: float) -> Optional[float]:
     """The wall seconds of ``attempts`` spent on kept steps (goodput's numerator); None (unknown)
-    when one ended without success and the script commits no checkpoint ftlaunch can see: what
-    such an attempt kept, in checkpoints of the script's own, is not known."""
+    when ftlaunch saw no step of them (no rank beat, no worker_lib commit: ``/bin/echo`` took none,
+    a training script took steps unseen), or when one ended without success and the script
+    commits no checkpoint ftlaunch can see: what such an attempt kept is not known."""
     script_commits = any(a.newest_step_at_end is not None for a in attempts)
+    if attempts and not script_commits and not any(a.beat for a in attempts):
+        return None
     done = (AttemptOutcome.SUCCEEDED, None)
     if not script_commits and any(a.outcome not in done for a in attempts):
         return None
     return float(sum(a.kept(now) for a in attempts))
+
+
+# What run.json's fields may hold: every float in it is a wall-clock time, every int a step, an
+# attempt, a pid, a rank, a node or an exit code. Anything else is damage (a hand's edit, another
+# tool), refused where the file is read, so no reader meets 1e300, NaN or "zero" later.
+_LATEST_WALL = 253402300799.0  # 9999-12-31 23:59:59 UTC: later is no date (time_t, strftime)
+_LARGEST_INT = 2**63 - 1  # int64, as torch and the OS hold steps and pids
+_LOWEST = {"rank": -1}  # a failure's rank -1: a whole node; every other int is 0 or more
+
+
+@dataclasses.dataclass
+class _RecordedConfig:
+    """The fields of ``RunState.config`` (``LaunchConfig.to_json``) that a reader of run.json uses
+    (`status`, a relaunch comparing commands); older files may lack any of them."""
+
+    entry_kind: Optional[str]
+    entrypoint: Optional[str]
+    script_args: Optional[List[str]]
+    nproc: Optional[int]
+    nnodes: Optional[int]
+    checkpoint_url: Optional[str]
+    log_dir: Optional[str]
+    chaos: Optional[str]
+
+
+@dataclasses.dataclass
+class _NodeEntry:
+    """An entry of ``AttemptEntry.nodes`` (kept as a plain dict there)."""
+
+    node: int
+    host: str
+    pid: int
+
+
+@functools.cache
+def _declared(cls: type) -> Dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _check_fields(cls: type, data: Any) -> None:
+    """ValueError naming the first of ``data``'s fields that ``cls`` would not hold as declared;
+    TypeError when ``data`` is no JSON object. Unknown and missing fields are the constructor's."""
+    if not isinstance(data, dict):
+        raise TypeError(f"a JSON object was expected, not {type(data).__name__}")
+    declared = _declared(cls)
+    for name, value in data.items():
+        if name in declared and not _fits(value, declared[name], _LOWEST.get(name, 0)):
+            raise ValueError(f"{name} is {value!r}"[:80])
+
+
+def _fits(value: Any, kind: Any, lowest: int) -> bool:
+    args = typing.get_args(kind)
+    if typing.get_origin(kind) is typing.Union:  # Optional[X]: None, or an X
+        return value is None or _fits(value, next(a for a in args if a is not type(None)), lowest)
+    if isinstance(value, bool) or kind is bool:  # a bool is an int to Python, never to run.json
+        return kind is bool and isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and lowest <= value <= _LARGEST_INT
+    if kind is float:  # NaN fails both comparisons
+        return isinstance(value, (int, float)) and 0 <= value <= _LATEST_WALL
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return isinstance(value, str) and value in {member.value for member in kind}  # str enums
+    if dataclasses.is_dataclass(kind):  # a record within: its own from_json checks its fields
+        return isinstance(value, dict)
+    origin = typing.get_origin(kind) or kind
+    if origin is list:
+        return isinstance(value, list) and all(_fits(item, args[0], lowest) for item in value)
+    return isinstance(value, origin)  # str, dict

@@ -125,22 +125,24 @@ class RunMetrics:
 
     def goodput(self, now_wall: float) -> float:
         """As ``recovery.goodput``: the attempt in progress counts as kept from its first step on;
-        before it (imports, data, a rendezvous) nothing was spent on steps yet. A script that
-        never beats reads low while it runs; the run's record credits it at its end."""
+        before it (imports, data, a rendezvous) nothing was spent on steps yet. With nothing kept
+        and no step seen yet it is unknown: a script that never beats may never show one (its
+        record's goodput is unknown too), and 0 would be a number for what is not known."""
         if self._kept is None or self._kept.event.seconds is None:
             return _UNKNOWN
         kept, since = self._kept.event.seconds, self._kept.event.since
         if self._kept.event.in_progress and self._stepping_since is not None:
             kept += max(0.0, now_wall - max(self._stepping_since, self._kept.t_wall))
+        elif self._kept.event.in_progress and kept == 0.0:
+            return _UNKNOWN
         total = now_wall - since
         return max(0.0, min(1.0, kept / total)) if total > 0 else _UNKNOWN
 
     def step_rate(self, now: float) -> float:
         """Steps per second between the newest two readings, or up to now when the step has not
-        moved for longer than they were apart (a stalled group slows down to 0)."""
-        if not self.running:
-            return 0.0
-        if len(self._steps) < 2:
+        moved for longer than they were apart (a stalled group slows down to 0). No group runs
+        (done, failed, between attempts): no pace, which is not a pace of 0."""
+        if not self.running or len(self._steps) < 2:
             return _UNKNOWN
         first, last = self._steps
         apart = last.reported_at - first.reported_at
@@ -224,7 +226,7 @@ class RunMetrics:
             Family.one(
                 "ftlaunch_steps_per_second",
                 "gauge",
-                "Steps per second, this node's slowest rank.",
+                "Steps per second, this node's slowest rank (NaN: no group running, or one reading).",
                 self.step_rate(now),
             ),
             Family.one(

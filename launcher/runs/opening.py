@@ -87,6 +87,7 @@ class RunOpening:
                 entry.outcome, entry.ended_at = AttemptOutcome.SUPERVISOR_LOST, now
         if was is RunStatus.SUCCEEDED:
             return
+        state.url = self.config.run.url  # where it is now: a run dir can be copied elsewhere
         if was is RunStatus.FAILED:  # a person relaunched a run that gave up: a fresh budget
             state.budget_from = state.next_attempt
         state.status, state.reason, state.exit_code = RunStatus.RUNNING, "", None

@@ -134,9 +134,9 @@ def test_the_step_its_age_and_the_pace_come_from_the_steps_events():
     assert values["ftlaunch_steps_per_second"] == 10.0
     # No new reading for longer than the last two were apart: the step stalled, the pace falls.
     assert _values(metrics, 19.0)["ftlaunch_steps_per_second"] == 5.0
-    # A new attempt starts with no pace and the last step it knows; a group not running steps at 0.
+    # A new attempt starts with no pace and the last step it knows; a group not running has none.
     metrics.fold(_at(Transition(0, GroupState.RUNNING, GroupState.FAILED), 20.0))
-    assert _values(metrics, 21.0)["ftlaunch_steps_per_second"] == 0.0
+    assert math.isnan(_values(metrics, 21.0)["ftlaunch_steps_per_second"])
     metrics.fold(_at(Transition(1, None, GroupState.STARTING), 22.0))
     metrics.fold(_at(Transition(1, GroupState.STARTING, GroupState.RUNNING), 23.0))
     values = _values(metrics, 23.5)  # the newest step known is the last attempt's, until this one's
@@ -144,6 +144,18 @@ def test_the_step_its_age_and_the_pace_come_from_the_steps_events():
     metrics.fold(_at(Steps(1, step=50, furthest=50, reported_at=24.0), 24.1))
     values = _values(metrics, 25.0)
     assert values["ftlaunch_step"] == 50 and math.isnan(values["ftlaunch_steps_per_second"])
+
+
+def test_a_finished_group_has_no_pace_never_a_pace_of_0():
+    """Issue 48: the final --metrics-file of a 3-step run said 0.0 steps per second."""
+    metrics = _folded(
+        *_attempt(0, 0.0),
+        _at(Steps(0, step=1, furthest=1, reported_at=2.0), 2.1),
+        _at(Steps(0, step=2, furthest=2, reported_at=3.0), 3.1),
+        _at(Transition(0, GroupState.RUNNING, GroupState.SUCCEEDED), 3.5),
+    )
+    values = _values(metrics, 4.0)
+    assert values["ftlaunch_step"] == 2 and math.isnan(values["ftlaunch_steps_per_second"])
 
 
 def test_goodput_counts_the_attempt_in_progress_from_its_first_step_as_the_run_record_does():
@@ -256,12 +268,15 @@ def test_the_metrics_section_refuses_a_path_that_a_rename_would_replace(tmp_path
 
 def test_goodput_before_any_step_is_not_a_run_that_kept_all_its_time():
     """The run opens (the in-progress KeptTime), its first attempt starts, and for 60 s no rank
-    has stepped (imports, data, the fork server's start): nothing was spent on steps yet."""
+    has stepped (imports, data, the fork server's start): nothing was spent on steps yet, and a
+    script that never beats may never show a step (issue 48: it read 0%, a number for unknown)."""
     metrics = _folded(
         _at(KeptTime(seconds=0.0, since=1000.0, in_progress=True), 0.0),
         *_attempt(0, 1.0),
     )
-    assert not _values(metrics, 60.0)["ftlaunch_goodput_ratio"] > 0.5
+    assert math.isnan(_values(metrics, 60.0)["ftlaunch_goodput_ratio"])
+    metrics.fold(_at(FirstStep(0), 60.0))
+    assert _values(metrics, 100.0)["ftlaunch_goodput_ratio"] == 0.4  # 40 s stepping of 100
 
 
 def test_after_an_attempts_first_minute_steps_and_totals_are_written_seldom(tmp_path):

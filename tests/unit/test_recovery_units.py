@@ -55,4 +55,14 @@ def test_goodput_is_unknown_when_the_script_commits_nothing_ftlaunch_sees():
         _attempt(1, 40.0, 100.0, AttemptOutcome.SUCCEEDED),
     ]
     assert goodput(attempts, now=100.0) is None
+    attempts[1].beat = True
     assert goodput(attempts[1:], now=100.0) == pytest.approx(1.0)  # nothing failed: all was kept
+
+
+def test_goodput_is_unknown_when_no_step_was_seen():
+    """Issue 48: `--no-python /bin/echo` (no beat, no commit) said 'goodput 100%'. A step seen
+    through a beat or a worker_lib commit makes it known."""
+    echo = _attempt(0, 0.0, 1.0, AttemptOutcome.SUCCEEDED)
+    assert goodput([echo], now=1.0) is None
+    committing = _attempt(0, 0.0, 10.0, AttemptOutcome.SUCCEEDED, None, 5, 9.0)
+    assert goodput([committing], now=10.0) == pytest.approx(1.0)

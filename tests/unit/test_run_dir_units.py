@@ -137,3 +137,89 @@ def test_a_lock_with_numbers_no_ftlaunch_writes_is_damaged(tmp_path, fields):
         UsageError, match=r"run/lock.json is damaged \((lease|renewed_at) is .*\); if no ftlaunch"
     ):
         RunDir(str(tmp_path / "run")).read_lock()
+
+
+def _whole_state(url: str) -> RunState:
+    """A run's state with every kind of field run.json holds, as a supervisor writes them."""
+    from launcher.core.records import FailureCause, FailureEntry
+
+    state = RunState("run", url, RunStatus.FAILED, 1.0e9, {"nproc": 2}, latest_step=4, updated_at=1.0e9)
+    failure = FailureEntry(-1, FailureCause.NODE_LOST, "node 1 lost", 1.0e9 + 5, node=1)
+    state.attempts.append(
+        AttemptEntry(
+            0, 1.0e9, "host", 42, ended_at=1.0e9 + 5, outcome=AttemptOutcome.FAILED, failures=[failure]
+        )
+    )
+    state.attempts[0].nodes = [{"node": 0, "host": "host", "pid": 42}]
+    return state
+
+
+@pytest.mark.parametrize(
+    "where, field, value",
+    [
+        ("attempt", "started_at", 1e300),  # `status` once raised OverflowError in strftime: exit 70
+        ("attempt", "ended_at", 1e308),
+        ("run", "created_at", 1e308),
+        ("attempt", "started_at", -1e18),  # `status` once said "[Errno 75] Value too large"
+        ("attempt", "ended_at", float("nan")),
+        ("failure", "at", float("inf")),
+        ("attempt", "attempt", "zero"),
+        ("attempt", "resumed_from_step", 10**40),
+        ("run", "latest_step", -1),
+        ("failure", "rank", -2),  # -1 is a whole node; nothing is below it
+        ("attempt", "beat", 1),
+        ("attempt", "supervisor_pid", True),
+        ("attempt", "outcome", "WON"),
+        ("attempt", "outcome", ["FAILED"]),
+        ("attempt", "host", 7),
+        ("run", "config", []),
+        ("node", "pid", "42"),
+        ("run", "takeovers", ["someone"]),
+        ("config", "nproc", "x"),  # `status` of a RUNNING run did int() on it: exit 70
+        ("config", "checkpoint_url", 5),
+        ("config", "script_args", [1]),  # a relaunch compares commands with it
+    ],
+)
+def test_a_state_with_values_no_supervisor_writes_is_damaged_naming_the_field(tmp_path, where, field, value):
+    """The one reader of run.json refuses them, so neither `status` nor a launch resuming the run
+    meets them later."""
+    url = str(tmp_path / "run")
+    RunDir(url).write_state(_whole_state(url))
+    data = json.loads((tmp_path / "run" / "run.json").read_text())
+    attempt = data["attempts"][0]
+    target = {
+        "run": data,
+        "config": data["config"],
+        "attempt": attempt,
+        "failure": attempt["failures"][0],
+        "node": attempt["nodes"][0],
+    }
+    target[where][field] = value
+    (tmp_path / "run" / "run.json").write_text(json.dumps(data))
+    with pytest.raises(UsageError, match=rf"run/run.json is damaged \({field} is .*\); --fresh starts"):
+        RunDir(url).read_state()
+
+
+def test_a_whole_state_reads_back_as_written(tmp_path):
+    """The checks refuse only what no supervisor writes: a whole node's rank -1, None, 0.0."""
+    url = str(tmp_path / "run")
+    RunDir(url).write_state(_whole_state(url))
+    assert RunDir(url).read_state() == _whole_state(url)
+
+
+def test_a_run_dir_copied_elsewhere_and_resumed_records_where_it_is_now(tmp_path):
+    """Issue 48: a copied run dir kept its old URL in run.json (a relaunch of a succeeded one
+    named it: tests/test_plot.py); a resumed one records the new URL."""
+    from launcher.core.config import EntrySection, GroupSection, LaunchConfig, RunSection
+    from launcher.core.events import EventLog
+    from launcher.runs.checkpoints import NewestCheckpoint
+    from launcher.runs.opening import RunOpening
+
+    url = str(tmp_path / "copy" / "run")
+    group = GroupSection(nproc=1, log_dir=tmp_path / "logs", checkpoint_url=str(tmp_path / "ckpt"))
+    config = LaunchConfig(EntrySection("train.py"), group=group, run=RunSection(url=url, name="run"))
+    RunDir(url).write_state(RunState("run", "/elsewhere/run", RunStatus.PREEMPTED, 1.0, config.to_json()))
+    with EventLog(tmp_path / "events.jsonl") as events:
+        opening = RunOpening(config, RunDir(url), events, lambda _line: None, lambda: NewestCheckpoint(False))
+        state, _ = opening.open(None)
+    assert state.url == url
