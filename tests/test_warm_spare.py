@@ -285,6 +285,36 @@ def test_a_process_forked_ahead_without_cuda_is_waited_for_not_forked_anew(tmp_p
         child.wait(10)
 
 
+@pytest.mark.parametrize("frozen", ["before its ready word", "at its hand-over"])
+def test_a_frozen_parked_process_costs_a_restart_its_deadline_then_the_rank_starts_anyway(tmp_path, frozen):
+    """A parked process without CUDA answers in milliseconds: frozen (SIGSTOP), it is given up on
+    after a few seconds (it was 10), killed, and said once; the rank is then started the usual
+    way."""
+    child = subprocess.Popen(["sleep", "60"])  # stands for the parked process
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    said = []
+    spares = WarmSpares(1, cuda=False, say=said.append)
+    spec = WorkerSpec(0, 0, ("python", "train.py"), {"LOCAL_RANK": "0"}, tmp_path / "log", tmp_path / "err")
+    try:
+        spares.make_one(lambda rank, cuda: (child.pid, ours), _Guard())
+        if frozen == "at its hand-over":
+            theirs.send(json.dumps({"ready": {"device": "cpu", "seconds": 0.0, "gpu_bytes": None}}).encode())
+        child.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        assert spares.take(spec, 1, 2) is None
+        took = time.monotonic() - started
+        assert 4.0 < took < 7.0, f"{took:.1f} s"
+        assert child.poll() is not None and spares.pids == ()  # killed and reaped
+        (line,) = said
+        assert line.startswith("warm spare off: local rank 0's spare gave no answer"), line
+    finally:
+        theirs.close()
+        spares.close()
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+
+
 def test_a_signal_during_a_hand_over_is_answered_and_the_spare_let_go(tmp_path):
     """The spare has the rank's request but has not answered (it is registering a large slot, or it
     is stopped): a signal ends the wait at once, and the spare, which may be that rank's worker by
@@ -408,6 +438,39 @@ def test_a_frozen_fork_server_never_holds_a_failed_groups_stop_past_its_grace(la
         if zygote.is_running():
             zygote.resume()
     assert launch.survivors_after(10) == []
+
+
+def test_a_fork_server_frozen_at_a_crash_holds_the_restart_its_deadline_then_ranks_are_spawned(
+    launcher, tmp_path
+):
+    """Frozen (SIGSTOP) when the group fails, the fork server never answers the request for the
+    next ranks that the stop sends: the restart waits for it its deadline (a few seconds; it was
+    30), says once that it is off, and spawns its ranks as new processes."""
+    from launcher.core.events import Transition
+    from launcher.core.group_state import GroupState
+
+    script = tmp_path / "waiter.py"
+    script.write_text(WAITER)
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    launch = launcher.start("--nproc", "2", "--max-failures", "1", str(script), str(folder))
+    first = _worker_pids(folder, 0)
+    zygote = _zygote_of(launch)
+    zygote.suspend()  # idle until the crash: frozen now is frozen at the crash
+    try:
+        _go(folder, 0, 1)  # both ranks exit 1
+        restarted = _worker_pids(folder, 1)
+    finally:
+        if zygote.is_running():
+            zygote.resume()
+    assert not set(restarted.values()) & set(first.values())
+    _go(folder, 1, 0)
+    assert launch.wait(60) == 0, launch.stderr
+    moments = {(t.event.attempt, t.event.new): t.t_mono for t in launch.logged(Transition)}
+    held = moments[1, GroupState.RUNNING] - moments[0, GroupState.FAILED]
+    assert held < 5.0 + 5.0, f"the restart took {held:.1f} s"  # its deadline, and a spawn of 2 ranks
+    assert launch.stderr.count("fork server off: no answer to fork within 5 s") == 1, launch.stderr
+    assert launch.survivors() == []
 
 
 def test_a_fork_server_dead_with_the_request_ahead_unread_is_left_and_the_run_goes_on(launcher, tmp_path):
