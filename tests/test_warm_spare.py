@@ -15,7 +15,7 @@ from typing import Dict
 
 import psutil
 import pytest
-from helpers import wait_for_files
+from helpers import frozen_at, wait_for_files
 from test_fork_server import _zygote_of
 
 from launcher.process.plan import WorkerSpec
@@ -382,31 +382,45 @@ sys.exit(int(go.read_text()) if wait_for(go) else 3)
 
 
 @pytest.mark.parametrize("then", ["restart", "no restart"])
-def test_a_failed_groups_stop_forks_the_next_ranks_ahead_and_the_restart_takes_them(launcher, tmp_path, then):
+def test_a_failed_groups_stop_forks_the_next_ranks_ahead_only_where_the_policy_may_restart(
+    launcher, tmp_path, then
+):
     """While rank 0 of the failed group still answers its SIGTERM, a parked process per local rank
     is already there (spares off: these are the restart's own, without CUDA); the restart's ranks
-    are those processes. When no restart comes (the budget is spent), they go with the run."""
+    are those processes. With --max-failures 0 nothing is asked for: the supervisor, frozen just
+    after the stop's first signal (a failpoint), holds no socket to a process made ahead. (It
+    asked for them anyway, and the run's end killed them.)"""
     script = tmp_path / "lingerer.py"
     script.write_text(LINGERER)
     folder = tmp_path / "ranks"
     folder.mkdir()
     budget = "1" if then == "restart" else "0"
     launch = launcher.start(
-        "--nproc", "2", "--max-failures", budget, "--grace-period", "120", str(script), str(folder)
+        "--nproc", "2", "--max-failures", budget, "--grace-period", "120", str(script), str(folder),
+        env={"FTLAUNCH_FAILPOINT": "stop-signalled"},
     )  # fmt: skip
     first = _worker_pids(folder, 0)
     assert not _parked(launch)  # none while the group runs: spares are off
+    supervisor = psutil.Process(launch.proc.pid)
+    held = len(_local_sockets(supervisor))
     (folder / "fail").write_text("")
-    parked = _spares(launch)  # rank 0 is still stopping: it waits for release
-    assert _runs(first[0]) and not set(parked.values()) & set(first.values())
-    (folder / "release").write_text("")
+    frozen_at(launch, "stop-signalled")
+    asked = len(_local_sockets(supervisor)) - held  # our end of each parked process's socket
+    supervisor.resume()
     if then == "restart":
+        assert asked == 2
+        parked = _spares(launch)  # rank 0 is still stopping: it waits for release
+        assert _runs(first[0]) and not set(parked.values()) & set(first.values())
+        (folder / "release").write_text("")
         assert _worker_pids(folder, 1) == parked
         _go(folder, 1, 0)
+        frozen_at(launch, "stop-signalled")  # the succeeded group's sweep stops there too
+        supervisor.resume()
         assert launch.wait(60) == 0, launch.stderr
     else:
+        assert asked == 0 and not _parked(launch)
+        (folder / "release").write_text("")
         assert launch.wait(60) == 1, launch.stderr
-        assert _gone(parked.values())
     assert "warm spare" not in launch.stderr and "fork server off" not in launch.stderr
     assert launch.survivors() == []
 
