@@ -35,6 +35,9 @@ class StorageError(RuntimeError):
     """Checkpoint storage cannot be used; the message names the URL and the cause."""
 
 
+_MOST_REMEMBERED = 1000  # distinct warnings: past them, each passes (memory stays bounded)
+
+
 class _OncePerProcess(logging.Filter):
     """A warning a library repeats at every call is said the first time only; errors (and what a
     user asked for below warnings) always pass."""
@@ -44,7 +47,7 @@ class _OncePerProcess(logging.Filter):
         self._said: set = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno != logging.WARNING:
+        if record.levelno != logging.WARNING or len(self._said) >= _MOST_REMEMBERED:
             return True
         message = record.getMessage()
         if message in self._said:
