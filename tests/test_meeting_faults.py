@@ -9,7 +9,7 @@ import re
 import signal
 
 import pytest
-from helpers import SCRIPTS, frozen_at, run_state
+from helpers import ACTOR, SCRIPTS, frozen_at, run_state
 from test_many_nodes import Job
 
 from launcher.core.events import Decision, NodesMet, RoundAbandoned, WorkerExit
@@ -62,6 +62,36 @@ def test_a_follower_killed_while_nodes_meet_never_shrinks_a_fixed_job(launcher, 
     assert state.status.value == "SUCCEEDED"
     assert all(a.world_size == 2 and [n["node"] for n in a.nodes] == [0, 1] for a in state.attempts)
     assert out.exists() and "rank 1 attempt" in follower.stdout
+    assert job.survivors() == []
+
+
+@pytest.mark.exec_workers  # the meeting is the subject: torch-free ranks, started plainly
+@pytest.mark.parametrize("point", ["claimed", "before-round"])
+def test_node_0_killed_while_a_follower_meets_is_waited_for_and_rejoined(launcher, tmp_path, point):
+    """docs/many-nodes.md: a dead node 0 is waited for, up to --join-timeout, at any moment. Node 1
+    is frozen after it claimed its rank in node 0's store (before it opens the rendezvous), or
+    just before it joins a round; node 0 is killed -9 there, and node 1 goes on against its dead
+    store. At "claimed" it exited 70: c10d's rendezvous backend, made then, found the connection
+    reset (RendezvousConnectionError), which nothing took for node 0's loss (the chaos matrix's
+    leader-kill, seed 52891)."""
+    job = Job(launcher, tmp_path, 2, "--nproc", "1", "--run-name", "rejoin", str(ACTOR), "--run-for", "0")
+    node0 = job.start(0)
+    node1 = job.start(1, env={"FTLAUNCH_FAILPOINT": point})
+    frozen_at(node1, point)
+    os.kill(node0.proc.pid, signal.SIGKILL)
+    node0.wait(30)
+    assert node0.survivors_after(10) == []
+    os.kill(node1.proc.pid, signal.SIGCONT)
+    node1.read_console_until(lambda line: "lost node 0" in line, 60, stream="stderr")
+
+    job.start(0)
+    frozen_at(node1, point)  # the failpoint again, on its way back in: let it go on
+    os.kill(node1.proc.pid, signal.SIGCONT)
+    codes = job.wait(120)
+    assert codes == {0: 0, 1: 0}, (job.nodes[0].stderr, node1.stderr)
+    assert "Traceback" not in node1.stderr and "internal error" not in node1.stderr
+    state = run_state(tmp_path / "runs" / "rejoin")
+    assert state.status.value == "SUCCEEDED" and [a.world_size for a in state.attempts] == [2]
     assert job.survivors() == []
 
 

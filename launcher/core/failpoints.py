@@ -4,6 +4,8 @@ list of names) in the supervisor's environment makes it print ``ftlaunch failpoi
 stderr and stop itself (SIGSTOP) when it reaches that moment; the test sees the process stopped,
 then acts. Read once, at import; no other effect. Not for users: a moment in the protocol is not an interface.
 
+    claimed         a follower holds its node rank in node 0's store (the lobby); it has not
+                    opened the rendezvous yet
     before-round    a follower is in the lobby and about to join a rendezvous round
     round-joined    a follower's round is complete; it has not announced itself yet
     announced       a follower announced itself; it has not read node 0's plan yet
@@ -20,9 +22,10 @@ import sys
 __all__ = ["MEETING", "POINTS", "reached"]
 
 # The moments every healthy meeting passes (a chaos trial may freeze any of them); a rank's failure
-# is not one of them.
+# is not one of them. (Nor "claimed", a moment of a follower's connection to node 0, not of every
+# meeting: left out, the chaos matrix's seeds pick what they picked before.)
 MEETING = ("before-round", "round-joined", "announced", "planned")
-POINTS = (*MEETING, "failure-seen", "stop-signalled")
+POINTS = ("claimed", *MEETING, "failure-seen", "stop-signalled")
 _ARMED = frozenset(name for name in os.environ.get("FTLAUNCH_FAILPOINT", "").split(",") if name)
 
 

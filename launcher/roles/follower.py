@@ -10,10 +10,11 @@ import time
 from typing import Callable, List, Optional, Tuple, TypeVar
 
 from launcher.cluster.channel import ChannelSpec
-from launcher.cluster.deadline_store import DeadlineStore, StoreTimeout
+from launcher.cluster.deadline_store import DeadlineStore
 from launcher.cluster.follower_channel import FollowerChannel
 from launcher.cluster.lobby import Hello, NodeClaim, StopNotice, read_stop, say_stop, stop_read
 from launcher.cluster.rendezvous import LeaderUnreachable, Rendezvous, Round, RoundFailed, connect_job_store
+from launcher.cluster.store_errors import leader_gone, what_failed
 from launcher.cluster.wire import (
     Interrupt,
     InterruptKind,
@@ -106,7 +107,11 @@ class Follower(Role):
             )
             self._lobby_store = DeadlineStore(store, self.config.cluster.node_timeout)
             self._in_lobby(lambda: self._claim.take(self._lobby_store, store, self._signals))
-            self._rendezvous = Rendezvous(self.config.cluster, self.config.run.run_id, store)
+            failpoints.reached("claimed")
+            # c10d's backend writes to node 0's store as it is made: node 0 may be gone by then.
+            self._rendezvous = self._in_lobby(
+                lambda: Rendezvous(self.config.cluster, self.config.run.run_id, store)
+            )
         if self._kept is None:
             failpoints.reached("before-round")
         round_ = self._kept or self._rendezvous.next_round(self._signals, self._say, watch=self._watch_lobby)
@@ -163,11 +168,15 @@ class Follower(Role):
             raise PeerStopped(stop.node, stop.signum, stop.said_as)
 
     def _in_lobby(self, call: Callable[[], T]) -> T:
-        """A lobby call to node 0's store; one that fails or does not answer is node 0 lost."""
+        """A lobby call to node 0's store; one that fails as a dead or silent node 0's store fails
+        is node 0 lost."""
         try:
             return call()
-        except (StoreTimeout, RuntimeError) as err:  # torch's DistError family too
-            raise LeaderUnreachable(f"node 0's store at {self.config.cluster.rdzv_endpoint}: {err}") from None
+        except Exception as err:
+            if not leader_gone(err):
+                raise
+            where = self.config.cluster.rdzv_endpoint
+            raise LeaderUnreachable(f"node 0's store at {where}: {what_failed(err)}") from None
 
     def conclude(self, local: AttemptResult) -> Conclusion:
         """Report to node 0 and take its verdict: the job's outcome of the attempt. Node 0 lost
@@ -239,8 +248,9 @@ class Follower(Role):
                 stop_read(store, self.node)
             else:
                 say_stop(store, StopNotice(self.node, error.signum, error.said_as))
-        except (StoreTimeout, RuntimeError):
-            pass
+        except Exception as err:
+            if not leader_gone(err):
+                raise
 
     def pause(self, seconds: float) -> None:
         """Node 0 pauses (its backoff) before it meets the nodes again: the next round waits."""
