@@ -4,11 +4,12 @@ goes silent."""
 
 import json
 import time
-from typing import Callable, List, NoReturn
+from typing import Callable, List
 
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
 from launcher.cluster.deadline_store import DeadlineStore
 from launcher.cluster.rendezvous import WATCH_EVERY_S, LeaderUnreachable
+from launcher.cluster.store_errors import leader_gone
 from launcher.cluster.wire import Interrupt, JobVerdict, RoundPlan
 from launcher.core.beats import ProgressRow
 from launcher.process.signals import SignalInbox
@@ -35,7 +36,10 @@ class FollowerChannel(AttemptChannel):
             raise LeaderUnreachable(self.broken)
         return super()._call(method, *args)
 
-    def _store_failed(self, err: Exception) -> NoReturn:
+    def _store_failed(self, err: Exception) -> None:
+        """Node 0 gone: the attempt is lost with it. Any other error is a defect, raised as it is."""
+        if not leader_gone(err):
+            return
         self.broken = f"node 0's store at {self.spec.endpoint} is gone ({type(err).__name__}: {err})"
         raise LeaderUnreachable(self.broken) from None
 

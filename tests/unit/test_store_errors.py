@@ -9,9 +9,26 @@ from torch.distributed import DistError, DistStoreError, TCPStore
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
+from launcher.cluster.channel import ChannelSpec
 from launcher.cluster.deadline_store import StoreTimeout
+from launcher.cluster.follower_channel import FollowerChannel
+from launcher.cluster.rendezvous import LeaderUnreachable
 from launcher.cluster.store_errors import leader_gone, what_failed
+from launcher.cluster.wire import NodeInfo
 from launcher.grammar.errors import UsageError
+
+
+class _Inbox:
+    """The signal inbox as a channel uses it: none received."""
+
+    received: list = []
+    answered = 0
+
+    def wait(self, seconds: float) -> None:
+        pass
+
+    def wake(self) -> None:
+        pass
 
 
 def _node_0() -> list:
@@ -78,3 +95,20 @@ def test_a_dead_or_silent_stores_errors_mean_node_0_is_gone(err):
 )
 def test_a_defect_is_not_taken_for_a_lost_node_0(err):
     assert not leader_gone(err)
+
+
+def test_a_followers_channel_loses_a_dead_node_0_and_raises_a_defect_as_it_is():
+    """The attempt's channel takes the same errors, and only those, for node 0 lost."""
+    server = _node_0()
+    client = TCPStore("127.0.0.1", server[0].port, None, False, timedelta(seconds=2))
+    channel = FollowerChannel(client, ChannelSpec(1, 2, 2.0, "127.0.0.1:0"), _Inbox())
+    try:
+        with pytest.raises(TypeError):  # a call that no store accepts is ftlaunch's own defect
+            channel._call("compare_set", "interrupt")
+        assert not channel.broken
+        _dies(server)
+        with pytest.raises(LeaderUnreachable, match="DistNetworkError"):
+            channel.announce(NodeInfo(1, "host", 101, 1, ["train.py"]))
+        assert "is gone" in channel.broken
+    finally:
+        channel.close()
