@@ -616,6 +616,50 @@ def test_status_of_a_live_and_of_a_finished_run(launcher, tmp_path):
     assert live.survivors() == []
 
 
+def test_status_of_a_live_run_says_a_damaged_progress_json_and_shows_the_rest(launcher, tmp_path):
+    """progress.json without written_at made `status` exit 70 (KeyError); garbage hid the ranks
+    without a word. The supervisor is stopped (Ctrl+Z) so that it does not rewrite the file."""
+    ready, runs = tmp_path / "ready", tmp_path / "runs"
+    live = launcher.start(
+        "--run-dir",
+        str(runs),
+        "--run-name",
+        "actor",
+        str(ACTOR),
+        "--others",
+        "sleep",
+        "--ready-dir",
+        str(ready),
+    )
+    wait_for_files(ready, "*.pid", 1)
+    _wait_for_the_attempt_in_run_json(runs / "actor")
+    os.kill(live.proc.pid, signal.SIGSTOP)
+    progress = runs / "actor" / "progress.json"
+    try:
+        for damage, said in (
+            ('{"attempt": 0, "ranks": []}', "written_at is missing"),
+            ('{"attempt": 0, "written_at": NaN, "ranks": []}', "written_at is nan"),
+            ('{"attempt": 0, "writ', "Unterminated string starting at: line 1 column 16 (char 15)"),
+        ):
+            progress.write_text(damage)
+            for json_flag in ([], ["--json"]):
+                shown = launcher.run("status", "--run-dir", str(runs), "actor", *json_flag, log_dir=False)
+                assert shown.proc.returncode == 0, shown.stderr
+                assert shown.stderr.splitlines() == [
+                    f"ftlaunch status: {runs}/actor/progress.json is damaged ({said}); its ranks are not "
+                    "shown (its supervisor rewrites it)"
+                ]
+            assert json.loads(shown.stdout)["progress"] is None and json.loads(shown.stdout)["live"]
+            table = launcher.run("status", "--run-dir", str(runs), "actor", log_dir=False).stdout
+            assert f"RUNNING, held by {socket.gethostname()} pid {live.proc.pid}" in table
+            assert progress.read_text() == damage  # a reader writes nothing
+    finally:
+        os.kill(live.proc.pid, signal.SIGCONT)
+    live.proc.send_signal(signal.SIGTERM)
+    assert live.wait() == 143, live.stderr
+    assert all(launch.survivors() == [] for launch in launcher.launches)
+
+
 def _fill(folder: Path) -> Path:
     """Take every free byte of ``folder``'s filesystem; returns the file that holds them."""
     filler = folder / "filler"

@@ -10,7 +10,7 @@ from launcher.cluster.channel import AttemptChannel, ChannelSpec
 from launcher.cluster.deadline_store import DeadlineStore
 from launcher.cluster.rendezvous import WATCH_EVERY_S, LeaderUnreachable
 from launcher.cluster.wire import Interrupt, JobVerdict, RoundPlan
-from launcher.core.beats import ProgressRow
+from launcher.core.beats import ProgressRow, ProgressShare
 from launcher.process.signals import SignalInbox
 
 __all__ = ["FollowerChannel"]
@@ -63,9 +63,9 @@ class FollowerChannel(AttemptChannel):
 
     def share_progress(self, rows: List[ProgressRow]) -> None:
         """Its ranks' steps and beat ages, for node 0 to publish."""
-        shared = {"at": time.time(), "rows": [row.to_json() for row in rows]}
+        shared = ProgressShare(time.time(), rows)
         try:
-            self._call("set", f"progress/{self.node}", json.dumps(shared))
+            self._call("set", f"progress/{self.node}", json.dumps(shared.to_json()))
         except LeaderUnreachable:
             pass  # the next tick says so and ends the attempt
 

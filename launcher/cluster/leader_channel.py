@@ -3,13 +3,14 @@ ended everywhere, and tells every node its verdict."""
 
 import dataclasses
 import json
+import logging
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Set, Tuple
 
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
 from launcher.cluster.rendezvous import WATCH_EVERY_S, RoundFailed
 from launcher.cluster.wire import Interrupt, JobVerdict, NodeInfo, NodeReport, RoundPlan
-from launcher.core.beats import NodeRow, ProgressRow
+from launcher.core.beats import NodeRow, ProgressRow, ProgressShare
 from launcher.core.failures import Failure, NodeLostFailure
 from launcher.grammar.errors import SignalReceived
 from launcher.process.signals import SignalInbox
@@ -20,6 +21,8 @@ __all__ = ["LeaderChannel"]
 # the verdict (its supervisor died), even within --node-timeout.
 _GONE_BEATS = 6
 
+log = logging.getLogger(__name__)
+
 
 class LeaderChannel(AttemptChannel):
     def __init__(self, store, spec: ChannelSpec, signals: SignalInbox) -> None:
@@ -28,6 +31,7 @@ class LeaderChannel(AttemptChannel):
         self._infos: Dict[int, NodeInfo] = {}
         self._lost_at: Dict[int, float] = {}  # node → when it was declared lost (monotonic)
         self._unreported: Dict[int, float] = {}  # node → the report deadline it beat through
+        self._garbled: Set[int] = set()  # nodes whose progress share was damaged (said once)
 
     def node_infos(
         self, count: int, limit: float, watch: Callable[[], None] = lambda: None
@@ -131,18 +135,29 @@ class LeaderChannel(AttemptChannel):
         wall = time.time()
         others = [n for n in self._nodes if n != self.node]
         texts = self._call("multi_get", [f"progress/{n}" for n in others]) if others else []
-        shares = dict(zip(others, (json.loads(text) for text in texts)))  # one call for every node
+        shares = dict(zip(others, texts))  # one call for every node
         ranks, nodes = [], []
         for n in self._nodes:
             rows, silent = own, 0.0
             if n != self.node:
-                silent, shared = self._silent_for(n), shares[n]
-                rows = [ProgressRow.from_json(row).aged(wall - shared["at"]) for row in shared["rows"]]
+                silent, shared = self._silent_for(n), self._share(n, shares[n])
+                rows = [row.aged(wall - shared.at) for row in shared.rows]
             ranks += [dataclasses.replace(row, node=n) for row in rows]
             info = self._infos.get(n)
             host, pid = (info.host, info.pid) if info else (None, None)
             nodes.append(NodeRow(n, host, pid, round(silent, 1), n in self._lost))
         return ranks, nodes
+
+    def _share(self, node: int, text: bytes) -> ProgressShare:
+        """A follower's share; a damaged one (not what a follower writes) is said once and shows
+        no ranks: only ``status`` reads it, and the next share may be whole."""
+        try:
+            return ProgressShare.from_json(json.loads(text))
+        except (ValueError, TypeError, KeyError) as err:
+            if node not in self._garbled:
+                self._garbled.add(node)
+                log.warning("node %d's progress share is damaged (%s); its ranks are left out", node, err)
+            return ProgressShare(0.0, [])
 
     # -- the end of the attempt --------------------------------------------------------------------
 

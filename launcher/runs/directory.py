@@ -21,12 +21,14 @@ from typing import Any, List, Optional
 
 import psutil
 
+from launcher.core.beats import LiveProgress
 from launcher.core.events import Logged, parse_logged
 from launcher.core.records import RunState
 from launcher.grammar.errors import RunBusy, RunLost, UsageError
 from worker_lib.core.storage import Storage
 
 __all__ = [
+    "Damaged",
     "LockRecord",
     "LockState",
     "RunDir",
@@ -45,6 +47,10 @@ LOCK_FILE = "lock.json"
 _SETTLE_S = 0.3  # between writing a lock and reading it back
 
 log = logging.getLogger(__name__)
+
+
+class Damaged(Exception):
+    """A file of the run dir that a reader can do without is not what a supervisor writes."""
 
 
 class LockState(str, enum.Enum):
@@ -160,11 +166,16 @@ class RunDir:
         """Atomic: a reader sees the previous state or this one, never half."""
         self.storage.write_bytes(STATE_FILE, state_bytes(state), self._retries)
 
-    def read_json(self, name: str) -> Optional[Any]:
+    def read_progress(self) -> Optional[LiveProgress]:
+        """The live ranks, None when none were written; Damaged when progress.json is not what a
+        supervisor writes (its holder rewrites it every few seconds: a reader may go on without)."""
         try:
-            return json.loads(self.storage.read_bytes(name, self._retries))
-        except (FileNotFoundError, ValueError):
+            return LiveProgress.from_json(json.loads(self.storage.read_bytes(PROGRESS_FILE, self._retries)))
+        except FileNotFoundError:
             return None
+        except (ValueError, TypeError, KeyError) as err:
+            what = f"{type(err).__name__}: {err}" if isinstance(err, KeyError) else str(err)
+            raise Damaged(f"{self.url}/{PROGRESS_FILE} is damaged ({what[:120]})") from None
 
     def write_json(self, name: str, data: Any) -> None:
         self.storage.write_bytes(name, json.dumps(data, default=str).encode(), self._retries)
