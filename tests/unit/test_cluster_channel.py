@@ -339,3 +339,19 @@ def test_a_second_signal_during_the_agreement_ends_it(store):
     thread.join(5)
     assert not thread.is_alive() and steps == {"f": 0}
     follower.close()
+
+
+def test_a_damaged_progress_share_is_said_once_and_its_node_shows_no_ranks(store, caplog):
+    """Node 0 once raised KeyError on a share without "at", ending its attempt loop."""
+    from launcher.core.beats import ProgressRow
+
+    leader, follower = _met(store)
+    follower.share_progress([ProgressRow(0, 7, 3, 0.5, "stepping")])
+    assert [(r.node, r.rank, r.step) for r in leader.job_progress([])[0]] == [(1, 0, 3)]
+    for damaged in ('{"rows": []}', '{"at": NaN, "rows": []}', "[]", '{"at": 1e9, "rows": [{"rank": 0}]}'):
+        store.set("progress/1", damaged)  # a foreign writer, a fault
+        ranks, nodes = leader.job_progress([])
+        assert ranks == [] and [n.node for n in nodes] == [0, 1]
+    said = [r.message for r in caplog.records if "progress share" in r.message]
+    assert said == ["node 1's progress share is damaged (at is missing); its ranks are left out"]
+    leader.close(), follower.close()
