@@ -198,9 +198,11 @@ def test_damaged_state_files_are_errors_not_tracebacks(launcher, tmp_path):
     assert launcher.run(*failing).proc.returncode == 1
     events = runs / "actor" / "events.jsonl"
     events.write_text(events.read_text() + "garbage\n" + '{"event": "transit')  # a torn last line
+    damaged = events.read_text()
     resumed = launcher.run(*failing)  # the history is kept, the damaged lines are skipped
     assert resumed.proc.returncode == 0, resumed.stderr
     assert "skipped 2 line(s) that are not events" in resumed.stderr and "Traceback" not in resumed.stderr
+    assert events.read_text().startswith(damaged + "\n")  # kept as they were, not dropped on rewriting
 
     for damage in ("{}", "[]", '{"status": "RUNNING", "attempts": [{"attempt": "zero"}]}'):
         (runs / "actor" / "run.json").write_text(damage)

@@ -8,12 +8,13 @@ import functools
 import typing
 from typing import Any, Dict, Mapping
 
-__all__ = ["LATEST_WALL", "LARGEST_INT", "check_fields", "check_record", "fits"]
+__all__ = ["LATEST_WALL", "LARGEST_INT", "SMALLEST_INT", "check_fields", "check_record", "fits"]
 
 # Every float such a file holds is a wall-clock time or seconds, every int a step, an attempt, a
 # pid, a rank, a node or an exit code.
 LATEST_WALL = 253402300799.0  # 9999-12-31 23:59:59 UTC: later is no date (time_t, strftime)
 LARGEST_INT = 2**63 - 1  # int64, as torch and the OS hold steps and pids
+SMALLEST_INT = -(2**63)
 
 
 @functools.cache
@@ -21,15 +22,15 @@ def _declared(cls: type) -> Dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def check_fields(cls: type, data: Any, lowest: Mapping[str, int] = {}) -> None:
+def check_fields(cls: type, data: Any, lowest: Mapping[str, int] = {}, ints_from: int = 0) -> None:
     """ValueError naming the first of ``data``'s fields that ``cls`` would not hold as declared
-    (ints from 0, or ``lowest[name]``, floats from 0); TypeError when ``data`` is no JSON object.
-    Unknown and missing fields are the constructor's."""
+    (ints from ``lowest[name]`` or ``ints_from``, floats from 0); TypeError when ``data`` is no
+    JSON object. Unknown and missing fields are the constructor's."""
     if not isinstance(data, dict):
         raise TypeError(f"a JSON object was expected, not {type(data).__name__}")
     declared = _declared(cls)
     for name, value in data.items():
-        if name in declared and not fits(value, declared[name], lowest.get(name, 0)):
+        if name in declared and not fits(value, declared[name], lowest.get(name, ints_from)):
             raise ValueError(f"{name} is {value!r}"[:80])
 
 

@@ -29,6 +29,7 @@ from worker_lib.core.storage import Storage
 
 __all__ = [
     "Damaged",
+    "History",
     "LockRecord",
     "LockState",
     "RunDir",
@@ -47,6 +48,16 @@ LOCK_FILE = "lock.json"
 _SETTLE_S = 0.3  # between writing a lock and reading it back
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class History:
+    """events.jsonl as read: its events, and its bytes (each line ended), which a supervisor
+    resuming the run writes back before its own: a line no reader takes (damage, or another
+    version's event) is skipped by readers, never dropped from the file."""
+
+    events: List[Logged]
+    text: bytes
 
 
 class Damaged(Exception):
@@ -182,12 +193,16 @@ class RunDir:
 
     def read_events(self) -> List[Logged]:
         """The run's event log; lines this version cannot read are skipped, with a warning."""
+        return self.read_history().events
+
+    def read_history(self) -> "History":
+        """The run's event log as read, for a supervisor that carries it on."""
         try:
-            text = self.storage.read_bytes(EVENTS_FILE, self._retries).decode(errors="replace")
+            data = self.storage.read_bytes(EVENTS_FILE, self._retries)
         except FileNotFoundError:
-            return []
+            return History([], b"")
         events, skipped = [], 0
-        for line in filter(str.strip, text.splitlines()):
+        for line in filter(str.strip, data.decode(errors="replace").splitlines()):
             try:
                 logged = parse_logged(json.loads(line))
             except ValueError:
@@ -198,7 +213,7 @@ class RunDir:
                 events.append(logged)
         if skipped:
             log.warning("%s/%s: skipped %d line(s) that are not events", self.url, EVENTS_FILE, skipped)
-        return events
+        return History(events, data if data.endswith(b"\n") or not data else data + b"\n")
 
     def write_events(self, events: List[Logged]) -> None:
         self.storage.write_bytes(EVENTS_FILE, events_bytes(events), self._retries)

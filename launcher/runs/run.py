@@ -227,7 +227,7 @@ class Run:
         self._writer.check()
         self.state.updated_at = time.time()
         self._writer.submit(STATE_FILE, state_bytes(self.state))
-        self._writer.submit(EVENTS_FILE, events_bytes(self._earlier_events + self._events.logged))
+        self._writer.submit(EVENTS_FILE, self._earlier_events.text + events_bytes(self._events.logged))
 
     def newest_checkpoint(self) -> NewestCheckpoint:
         """The checkpoint dir's newest step, if storage lists it within --storage-timeout. While a

@@ -110,3 +110,52 @@ def test_a_row_aged_past_a_clock_ahead_of_ours_is_never_silent_for_less_than_not
     """A follower's clock ahead of node 0's: its share's age is negative, its rows stay writable."""
     row = ProgressRow(0, 1, 3, 0.5, "stepping").aged(-2.0)
     assert row.silent_for == 0.0 and ProgressRow.from_json(row.to_json()) == row
+
+
+def _exit_line(**changes):
+    """A worker_exit line of events.jsonl as a supervisor writes it, with ``changes``."""
+    from launcher.core.events import Logged, WorkerExit
+
+    line = Logged(WorkerExit(0, 1, 4242, -9, 12.5), 12.5, 1.7e9).to_json()
+    line.update(changes)
+    return {name: value for name, value in line.items() if value is not _DELETE}
+
+
+def test_an_event_line_reads_back_with_its_negative_ints():
+    from launcher.core.events import parse_logged
+
+    assert parse_logged(_exit_line()).event.exitcode == -9  # killed by SIGKILL: not damage
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"t_wall": 1e308},  # `status --plot` drew it as a date
+        {"t_wall": -1e18},  # `status --plot` said "[Errno 75] Value too large", naming no file
+        {"t_mono": math.nan},
+        {"t_wall": "yesterday"},
+        {"t_wall": _DELETE},
+        {"attempt": "0"},
+        {"attempt": 10**30},
+        {"exitcode": True},
+        {"t_observed": math.inf},
+    ],
+)
+def test_an_event_line_with_values_no_supervisor_writes_is_skipped(changes):
+    from launcher.core.events import parse_logged
+
+    assert parse_logged(_exit_line(**changes)) is None
+
+
+def test_a_run_carried_on_keeps_the_lines_no_reader_takes(tmp_path):
+    """A resumed run rewrites events.jsonl from what it read: damaged lines (and another
+    version's events) were dropped from the file; they are kept as they were, each line ended."""
+    good = json.dumps(_exit_line())
+    torn = good[:40]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "events.jsonl").write_text(
+        f"{good}\ngarbage\n{json.dumps(_exit_line(t_wall=1e308))}\n{torn}"
+    )
+    history = RunDir(str(tmp_path / "run")).read_history()
+    assert [e.event.pid for e in history.events] == [4242]
+    assert history.text == (tmp_path / "run" / "events.jsonl").read_bytes() + b"\n"
