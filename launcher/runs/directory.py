@@ -22,6 +22,7 @@ from typing import Any, List, Optional
 import psutil
 
 from launcher.core.beats import LiveProgress
+from launcher.core.checked import fits
 from launcher.core.events import Logged, parse_logged
 from launcher.core.records import RunState
 from launcher.grammar.errors import RunBusy, RunLost, UsageError
@@ -46,6 +47,7 @@ PROGRESS_FILE = "progress.json"  # the live ranks' steps and beat ages, for `ftl
 EVENTS_FILE = "events.jsonl"
 LOCK_FILE = "lock.json"
 _SETTLE_S = 0.3  # between writing a lock and reading it back
+_LARGEST_PID = 2**31 - 1  # pid_t
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,11 @@ class LockRecord:
             fields[name] = value
         if fields["lease"] <= 0:
             raise ValueError(f"lease is {fields['lease']!r}")
+        if not 0 < fields["pid"] <= _LARGEST_PID:  # psutil raises on a negative one: status exited 70
+            raise ValueError(f"pid is {fields['pid']!r}"[:80])
+        for name in ("pid_started", "renewed_at"):  # wall-clock times: dates, never 1e300
+            if not fits(fields[name], float):
+                raise ValueError(f"{name} is {fields[name]!r}"[:80])
         return cls(**fields)
 
     @classmethod

@@ -126,6 +126,10 @@ def test_an_uncommitted_step_newer_than_every_committed_one_is_lost_work():
         {"lease": -5.0},
         {"renewed_at": float("inf")},
         {"lease": 10**400},
+        {"pid": -5},  # psutil raised ValueError: `status` exited 70
+        {"pid": 2**40},
+        {"renewed_at": 1e300},  # `status` said it was renewed -1e300 s ago, in 300 digits
+        {"pid_started": -1e15},
     ],
 )
 def test_a_lock_with_numbers_no_ftlaunch_writes_is_damaged(tmp_path, fields):
@@ -134,7 +138,7 @@ def test_a_lock_with_numbers_no_ftlaunch_writes_is_damaged(tmp_path, fields):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / LOCK_FILE).write_text(json.dumps(dataclasses.asdict(record)))
     with pytest.raises(
-        UsageError, match=r"run/lock.json is damaged \((lease|renewed_at) is .*\); if no ftlaunch"
+        UsageError, match=rf"run/lock.json is damaged \({next(iter(fields))} is .*\); if no ftlaunch"
     ):
         RunDir(str(tmp_path / "run")).read_lock()
 
