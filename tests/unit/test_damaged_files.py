@@ -159,3 +159,45 @@ def test_a_run_carried_on_keeps_the_lines_no_reader_takes(tmp_path):
     history = RunDir(str(tmp_path / "run")).read_history()
     assert [e.event.pid for e in history.events] == [4242]
     assert history.text == (tmp_path / "run" / "events.jsonl").read_bytes() + b"\n"
+
+
+@pytest.mark.parametrize(
+    "text, read",
+    [
+        ('{"message": "ValueError: boom", "timestamp": "1700000000"}', ("ValueError: boom", 1700000000)),
+        ('{"message": "ValueError: boom", "timestamp": "x"}', ("ValueError: boom", 0)),  # supervisor: exit 70
+        ('{"message": "ValueError: boom", "timestamp": NaN}', ("ValueError: boom", 0)),
+        ('{"message": "ValueError: boom", "timestamp": 1e308}', ("ValueError: boom", 0)),
+        ('{"message": {"message": "E", "extraInfo": "x"}}', ("E", 0)),  # AttributeError: exit 70
+        ('{"message": {"message": "E", "extraInfo": {"timestamp": [1]}}}', ("E", 0)),
+        ('{"message": "E", "timestamp": true}', ("E", 0)),
+        ('{"message": {"message": "E", "extraInfo": {"py_cal', None),  # torn as the worker died
+        ("[]", None),
+    ],
+)
+def test_a_workers_damaged_error_file_never_ends_the_supervisor(tmp_path, text, read):
+    """The worker writes it as it dies (or its own code writes anything there): the supervisor
+    reads what it can, the message before the time."""
+    from launcher.core.failures import read_error_file
+
+    (tmp_path / "error.json").write_text(text)
+    record = read_error_file(tmp_path / "error.json")
+    assert (record and (record.message, record.timestamp)) == read
+
+
+def test_a_memory_slots_damaged_record_is_no_slot(tmp_path):
+    """int(Infinity) raised OverflowError out of the reader, where every other damage is no slot."""
+    from worker_lib.checkpoint.memory_slots import SlotFiles
+
+    slot = SlotFiles(tmp_path, 0, 0)
+    slot.data.write_bytes(b"x"), slot.index.write_bytes(b"")
+    for text in (
+        '{"step": Infinity, "kind": "parts", "world_size": 1, "size": 1, "index_size": 0, "metrics": {}}',
+        "{",
+    ):
+        slot.record.write_text(text)
+        assert slot.read_record() is None
+    slot.record.write_text(
+        '{"step": 3, "kind": "parts", "world_size": 1, "size": 1, "index_size": 0, "metrics": {}}'
+    )
+    assert slot.read_record().step == 3
