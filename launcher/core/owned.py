@@ -7,19 +7,23 @@ cannot fake it. A cleaner removes only what it can lock. A pid that does not exi
 nothing: in a container sharing /dev/shm (``docker --ipc=host``) the owner's pid is another
 namespace's. Names read ``<kind>owned-<pid>-...``: an older ftlaunch's cleaner, which judged by a
 pid in front, skips them; what such a one left (``<kind><pid>-...``, no lock) is kept, since
-nothing shows whether its owner is alive, and said once."""
+nothing shows whether its owner is alive, and said once.
+
+Where the owner's mark is a pid in a record (the run dir's lock, the lobby's claims), the pid
+is asked only in the pid space that wrote it (``pid_space``), else the record's lease decides."""
 
 import errno
 import fcntl
 import logging
 import os
 import shutil
+import socket
 import stat
 import tempfile
 from pathlib import Path
 from typing import Optional, Set, Tuple, Union
 
-__all__ = ["owned_file", "owned_folder", "remove_unowned", "OWNER"]
+__all__ = ["owned_file", "owned_folder", "remove_unowned", "pid_space", "OWNER"]
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +31,20 @@ OWNER = ".owner"  # in an owned folder: the file its owner holds locked
 _OWNED = "owned-"
 _TRIES = 3  # a cleaner can take a new name only in its first microseconds: a retry is rare
 _said: Set[str] = set()  # older ftlaunch's leftovers already named by this process
+_HOST_PID_NS = 0xEFFFFFFC  # the kernel's PROC_PID_INIT_INO: the host's own PID namespace
+
+
+def pid_space() -> str:
+    """Where this process's pid means something: the host's name, and the PID namespace's number
+    where it is not the host's own (a container's, ``unshare --pid``'s), as ``host/pidns-N``.
+    A recorded pid is asked of the kernel only where this equals the record's; the host's own
+    namespace keeps the bare name, which older ftlaunch records hold."""
+    host = socket.gethostname()
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:  # no /proc: nothing to tell namespaces apart by
+        return host
+    return host if namespace == _HOST_PID_NS else f"{host}/pidns-{namespace}"
 
 
 def owned_file(parent: Union[str, Path], kind: str, tag: str = "") -> Tuple[int, Path]:
