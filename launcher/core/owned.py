@@ -7,7 +7,8 @@ cannot fake it. A cleaner removes only what it can lock. A pid that does not exi
 nothing: in a container sharing /dev/shm (``docker --ipc=host``) the owner's pid is another
 namespace's. Names read ``<kind>owned-<pid>-...``: an older ftlaunch's cleaner, which judged by a
 pid in front, skips them; what such a one left (``<kind><pid>-...``, no lock) is kept, since
-nothing shows whether its owner is alive, and said once.
+nothing shows whether its owner is alive, and named once in the log (--verbose): on a machine
+where older ftlaunch runs live, a warning would come with every launch.
 
 Where the owner's mark is a pid in a record (the run dir's lock, the lobby's claims), the pid
 is asked only in the pid space that wrote it (``pid_space``), else the record's lease decides."""
@@ -81,7 +82,7 @@ def remove_unowned(parent: Union[str, Path], kind: str) -> None:
     if older:
         _said.update(older)
         shown = ", ".join(sorted(older)[:3]) + (f" and {len(older) - 3} more" if len(older) > 3 else "")
-        log.warning(
+        log.info(
             "kept %s: an older ftlaunch's, with no owner lock (its owner may be alive in another "
             "PID namespace); remove by hand once no such run is on this machine",
             shown,

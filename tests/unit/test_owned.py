@@ -64,7 +64,7 @@ def test_what_an_older_ftlaunch_left_is_kept_and_said_once(tmp_path, caplog):
     older.mkdir()
     board = tmp_path / f"ftlaunch-heartbeat-{dead_pid()}-0-left"
     board.write_bytes(b"")
-    with caplog.at_level(logging.WARNING, logger=owned.__name__):
+    with caplog.at_level(logging.INFO, logger=owned.__name__):
         tier = MemoryTier(shm=tmp_path)
         tier.close()
         MemoryTier(shm=tmp_path).close()
