@@ -12,9 +12,14 @@ import os
 import sys
 
 _INTERNAL = 70  # ExitCode.INTERNAL; launcher.grammar.errors may be what failed to import
+# grpc's C core prints its INFO lines on stderr (a TLS handshake that failed, at every retry of
+# gcsfs's bucket look-up against an emulator's HTTP port): the supervisor, its fork server and the
+# workers, who inherit it, run at ERROR unless the user chose a level.
+_GRPC_LEVEL = ("GRPC_VERBOSITY", "ERROR")
 
 
 def entry() -> None:
+    os.environ.setdefault(*_GRPC_LEVEL)  # before anything loads grpc: it is read once
     try:
         from launcher.process.signals import SignalInbox  # light: os, select, signal
 

@@ -138,7 +138,7 @@ class AttemptRunner:
             result = self._start_and_watch(machine, group, board)
             lived = time.monotonic() - started
             result = _with_exits_before_the_stop(result, group, self._record_exit)
-            self._stops.stop(machine, group, result)
+            self._stops.stop(machine, group, result, may_restart=role.may_restart(result))
             slots = board.read()
             self._observer.final(slots, board.checkpoint_counters())
             result = dataclasses.replace(result, lived=lived, beats=BeatSummary.of(slots.values()))

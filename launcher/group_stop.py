@@ -99,8 +99,11 @@ class GroupStop:
             group, board, rate, lambda step: self._events.emit(StopRequested(attempt, step)), turn
         )
 
-    def stop(self, machine: GroupStateMachine, group: WorkerGroup, result: AttemptResult) -> None:
-        """Stop the whole group. After a success this only sweeps up leftover grandchildren."""
+    def stop(
+        self, machine: GroupStateMachine, group: WorkerGroup, result: AttemptResult, may_restart: bool
+    ) -> None:
+        """Stop the whole group. After a success this only sweeps up leftover grandchildren.
+        ``may_restart``: the policy may restart after it (the next ranks are forked meanwhile)."""
         succeeded = result.outcome is AttemptOutcome.SUCCEEDED
         if not succeeded:
             machine.transition(GroupState.STOPPING)
@@ -111,7 +114,7 @@ class GroupStop:
         # its machine need to hear of the crash (16 loopback nodes: every node's ranks stopped in
         # 0.24-0.32 s after it, against 0.13-0.15 s), and the rendezvous after the verdict is the
         # long part of its restart, which they still overlap.
-        ahead = result.outcome.may_restart and not self.config.cluster.many_nodes
+        ahead = may_restart and not self.config.cluster.many_nodes
         report = group.stop(first_signal, grace, self.cut_short, restarting=ahead)
         if report.survivors:
             self._say(f"could not stop pids {report.survivors} (uninterruptible?); left behind")

@@ -13,7 +13,8 @@ moment (a step, or how long into the run) from the seed; the table says per faul
   done): a fault that lands nowhere proves nothing, and fails the trial;
 - recovered: the run ended with exit 0 (after a relaunch, for the faults that need one);
 - identical: its final committed checkpoint (model and optimizer) equals the fault-free run's, bit
-  for bit;
+  for bit (honest at 2 ranks only: at 3 a resumed DDP's first step may sum in another order,
+  docs/reliability.md "What bit-identical means");
 - left: processes of the trial alive after it ended (supervisor, fork server, guard, workers);
 - lost: committed checkpoints that no longer verify (a part missing, torn or changed), except the
   one a fault damaged on purpose;
@@ -180,6 +181,8 @@ class Subject:
 
     def command(self, *extra: str) -> List[str]:
         self.launches += 1
+        # 2 ranks: a sum of two is the same in either order, so a resumed run's new DDP sums its
+        # first step as the fault-free run did (docs/reliability.md, "What bit-identical means").
         return [
             sys.executable, "-m", "launcher", "--nproc", "2", "--run-dir", self.run_dir,
             "--run-name", "train", "--log-dir", str(self.logs / f"logs_{self.launches}"),

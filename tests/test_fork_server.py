@@ -203,6 +203,43 @@ def test_a_dead_zygote_falls_back_and_the_run_goes_on(launcher, tmp_path):
     assert launch.survivors() == []
 
 
+def test_every_request_to_a_frozen_fork_server_ends_at_its_deadline(tmp_path):
+    """A zygote frozen (SIGSTOP) answers nothing: each request the supervisor sends it (a group's
+    workers, a spare, the store host, the processes forked ahead during a stop) is given up on
+    after ``ANSWER_S``, not 30 s (a refill's spare asked for while the group runs held the
+    supervisor's loop, a crash included, for as long)."""
+    from launcher.core.config import EntrySection
+    from launcher.process.forkserver import ANSWER_S, ForkServer, ForkServerUnavailable
+    from launcher.process.plan import WorkerSpec
+
+    script = tmp_path / "empty.py"
+    script.write_text("")
+    server = ForkServer(EntrySection(str(script)), tmp_path / "forkserver.log")
+    server.launch(dict(os.environ))
+    read, write = os.pipe()
+    try:
+        server.await_ready(300.0)
+        os.kill(server.pid, signal.SIGSTOP)
+        spec = WorkerSpec(0, 0, ("python", str(script)), {"RANK": "0"}, tmp_path / "log", tmp_path / "err")
+        requests = {
+            "workers": lambda: server.fork([spec], [(write, write)]),
+            "spare": lambda: server.fork_spare(0, cuda=False),
+            "store host": server.fork_store,
+            "forked ahead": lambda: (server.send_parked([0]), server.settle()),
+        }
+        for name, ask in requests.items():
+            started = time.monotonic()
+            with pytest.raises(ForkServerUnavailable, match=f"no answer to fork within {ANSWER_S:g} s"):
+                ask()
+            took = time.monotonic() - started
+            assert ANSWER_S <= took < 8.0, f"{name}: {took:.1f} s"  # a few seconds: it was 30
+    finally:
+        os.close(read)
+        os.close(write)
+        server.close()  # SIGKILL: a stopped process dies of it too
+    assert server.pid is not None and not psutil.pid_exists(server.pid)
+
+
 def test_many_ranks_forked_at_once_all_start(launcher, tmp_path):
     """Twelve forks in a row on two cores: the middle process may exit before or after its
     worker first runs (CI once caught a worker that waited 10 s for a parent it already had)."""

@@ -67,6 +67,11 @@ def test_peers_blocked_in_a_collective_are_stopped_and_the_hung_rank_is_blamed(l
     # waiting in a collective.
     assert sorted(h.rank for h in launch.events(Hang)) == [0, 1, 2]
     assert "root cause: rank 1 (pid" in launch.stderr and "in sleep_forever" in launch.stderr
+    # Its stack as shown starts at the script, as a plain interpreter's would: not the fork
+    # server's frames, nor runpy's, below it.
+    shown = [line for line in launch.stderr.splitlines() if line.startswith("[ftlaunch]   | File ")]
+    assert shown[0].endswith("in sleep_forever") and shown[-1].endswith(" in <module>"), shown
+    assert all("beater.py" in line for line in shown), shown
     for rank in (0, 2):  # the peers' stacks show where they waited
         log = (launch.log_dir / "attempt_0" / f"rank_{rank}.log").read_text()
         assert re.search(r"line \d+ in all_reduce", log), log

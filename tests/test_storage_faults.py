@@ -2,10 +2,12 @@
 back after a while; /dev/shm is full. Real GCS emulators (one per test, stopped and restarted by PID) through
 gcsfs, real workers. The supervisor's loop never waits on storage: a signal is answered at once
 whatever storage does, a blip shorter than the lease does not end the run, and storage silent for
-longer than the lease ends it with its own exit code and one line."""
+longer than the lease ends it with its own exit code and one line. What gcsfs's gRPC look-ups
+print against an emulator stays off the console (the last tests)."""
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import tempfile
@@ -271,6 +273,107 @@ def test_a_full_dev_shm_at_launch_puts_the_heartbeat_slots_in_the_temp_dir(launc
     fallback = [line for line in launch.stderr.splitlines() if "heartbeat slots in" in line]
     assert len(fallback) == 1 and "/dev/shm has no room (No space left on device)" in fallback[0], fallback
     assert "[0] " in launch.stdout and "Traceback" not in launch.stderr
-    left = list(Path(tempfile.gettempdir()).glob(f"ftlaunch-heartbeat-{launch.proc.pid}-*"))
+    left = list(Path(tempfile.gettempdir()).glob(f"ftlaunch-heartbeat-owned-{launch.proc.pid}-*"))
     assert left == []
+    assert launch.survivors() == []
+
+
+# A line of grpc's C core (absl's format): "I1128 03:12:31.742388    7556 ssl_transport_security.cc:2563] ..."
+_GRPC_LINE = re.compile(r"^(?:\[\d+\] )?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w.]+:\d+\] ", re.M)
+
+
+def test_grpc_says_nothing_on_the_console_for_the_supervisors_check_of_gcs(launcher, gcs_env, monkeypatch):
+    """gcsfs (2026.10, unless GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false) asks a GCS endpoint for each
+    bucket's layout over gRPC: against an emulator's plain HTTP port each TLS handshake fails, and
+    grpc printed every failure on the console ('ssl_transport_security.cc:2563] Handshake failed',
+    an INFO line) while the supervisor checked the checkpoint dir. grpc runs at ERROR under
+    ftlaunch, unless the user set GRPC_VERBOSITY."""
+    import fsspec
+
+    use_emulator("gcs", gcs_env, monkeypatch)
+    bucket = f"grpc-{uuid.uuid4().hex[:8]}"
+    fsspec.filesystem("gcs").mkdir(bucket)
+    env = {**gcs_env, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "true"}  # gcsfs's own default
+    launch = launcher.start(
+        "--storage-timeout", "4", "--checkpoint-dir", f"gs://{bucket}/ckpt", WAITER, env=env
+    )
+    assert launch.wait(60) == ExitCode.USAGE, launch.stderr  # the look-up's retries outlast the check
+    assert "did not answer within 4 s" in launch.stderr, launch.stderr
+    assert not _GRPC_LINE.search(launch.stderr), launch.stderr
+    assert launch.survivors() == []
+
+
+# Connects to argv[1] with TLS and says whether the handshake failed (the server speaks HTTP).
+_TLS_CLIENT = """
+import sys, threading, grpc
+failed = threading.Event()
+def watch(state):
+    if state is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+        failed.set()
+channel = grpc.secure_channel(sys.argv[1], grpc.ssl_channel_credentials())
+channel.subscribe(watch, try_to_connect=True)
+print("handshake failed" if failed.wait(30) else "no answer", flush=True)
+channel.unsubscribe(watch)
+channel.close()
+"""
+
+
+@pytest.mark.parametrize("level", [None, "INFO"], ids=["default", "user's INFO"])
+def test_grpc_in_a_worker_says_only_its_errors_unless_the_user_asks_for_more(
+    launcher, tmp_path, gcs_env, level
+):
+    """A rank whose gRPC channel fails its TLS handshake (as gcsfs's look-up against an emulator
+    does): grpc's INFO line about it stays off the console; a GRPC_VERBOSITY the user set is kept
+    (then the line shows: the level is a default, not a filter)."""
+    script = tmp_path / "tls_client.py"
+    script.write_text(_TLS_CLIENT)
+    endpoint = gcs_env["FSSPEC_GCS_ENDPOINT_URL"].split("://")[1]
+    env = {"GRPC_VERBOSITY": level} if level else {}
+    spawner = ("--no-fork-server",) if level else ()  # what users run, and the other way once
+    launch = launcher.run("--nproc", "1", *spawner, str(script), endpoint, env=env)
+    assert launch.proc.returncode == 0, launch.stderr
+    assert "[0] handshake failed" in launch.stdout, launch.stdout
+    assert bool(_GRPC_LINE.search(launch.stderr)) is (level == "INFO"), launch.stderr
+    assert launch.survivors() == []
+
+
+# Writes and reads argv[1]'s objects through worker_lib's storage, a few times.
+_STORAGE_USER = """
+import sys
+from worker_lib.core.storage import Storage
+storage = Storage(sys.argv[1])
+for n in range(4):
+    storage.write_bytes(f"object_{n}", b"x")
+    assert storage.read_bytes(f"object_{n}") == b"x"
+print("4 objects written and read", flush=True)
+"""
+
+
+def test_gcsfs_falling_back_from_its_bucket_look_up_says_so_once_a_process(
+    launcher, tmp_path, gcs_env, monkeypatch
+):
+    """With STORAGE_EMULATOR_HOST (or on GCS without the storage layout permission), gcsfs's gRPC
+    look-up of the bucket's layout fails and it says 'Could not determine bucket type ... falling
+    back to GCSFileSystem' at every call, never caching the answer: 29 lines for 2 ranks' 6 steps.
+    Once a process now, the supervisor's and each rank's; the run is as before."""
+    import fsspec
+
+    endpoint = gcs_env["FSSPEC_GCS_ENDPOINT_URL"]  # the launch reaches it as STORAGE_EMULATOR_HOST only
+    bucket = f"look-up-{uuid.uuid4().hex[:8]}"
+    fsspec.filesystem("gcs", endpoint_url=endpoint, token="anon", skip_instance_cache=True).mkdir(bucket)
+    script = tmp_path / "storage_user.py"
+    script.write_text(_STORAGE_USER)
+    env = {
+        "STORAGE_EMULATOR_HOST": gcs_env["FSSPEC_GCS_ENDPOINT_URL"],
+        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "true",
+    }
+    url = f"gs://{bucket}"
+    launch = launcher.run(
+        "--nproc", "1", "--checkpoint-dir", f"{url}/ckpt", str(script), f"{url}/own", env=env
+    )
+    assert launch.proc.returncode == 0, launch.stderr
+    assert "[0] 4 objects written and read" in launch.stdout, launch.stdout
+    said = [line for line in launch.stderr.splitlines() if "Could not determine bucket type" in line]
+    assert len([line for line in said if line.startswith("[0] ")]) == 1, launch.stderr
+    assert len(said) <= 2, launch.stderr  # and ftlaunch's own check of the checkpoint dir, once
     assert launch.survivors() == []

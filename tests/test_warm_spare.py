@@ -15,7 +15,7 @@ from typing import Dict
 
 import psutil
 import pytest
-from helpers import wait_for_files
+from helpers import frozen_at, wait_for_files
 from test_fork_server import _zygote_of
 
 from launcher.process.plan import WorkerSpec
@@ -285,6 +285,36 @@ def test_a_process_forked_ahead_without_cuda_is_waited_for_not_forked_anew(tmp_p
         child.wait(10)
 
 
+@pytest.mark.parametrize("frozen", ["before its ready word", "at its hand-over"])
+def test_a_frozen_parked_process_costs_a_restart_its_deadline_then_the_rank_starts_anyway(tmp_path, frozen):
+    """A parked process without CUDA answers in milliseconds: frozen (SIGSTOP), it is given up on
+    after a few seconds (it was 10), killed, and said once; the rank is then started the usual
+    way."""
+    child = subprocess.Popen(["sleep", "60"])  # stands for the parked process
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    said = []
+    spares = WarmSpares(1, cuda=False, say=said.append)
+    spec = WorkerSpec(0, 0, ("python", "train.py"), {"LOCAL_RANK": "0"}, tmp_path / "log", tmp_path / "err")
+    try:
+        spares.make_one(lambda rank, cuda: (child.pid, ours), _Guard())
+        if frozen == "at its hand-over":
+            theirs.send(json.dumps({"ready": {"device": "cpu", "seconds": 0.0, "gpu_bytes": None}}).encode())
+        child.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        assert spares.take(spec, 1, 2) is None
+        took = time.monotonic() - started
+        assert 4.0 < took < 7.0, f"{took:.1f} s"
+        assert child.poll() is not None and spares.pids == ()  # killed and reaped
+        (line,) = said
+        assert line.startswith("warm spare off: local rank 0's spare gave no answer"), line
+    finally:
+        theirs.close()
+        spares.close()
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)
+
+
 def test_a_signal_during_a_hand_over_is_answered_and_the_spare_let_go(tmp_path):
     """The spare has the rank's request but has not answered (it is registering a large slot, or it
     is stopped): a signal ends the wait at once, and the spare, which may be that rank's worker by
@@ -352,31 +382,45 @@ sys.exit(int(go.read_text()) if wait_for(go) else 3)
 
 
 @pytest.mark.parametrize("then", ["restart", "no restart"])
-def test_a_failed_groups_stop_forks_the_next_ranks_ahead_and_the_restart_takes_them(launcher, tmp_path, then):
+def test_a_failed_groups_stop_forks_the_next_ranks_ahead_only_where_the_policy_may_restart(
+    launcher, tmp_path, then
+):
     """While rank 0 of the failed group still answers its SIGTERM, a parked process per local rank
     is already there (spares off: these are the restart's own, without CUDA); the restart's ranks
-    are those processes. When no restart comes (the budget is spent), they go with the run."""
+    are those processes. With --max-failures 0 nothing is asked for: the supervisor, frozen just
+    after the stop's first signal (a failpoint), holds no socket to a process made ahead. (It
+    asked for them anyway, and the run's end killed them.)"""
     script = tmp_path / "lingerer.py"
     script.write_text(LINGERER)
     folder = tmp_path / "ranks"
     folder.mkdir()
     budget = "1" if then == "restart" else "0"
     launch = launcher.start(
-        "--nproc", "2", "--max-failures", budget, "--grace-period", "120", str(script), str(folder)
+        "--nproc", "2", "--max-failures", budget, "--grace-period", "120", str(script), str(folder),
+        env={"FTLAUNCH_FAILPOINT": "stop-signalled"},
     )  # fmt: skip
     first = _worker_pids(folder, 0)
     assert not _parked(launch)  # none while the group runs: spares are off
+    supervisor = psutil.Process(launch.proc.pid)
+    held = len(_local_sockets(supervisor))
     (folder / "fail").write_text("")
-    parked = _spares(launch)  # rank 0 is still stopping: it waits for release
-    assert _runs(first[0]) and not set(parked.values()) & set(first.values())
-    (folder / "release").write_text("")
+    frozen_at(launch, "stop-signalled")
+    asked = len(_local_sockets(supervisor)) - held  # our end of each parked process's socket
+    supervisor.resume()
     if then == "restart":
+        assert asked == 2
+        parked = _spares(launch)  # rank 0 is still stopping: it waits for release
+        assert _runs(first[0]) and not set(parked.values()) & set(first.values())
+        (folder / "release").write_text("")
         assert _worker_pids(folder, 1) == parked
         _go(folder, 1, 0)
+        frozen_at(launch, "stop-signalled")  # the succeeded group's sweep stops there too
+        supervisor.resume()
         assert launch.wait(60) == 0, launch.stderr
     else:
+        assert asked == 0 and not _parked(launch)
+        (folder / "release").write_text("")
         assert launch.wait(60) == 1, launch.stderr
-        assert _gone(parked.values())
     assert "warm spare" not in launch.stderr and "fork server off" not in launch.stderr
     assert launch.survivors() == []
 
@@ -408,6 +452,39 @@ def test_a_frozen_fork_server_never_holds_a_failed_groups_stop_past_its_grace(la
         if zygote.is_running():
             zygote.resume()
     assert launch.survivors_after(10) == []
+
+
+def test_a_fork_server_frozen_at_a_crash_holds_the_restart_its_deadline_then_ranks_are_spawned(
+    launcher, tmp_path
+):
+    """Frozen (SIGSTOP) when the group fails, the fork server never answers the request for the
+    next ranks that the stop sends: the restart waits for it its deadline (a few seconds; it was
+    30), says once that it is off, and spawns its ranks as new processes."""
+    from launcher.core.events import Transition
+    from launcher.core.group_state import GroupState
+
+    script = tmp_path / "waiter.py"
+    script.write_text(WAITER)
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    launch = launcher.start("--nproc", "2", "--max-failures", "1", str(script), str(folder))
+    first = _worker_pids(folder, 0)
+    zygote = _zygote_of(launch)
+    zygote.suspend()  # idle until the crash: frozen now is frozen at the crash
+    try:
+        _go(folder, 0, 1)  # both ranks exit 1
+        restarted = _worker_pids(folder, 1)
+    finally:
+        if zygote.is_running():
+            zygote.resume()
+    assert not set(restarted.values()) & set(first.values())
+    _go(folder, 1, 0)
+    assert launch.wait(60) == 0, launch.stderr
+    moments = {(t.event.attempt, t.event.new): t.t_mono for t in launch.logged(Transition)}
+    held = moments[1, GroupState.RUNNING] - moments[0, GroupState.FAILED]
+    assert held < 5.0 + 5.0, f"the restart took {held:.1f} s"  # its deadline, and a spawn of 2 ranks
+    assert launch.stderr.count("fork server off: no answer to fork within 5 s") == 1, launch.stderr
+    assert launch.survivors() == []
 
 
 def test_a_fork_server_dead_with_the_request_ahead_unread_is_left_and_the_run_goes_on(launcher, tmp_path):

@@ -2,7 +2,7 @@
 for, in node 0's store (keys outside every round), so that a node that cannot be part of the
 job is refused at once, with exit 2, instead of waiting out --join-timeout:
 
-    lobby/claim/<n>       the token of the supervisor that holds node rank n (host:pid:nonce)
+    lobby/claim/<n>       the token of the supervisor that holds node rank n (pid space:pid:nonce)
     lobby/alive/<token>   a counter that supervisor's thread bumps every half second
     lobby/hello/<n>       who it is and which job it came for (rendezvous id, command, host, pid)
     lobby/hellos          "n," appended by each follower that said hello: node 0 reads who came in
@@ -20,11 +20,11 @@ while they meet as during an attempt."""
 import dataclasses
 import json
 import os
-import socket
 import time
 from typing import Callable, List, Optional
 
 from launcher.cluster.alive import AliveCounter, beat_every
+from launcher.core.owned import pid_space
 from launcher.grammar.errors import UsageError
 from launcher.process.waiting import Inbox, Wait
 
@@ -84,7 +84,7 @@ class NodeClaim:
         (every node of a job has the same: one command)."""
         self.node = node
         self._every = beat_every(node_timeout)
-        self.token = f"{socket.gethostname()}:{os.getpid()}:{time.monotonic_ns()}"
+        self.token = f"{pid_space()}:{os.getpid()}:{time.monotonic_ns()}"
         self._hello = hello
         self._beat: Optional[AliveCounter] = None
 
@@ -185,9 +185,10 @@ def _alive(
     store, token: str, signals: Inbox, every: float, clock: Callable[[], float] = time.monotonic
 ) -> bool:
     """Whether the supervisor that holds ``token`` still beats (every ``every`` seconds). One on
-    this host is asked the kernel at once; another is watched for three of its beats."""
+    this host and PID namespace is asked the kernel at once; another is watched for three of its
+    beats."""
     host, pid = token.split(":")[:2]
-    if host == socket.gethostname() and not _pid_alive(int(pid)):
+    if host == pid_space() and not _pid_alive(int(pid)):
         return False
     key = f"lobby/alive/{token}"
     before = store.add(key, 0)

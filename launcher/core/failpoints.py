@@ -9,6 +9,8 @@ then acts. Read once, at import; no other effect. Not for users: a moment in the
     announced       a follower announced itself; it has not read node 0's plan yet
     planned         a node holds its attempt's plan; its ranks have not started
     failure-seen    a node saw a rank fail; it has not looked at the others again, nor stopped them
+    stop-signalled  a node's group (any, a succeeded one's sweep too) got its stop's first signal,
+                    and the next group's processes were asked for where a restart may follow
 """
 
 import os
@@ -20,7 +22,7 @@ __all__ = ["MEETING", "POINTS", "reached"]
 # The moments every healthy meeting passes (a chaos trial may freeze any of them); a rank's failure
 # is not one of them.
 MEETING = ("before-round", "round-joined", "announced", "planned")
-POINTS = (*MEETING, "failure-seen")
+POINTS = (*MEETING, "failure-seen", "stop-signalled")
 _ARMED = frozenset(name for name in os.environ.get("FTLAUNCH_FAILPOINT", "").split(",") if name)
 
 

@@ -80,6 +80,15 @@ class RestartPolicy:
             reason = f"an injected failure, not counted ({counted}{window}{limit}; --chaos-counts counts it)"
         return RestartDecision(Verdict.RESTART, reason, self.delay(stuck))
 
+    def may_restart_a_failure(self, history: Sequence[AttemptRecord], now: float, injectable: bool) -> bool:
+        """Whether a failure now could be restarted: the budget has room for it (``history``: the
+        finished attempts that count; ``injectable``: --chaos may have caused it, which counts only
+        with ``count_injected``). The crash loop is not judged: its evidence comes after the stop."""
+        if self.max_failures < 0:
+            return True
+        this = 0 if injectable and not self.count_injected else 1
+        return self.counted_failures(history, now) + this <= self.max_failures
+
     def counted_failures(self, history: Sequence[AttemptRecord], now: float) -> int:
         return sum(
             1

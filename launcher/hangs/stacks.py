@@ -8,10 +8,16 @@ __all__ = ["last_stacks", "main_thread_stack"]
 
 _HEADER = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):$")
 _TAIL_BYTES = 1 << 20  # the dump is at the end of the log; do not read gigabytes of it
+# What runs the script, below its first frame: the fork server (a forked worker runs the script
+# from the zygote's main) and runpy (``-m``, in the zygote and in a plain interpreter alike). The
+# dump (faulthandler's, written in a signal handler) holds them; what ftlaunch shows starts at the
+# script, as a plain ``python SCRIPT``'s dump does.
+_RUNNER = re.compile(r'^File "(?:<frozen runpy>|.*/runpy\.py|.*/launcher/process/zygote\.py)", line \d+ in ')
 
 
 def last_stacks(log_file: Path) -> Dict[int, Tuple[str, ...]]:
-    """Thread id → its frames (innermost first), from the last dump in the log."""
+    """Thread id → its frames (innermost first, the script's outermost last), from the last dump
+    in the log."""
     try:
         with open(log_file, "rb") as handle:
             handle.seek(0, 2)
@@ -26,15 +32,23 @@ def last_stacks(log_file: Path) -> Dict[int, Tuple[str, ...]]:
         header = _HEADER.match(line)
         if header:
             if current is not None:
-                stacks[current] = tuple(frames)
+                stacks[current] = _from_the_script(frames)
             current, frames = int(header.group(1), 16), []
         elif current is not None and line.startswith("  File "):
             frames.append(line.strip())
         elif current is not None and line.strip():  # the dump ended; a later one overwrites
-            stacks[current], current = tuple(frames), None
+            stacks[current], current = _from_the_script(frames), None
     if current is not None:
-        stacks[current] = tuple(frames)
+        stacks[current] = _from_the_script(frames)
     return stacks
+
+
+def _from_the_script(frames: List[str]) -> Tuple[str, ...]:
+    """The frames without the runner's below the script's (all of them where nothing else is)."""
+    end = len(frames)
+    while end > 0 and _RUNNER.match(frames[end - 1]):
+        end -= 1
+    return tuple(frames[:end] or frames)
 
 
 def main_thread_stack(log_file: Path, main_thread: int) -> Tuple[str, ...]:

@@ -43,6 +43,10 @@ _BATCH = 64
 _BATCH_BYTES = 128 << 10
 _REAP_S = 10.0  # a SIGKILLed store host is reaped within it (the kernel has to close its sockets)
 _STORE_ANSWER_S = 5.0  # the store host answers within it (a TCPStore starts in milliseconds)
+# The zygote answers a request to fork (a group's workers, a spare, the store host, the processes
+# forked ahead) in milliseconds: one that says nothing for this long is frozen or lost, and is
+# given up on (the ranks are spawned). It was 30 s: a zygote frozen at a crash held the restart.
+ANSWER_S = 5.0
 # What differs between ranks or attempts is left out of the zygote's environment: an import that
 # reads one of them fails there (and workers are spawned instead), rather than freezing rank 0's
 # or attempt 0's value into every worker it forks.
@@ -256,7 +260,7 @@ class ForkServer:
             raise ForkServerUnavailable(f"importing left {ready['threads'] - 1} thread(s) running in it")
 
     def fork(
-        self, specs: Sequence[WorkerSpec], pipes: Sequence[Tuple[int, int]], timeout: float = 30.0
+        self, specs: Sequence[WorkerSpec], pipes: Sequence[Tuple[int, int]], timeout: float = ANSWER_S
     ) -> Forked:
         """A worker per spec, in one request, with the write ends of its stdout and stderr pipes;
         each one's pid, None for one that died as it started."""
@@ -264,13 +268,13 @@ class ForkServer:
         jobs = [{"argv": list(spec.argv), "env": dict(spec.env), "cwd": cwd} for spec in specs]
         return self._forked(jobs, [list(pair) for pair in pipes], timeout)
 
-    def fork_store(self, timeout: float = 30.0) -> Tuple[int, socket.socket]:
+    def fork_store(self, timeout: float = ANSWER_S) -> Tuple[int, socket.socket]:
         """The store host (``store_host``): its pid, and our end of its socket."""
         job = {"argv": ["ftlaunch-store"], "env": dict(os.environ), "cwd": os.getcwd(), "store": True}
         return self._fork_helper(job, timeout)
 
     def fork_spare(
-        self, local_rank: int, cuda: bool, slots: Optional[dict] = None, timeout: float = 30.0
+        self, local_rank: int, cuda: bool, slots: Optional[dict] = None, timeout: float = ANSWER_S
     ) -> Tuple[int, socket.socket]:
         """A warm spare for ``local_rank`` (``spare``): its pid, and our end of the socket it is
         handed its rank through. ``slots``: the memory-tier slots it maps ahead (``spare.park``)."""
@@ -295,7 +299,7 @@ class ForkServer:
                 theirs.close()
         self._ahead = _Ahead(list(local_ranks), [ours for ours, _ in pairs])
 
-    def settle(self, timeout: float = 30.0, go_on: Callable[[], bool] = lambda: True) -> None:
+    def settle(self, timeout: float = ANSWER_S, go_on: Callable[[], bool] = lambda: True) -> None:
         """Read the answer to the request sent ahead, if one is pending: waited for up to
         ``timeout`` s, or with 0 read only if it is there. What it made goes to ``take_parked``.
         Answers come in the order of the requests, so every other request settles it first."""
@@ -514,7 +518,7 @@ class ForkServerSpawner:
         if self._state in ("new", "launched"):
             self._start(specs[0], lambda: True)
         self._note_slots(specs)
-        self.settle_ahead(30.0, go_on)  # what the last group's stop made ahead, once made
+        self.settle_ahead(ANSWER_S, go_on)  # what the last group's stop made ahead, once made
         left = list(specs)
         if self._state == "serving" and self._spares.pids:
             left = []

@@ -29,10 +29,11 @@ __all__ = ["Spare", "SpareFailed", "SpareState", "WarmSpares"]
 
 _MAX_MESSAGE = 1 << 16
 _READY_S = 120.0  # a CUDA context within it (seconds on a busy 8-GPU node), or spares go off
-# Without CUDA a parked process is ready once forked (ms): one that says nothing for this long (a
-# frozen one) is let go and its rank forked anew, and forking ahead goes off.
-_PARKED_READY_S = 10.0
-# A parked spare answers its hand-over at once, or once it has registered the slot of its rank's
+# Without CUDA a parked process is ready once forked and answers its hand-over at once (ms): one
+# that says nothing for this long (a frozen one) is let go and its rank started anew, and forking
+# ahead goes off.
+_PARKED_ANSWER_S = 5.0
+# A spare with CUDA answers its hand-over at once, or once it has registered the slot of its rank's
 # it is registering (about 8 GB/s: 10 s is 80 GB); it looks at its socket before each slot.
 _ANSWER_S = 10.0
 _REAP_S = 10.0  # a SIGKILLed spare is reaped within it (the kernel releases its GPU memory)
@@ -87,9 +88,14 @@ class Spare:
             self.wait_ready(_READY_S)
         return self.state is SpareState.READY
 
+    @property
+    def ready_within(self) -> float:
+        """How long its warm-up may take: a CUDA context, or a fork's moment."""
+        return _READY_S if self.cuda else _PARKED_ANSWER_S
+
     def take(self, spec: WorkerSpec, stdout_w: int, stderr_w: int, go_on: Callable[[], bool]) -> ForkedWorker:
         """Hand it ``spec``'s rank: once it answers, it is that rank's worker."""
-        self.wait_ready(_READY_S if self.cuda else _PARKED_READY_S, go_on)
+        self.wait_ready(self.ready_within, go_on)
         request = json.dumps({"argv": list(spec.argv), "env": dict(spec.env), "cwd": os.getcwd()}).encode()
         try:
             socket.send_fds(self._sock, [request], [stdout_w, stderr_w])
@@ -101,7 +107,7 @@ class Spare:
                 ) from None
             raise SpareFailed(f"local rank {self.local_rank}'s spare died ({self._exit()})") from None
         try:
-            answer = self._receive(_ANSWER_S, "its hand-over", go_on)
+            answer = self._receive(_ANSWER_S if self.cuda else _PARKED_ANSWER_S, "its hand-over", go_on)
         except _Interrupted:  # it may be that rank's worker by now: it is no one's, let it go
             self.discard()
             raise
@@ -208,7 +214,7 @@ class WarmSpares:
             return
         try:
             for spare in self._spares.values():
-                spare.wait_ready(_READY_S, go_on)
+                spare.wait_ready(spare.ready_within, go_on)
         except _Interrupted:
             return
         except SpareFailed as err:

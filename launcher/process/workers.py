@@ -7,6 +7,7 @@ import subprocess
 import time
 from typing import Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Set, Tuple
 
+from launcher.core import failpoints
 from launcher.process.linux import die_with_parent
 from launcher.process.logs import LogPump
 from launcher.process.orphan_guard import OrphanGuard
@@ -322,6 +323,12 @@ class WorkerGroup:
         restart is likely (``restarting``), the spawner forks the next group's processes while
         this one exits (``Spawner.fork_ahead``); nothing else is made meanwhile."""
         self._refill_at = None
+
+        def signalled() -> None:
+            if restarting:
+                self._spawner.fork_ahead()
+            failpoints.reached("stop-signalled")
+
         report = stop_tree(
             self.pids,
             first_signal,
@@ -329,7 +336,7 @@ class WorkerGroup:
             abort,
             exclude=lambda: {self._guard.pid, *self._spawner.helper_pids},
             reap=self.poll,
-            meanwhile=self._spawner.fork_ahead if restarting else lambda: None,
+            meanwhile=signalled,
         )
         for pgid in [*self.pids, *self._other_groups]:
             self._guard.forget(pgid)

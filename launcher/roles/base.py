@@ -61,6 +61,12 @@ class Role(abc.ABC):
     def meet(self) -> AttemptPlan:
         """Plan the next attempt (with the other nodes). SignalReceived or JoinTimeout end the run."""
 
+    def may_restart(self, local: AttemptResult) -> bool:
+        """Whether a restart may follow this node's attempt as it ends (before its group stops):
+        what is made ahead for a restart is otherwise wasted. By default: as its outcome most
+        often is; a node that holds the policy asks it."""
+        return local.outcome.may_restart
+
     @abc.abstractmethod
     def conclude(self, local: AttemptResult) -> Conclusion:
         """The attempt's result for the job, from this node's (and the other nodes' reports), and

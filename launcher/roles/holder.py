@@ -96,6 +96,12 @@ class RunHolder(Role):
 
     # -- deciding --------------------------------------------------------------------------------
 
+    def may_restart(self, local: AttemptResult) -> bool:
+        if local.outcome is not AttemptOutcome.FAILED:
+            return super().may_restart(local)
+        injectable = self.config.chaos.plan is not None
+        return self._policy.may_restart_a_failure(self.run.state.history(), time.time(), injectable)
+
     def decide(
         self, concluded: Conclusion, attempts: List[AttemptResult]
     ) -> Tuple[Optional[RunResult], float]:

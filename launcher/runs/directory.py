@@ -14,7 +14,6 @@ import json
 import logging
 import math
 import os
-import socket
 import time
 import uuid
 from typing import Any, List, Optional
@@ -24,6 +23,7 @@ import psutil
 from launcher.core.beats import LiveProgress
 from launcher.core.checked import fits
 from launcher.core.events import Logged, parse_logged
+from launcher.core.owned import pid_space
 from launcher.core.records import RunState
 from launcher.grammar.errors import RunBusy, RunLost, UsageError
 from worker_lib.core.storage import Storage
@@ -68,8 +68,8 @@ class Damaged(Exception):
 
 class LockState(str, enum.Enum):
     ALIVE = "alive"
-    DEAD = "dead"  # same host, its pid gone or reused
-    EXPIRED = "lease expired"  # another host, not renewed in time
+    DEAD = "dead"  # same pid space, its pid gone or reused
+    EXPIRED = "lease expired"  # another host or PID namespace, not renewed in time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,18 +120,19 @@ class LockRecord:
     def me(cls, lease: float) -> "LockRecord":
         pid = os.getpid()
         started = psutil.Process(pid).create_time()
-        return cls(socket.gethostname(), pid, started, uuid.uuid4().hex, time.time(), lease)
+        return cls(pid_space(), pid, started, uuid.uuid4().hex, time.time(), lease)
 
     def judge(self, now: float) -> "LockState":
-        """On this host the pid tells, whatever the lease says (a supervisor stopped by Ctrl+Z
-        is alive and will carry on); on another host only the lease can."""
-        if self.host == socket.gethostname():
+        """In this pid space the pid tells, whatever the lease says (a supervisor stopped by
+        Ctrl+Z is alive and will carry on); on another host, or in another PID namespace (where
+        a live holder's pid does not exist), only the lease can."""
+        if self.host == pid_space():
             return LockState.DEAD if self.provably_dead() else LockState.ALIVE
         return LockState.EXPIRED if self.expired(now) else LockState.ALIVE
 
     def provably_dead(self) -> bool:
-        """On this host, with its pid gone or taken by another process."""
-        if self.host != socket.gethostname():
+        """In this pid space, with its pid gone or taken by another process."""
+        if self.host != pid_space():
             return False
         try:
             return abs(psutil.Process(self.pid).create_time() - self.pid_started) > 1.0

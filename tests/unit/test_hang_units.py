@@ -225,7 +225,8 @@ def test_board_reads_what_a_worker_writes_into_its_slot(monkeypatch):
     import worker_lib.core.progress as hb
 
     orphan = Path("/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir())
-    orphan = orphan / f"ftlaunch-heartbeat-{dead_pid()}-0-left"  # as a killed supervisor leaves it
+    # as a killed supervisor leaves it: the kernel dropped its lock
+    orphan = orphan / f"ftlaunch-heartbeat-owned-{dead_pid()}-0-left"
     orphan.write_bytes(b"")
     board = HeartbeatBoard(3, attempt=0)
     assert not orphan.exists()
@@ -267,3 +268,47 @@ def _beat(watch: HangWatch, interval: float, beats: int, start: int = 0, t0: flo
         t += interval
         watch.observe({0: slot(beats=n, step=n, at=t)})
     return t
+
+
+@pytest.mark.parametrize(
+    "runner",
+    [
+        (  # a script forked from the fork server: its zygote's frames, then runpy's (python -m zygote)
+            '  File "/w/launcher/process/zygote.py", line 451 in _run_script\n'
+            '  File "/w/launcher/process/zygote.py", line 423 in run_main\n'
+            '  File "/w/launcher/process/zygote.py", line 506 in main\n'
+            '  File "/w/launcher/process/zygote.py", line 513 in <module>\n'
+            '  File "<frozen runpy>", line 88 in _run_code\n'
+            '  File "<frozen runpy>", line 198 in _run_module_as_main\n'
+        ),
+        (  # python -m MODULE, plain or forked
+            '  File "<frozen runpy>", line 88 in _run_code\n'
+            '  File "/usr/lib/python3.11/runpy.py", line 198 in _run_module_as_main\n'
+        ),
+        "",  # python SCRIPT
+    ],
+    ids=["forked", "python -m", "python SCRIPT"],
+)
+def test_a_dump_is_read_from_the_scripts_own_frames_down(tmp_path, runner):
+    """What runs the script (the fork server, runpy) is left out below its first frame, as a plain
+    `python SCRIPT` dump has nothing below it; the script's own use of runpy, above, stays."""
+    log = tmp_path / "rank_0.log"
+    log.write_text(
+        "Current thread 0x00007f00000000bb (most recent call first):\n"
+        '  File "/w/train.py", line 37 in sleep_forever\n'
+        '  File "<frozen runpy>", line 88 in _run_code\n'
+        '  File "/w/train.py", line 80 in <module>\n' + runner + "[after] more output\n"
+    )
+    assert last_stacks(log)[0x7F00000000BB] == (
+        'File "/w/train.py", line 37 in sleep_forever',
+        'File "<frozen runpy>", line 88 in _run_code',
+        'File "/w/train.py", line 80 in <module>',
+    )
+
+
+def test_a_dump_of_the_runner_alone_is_kept_whole(tmp_path):
+    """Stopped before its script ran, a worker's frames are all the runner's: shown as they are."""
+    log = tmp_path / "rank_0.log"
+    frame = '  File "/w/launcher/process/zygote.py", line 506 in main\n'
+    log.write_text("Current thread 0x00000000000000bb (most recent call first):\n" + frame)
+    assert last_stacks(log)[0xBB] == (frame.strip(),)

@@ -151,3 +151,28 @@ def test_a_lost_node_of_a_fixed_job_neither_counts_nor_ends_a_crash_loop():
     assert (
         RestartPolicy(max_failures=-1, crash_loop=2).after_failure(row, now=2.0).verdict is Verdict.CRASH_LOOP
     )
+
+
+# (--max-failures, failures before this one) that a run can reach: a spent budget ended it
+_REACHABLE = [(m, b) for m in (-1, 0, 1, 3) for b in (0, 1, 3) if m < 0 or b <= m]
+
+
+@pytest.mark.parametrize("max_failures, before", _REACHABLE)
+@pytest.mark.parametrize("injectable, count_injected", [(False, False), (True, False), (True, True)])
+def test_a_failure_may_be_restarted_as_the_decision_after_it_would_restart(
+    max_failures, before, injectable, count_injected
+):
+    """Asked as the group stops (the next ranks are forked ahead only then): a budget with no room
+    (--max-failures 0, or spent) says no; a failure --chaos may have caused, not counted, says yes
+    as long as the run goes on; the answer is the decision's once the failure is in the history."""
+    policy = RestartPolicy(max_failures=max_failures, crash_loop=0, count_injected=count_injected)
+    finished = history(*range(before))
+    after = [*finished, AttemptRecord(before, F, float(before), injected=injectable)]
+    decided = policy.after_failure(after, now=before).restart
+    assert policy.may_restart_a_failure(finished, now=before, injectable=injectable) is decided
+
+
+def test_with_max_failures_0_no_failure_may_be_restarted_unless_chaos_caused_it():
+    policy = RestartPolicy(max_failures=0)
+    assert not policy.may_restart_a_failure([], now=0.0, injectable=False)
+    assert policy.may_restart_a_failure([], now=0.0, injectable=True)  # --chaos without --chaos-counts

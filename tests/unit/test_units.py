@@ -224,3 +224,19 @@ def test_a_store_left_to_the_supervisor_is_served_unless_a_signal_came_first():
             socket.create_connection(("127.0.0.1", unserved.port), timeout=30).close()
     finally:
         unserved.close()
+
+
+def test_a_storage_librarys_repeated_warning_is_said_once_and_its_errors_always():
+    import logging
+
+    from worker_lib.core.storage import _OncePerProcess
+
+    def record(level: int, message: str) -> logging.LogRecord:
+        return logging.LogRecord("gcsfs", level, __file__, 1, message, None, None)
+
+    once = _OncePerProcess()
+    assert once.filter(record(logging.WARNING, "falling back"))
+    assert not once.filter(record(logging.WARNING, "falling back"))
+    assert once.filter(record(logging.WARNING, "another warning"))
+    assert all(once.filter(record(logging.ERROR, "failed")) for _ in range(2))
+    assert all(once.filter(record(logging.DEBUG, "retrying")) for _ in range(2))

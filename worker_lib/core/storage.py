@@ -35,6 +35,40 @@ class StorageError(RuntimeError):
     """Checkpoint storage cannot be used; the message names the URL and the cause."""
 
 
+_MOST_REMEMBERED = 1000  # distinct warnings: past them, each passes (memory stays bounded)
+
+
+class _OncePerProcess(logging.Filter):
+    """A warning a library repeats at every call is said the first time only; errors (and what a
+    user asked for below warnings) always pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._said: set = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.WARNING or len(self._said) >= _MOST_REMEMBERED:
+            return True
+        message = record.getMessage()
+        if message in self._said:
+            return False
+        self._said.add(message)
+        return True
+
+
+# Loggers of filesystems that warn at every call: gcsfs's look-up of a bucket's layout over gRPC
+# (GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT, on by default) fails against an emulator, or without the
+# storage layout permission, is never cached, and says so each time (20 lines for a rank's 6 steps).
+_REPEATING = ("gcsfs",)
+
+
+def _said_once(names=_REPEATING) -> None:
+    for name in names:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _OncePerProcess) for f in logger.filters):
+            logger.addFilter(_OncePerProcess())
+
+
 class Storage:
     """The filesystem behind ``url``; create it inside the worker (fsspec caches per pid).
     ``label`` names what it holds in error messages ("checkpoint storage", "run dir")."""
@@ -43,6 +77,7 @@ class Storage:
         self.url = url
         self.label = label
         self.options = dict(storage_options)  # for another fsspec user of the same storage (DCP)
+        _said_once()
         try:
             self.fs, self.root = fsspec.core.url_to_fs(url, **storage_options)
         except (ValueError, ImportError) as err:
