@@ -653,7 +653,7 @@ def test_status_of_a_live_run_says_a_damaged_progress_json_and_shows_the_rest(la
                 ]
             assert json.loads(shown.stdout)["progress"] is None and json.loads(shown.stdout)["live"]
             table = launcher.run("status", "--run-dir", str(runs), "actor", log_dir=False).stdout
-            assert f"RUNNING, held by {socket.gethostname()} pid {live.proc.pid}" in table
+            assert f"RUNNING, held by {pid_space()} pid {live.proc.pid}" in table
             assert progress.read_text() == damage  # a reader writes nothing
     finally:
         os.kill(live.proc.pid, signal.SIGCONT)
