@@ -191,11 +191,15 @@ class RunSection:
         _finite(self.lease, "--lease")
         _finite(self.storage_timeout, "--storage-timeout")
         _check_folder_names(self.name, self.run_id)
-        if self.lease <= 0:
-            raise UsageError(f"--lease must be more than 0 seconds, got {self.lease}")
+        if not 0 < self.lease <= _LONGEST_LEASE_S:
+            raise UsageError(f"--lease must be more than 0 seconds and at most 7d, got {self.lease:g} s")
         if self.storage_timeout <= 0:
             raise UsageError(f"--storage-timeout must be more than 0 seconds, got {self.storage_timeout}")
 
+
+# A lease beyond a week is no lease: its lock would outlive any host that could renew it (1e300
+# was taken, and printed a 300-digit age to the next launch).
+_LONGEST_LEASE_S = 7 * 86400.0
 
 # The most bytes a file or folder name may have (NAME_MAX on Linux's filesystems: ext4, xfs, tmpfs).
 NAME_MAX = 255
