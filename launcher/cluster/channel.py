@@ -46,7 +46,17 @@ class AttemptChannel:
     0 watches every other node of the attempt; the others watch node 0). Until node 0's plan
     says which nodes hold the attempt (``set_nodes``), every node of the job is assumed."""
 
-    def __init__(self, store, spec: ChannelSpec, signals: SignalInbox, watched: List[int]) -> None:
+    def __init__(
+        self,
+        store,
+        spec: ChannelSpec,
+        signals: SignalInbox,
+        watched: List[int],
+        beater: Optional[AliveCounter] = None,
+    ) -> None:
+        """``beater``: this supervisor's liveness counter where it already beats one for its whole
+        life (a follower's claim), which the channel then neither starts nor stops; otherwise the
+        channel beats ``alive/<node>`` in the attempt's keys."""
         self._store = self._for_calls(store, spec)
         self.spec = spec
         self.node = spec.node
@@ -58,8 +68,10 @@ class AttemptChannel:
         self._interrupt: Optional[Interrupt] = None
         self._lost: Dict[int, str] = {}  # node → why it was declared lost
         self._answered_stop = False
-        self._beater = AliveCounter(store, f"alive/{self.node}", beat_every(spec.node_timeout))
-        self._beater.start()
+        self._own_beater = beater is None
+        self._beater = beater or AliveCounter(store, f"alive/{self.node}", beat_every(spec.node_timeout))
+        if self._own_beater:
+            self._beater.start()
         self._watch = KeyWatch(store, "interrupt", signals.wake)
         self._watch.start()
 
@@ -71,7 +83,8 @@ class AttemptChannel:
                 self.interrupt(Interrupt(self.node, InterruptKind.LOST, f"node {self.node} left the attempt"))
             except Exception:  # noqa: BLE001 - a store that is gone: the others find this node silent
                 pass
-        self._beater.stop()
+        if self._own_beater:
+            self._beater.stop()
         self._watch.stop()
 
     def set_nodes(self, nodes) -> None:

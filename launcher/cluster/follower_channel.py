@@ -4,8 +4,9 @@ goes silent."""
 
 import json
 import time
-from typing import Callable, List, NoReturn
+from typing import Callable, List, NoReturn, Optional
 
+from launcher.cluster.alive import AliveCounter
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
 from launcher.cluster.deadline_store import DeadlineStore
 from launcher.cluster.rendezvous import WATCH_EVERY_S, LeaderUnreachable
@@ -17,8 +18,12 @@ __all__ = ["FollowerChannel"]
 
 
 class FollowerChannel(AttemptChannel):
-    def __init__(self, store, spec: ChannelSpec, signals: SignalInbox) -> None:
-        super().__init__(store, spec, signals, watched=[0])
+    def __init__(
+        self, store, spec: ChannelSpec, signals: SignalInbox, beater: Optional[AliveCounter] = None
+    ) -> None:
+        """``beater``: the claim's counter (``lobby.NodeClaim``), which node 0 watches: one beat a
+        supervisor, not one for the lobby and one for the attempt (issue 48 item 8)."""
+        super().__init__(store, spec, signals, watched=[0], beater=beater)
         self.broken = ""  # why node 0 cannot be reached, once it cannot
 
     def _for_calls(self, store, spec: ChannelSpec):

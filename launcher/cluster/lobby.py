@@ -22,13 +22,22 @@ import json
 import os
 import socket
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from launcher.cluster.alive import AliveCounter, beat_every
 from launcher.grammar.errors import UsageError
 from launcher.process.waiting import Inbox, Wait
 
-__all__ = ["Hello", "Lobby", "NodeClaim", "StopNotice", "read_stop", "say_stop", "stop_read"]
+__all__ = [
+    "Hello",
+    "Lobby",
+    "NodeClaim",
+    "StopNotice",
+    "claimed_counters",
+    "read_stop",
+    "say_stop",
+    "stop_read",
+]
 
 _STOPPED = "lobby/stopped"
 
@@ -93,6 +102,7 @@ class NodeClaim:
         say hello. ``beat_store``: the same store for the liveness thread, whose calls may block
         (``store``'s should not). A signal ends the wait for an earlier holder's beats."""
         self.release()
+        store.add(f"lobby/alive/{self.token}", 0)  # there before node 0 reads it (a multi_get waits)
         self._beat = AliveCounter(beat_store, f"lobby/alive/{self.token}", self._every)
         self._beat.start()
         key = f"lobby/claim/{self.node}"
@@ -117,6 +127,12 @@ class NodeClaim:
             return ""
         store.set(f"lobby/read/{self.node}", "1")
         return _text(store.get(key))
+
+    @property
+    def beater(self) -> Optional[AliveCounter]:
+        """The thread that beats this claim's counter (from ``take`` to ``release``): also this
+        node's liveness during an attempt, the counter node 0 watches."""
+        return self._beat
 
     def release(self) -> None:
         if self._beat is not None:
@@ -179,6 +195,15 @@ class Lobby:
         while not wait.expired and not self._store.check([f"lobby/read/{hello.node}"]):
             wait.pause()
         return reason
+
+
+def claimed_counters(store, nodes: List[int]) -> Dict[int, str]:
+    """Node 0's side: the counter each of ``nodes``' claims beats (``lobby/alive/<token>``), read
+    in one call; a node without a claim is left out."""
+    keys = [f"lobby/claim/{n}" for n in nodes]
+    held = [n for n, ok in zip(nodes, [store.check([key]) for key in keys]) if ok]
+    tokens = store.multi_get([f"lobby/claim/{n}" for n in held]) if held else []
+    return {n: f"lobby/alive/{_text(token)}" for n, token in zip(held, tokens)}
 
 
 def _alive(

@@ -339,3 +339,31 @@ def test_a_second_signal_during_the_agreement_ends_it(store):
     thread.join(5)
     assert not thread.is_alive() and steps == {"f": 0}
     follower.close()
+
+
+def test_a_follower_beats_once_and_node_0_watches_its_claim_s_counter(store):
+    """Issue 48 item 8: a follower beat twice, its claim's counter in the lobby and one in the
+    attempt's keys, each a request to node 0's store every beat. Its one beat is the claim's,
+    and node 0 judges it by that: alive while the claim beats, lost once it stops."""
+    from launcher.cluster.lobby import Hello, NodeClaim
+
+    job = HashStore()  # the job's store, where the lobby's keys are (the attempt's: ``store``)
+    claim = NodeClaim(1, Hello(1, "host", 101, "job", ["train.py"]), node_timeout=TIMEOUT)
+    claim.take(job, job, Inbox())
+    leader = LeaderChannel(store, ChannelSpec(0, 2, TIMEOUT, "127.0.0.1:0"), Inbox(), job_store=job)
+    follower = FollowerChannel(store, ChannelSpec(1, 2, TIMEOUT, "127.0.0.1:0"), Inbox(), beater=claim.beater)
+    leader.announce(_info(0)), follower.announce(_info(1))
+    leader.node_infos(2, limit=5.0)
+    counter = f"lobby/alive/{claim.token}"
+    beats = int(TIMEOUT / claim.beater.every) + 3  # more than --node-timeout's worth of beats
+
+    def beaten_and_not_lost() -> bool:
+        assert leader.tick() is None, leader.tick()  # alive: its claim's counter moves
+        return int(job.add(counter, 0)) >= beats
+
+    until(beaten_and_not_lost, timeout=30 * TIMEOUT, look=0.05)
+    assert int(store.add("alive/1", 0)) == 0  # no second beat in the attempt's keys
+    claim.release()  # a kill -9 of its supervisor: its one beat stops
+    lost = until(leader.tick, timeout=10 * TIMEOUT, look=0.05)
+    assert lost.kind is InterruptKind.LOST and "node 1" in lost.detail, lost
+    leader.close(), follower.close()
