@@ -4,7 +4,7 @@ goes silent."""
 
 import json
 import time
-from typing import Callable, List, NoReturn, Optional
+from typing import Callable, Dict, List, NoReturn, Optional
 
 from launcher.cluster.alive import AliveCounter
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
@@ -16,6 +16,10 @@ from launcher.process.signals import SignalInbox
 
 __all__ = ["FollowerChannel"]
 
+# Node 0 is heard through this node's own beats while their answers are this many beats old at
+# most; later, its counter is looked at (a wake-up a loaded machine delays is no silence).
+_HEARD_BEATS = 1.5
+
 
 class FollowerChannel(AttemptChannel):
     def __init__(
@@ -25,6 +29,19 @@ class FollowerChannel(AttemptChannel):
         supervisor, not one for the lobby and one for the attempt (issue 48 item 8)."""
         super().__init__(store, spec, signals, watched=[0], beater=beater)
         self.broken = ""  # why node 0 cannot be reached, once it cannot
+
+    def _silences(self) -> Dict[int, float]:
+        """Node 0 hosts the store this node's beat goes to: a beat answered is node 0 heard, with
+        no request of its own (looking at node 0's counter every beat was a request a second per
+        node, issue 48 item 8). Only once the answers stop (node 0 frozen or gone, or this process
+        stopped) is node 0's counter read again, as before: its first look counts from then."""
+        now = time.monotonic()
+        heard = self._beater.bumped
+        if 0 in self._lost or now - heard >= _HEARD_BEATS * self._beater.every:
+            return super()._silences()
+        counter, since = self._seen[0]
+        self._seen[0] = (counter, max(since, heard))
+        return {0: now - self._seen[0][1]}
 
     def _for_calls(self, store, spec: ChannelSpec):
         """Node 0's store, each call with a deadline of --node-timeout: a stopped node 0 is lost,
