@@ -11,7 +11,7 @@ import json
 import time
 from typing import Dict, List, Optional, Sequence
 
-from launcher.cluster.alive import AliveCounter, beat_every
+from launcher.cluster.alive import AliveCounter, beat_every, look_every
 from launcher.cluster.rendezvous import LeaderUnreachable
 from launcher.cluster.watch import KeyWatch
 from launcher.cluster.wire import Interrupt, InterruptKind, reading_from_json, reading_to_json
@@ -184,7 +184,7 @@ class AttemptChannel:
         most every half second)."""
         now = time.monotonic()
         if now >= self._next_look:
-            self._next_look = now + self._beater.every
+            self._next_look = now + look_every(self.spec.node_timeout)
             for node, value in self._counters([n for n in self._seen if n not in self._lost]).items():
                 if value != self._seen[node][0]:
                     self._seen[node] = (value, now)

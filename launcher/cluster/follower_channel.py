@@ -4,7 +4,7 @@ goes silent."""
 
 import json
 import time
-from typing import Callable, Dict, List, NoReturn, Optional
+from typing import Callable, Dict, List, NoReturn, Optional, Tuple
 
 from launcher.cluster.alive import AliveCounter
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
@@ -16,9 +16,10 @@ from launcher.process.signals import SignalInbox
 
 __all__ = ["FollowerChannel"]
 
-# Node 0 is heard through this node's own beats while their answers are this many beats old at
-# most; later, its counter is looked at (a wake-up a loaded machine delays is no silence).
-_HEARD_BEATS = 1.5
+# A beat not under way and this many beats late: this process did not run (its counter is read).
+_LATE_BEATS = 1.5
+# This loop not run for this long (stopped, or busy stopping ranks): no judgement for _SETTLE_S.
+_AWAY_S, _SETTLE_S = 2.0, 1.0
 
 
 class FollowerChannel(AttemptChannel):
@@ -28,20 +29,28 @@ class FollowerChannel(AttemptChannel):
         """``beater``: the claim's counter (``lobby.NodeClaim``), which node 0 watches: one beat a
         supervisor, not one for the lobby and one for the attempt (issue 48 item 8)."""
         super().__init__(store, spec, signals, watched=[0], beater=beater)
+        self._looked = time.monotonic()  # this loop's last judgement of node 0
+        self._judge_from = 0.0
+        self._said: Tuple[tuple, ...] = ()  # the rows of the last share, as ``_as_said`` puts them
         self.broken = ""  # why node 0 cannot be reached, once it cannot
 
     def _silences(self) -> Dict[int, float]:
-        """Node 0 hosts the store this node's beat goes to: a beat answered is node 0 heard, with
-        no request of its own (looking at node 0's counter every beat was a request a second per
-        node, issue 48 item 8). Only once the answers stop (node 0 frozen or gone, or this process
-        stopped) is node 0's counter read again, as before: its first look counts from then."""
+        """Node 0 hosts the store this node's beat goes to: node 0 is silent since the last beat
+        it answered, with no request of ours (looking at node 0's counter every beat was a
+        request a second per node, issue 48 item 8). A beat that is late without being under way
+        means this process did not run (stopped, starved): node 0's counter is read then, as
+        before. Back from such a gap, this loop judges nothing for a moment: the beat thread
+        first reads the answer that may have come meanwhile."""
         now = time.monotonic()
-        heard = self._beater.bumped
-        if 0 in self._lost or now - heard >= _HEARD_BEATS * self._beater.every:
+        if now - self._looked >= _AWAY_S:
+            self._judge_from = now + _SETTLE_S
+        self._looked = now
+        beater = self._beater
+        if 0 in self._lost:
+            return {}
+        if beater.asking is None and now - beater.bumped >= _LATE_BEATS * beater.every:
             return super()._silences()
-        counter, since = self._seen[0]
-        self._seen[0] = (counter, max(since, heard))
-        return {0: now - self._seen[0][1]}
+        return {0: now - beater.bumped if now >= self._judge_from else 0.0}
 
     def _for_calls(self, store, spec: ChannelSpec):
         """Node 0's store, each call with a deadline of --node-timeout: a stopped node 0 is lost,
@@ -84,10 +93,16 @@ class FollowerChannel(AttemptChannel):
         return plan
 
     def share_progress(self, rows: List[ProgressRow]) -> None:
-        """Its ranks' steps and beat ages, for node 0 to publish."""
-        shared = {"at": time.time(), "rows": [row.to_json() for row in rows]}
+        """Its ranks' steps and beat ages, for node 0 to publish; not again while they say what
+        the last share said (node 0 ages a share's rows from its time: the same rows)."""
+        now = time.time()
+        said = _as_said(rows, now)
+        if said == self._said:
+            return
+        shared = {"at": now, "rows": [row.to_json() for row in rows]}
         try:
             self._call("set", f"progress/{self.node}", json.dumps(shared))
+            self._said = said
         except LeaderUnreachable:
             pass  # the next tick says so and ends the attempt
 
@@ -106,3 +121,13 @@ class FollowerChannel(AttemptChannel):
         verdict = JobVerdict.from_json(self._get("verdict"))
         self._say_done("acked")
         return verdict
+
+
+def _as_said(rows: List[ProgressRow], wall: float) -> Tuple[tuple, ...]:
+    """What ``rows`` say, read at ``wall``: each silence as the moment it began (to a tenth of a
+    second), so that rows that only grew older compare equal."""
+    return tuple(
+        (r.rank, r.pid, r.step, r.phase, None if r.silent_for is None else round(wall - r.silent_for, 1))
+        for r in rows
+    )
+

@@ -19,7 +19,7 @@ __all__ = ["LeaderChannel"]
 
 # A node whose liveness counter has not moved for this many of its beats is not waited for to read
 # the verdict (its supervisor died), even within --node-timeout.
-_GONE_BEATS = 6
+_GONE_BEATS = 3
 
 
 class LeaderChannel(AttemptChannel):

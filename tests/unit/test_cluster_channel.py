@@ -414,3 +414,30 @@ def test_a_follower_beats_once_and_node_0_watches_its_claim_s_counter(store):
     lost = until(leader.tick, timeout=10 * TIMEOUT, look=0.05)
     assert lost.kind is InterruptKind.LOST and "node 1" in lost.detail, lost
     leader.close(), follower.close()
+
+
+def test_a_follower_shares_its_ranks_rows_only_when_they_say_something_new(store):
+    """Issue 48 item 8: rows that only grew older were sent to node 0 every 5 s; node 0 ages a
+    share's rows from its time, so the same rows are not sent again. A new step, or a beat
+    (the silence began anew), is."""
+    from launcher.core.beats import ProgressRow
+
+    counted = Counted(store)
+    follower = FollowerChannel(counted, ChannelSpec(1, 2, TIMEOUT, "127.0.0.1:0"), Inbox())
+    began = time.time() - 2.0
+
+    def rows(step: int, silent_since: float):
+        return [ProgressRow(4, 1234, step, time.time() - silent_since, "running")]
+
+    def sets() -> int:
+        return counted.calls.count("set")
+
+    follower.share_progress(rows(7, began))
+    assert sets() == 1
+    follower.share_progress(rows(7, began))  # only older: nothing new to say
+    assert sets() == 1
+    follower.share_progress(rows(8, began))  # a new step
+    assert sets() == 2
+    follower.share_progress(rows(8, time.time()))  # a beat: its silence began again
+    assert sets() == 3
+    follower.close()
