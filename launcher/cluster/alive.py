@@ -28,7 +28,8 @@ def look_every(node_timeout: float) -> float:
 class AliveCounter(threading.Thread):
     """Also this process's own witness: ``stalled`` is the longest time it did not run at all,
     and ``stalled_until`` when that ended (monotonic), so that a node does not blame the others
-    for a silence that was its own."""
+    for a silence that was its own. With no ``store`` it is that witness alone (node 0: nobody
+    reads its counter, its store's answers are its sign of life)."""
 
     def __init__(self, store, key: str, every: float) -> None:
         super().__init__(name=f"ftlaunch-alive-{key}", daemon=True)
@@ -41,15 +42,16 @@ class AliveCounter(threading.Thread):
 
     @property
     def running_late(self) -> bool:
-        """It has not bumped for longer than a stall: this process may just have come back."""
-        return time.monotonic() - self.bumped >= _STALL_S
+        """It has not bumped for a stall past its turn: this process may just have come back."""
+        return time.monotonic() - self.bumped >= max(_STALL_S, self.every + 0.5)
 
     def run(self) -> None:
         turned = time.monotonic()  # one turn: a bump and a beat's sleep; a stall anywhere in it shows
         while not self._done.is_set():
             self.asking = time.monotonic()
             try:
-                self._store.add(self._key, 1)
+                if self._store is not None:
+                    self._store.add(self._key, 1)
             except Exception:  # noqa: BLE001 - node 0 gone: the main loop finds out and says so
                 return
             self.bumped, self.asking = time.monotonic(), None

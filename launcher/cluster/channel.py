@@ -69,7 +69,7 @@ class AttemptChannel:
         self._lost: Dict[int, str] = {}  # node → why it was declared lost
         self._answered_stop = False
         self._own_beater = beater is None
-        self._beater = beater or AliveCounter(store, f"alive/{self.node}", beat_every(spec.node_timeout))
+        self._beater = beater or self._make_beater(store, spec)
         if self._own_beater:
             self._beater.start()
         self._watch = KeyWatch(store, "interrupt", signals.wake)
@@ -90,6 +90,10 @@ class AttemptChannel:
     def set_nodes(self, nodes) -> None:
         """The nodes that hold the attempt (node 0's plan): those every wait here waits for."""
         self._nodes = tuple(nodes)
+
+    def _make_beater(self, store, spec: ChannelSpec) -> AliveCounter:
+        """This node's counter in the attempt's keys, bumped every beat."""
+        return AliveCounter(store, f"alive/{self.node}", beat_every(spec.node_timeout))
 
     def _for_calls(self, store, spec: ChannelSpec):
         """The store as this node's main thread calls it (the liveness thread uses it as given)."""

@@ -6,7 +6,7 @@ import json
 import time
 from typing import Callable, Dict, List, NoReturn, Optional, Tuple
 
-from launcher.cluster.alive import AliveCounter
+from launcher.cluster.alive import AliveCounter, look_every
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
 from launcher.cluster.deadline_store import DeadlineStore
 from launcher.cluster.rendezvous import WATCH_EVERY_S, LeaderUnreachable
@@ -31,6 +31,7 @@ class FollowerChannel(AttemptChannel):
         super().__init__(store, spec, signals, watched=[0], beater=beater)
         self._looked = time.monotonic()  # this loop's last judgement of node 0
         self._judge_from = 0.0
+        self._heard = 0.0  # node 0's last answer to a look of this loop's (its beat's: the beater's)
         self._said: Tuple[tuple, ...] = ()  # the rows of the last share, as ``_as_said`` puts them
         self.broken = ""  # why node 0 cannot be reached, once it cannot
 
@@ -38,8 +39,8 @@ class FollowerChannel(AttemptChannel):
         """Node 0 hosts the store this node's beat goes to: node 0 is silent since the last beat
         it answered, with no request of ours (looking at node 0's counter every beat was a
         request a second per node, issue 48 item 8). A beat that is late without being under way
-        means this process did not run (stopped, starved): node 0's counter is read then, as
-        before. Back from such a gap, this loop judges nothing for a moment: the beat thread
+        means this process did not run (stopped, starved): a look of this loop's asks node 0's
+        store then, and its answer is node 0 heard. Back from such a gap, this loop judges nothing for a moment: the beat thread
         first reads the answer that may have come meanwhile."""
         now = time.monotonic()
         if now - self._looked >= _AWAY_S:
@@ -48,9 +49,12 @@ class FollowerChannel(AttemptChannel):
         beater = self._beater
         if 0 in self._lost:
             return {}
-        if beater.asking is None and now - beater.bumped >= _LATE_BEATS * beater.every:
-            return super()._silences()
-        return {0: now - beater.bumped if now >= self._judge_from else 0.0}
+        if beater.asking is None and now - beater.bumped >= _LATE_BEATS * beater.every and now >= self._next_look:
+            self._next_look = now + look_every(self.spec.node_timeout)
+            self._call("check", ["interrupt"])  # its beat did not run: any answer is node 0 heard
+            self._heard = time.monotonic()
+        heard = max(beater.bumped, self._heard)
+        return {0: now - heard if now >= self._judge_from else 0.0}
 
     def _for_calls(self, store, spec: ChannelSpec):
         """Node 0's store, each call with a deadline of --node-timeout: a stopped node 0 is lost,

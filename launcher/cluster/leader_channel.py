@@ -6,6 +6,7 @@ import json
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
+from launcher.cluster.alive import AliveCounter, beat_every, look_every
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
 from launcher.cluster.lobby import claimed_counters
 from launcher.cluster.rendezvous import WATCH_EVERY_S, RoundFailed
@@ -65,6 +66,11 @@ class LeaderChannel(AttemptChannel):
         now = time.monotonic()
         self._seen = {n: (-1, now) for n in watched}
         return self._infos
+
+    def _make_beater(self, store, spec: ChannelSpec) -> AliveCounter:
+        """Node 0's witness of its own process, with no request: the followers hear node 0 through
+        their own beats' answers (its store is in this process), so nobody reads a counter of its."""
+        return AliveCounter(None, f"alive/{self.node}", look_every(spec.node_timeout))
 
     def _counters(self, nodes: List[int]) -> Dict[int, int]:
         """Each node's claim counter (one call for all, in the job store); a node without a claim
@@ -211,7 +217,7 @@ class LeaderChannel(AttemptChannel):
         try:
             while waiting and not wait.expired:
                 silences, read = self._silences(), set(self._listed(key))
-                gone = _GONE_BEATS * self._beater.every
+                gone = _GONE_BEATS * beat_every(self.spec.node_timeout)
                 waiting = {n for n in waiting if n not in read and silences[n] < gone}
                 wait.pause()
         except SignalReceived:
