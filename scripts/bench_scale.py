@@ -132,11 +132,13 @@ def _crash(out: Path, n: int, workload: str) -> None:
     if workload == "poll":
         (out / "go_crash").touch()
         return
-    (pid,) = [int(path.name.split(".")[2]) for path in out.glob(f"start.{n - 1}.*") if not path.name.endswith(".tmp")]
+    (pid,) = [int(p.name.split(".")[2]) for p in out.glob(f"start.{n - 1}.*") if not p.name.endswith(".tmp")]
     os.kill(pid, signal.SIGUSR2)
 
 
-def run(command, n: int, work: Path, window: float, env: Dict[str, str], workload: str) -> Optional[Dict[str, float]]:
+def run(
+    command, n: int, work: Path, window: float, env: Dict[str, str], workload: str
+) -> Optional[Dict[str, float]]:
     out = work / "out"
     out.mkdir(parents=True)
     port = _free_port()

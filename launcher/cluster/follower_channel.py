@@ -40,8 +40,8 @@ class FollowerChannel(AttemptChannel):
         it answered, with no request of ours (looking at node 0's counter every beat was a
         request a second per node, issue 48 item 8). A beat that is late without being under way
         means this process did not run (stopped, starved): a look of this loop's asks node 0's
-        store then, and its answer is node 0 heard. Back from such a gap, this loop judges nothing for a moment: the beat thread
-        first reads the answer that may have come meanwhile."""
+        store then, and its answer is node 0 heard. Back from such a gap, this loop judges nothing
+        for a moment: the beat thread first reads the answer that may have come meanwhile."""
         now = time.monotonic()
         if now - self._looked >= _AWAY_S:
             self._judge_from = now + _SETTLE_S
@@ -49,7 +49,8 @@ class FollowerChannel(AttemptChannel):
         beater = self._beater
         if 0 in self._lost:
             return {}
-        if beater.asking is None and now - beater.bumped >= _LATE_BEATS * beater.every and now >= self._next_look:
+        late = beater.asking is None and now - beater.bumped >= _LATE_BEATS * beater.every
+        if late and now >= self._next_look:
             self._next_look = now + look_every(self.spec.node_timeout)
             self._call("check", ["interrupt"])  # its beat did not run: any answer is node 0 heard
             self._heard = time.monotonic()
@@ -134,4 +135,3 @@ def _as_said(rows: List[ProgressRow], wall: float) -> Tuple[tuple, ...]:
         (r.rank, r.pid, r.step, r.phase, None if r.silent_for is None else round(wall - r.silent_for, 1))
         for r in rows
     )
-

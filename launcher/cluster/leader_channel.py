@@ -4,7 +4,7 @@ ended everywhere, and tells every node its verdict."""
 import dataclasses
 import json
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Tuple
 
 from launcher.cluster.alive import AliveCounter, beat_every, look_every
 from launcher.cluster.channel import AttemptChannel, ChannelSpec

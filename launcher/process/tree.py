@@ -55,7 +55,8 @@ def _walk(root: int, skip: Collection[int], root_main_thread_only: bool = False)
         below = []
         for pid in level:
             try:
-                tids = [str(pid)] if pid == root and root_main_thread_only else os.listdir(f"/proc/{pid}/task")
+                only_main = pid == root and root_main_thread_only
+                tids = [str(pid)] if only_main else os.listdir(f"/proc/{pid}/task")
             except (FileNotFoundError, ProcessLookupError):
                 continue
             for tid in tids:  # a child belongs to the thread that forked it
