@@ -3,7 +3,8 @@ for, in node 0's store (keys outside every round), so that a node that cannot be
 job is refused at once, with exit 2, instead of waiting out --join-timeout:
 
     lobby/claim/<n>       the token of the supervisor that holds node rank n (host:pid:nonce)
-    lobby/alive/<token>   a counter that supervisor's thread bumps every half second
+    lobby/alive/<token>   a counter that supervisor's thread bumps every --node-timeout/5, from
+                          its claim to its end: also the liveness node 0 watches in attempts
     lobby/hello/<n>       who it is and which job it came for (rendezvous id, command, host, pid)
     lobby/hellos          "n," appended by each follower that said hello: node 0 reads who came in
                           one call, whatever --nnodes MAX is
