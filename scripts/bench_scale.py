@@ -16,6 +16,10 @@ own stamp (CLOCK_MONOTONIC, one clock for every process here):
 - stopped: until every other node's worker got its SIGTERM;
 - running: until every node's worker of the new attempt started.
 
+Node 0's tree counts the calls of a job alone when the job has a pid namespace of its own (as in a
+container): run it as root under ``unshare --pid --fork --mount-proc``; on a shared machine the
+other users' new processes make node 0's look for its workers' groups walk /proc every time.
+
 torchrun runs with its defaults (monitor interval 0.1 s) and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 (see bench_recovery.py); ftlaunch with its defaults (fork server on, --node-timeout 15 s).
 """

@@ -177,7 +177,7 @@ class AttemptChannel:
 
     def _look_for_lost_nodes(self) -> Optional[Interrupt]:
         """A watched node whose counter stood still for --node-timeout is lost: an interrupt for
-        the first one found (None: none new). Looks at most every half second."""
+        the first one found (None: none new). Looks at most every ``look_every``."""
         for node, silent in self._silences().items():
             if silent >= self.spec.node_timeout:
                 return self._declare_lost(node, f"silent for {silent:.1f} s")
@@ -185,7 +185,7 @@ class AttemptChannel:
 
     def _silences(self) -> Dict[int, float]:
         """Each watched node not yet lost: seconds since its counter last moved (read again at
-        most every half second)."""
+        most every ``look_every``: 1.5 s at the default --node-timeout)."""
         now = time.monotonic()
         if now >= self._next_look:
             self._next_look = now + look_every(self.spec.node_timeout)
