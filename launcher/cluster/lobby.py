@@ -3,7 +3,8 @@ for, in node 0's store (keys outside every round), so that a node that cannot be
 job is refused at once, with exit 2, instead of waiting out --join-timeout:
 
     lobby/claim/<n>       the token of the supervisor that holds node rank n (pid space:pid:nonce)
-    lobby/alive/<token>   a counter that supervisor's thread bumps every half second
+    lobby/alive/<token>   a counter that supervisor's thread bumps every --node-timeout/5, from
+                          its claim to its end: also the liveness node 0 watches in attempts
     lobby/hello/<n>       who it is and which job it came for (rendezvous id, command, host, pid)
     lobby/hellos          "n," appended by each follower that said hello: node 0 reads who came in
                           one call, whatever --nnodes MAX is
@@ -21,14 +22,23 @@ import dataclasses
 import json
 import os
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from launcher.cluster.alive import AliveCounter, beat_every
 from launcher.core.owned import pid_space
 from launcher.grammar.errors import UsageError
 from launcher.process.waiting import Inbox, Wait
 
-__all__ = ["Hello", "Lobby", "NodeClaim", "StopNotice", "read_stop", "say_stop", "stop_read"]
+__all__ = [
+    "Hello",
+    "Lobby",
+    "NodeClaim",
+    "StopNotice",
+    "claimed_counters",
+    "read_stop",
+    "say_stop",
+    "stop_read",
+]
 
 _STOPPED = "lobby/stopped"
 
@@ -93,6 +103,7 @@ class NodeClaim:
         say hello. ``beat_store``: the same store for the liveness thread, whose calls may block
         (``store``'s should not). A signal ends the wait for an earlier holder's beats."""
         self.release()
+        store.add(f"lobby/alive/{self.token}", 0)  # there before node 0 reads it (a multi_get waits)
         self._beat = AliveCounter(beat_store, f"lobby/alive/{self.token}", self._every)
         self._beat.start()
         key = f"lobby/claim/{self.node}"
@@ -117,6 +128,12 @@ class NodeClaim:
             return ""
         store.set(f"lobby/read/{self.node}", "1")
         return _text(store.get(key))
+
+    @property
+    def beater(self) -> Optional[AliveCounter]:
+        """The thread that beats this claim's counter (from ``take`` to ``release``): also this
+        node's liveness during an attempt, the counter node 0 watches."""
+        return self._beat
 
     def release(self) -> None:
         if self._beat is not None:
@@ -179,6 +196,15 @@ class Lobby:
         while not wait.expired and not self._store.check([f"lobby/read/{hello.node}"]):
             wait.pause()
         return reason
+
+
+def claimed_counters(store, nodes: List[int]) -> Dict[int, str]:
+    """Node 0's side: the counter each of ``nodes``' claims beats (``lobby/alive/<token>``), read
+    in one call; a node without a claim is left out."""
+    keys = [f"lobby/claim/{n}" for n in nodes]
+    held = [n for n, ok in zip(nodes, [store.check([key]) for key in keys]) if ok]
+    tokens = store.multi_get([f"lobby/claim/{n}" for n in held]) if held else []
+    return {n: f"lobby/alive/{_text(token)}" for n, token in zip(held, tokens)}
 
 
 def _alive(
