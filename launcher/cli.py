@@ -29,9 +29,9 @@ from launcher.core.config import (
     HangSection,
     LaunchConfig,
     MetricsSection,
-    RestartSection,
     RunSection,
 )
+from launcher.core.policy import RestartPolicy
 from launcher.discover import place, resolve_backend, slurm_step, visible_gpu_count
 from launcher.environment import torchrun_defaults, torchrun_origins
 from launcher.grammar.durations import parse_duration
@@ -405,7 +405,7 @@ def cli(signals: SignalInbox, verbose: bool, **options) -> int:
     if chaos:  # a forgotten FTLAUNCH_CHAOS must not inject faults unannounced
         say(
             f"{chaos}: injecting {config.chaos.plan} into this run; injected failures "
-            f"{'count' if config.chaos.counts else 'do not count'} against --max-failures"
+            f"{'count' if config.restart.count_injected else 'do not count'} against --max-failures"
         )
     with open_exporter(config.metrics, config.run.name, config.cluster.node_rank) as metrics:
         if metrics.port is not None:
@@ -498,13 +498,14 @@ def config_from_options(
             console_ranks=_parse_ranks(o["console_ranks"]),
             checkpoint_url=o["checkpoint_dir"] or f"{at.run_url}/checkpoints",
         ),
-        restart=RestartSection(
+        restart=RestartPolicy(
             max_failures=o["max_failures"],
             failure_window=_duration(o, "failure_window", "--failure-window"),
             crash_loop=o["crash_loop"],
-            max_preemptions=o["max_preemptions"],
             backoff=_seconds(o, "backoff", "--backoff"),
             backoff_cap=_seconds(o, "max_backoff", "--max-backoff"),
+            count_injected=o["chaos_counts"],
+            max_preemptions=o["max_preemptions"],
         ),
         hangs=HangSection(
             init_timeout=_seconds(o, "init_timeout", "--init-timeout"),
@@ -530,9 +531,7 @@ def config_from_options(
             join_timeout=_seconds(o, "join_timeout", "--join-timeout"),
             node_timeout=_seconds(o, "node_timeout", "--node-timeout"),
         ),
-        chaos=ChaosSection(
-            _parse_chaos(o["chaos"], at.run_id, at.nnodes) if o["chaos"] else None, o["chaos_counts"]
-        ),
+        chaos=ChaosSection(_parse_chaos(o["chaos"], at.run_id, at.nnodes) if o["chaos"] else None),
         metrics=MetricsSection(o["metrics_port"], o["metrics_addr"], o["metrics_file"]),
     )
 

@@ -1,7 +1,8 @@
 """``ftlaunch status [RUN] [--run-dir URL] [--json]``: what a run is doing or did.
 
-Reads only the run directory (run.json, lock.json, progress.json), so it works from any
-machine that can reach the storage, while the run is live or long after.
+Reads only the run directory (run.json, lock.json, progress.json, events.jsonl for --plot) and the
+checkpoints' commit markers, so it works from any machine that can reach the storage, while the
+run is live or long after. A damaged file is said naming it, never a traceback.
 """
 
 import json
@@ -13,7 +14,7 @@ from typing import Any, Dict, List, Optional
 
 import click
 
-from launcher.core.beats import NodeRow, ProgressRow
+from launcher.core.beats import LiveProgress
 from launcher.core.config import join_run_url
 from launcher.core.failures import seconds
 from launcher.core.outcomes import AttemptOutcome, RunStatus
@@ -21,7 +22,7 @@ from launcher.core.records import RunState
 from launcher.environment import PET_PREFIX
 from launcher.grammar.errors import UsageError
 from launcher.runs.checkpoints import CheckpointDir
-from launcher.runs.directory import PROGRESS_FILE, LockState, RunDir
+from launcher.runs.directory import Damaged, LockState, RunDir
 
 __all__ = ["status_cli", "run_status"]
 
@@ -64,7 +65,9 @@ def status_cli(run: Optional[str], run_dir: str, as_json: bool, plot: Optional[P
         if plot is not None:
             _plot(report, plot)
         if as_json:
-            click.echo(json.dumps({**report, "run": report["run"].to_json()}, indent=1, default=str))
+            progress = report["progress"] and report["progress"].to_json()
+            plain = {**report, "run": report["run"].to_json(), "progress": progress}
+            click.echo(json.dumps(plain, indent=1, default=str))
         else:
             click.echo("\n".join(_table(report)))
         return 0
@@ -122,8 +125,17 @@ def run_status(url: str) -> Dict[str, Any]:
         "holder_state": judged.value if judged is not None else None,
         "now": now,
         "run": state,
-        "progress": run.read_json(PROGRESS_FILE) if live else None,
+        "progress": _progress(run) if live else None,
     }
+
+
+def _progress(run: RunDir) -> Optional[LiveProgress]:
+    """The live ranks; a damaged progress.json is said and left out (the rest stands without it)."""
+    try:
+        return run.read_progress()
+    except Damaged as err:
+        click.echo(f"ftlaunch status: {err}; its ranks are not shown (its supervisor rewrites it)", err=True)
+        return None
 
 
 def _list_runs(run_dir: str, as_json: bool) -> int:
@@ -223,8 +235,8 @@ def _table(report: Dict[str, Any]) -> List[str]:
     resized = [a for a in attempts if a.resize]
     if resized:
         lines += ["", "resizes (--nnodes MIN:MAX):"] + [f"  attempt {a.attempt}: {a.resize}" for a in resized]
-    live = report.get("progress")
-    if attempts and attempts[-1].nodes and not (live and live.get("nodes")):
+    live: Optional[LiveProgress] = report.get("progress")
+    if attempts and attempts[-1].nodes and not (live and live.nodes):
         lines += [
             "",
             f"nodes of attempt {attempts[-1].attempt}: "
@@ -247,19 +259,19 @@ def _chaos(state: RunState) -> bool:
     return isinstance(state.config, dict) and bool(state.config.get("chaos"))
 
 
-def _progress_lines(progress: Dict[str, Any], now: float) -> List[str]:
+def _progress_lines(progress: LiveProgress, now: float) -> List[str]:
     """The live attempt: each node's supervisor (with many nodes) and each rank's step."""
-    age = now - progress["written_at"]
+    age = now - progress.written_at
     lines = []
-    if progress.get("nodes"):
-        lines += ["", f"nodes of attempt {progress['attempt']} (as of {age:.0f} s ago):"]
+    if progress.nodes:
+        lines += ["", f"nodes of attempt {progress.attempt} (as of {age:.0f} s ago):"]
         lines.append(f"{'node':>5}  {'host':<20}  {'pid':>7}  last seen")
-        for n in map(NodeRow.from_json, progress["nodes"]):
+        for n in progress.nodes:
             seen = "lost" if n.lost else f"{n.silent_for + age:.1f} s ago"
             lines.append(f"{n.node:>5}  {n.host or '?':<20}  {n.pid or '?':>7}  {seen}")
-    ranks = [ProgressRow.from_json(r) for r in progress["ranks"]]
+    ranks = progress.ranks
     many = any(r.node is not None for r in ranks)
-    lines += ["", f"ranks of attempt {progress['attempt']} (as of {age:.0f} s ago):"]
+    lines += ["", f"ranks of attempt {progress.attempt} (as of {age:.0f} s ago):"]
     lines.append(
         ("node  " if many else "") + f"{'rank':>5}  {'pid':>7}  {'step':>8}  {'last beat':>10}  phase"
     )

@@ -17,7 +17,6 @@ from launcher.console import say as say_on_stderr
 from launcher.core.config import LaunchConfig
 from launcher.core.events import EventLog, RunEnd, RunStart
 from launcher.core.outcomes import RunStatus
-from launcher.core.policy import RestartPolicy
 from launcher.core.recovery import goodput, recoveries
 from launcher.core.results import AttemptResult, RunResult
 from launcher.grammar.errors import ExitCode, JoinTimeout, SignalReceived, StartFailed, UsageError
@@ -141,14 +140,6 @@ def _lead(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, con
             events.emit(RunStart(run_id=config.run.run_id, config=config.to_json(), pid=os.getpid()))
             with OrphanGuard() as guard, _memory_tier(guard) as memory:
                 run = _open(config, directory, events, say, signals, taken_from)
-                policy = RestartPolicy(
-                    config.restart.max_failures,
-                    config.restart.failure_window,
-                    config.restart.crash_loop,
-                    config.restart.backoff,
-                    config.restart.backoff_cap,
-                    count_injected=config.chaos.counts,
-                )
                 if job_store is None:
                     # The workers' store in a process forked from the fork server, when it serves;
                     # none once a signal came (the attempt will not start).
@@ -158,10 +149,10 @@ def _lead(config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, con
                     host = unless_stopping(
                         functools.partial(spawner.host_store, go_on=lambda: not stopping()), stopping
                     )
-                    role: RunHolder = SingleNode(config, run, events, signals, say, policy, host)
+                    role: RunHolder = SingleNode(config, run, events, signals, say, config.restart, host)
                 else:
                     rendezvous = Rendezvous(config.cluster, config.run.run_id, job_store)
-                    role = Leader(config, run, events, signals, say, policy, rendezvous)
+                    role = Leader(config, run, events, signals, say, config.restart, rendezvous)
                 beat_before = any(a.beat for a in run.state.attempts)  # e.g. before a kill -9 of ftlaunch
                 hangs = HangMonitor(config.hangs, events, say, run.mark_first_step, beat_before)
                 runner = AttemptRunner(config, events, signals, guard, say, spawner, console, hangs, memory)

@@ -1,6 +1,6 @@
 """How ftlaunch's recovery and its store traffic grow with the number of nodes, torchrun beside it.
 
-    python scripts/bench_scale.py [--nodes 2,4,8,16] [--window 5]
+    python scripts/bench_scale.py [--nodes 2,4,8,16] [--window 5] [--workload sleep|poll]
 
 N "nodes" on this machine, each its own launcher process with one tiny worker
 (scripts/bench_scale_worker.py: no torch, so that 16 nodes fit on 2 cores), meeting on 127.0.0.1
@@ -8,11 +8,17 @@ through torch.distributed.elastic's c10d rendezvous. Once every worker runs, the
 (ftlaunch's node 0; the torchrun agent that bound the endpoint) is watched for ``--window``
 seconds: the system calls on its TCP sockets per second (strace, in a second window: the store's
 traffic, each request at least a read and a write), per node, and every read and write of its
-whole process tree (/proc/PID/io). Then the last node's worker exits 1, and from its
+whole process tree (/proc/PID/io: node 0's own cost with ``--workload sleep``, whose workers make
+no system call while healthy; ``poll``'s look for a file every 10 ms). Then the last node's
+worker exits 1 (``sleep``: on the bench's SIGUSR2; ``poll``: on a file), and from its
 own stamp (CLOCK_MONOTONIC, one clock for every process here):
 
 - stopped: until every other node's worker got its SIGTERM;
 - running: until every node's worker of the new attempt started.
+
+Node 0's tree counts the calls of a job alone when the job has a pid namespace of its own (as in a
+container): run it as root under ``unshare --pid --fork --mount-proc``; on a shared machine the
+other users' new processes make node 0's look for its workers' groups walk /proc every time.
 
 torchrun runs with its defaults (monitor interval 0.1 s) and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 (see bench_recovery.py); ftlaunch with its defaults (fork server on, --node-timeout 15 s).
@@ -21,6 +27,7 @@ torchrun runs with its defaults (monitor interval 0.1 s) and TORCH_DISABLE_SHARE
 import argparse
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -42,23 +49,23 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _ftlaunch(n: int, node: int, endpoint: str, work: Path) -> List[str]:
+def _ftlaunch(n: int, node: int, endpoint: str, work: Path, workload: str) -> List[str]:
     return [
         sys.executable, "-m", "launcher",
         "--nnodes", str(n), "--node-rank", str(node), "--rdzv-endpoint", endpoint,
         "--nproc", "1", "--max-failures", "1",
         "--log-dir", str(work / "logs"), "--run-dir", str(work / "runs"),
-        str(WORKER), "--out", str(work / "out"),
+        str(WORKER), "--out", str(work / "out"), "--workload", workload,
     ]  # fmt: skip
 
 
-def _torchrun(n: int, node: int, endpoint: str, work: Path) -> List[str]:
+def _torchrun(n: int, node: int, endpoint: str, work: Path, workload: str) -> List[str]:
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", str(n), "--nproc-per-node", "1",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", work.name,
         "--max-restarts", "1",
-        str(WORKER), "--out", str(work / "out"),
+        str(WORKER), "--out", str(work / "out"), "--workload", workload,
     ]  # fmt: skip
 
 
@@ -124,14 +131,25 @@ def _socket_calls(pid: int, seconds: float) -> Optional[float]:
         return sum("TCP" in line for line in out) / seconds
 
 
-def run(command, n: int, work: Path, window: float, env: Dict[str, str]) -> Optional[Dict[str, float]]:
+def _crash(out: Path, n: int, workload: str) -> None:
+    """Have the last rank's worker exit 1: the file it looks for, or SIGUSR2 to its pid."""
+    if workload == "poll":
+        (out / "go_crash").touch()
+        return
+    (pid,) = [int(p.name.split(".")[2]) for p in out.glob(f"start.{n - 1}.*") if not p.name.endswith(".tmp")]
+    os.kill(pid, signal.SIGUSR2)
+
+
+def run(
+    command, n: int, work: Path, window: float, env: Dict[str, str], workload: str
+) -> Optional[Dict[str, float]]:
     out = work / "out"
     out.mkdir(parents=True)
     port = _free_port()
     endpoint = f"127.0.0.1:{port}"
     procs = [
         subprocess.Popen(
-            command(n, node, endpoint, work),
+            command(n, node, endpoint, work, workload),
             env=env,
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
@@ -147,7 +165,7 @@ def run(command, n: int, work: Path, window: float, env: Dict[str, str]) -> Opti
         time.sleep(window)  # the measurement window: every node healthy
         per_s = (_syscalls(store) - before) / (time.monotonic() - started)
         sockets = _socket_calls(store.pid, window)  # a second window, under strace
-        (out / "go_crash").touch()
+        _crash(out, n, workload)
         crashed = out / "crashed"
         if not _wait_for(lambda: crashed.exists() and len(_stamps(out, "start", _read(crashed))) == n, procs):
             return None
@@ -174,6 +192,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", default="2,4,8,16,32", help="comma-separated node counts")
     p.add_argument("--window", type=float, default=5.0, help="seconds the healthy store is watched")
+    p.add_argument(
+        "--workload", choices=("sleep", "poll"), default="sleep",
+        help="sleep: workers that make no system call while healthy; poll: each looks for a file every 10 ms",
+    )  # fmt: skip
     args = p.parse_args()
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     rows = []
@@ -181,7 +203,7 @@ def main() -> None:
     try:
         for i, n in enumerate(int(x) for x in args.nodes.split(",")):  # a size may repeat: 16,16,16
             for name, command in (("ftlaunch", _ftlaunch), ("torchrun", _torchrun)):
-                result = run(command, n, work / f"{name}{n}_{i}", args.window, env)
+                result = run(command, n, work / f"{name}{n}_{i}", args.window, env, args.workload)
                 rows.append((n, name, result))
                 print(f"{n} nodes, {name}: {'done' if result else 'FAILED'}", file=sys.stderr)
     finally:

@@ -173,11 +173,13 @@ class Launcher:
         up_file: Optional[Path] = None,
         ignore_sighup: bool = False,
         prelude: str = "",
+        wrap: Sequence[str] = (),
     ) -> Launch:
         """``up_file``: created once the interpreter has started (``site`` imported) and is about to
         run ftlaunch's entry point, for tests that time a signal from there. ``prelude``: Python run
         in the supervisor before its entry point (a test that plants a defect of ftlaunch's own).
-        ``log_dir=False``: ftlaunch's own default."""
+        ``log_dir=False``: ftlaunch's own default. ``wrap``: a command that runs ftlaunch's
+        (``unshare --pid --fork``); ``proc`` is then the wrapper."""
         marker = uuid.uuid4().hex
         if log_dir is None:
             log_dir = self.tmp_path / f"logs_{len(self.launches)}"
@@ -201,7 +203,7 @@ class Launcher:
             argv += ["--run-dir", str(self.tmp_path / "runs")]
         if _NO_TORCH.intersection(args) and not _SPAWNER_OPTIONS.intersection(args):
             argv += self.spawner
-        argv += args
+        argv = [*wrap, *argv, *args]
         proc = subprocess.Popen(
             argv,
             env=full_env,
@@ -246,7 +248,7 @@ class Launcher:
 
 def memory_folders(pid: int) -> List[Path]:
     """The memory-tier folders in /dev/shm of the supervisor with ``pid``."""
-    return list(Path("/dev/shm").glob(f"ftlaunch-memory-{pid}-*"))
+    return list(Path("/dev/shm").glob(f"ftlaunch-memory-owned-{pid}-*"))
 
 
 def _memory_left(pid: int, timeout: float) -> List[Path]:

@@ -97,9 +97,10 @@ def _status_when(tmp_path, name, ready, timeout=30) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         report = run_status(str(tmp_path / "runs" / name))
-        if report["progress"] and ready(report["progress"]):
-            return report
-        assert time.monotonic() < deadline, report["progress"]
+        progress = report["progress"] and report["progress"].to_json()  # as --json gives it
+        if progress and ready(progress):
+            return {**report, "progress": progress}
+        assert time.monotonic() < deadline, progress
         time.sleep(0.2)
 
 

@@ -53,8 +53,10 @@ def _starts(launch, attempt: int) -> set:
 
 @pytest.mark.xdist_group("memory-clean")
 def test_a_crash_reloads_the_newest_memory_step_and_ends_bit_identical(launcher, tmp_path, clean):
-    left = SHM / f"ftlaunch-memory-{dead_pid()}-left"  # as a supervisor killed with its guard leaves it
+    # as a supervisor killed with its guard leaves it: the kernel dropped the lock on its .owner
+    left = SHM / f"ftlaunch-memory-owned-{dead_pid()}-left"
     left.mkdir()
+    (left / ".owner").touch()
     (left / "rank_0.0").write_bytes(b"x" * 1000)
     launch, crashed = _run(
         launcher, tmp_path, "crashed", "--memory-every", "1", "--crash", "17:0", "--crash-after-backward"

@@ -5,7 +5,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from helpers import ACTOR, SCRIPTS, read_logged, run_state, wait_for_files
 
 from launcher.core.events import Decision, Resume, RunStart, StopRequested, Takeover, Transition, of_kind
 from launcher.core.outcomes import RunStatus
+from launcher.core.owned import pid_space
 from launcher.core.records import RunState
 from launcher.runs.directory import RunDir
 
@@ -35,7 +35,7 @@ def test_relaunch_after_kill_9_of_the_supervisor_resumes_the_run(launcher, tmp_p
     first.wait()
     assert first.survivors_after(timeout=10) == []  # the orphan guard took the first supervisor's workers
     code, table = _status("--run-dir", str(runs), "beater")  # what a person sees before relaunching
-    assert f"RUNNING, but its supervisor {socket.gethostname()} pid {first.proc.pid}" in table, table
+    assert f"RUNNING, but its supervisor {pid_space()} pid {first.proc.pid}" in table, table
     assert "is dead: run the same command to resume it" in table
     assert int(re.search(r"checkpoint   step (\d+)", table).group(1)) >= 40, table
 
@@ -104,7 +104,7 @@ def test_a_second_supervisor_on_a_live_run_is_refused(launcher, tmp_path):
     assert refused.proc.returncode == 2
     line = refused.stderr.strip()
     assert line.startswith("ftlaunch: error: run ") and "is held by another ftlaunch" in line
-    assert f"{socket.gethostname()} pid {live.proc.pid}" in line
+    assert f"{pid_space()} pid {live.proc.pid}" in line
     live.proc.send_signal(signal.SIGTERM)  # as a scheduler preempting the job
     assert live.wait() == 143
     assert run_state(runs / "actor").status == "PREEMPTED"
@@ -143,7 +143,7 @@ def test_a_stopped_supervisor_on_this_host_is_never_taken_over(launcher, tmp_pat
 
     second = launcher.run(*named, str(ACTOR))
     assert second.proc.returncode == 2, second.stderr
-    assert f"is held by another ftlaunch: {socket.gethostname()} pid {live.proc.pid}" in second.stderr
+    assert f"is held by another ftlaunch: {pid_space()} pid {live.proc.pid}" in second.stderr
     assert run_state(runs / "actor").attempts == attempts_before  # nothing written by the refused one
 
     os.kill(live.proc.pid, signal.SIGCONT)
@@ -198,9 +198,11 @@ def test_damaged_state_files_are_errors_not_tracebacks(launcher, tmp_path):
     assert launcher.run(*failing).proc.returncode == 1
     events = runs / "actor" / "events.jsonl"
     events.write_text(events.read_text() + "garbage\n" + '{"event": "transit')  # a torn last line
+    damaged = events.read_text()
     resumed = launcher.run(*failing)  # the history is kept, the damaged lines are skipped
     assert resumed.proc.returncode == 0, resumed.stderr
     assert "skipped 2 line(s) that are not events" in resumed.stderr and "Traceback" not in resumed.stderr
+    assert events.read_text().startswith(damaged + "\n")  # kept as they were, not dropped on rewriting
 
     for damage in ("{}", "[]", '{"status": "RUNNING", "attempts": [{"attempt": "zero"}]}'):
         (runs / "actor" / "run.json").write_text(damage)
@@ -310,7 +312,7 @@ def test_unusable_checkpoint_storage_leaves_no_logs_folder(launcher, tmp_path):
 def _write_lock(run, **fields):
     run.mkdir(parents=True, exist_ok=True)
     lock = {
-        "host": socket.gethostname(),
+        "host": pid_space(),
         "pid": 1,
         "pid_started": 0.0,
         "token": "x",
@@ -332,7 +334,7 @@ def test_a_lock_left_by_a_dead_supervisor_is_taken_over(launcher, tmp_path):
     launch = launcher.run("--run-name", "actor", str(ACTOR))
 
     assert launch.proc.returncode == 0, launch.stderr
-    took = f"took the run over from {socket.gethostname()} pid {gone.pid}"
+    took = f"took the run over from {pid_space()} pid {gone.pid}"
     assert took in launch.stderr
     # It left a lock, not a run: the run is new, said after the takeover, and why it is new.
     new = ": new; its earlier supervisor recorded nothing of it"
@@ -590,7 +592,7 @@ def test_status_of_a_live_and_of_a_finished_run(launcher, tmp_path):
 
     code, table = _status("--run-dir", str(runs), "beater")
     assert code == 0
-    assert f"RUNNING, held by {socket.gethostname()} pid {live.proc.pid}" in table
+    assert f"RUNNING, held by {pid_space()} pid {live.proc.pid}" in table
     assert re.search(r"checkpoint   step \d+, committed [\d.]+ s ago", table), table
     # rank 0's row; it may be inside a save (paused) at the moment progress was published
     assert re.search(r"^\s+0\s+\d+\s+\d+\s+[\d.]+ s ago\s+(stepping|paused)$", table, re.M), table
@@ -614,6 +616,50 @@ def test_status_of_a_live_and_of_a_finished_run(launcher, tmp_path):
     for bad in ([str(runs / "notes.txt")], ["--run-dir", str(runs / "notes.txt")], ["nosuchproto://x/y"]):
         assert _status(*bad) == (2, ""), bad  # one line on stderr, no traceback
     assert live.survivors() == []
+
+
+def test_status_of_a_live_run_says_a_damaged_progress_json_and_shows_the_rest(launcher, tmp_path):
+    """progress.json without written_at made `status` exit 70 (KeyError); garbage hid the ranks
+    without a word. The supervisor is stopped (Ctrl+Z) so that it does not rewrite the file."""
+    ready, runs = tmp_path / "ready", tmp_path / "runs"
+    live = launcher.start(
+        "--run-dir",
+        str(runs),
+        "--run-name",
+        "actor",
+        str(ACTOR),
+        "--others",
+        "sleep",
+        "--ready-dir",
+        str(ready),
+    )
+    wait_for_files(ready, "*.pid", 1)
+    _wait_for_the_attempt_in_run_json(runs / "actor")
+    os.kill(live.proc.pid, signal.SIGSTOP)
+    progress = runs / "actor" / "progress.json"
+    try:
+        for damage, said in (
+            ('{"attempt": 0, "ranks": []}', "written_at is missing"),
+            ('{"attempt": 0, "written_at": NaN, "ranks": []}', "written_at is nan"),
+            ('{"attempt": 0, "writ', "Unterminated string starting at: line 1 column 16 (char 15)"),
+        ):
+            progress.write_text(damage)
+            for json_flag in ([], ["--json"]):
+                shown = launcher.run("status", "--run-dir", str(runs), "actor", *json_flag, log_dir=False)
+                assert shown.proc.returncode == 0, shown.stderr
+                assert shown.stderr.splitlines() == [
+                    f"ftlaunch status: {runs}/actor/progress.json is damaged ({said}); its ranks are not "
+                    "shown (its supervisor rewrites it)"
+                ]
+            assert json.loads(shown.stdout)["progress"] is None and json.loads(shown.stdout)["live"]
+            table = launcher.run("status", "--run-dir", str(runs), "actor", log_dir=False).stdout
+            assert f"RUNNING, held by {pid_space()} pid {live.proc.pid}" in table
+            assert progress.read_text() == damage  # a reader writes nothing
+    finally:
+        os.kill(live.proc.pid, signal.SIGCONT)
+    live.proc.send_signal(signal.SIGTERM)
+    assert live.wait() == 143, live.stderr
+    assert all(launch.survivors() == [] for launch in launcher.launches)
 
 
 def _fill(folder: Path) -> Path:

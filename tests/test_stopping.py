@@ -357,3 +357,32 @@ def test_the_descendant_walk_finds_children_of_every_thread(tmp_path):
             proc.wait()
         if grandchild is not None:  # re-parented out of our tree once its parent is gone
             os.kill(grandchild, signal.SIGKILL)
+
+
+def test_the_periodic_look_reads_only_our_main_thread_s_children():
+    """The group look's walk (every half second) skips children of our threads other than the
+    main one, which are never workers (the supervisor forks from its main thread only, and
+    orphans are re-parented to it); a stop's walk still reads every thread."""
+    import subprocess
+    import threading
+
+    from launcher.process.tree import descendants
+
+    started: dict = {}
+    done = threading.Event()
+    thread = threading.Thread(
+        target=lambda: (started.setdefault("child", subprocess.Popen(["sleep", "1000"])), done.wait(60)),
+        daemon=True,
+    )
+    thread.start()
+    try:
+        _wait_for(lambda: "child" in started, 10)
+        child = started["child"].pid
+        assert child in descendants()
+        assert child not in descendants(our_main_thread_only=True)
+    finally:
+        done.set()
+        thread.join()
+        if "child" in started:
+            started["child"].kill()
+            started["child"].wait()

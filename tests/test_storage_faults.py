@@ -273,7 +273,7 @@ def test_a_full_dev_shm_at_launch_puts_the_heartbeat_slots_in_the_temp_dir(launc
     fallback = [line for line in launch.stderr.splitlines() if "heartbeat slots in" in line]
     assert len(fallback) == 1 and "/dev/shm has no room (No space left on device)" in fallback[0], fallback
     assert "[0] " in launch.stdout and "Traceback" not in launch.stderr
-    left = list(Path(tempfile.gettempdir()).glob(f"ftlaunch-heartbeat-{launch.proc.pid}-*"))
+    left = list(Path(tempfile.gettempdir()).glob(f"ftlaunch-heartbeat-owned-{launch.proc.pid}-*"))
     assert left == []
     assert launch.survivors() == []
 

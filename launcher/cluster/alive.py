@@ -3,25 +3,33 @@ stopping workers or writing run.json for a few seconds must not look like a dead
 
 import threading
 import time
+from typing import Optional
 
-__all__ = ["AliveCounter", "beat_every"]
+__all__ = ["AliveCounter", "beat_every", "look_every"]
 # A wake-up this much later than asked for means the whole process did not run meanwhile
 # (SIGSTOP, a paused VM, swapping): every thread of it was silent.
 _STALL_S = 2.0
 
 
 def beat_every(node_timeout: float) -> float:
-    """How often a supervisor bumps its counter, and its watchers look: a tenth of the silence
-    that makes it lost (a healthy node shows several moves in that time, a loaded machine
-    included), within 0.25..1.5 s. A beat is a request to node 0's store per node, the bulk of a
-    healthy job's traffic there: the default --node-timeout (15 s) gives 1.5 s."""
+    """How often a supervisor bumps its counter: a fifth of the silence that makes it lost (a
+    healthy node shows several moves in that time, a loaded machine included), within 0.25..3 s.
+    A beat is a request to node 0's store per node, the bulk of a healthy job's traffic there:
+    the default --node-timeout (15 s) gives 3 s (it was 1.5 s: issue 48 item 8)."""
+    return min(max(node_timeout / 5, 0.25), 3.0)
+
+
+def look_every(node_timeout: float) -> float:
+    """How often node 0 reads every counter (one request, whatever the number of nodes): a tenth
+    of the node timeout within 0.25..1.5 s, so a lost node is found within a look of it."""
     return min(max(node_timeout / 10, 0.25), 1.5)
 
 
 class AliveCounter(threading.Thread):
     """Also this process's own witness: ``stalled`` is the longest time it did not run at all,
     and ``stalled_until`` when that ended (monotonic), so that a node does not blame the others
-    for a silence that was its own."""
+    for a silence that was its own. With no ``store`` it is that witness alone (node 0: nobody
+    reads its counter, its store's answers are its sign of life)."""
 
     def __init__(self, store, key: str, every: float) -> None:
         super().__init__(name=f"ftlaunch-alive-{key}", daemon=True)
@@ -29,21 +37,24 @@ class AliveCounter(threading.Thread):
         self._done = threading.Event()
         self.stalled = 0.0
         self.stalled_until = 0.0
-        self.bumped = time.monotonic()  # the last bump (or the start)
+        self.bumped = time.monotonic()  # the last bump answered (or the start)
+        self.asking: Optional[float] = None  # when the bump under way was sent (None: none is)
 
     @property
     def running_late(self) -> bool:
-        """It has not bumped for longer than a stall: this process may just have come back."""
-        return time.monotonic() - self.bumped >= _STALL_S
+        """It has not bumped for a stall past its turn: this process may just have come back."""
+        return time.monotonic() - self.bumped >= max(_STALL_S, self.every + 0.5)
 
     def run(self) -> None:
         turned = time.monotonic()  # one turn: a bump and a beat's sleep; a stall anywhere in it shows
         while not self._done.is_set():
+            self.asking = time.monotonic()
             try:
-                self._store.add(self._key, 1)
+                if self._store is not None:
+                    self._store.add(self._key, 1)
             except Exception:  # noqa: BLE001 - node 0 gone: the main loop finds out and says so
                 return
-            self.bumped = time.monotonic()
+            self.bumped, self.asking = time.monotonic(), None
             self._done.wait(self.every)
             now = time.monotonic()
             late, turned = now - turned - self.every, now

@@ -11,7 +11,7 @@ import json
 import time
 from typing import Dict, List, Optional, Sequence
 
-from launcher.cluster.alive import AliveCounter, beat_every
+from launcher.cluster.alive import AliveCounter, beat_every, look_every
 from launcher.cluster.rendezvous import LeaderUnreachable
 from launcher.cluster.watch import KeyWatch
 from launcher.cluster.wire import Interrupt, InterruptKind, reading_from_json, reading_to_json
@@ -46,7 +46,17 @@ class AttemptChannel:
     0 watches every other node of the attempt; the others watch node 0). Until node 0's plan
     says which nodes hold the attempt (``set_nodes``), every node of the job is assumed."""
 
-    def __init__(self, store, spec: ChannelSpec, signals: SignalInbox, watched: List[int]) -> None:
+    def __init__(
+        self,
+        store,
+        spec: ChannelSpec,
+        signals: SignalInbox,
+        watched: List[int],
+        beater: Optional[AliveCounter] = None,
+    ) -> None:
+        """``beater``: this supervisor's liveness counter where it already beats one for its whole
+        life (a follower's claim), which the channel then neither starts nor stops; otherwise the
+        channel beats ``alive/<node>`` in the attempt's keys."""
         self._store = self._for_calls(store, spec)
         self.spec = spec
         self.node = spec.node
@@ -58,8 +68,10 @@ class AttemptChannel:
         self._interrupt: Optional[Interrupt] = None
         self._lost: Dict[int, str] = {}  # node → why it was declared lost
         self._answered_stop = False
-        self._beater = AliveCounter(store, f"alive/{self.node}", beat_every(spec.node_timeout))
-        self._beater.start()
+        self._own_beater = beater is None
+        self._beater = beater or self._make_beater(store, spec)
+        if self._own_beater:
+            self._beater.start()
         self._watch = KeyWatch(store, "interrupt", signals.wake)
         self._watch.start()
 
@@ -71,12 +83,17 @@ class AttemptChannel:
                 self.interrupt(Interrupt(self.node, InterruptKind.LOST, f"node {self.node} left the attempt"))
             except Exception:  # noqa: BLE001 - a store that is gone: the others find this node silent
                 pass
-        self._beater.stop()
+        if self._own_beater:
+            self._beater.stop()
         self._watch.stop()
 
     def set_nodes(self, nodes) -> None:
         """The nodes that hold the attempt (node 0's plan): those every wait here waits for."""
         self._nodes = tuple(nodes)
+
+    def _make_beater(self, store, spec: ChannelSpec) -> AliveCounter:
+        """This node's counter in the attempt's keys, bumped every beat."""
+        return AliveCounter(store, f"alive/{self.node}", beat_every(spec.node_timeout))
 
     def _for_calls(self, store, spec: ChannelSpec):
         """The store as this node's main thread calls it (the liveness thread uses it as given)."""
@@ -160,7 +177,7 @@ class AttemptChannel:
 
     def _look_for_lost_nodes(self) -> Optional[Interrupt]:
         """A watched node whose counter stood still for --node-timeout is lost: an interrupt for
-        the first one found (None: none new). Looks at most every half second."""
+        the first one found (None: none new). Looks at most every ``look_every``."""
         for node, silent in self._silences().items():
             if silent >= self.spec.node_timeout:
                 return self._declare_lost(node, f"silent for {silent:.1f} s")
@@ -168,10 +185,10 @@ class AttemptChannel:
 
     def _silences(self) -> Dict[int, float]:
         """Each watched node not yet lost: seconds since its counter last moved (read again at
-        most every half second)."""
+        most every ``look_every``: 1.5 s at the default --node-timeout)."""
         now = time.monotonic()
         if now >= self._next_look:
-            self._next_look = now + self._beater.every
+            self._next_look = now + look_every(self.spec.node_timeout)
             for node, value in self._counters([n for n in self._seen if n not in self._lost]).items():
                 if value != self._seen[node][0]:
                     self._seen[node] = (value, now)

@@ -3,13 +3,16 @@ ended everywhere, and tells every node its verdict."""
 
 import dataclasses
 import json
+import logging
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Set, Tuple
 
+from launcher.cluster.alive import AliveCounter, beat_every, look_every
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
+from launcher.cluster.lobby import claimed_counters
 from launcher.cluster.rendezvous import WATCH_EVERY_S, RoundFailed
 from launcher.cluster.wire import Interrupt, JobVerdict, NodeInfo, NodeReport, RoundPlan
-from launcher.core.beats import NodeRow, ProgressRow
+from launcher.core.beats import NodeRow, ProgressRow, ProgressShare
 from launcher.core.failures import Failure, NodeLostFailure
 from launcher.grammar.errors import SignalReceived
 from launcher.process.signals import SignalInbox
@@ -18,16 +21,23 @@ __all__ = ["LeaderChannel"]
 
 # A node whose liveness counter has not moved for this many of its beats is not waited for to read
 # the verdict (its supervisor died), even within --node-timeout.
-_GONE_BEATS = 6
+_GONE_BEATS = 3
+
+log = logging.getLogger(__name__)
 
 
 class LeaderChannel(AttemptChannel):
-    def __init__(self, store, spec: ChannelSpec, signals: SignalInbox) -> None:
+    def __init__(self, store, spec: ChannelSpec, signals: SignalInbox, job_store=None) -> None:
+        """``job_store``: the job's store (the lobby's keys): a follower that holds a claim beats
+        its claim's counter there, and that is the one watched (None: ``alive/<n>`` here)."""
         # No node is watched before it announces itself: nothing here is sized by --nnodes MAX.
         super().__init__(store, spec, signals, watched=[])
+        self._job_store = job_store
+        self._claim_counters: Dict[int, str] = {}  # node → its claim's counter in the job store
         self._infos: Dict[int, NodeInfo] = {}
         self._lost_at: Dict[int, float] = {}  # node → when it was declared lost (monotonic)
         self._unreported: Dict[int, float] = {}  # node → the report deadline it beat through
+        self._garbled: Set[int] = set()  # nodes whose progress share was damaged (said once)
 
     def node_infos(
         self, count: int, limit: float, watch: Callable[[], None] = lambda: None
@@ -54,9 +64,33 @@ class LeaderChannel(AttemptChannel):
         texts = self._call("multi_get", [f"node/{n}" for n in present])
         self._infos = {n: NodeInfo(**json.loads(t)) for n, t in zip(present, texts)}
         self.set_nodes(present)
+        watched = [n for n in present if n != self.node]
+        if self._job_store is not None and watched:
+            self._claim_counters = claimed_counters(self._job_store, watched)
         now = time.monotonic()
-        self._seen = {n: (-1, now) for n in present if n != self.node}
+        self._seen = {n: (-1, now) for n in watched}
         return self._infos
+
+    def _make_beater(self, store, spec: ChannelSpec) -> AliveCounter:
+        """Node 0's witness of its own process, with no request: the followers hear node 0 through
+        their own beats' answers (its store is in this process), so nobody reads a counter of its."""
+        return AliveCounter(None, f"alive/{self.node}", look_every(spec.node_timeout))
+
+    def _counters(self, nodes: List[int]) -> Dict[int, int]:
+        """Each node's claim counter (one call for all, in the job store); a node without a claim
+        (none of this version) by its counter in the attempt's keys."""
+        claimed = [n for n in nodes if n in self._claim_counters]
+        found: Dict[int, int] = {}
+        if claimed:
+            keys = [self._claim_counters[n] for n in claimed]
+            values = self._job_call("multi_get", keys)
+            found = {n: int(value) for n, value in zip(claimed, values)}
+        rest = [n for n in nodes if n not in found]
+        return {**found, **(super()._counters(rest) if rest else {})}
+
+    def _job_call(self, method: str, *args):
+        assert self._job_store is not None
+        return getattr(self._job_store, method)(*args)
 
     def publish_plan(self, plan: RoundPlan) -> None:
         self._call("set", "plan", json.dumps(plan.__dict__))
@@ -131,18 +165,29 @@ class LeaderChannel(AttemptChannel):
         wall = time.time()
         others = [n for n in self._nodes if n != self.node]
         texts = self._call("multi_get", [f"progress/{n}" for n in others]) if others else []
-        shares = dict(zip(others, (json.loads(text) for text in texts)))  # one call for every node
+        shares = dict(zip(others, texts))  # one call for every node
         ranks, nodes = [], []
         for n in self._nodes:
             rows, silent = own, 0.0
             if n != self.node:
-                silent, shared = self._silent_for(n), shares[n]
-                rows = [ProgressRow.from_json(row).aged(wall - shared["at"]) for row in shared["rows"]]
+                silent, shared = self._silent_for(n), self._share(n, shares[n])
+                rows = [row.aged(wall - shared.at) for row in shared.rows]
             ranks += [dataclasses.replace(row, node=n) for row in rows]
             info = self._infos.get(n)
             host, pid = (info.host, info.pid) if info else (None, None)
             nodes.append(NodeRow(n, host, pid, round(silent, 1), n in self._lost))
         return ranks, nodes
+
+    def _share(self, node: int, text: bytes) -> ProgressShare:
+        """A follower's share; a damaged one (not what a follower writes) is said once and shows
+        no ranks: only ``status`` reads it, and the next share may be whole."""
+        try:
+            return ProgressShare.from_json(json.loads(text))
+        except (ValueError, TypeError, KeyError) as err:
+            if node not in self._garbled:
+                self._garbled.add(node)
+                log.warning("node %d's progress share is damaged (%s); its ranks are left out", node, err)
+            return ProgressShare(0.0, [])
 
     # -- the end of the attempt --------------------------------------------------------------------
 
@@ -187,7 +232,7 @@ class LeaderChannel(AttemptChannel):
         try:
             while waiting and not wait.expired:
                 silences, read = self._silences(), set(self._listed(key))
-                gone = _GONE_BEATS * self._beater.every
+                gone = _GONE_BEATS * beat_every(self.spec.node_timeout)
                 waiting = {n for n in waiting if n not in read and silences[n] < gone}
                 wait.pause()
         except SignalReceived:

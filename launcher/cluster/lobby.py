@@ -2,8 +2,9 @@
 for, in node 0's store (keys outside every round), so that a node that cannot be part of the
 job is refused at once, with exit 2, instead of waiting out --join-timeout:
 
-    lobby/claim/<n>       the token of the supervisor that holds node rank n (host:pid:nonce)
-    lobby/alive/<token>   a counter that supervisor's thread bumps every half second
+    lobby/claim/<n>       the token of the supervisor that holds node rank n (pid space:pid:nonce)
+    lobby/alive/<token>   a counter that supervisor's thread bumps every --node-timeout/5, from
+                          its claim to its end: also the liveness node 0 watches in attempts
     lobby/hello/<n>       who it is and which job it came for (rendezvous id, command, host, pid)
     lobby/hellos          "n," appended by each follower that said hello: node 0 reads who came in
                           one call, whatever --nnodes MAX is
@@ -20,15 +21,24 @@ while they meet as during an attempt."""
 import dataclasses
 import json
 import os
-import socket
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from launcher.cluster.alive import AliveCounter, beat_every
+from launcher.core.owned import pid_space
 from launcher.grammar.errors import UsageError
 from launcher.process.waiting import Inbox, Wait
 
-__all__ = ["Hello", "Lobby", "NodeClaim", "StopNotice", "read_stop", "say_stop", "stop_read"]
+__all__ = [
+    "Hello",
+    "Lobby",
+    "NodeClaim",
+    "StopNotice",
+    "claimed_counters",
+    "read_stop",
+    "say_stop",
+    "stop_read",
+]
 
 _STOPPED = "lobby/stopped"
 
@@ -84,7 +94,7 @@ class NodeClaim:
         (every node of a job has the same: one command)."""
         self.node = node
         self._every = beat_every(node_timeout)
-        self.token = f"{socket.gethostname()}:{os.getpid()}:{time.monotonic_ns()}"
+        self.token = f"{pid_space()}:{os.getpid()}:{time.monotonic_ns()}"
         self._hello = hello
         self._beat: Optional[AliveCounter] = None
 
@@ -93,6 +103,7 @@ class NodeClaim:
         say hello. ``beat_store``: the same store for the liveness thread, whose calls may block
         (``store``'s should not). A signal ends the wait for an earlier holder's beats."""
         self.release()
+        store.add(f"lobby/alive/{self.token}", 0)  # there before node 0 reads it (a multi_get waits)
         self._beat = AliveCounter(beat_store, f"lobby/alive/{self.token}", self._every)
         self._beat.start()
         key = f"lobby/claim/{self.node}"
@@ -117,6 +128,12 @@ class NodeClaim:
             return ""
         store.set(f"lobby/read/{self.node}", "1")
         return _text(store.get(key))
+
+    @property
+    def beater(self) -> Optional[AliveCounter]:
+        """The thread that beats this claim's counter (from ``take`` to ``release``): also this
+        node's liveness during an attempt, the counter node 0 watches."""
+        return self._beat
 
     def release(self) -> None:
         if self._beat is not None:
@@ -181,13 +198,23 @@ class Lobby:
         return reason
 
 
+def claimed_counters(store, nodes: List[int]) -> Dict[int, str]:
+    """Node 0's side: the counter each of ``nodes``' claims beats (``lobby/alive/<token>``), read
+    in one call; a node without a claim is left out."""
+    keys = [f"lobby/claim/{n}" for n in nodes]
+    held = [n for n, ok in zip(nodes, [store.check([key]) for key in keys]) if ok]
+    tokens = store.multi_get([f"lobby/claim/{n}" for n in held]) if held else []
+    return {n: f"lobby/alive/{_text(token)}" for n, token in zip(held, tokens)}
+
+
 def _alive(
     store, token: str, signals: Inbox, every: float, clock: Callable[[], float] = time.monotonic
 ) -> bool:
     """Whether the supervisor that holds ``token`` still beats (every ``every`` seconds). One on
-    this host is asked the kernel at once; another is watched for three of its beats."""
+    this host and PID namespace is asked the kernel at once; another is watched for three of its
+    beats."""
     host, pid = token.split(":")[:2]
-    if host == socket.gethostname() and not _pid_alive(int(pid)):
+    if host == pid_space() and not _pid_alive(int(pid)):
         return False
     key = f"lobby/alive/{token}"
     before = store.add(key, 0)

@@ -9,7 +9,10 @@ from typing import Callable, Optional
 
 __all__ = ["KeyWatch", "RENEW_S"]
 
-RENEW_S = 10.0  # a wait the store did not answer is asked again this often (and a stopped watch ends)
+# A wait the store did not answer is asked again this often (and a stopped watch ends): a request
+# per node to node 0's store each time (10 s before issue 48 item 8; a watch stops once its
+# attempt's interrupt is set, which every attempt's end does).
+RENEW_S = 60.0
 
 
 class KeyWatch(threading.Thread):

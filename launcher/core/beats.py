@@ -4,9 +4,20 @@ slot file itself (``hangs.board``) is mechanics above this."""
 
 import dataclasses
 import enum
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Iterable, List, Optional
 
-__all__ = ["BeatReading", "BeatSummary", "CheckpointCounters", "NodeRow", "Phase", "ProgressRow"]
+from launcher.core.checked import check_record
+
+__all__ = [
+    "BeatReading",
+    "BeatSummary",
+    "CheckpointCounters",
+    "LiveProgress",
+    "NodeRow",
+    "Phase",
+    "ProgressRow",
+    "ProgressShare",
+]
 
 
 class Phase(str, enum.Enum):
@@ -81,7 +92,8 @@ class ProgressRow:
 
     def aged(self, seconds: float) -> "ProgressRow":
         """The same row read ``seconds`` later (a follower's share, as node 0 publishes it)."""
-        silent = None if self.silent_for is None else round(self.silent_for + seconds, 3)
+        # max: another host's clock may be ahead of this one's
+        silent = None if self.silent_for is None else round(max(0.0, self.silent_for + seconds), 3)
         return dataclasses.replace(self, silent_for=silent)
 
     def to_json(self) -> dict:
@@ -91,9 +103,11 @@ class ProgressRow:
         return data
 
     @classmethod
-    def from_json(cls, data: dict) -> "ProgressRow":
-        fields: Dict[str, Any] = {name: data.get(name) for name in cls.__dataclass_fields__}
-        return cls(**fields)
+    def from_json(cls, data: Any) -> "ProgressRow":
+        """Raises ValueError, TypeError or KeyError for anything ``to_json`` does not write."""
+        check_record(cls, data, {"step": -1})  # -1: a beat that gave no step
+        Phase(data["phase"])
+        return cls(**data)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +124,55 @@ class NodeRow:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "NodeRow":
-        fields: Dict[str, Any] = {name: data.get(name) for name in cls.__dataclass_fields__}
-        return cls(**fields)
+    def from_json(cls, data: Any) -> "NodeRow":
+        """Raises ValueError, TypeError or KeyError for anything ``to_json`` does not write."""
+        check_record(cls, data)
+        return cls(**data)
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveProgress:
+    """progress.json: the live attempt's ranks (and, with many nodes, its nodes' supervisors) as
+    the supervisor that holds the run last wrote them, for ``ftlaunch status``."""
+
+    attempt: int
+    written_at: float  # wall clock
+    ranks: List[ProgressRow]
+    nodes: Optional[List[NodeRow]] = None  # many nodes only
+
+    def to_json(self) -> dict:
+        data: dict = {"attempt": self.attempt, "written_at": self.written_at}
+        data["ranks"] = [r.to_json() for r in self.ranks]
+        if self.nodes is not None:
+            data["nodes"] = [n.to_json() for n in self.nodes]
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any) -> "LiveProgress":
+        """Raises ValueError, TypeError or KeyError for anything ``to_json`` does not write."""
+        check_record(cls, data)
+        nodes = data.get("nodes")
+        return cls(
+            **{
+                **data,
+                "ranks": [ProgressRow.from_json(r) for r in data["ranks"]],
+                "nodes": None if nodes is None else [NodeRow.from_json(n) for n in nodes],
+            }
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgressShare:
+    """A follower's ranks as it shares them with node 0 (its ``progress/<n>`` key)."""
+
+    at: float  # wall clock
+    rows: List[ProgressRow]
+
+    def to_json(self) -> dict:
+        return {"at": self.at, "rows": [r.to_json() for r in self.rows]}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "ProgressShare":
+        """Raises ValueError, TypeError or KeyError for anything ``to_json`` does not write."""
+        check_record(cls, data)
+        return cls(data["at"], [ProgressRow.from_json(r) for r in data["rows"]])

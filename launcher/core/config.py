@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, FrozenSet, Optional, Sequence, Tuple
 
+from launcher.core.policy import RestartPolicy
 from launcher.grammar.chaos import ChaosPlan
 from launcher.grammar.errors import UsageError
 from launcher.grammar.numbers import digits
@@ -26,7 +27,6 @@ __all__ = [
     "HangSection",
     "LaunchConfig",
     "MetricsSection",
-    "RestartSection",
     "RunSection",
     "default_run_name",
     "join_run_url",
@@ -121,34 +121,6 @@ class GroupSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class RestartSection:
-    """The failure budget and the pauses between restarts (``launcher.policy``)."""
-
-    max_failures: int = 3  # failed groups tolerated; -1: unlimited, 0: none
-    failure_window: Optional[float] = None  # seconds; None: every failure counts
-    crash_loop: int = 3  # failed attempts in a row known to have made no progress; 0: off
-    max_preemptions: int = -1  # preempted attempts a run may resume from; -1: unlimited
-    backoff: float = 1.0  # seconds before the second restart in a row; doubles after
-    backoff_cap: float = 60.0
-
-    def __post_init__(self) -> None:
-        for value, option in (
-            (self.failure_window, "--failure-window"),
-            (self.backoff, "--backoff"),
-            (self.backoff_cap, "--max-backoff"),
-        ):
-            _finite(value, option)
-        if self.max_failures < -1:
-            raise UsageError(f"--max-failures must be -1 (unlimited) or more, got {self.max_failures}")
-        if self.max_preemptions < -1:
-            raise UsageError(f"--max-preemptions must be -1 (unlimited) or more, got {self.max_preemptions}")
-        if self.crash_loop < 0:
-            raise UsageError(f"--crash-loop must be 0 (off) or more, got {self.crash_loop}")
-        if self.failure_window is not None and self.failure_window <= 0:
-            raise UsageError("--failure-window must be more than 0 seconds")
-
-
-@dataclasses.dataclass(frozen=True)
 class HangSection:
     """When silence is a hang (``launcher.hangs``)."""
 
@@ -191,11 +163,15 @@ class RunSection:
         _finite(self.lease, "--lease")
         _finite(self.storage_timeout, "--storage-timeout")
         _check_folder_names(self.name, self.run_id)
-        if self.lease <= 0:
-            raise UsageError(f"--lease must be more than 0 seconds, got {self.lease}")
+        if not 0 < self.lease <= _LONGEST_LEASE_S:
+            raise UsageError(f"--lease must be more than 0 seconds and at most 7d, got {self.lease:g} s")
         if self.storage_timeout <= 0:
             raise UsageError(f"--storage-timeout must be more than 0 seconds, got {self.storage_timeout}")
 
+
+# A lease beyond a week is no lease: its lock would outlive any host that could renew it (1e300
+# was taken, and printed a 300-digit age to the next launch).
+_LONGEST_LEASE_S = 7 * 86400.0
 
 # The most bytes a file or folder name may have (NAME_MAX on Linux's filesystems: ext4, xfs, tmpfs).
 NAME_MAX = 255
@@ -332,7 +308,6 @@ class ClusterSection:
 @dataclasses.dataclass(frozen=True)
 class ChaosSection:
     plan: Optional[ChaosPlan] = None  # faults to inject into the run (--chaos); None: none
-    counts: bool = False  # injected failures count against --max-failures
 
 
 @dataclasses.dataclass(frozen=True)
@@ -372,7 +347,7 @@ _FLAT = {
     "entry_kind": ("entry", "kind"),
     "python": ("entry", "python"),
     **{f.name: ("group", f.name) for f in dataclasses.fields(GroupSection)},
-    **{f.name: ("restart", f.name) for f in dataclasses.fields(RestartSection)},
+    **{f.name: ("restart", f.name) for f in dataclasses.fields(RestartPolicy) if f.name != "count_injected"},
     **{f.name: ("hangs", f.name) for f in dataclasses.fields(HangSection)},
     "run_url": ("run", "url"),
     "run_name": ("run", "name"),
@@ -382,7 +357,7 @@ _FLAT = {
     "storage_timeout": ("run", "storage_timeout"),
     **{f.name: ("cluster", f.name) for f in dataclasses.fields(ClusterSection)},
     "chaos": ("chaos", "plan"),
-    "chaos_counts": ("chaos", "counts"),
+    "chaos_counts": ("restart", "count_injected"),
     "metrics_port": ("metrics", "port"),
     "metrics_addr": ("metrics", "addr"),
     "metrics_file": ("metrics", "file"),
@@ -390,7 +365,7 @@ _FLAT = {
 _SECTIONS = {
     "entry": EntrySection,
     "group": GroupSection,
-    "restart": RestartSection,
+    "restart": RestartPolicy,
     "hangs": HangSection,
     "run": RunSection,
     "cluster": ClusterSection,
@@ -406,7 +381,7 @@ class LaunchConfig:
 
     entry: EntrySection
     group: GroupSection = GroupSection()
-    restart: RestartSection = RestartSection()
+    restart: RestartPolicy = RestartPolicy()
     hangs: HangSection = HangSection()
     run: RunSection = RunSection()
     cluster: ClusterSection = ClusterSection()

@@ -32,6 +32,7 @@ from typing import (
 )
 
 from launcher.core.beats import Phase
+from launcher.core.checked import SMALLEST_INT, check_fields
 from launcher.core.group_state import GroupState
 
 __all__ = [
@@ -415,12 +416,17 @@ def first_of(log: Iterable[Logged[Any]], kind: Type[E], attempt: Optional[int] =
 
 def parse_logged(line: Dict[str, Any]) -> Optional[Logged[Event]]:
     """A line of events.jsonl back as a typed event; None for a kind or shape this version does
-    not know (a line from another version of ftlaunch is skipped, not fatal)."""
+    not know (a line from another version of ftlaunch is skipped, not fatal), or for values no
+    supervisor writes."""
     cls = _KINDS.get(str(line.get("event"))) if isinstance(line, dict) else None
     if cls is None:
         return None
     try:
-        fields = {f.name: _typed(f.name, line[f.name]) for f in dataclasses.fields(cls) if f.name in line}
+        given = {f.name: line[f.name] for f in dataclasses.fields(cls) if f.name in line}
+        # as run.json's: no NaN, no 1e308, no int past int64 (ints may be -1: a whole node, a signal)
+        check_fields(cls, given, ints_from=SMALLEST_INT)
+        check_fields(Logged, {"t_mono": line["t_mono"], "t_wall": line["t_wall"]})
+        fields = {name: _typed(name, value) for name, value in given.items()}
         return Logged(cls(**fields), float(line["t_mono"]), float(line["t_wall"]))
     except (KeyError, TypeError, ValueError):
         return None

@@ -5,7 +5,7 @@ import json
 import re
 import signal
 from pathlib import Path
-from typing import Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple, Union
 
 from launcher.core.beats import Phase
 
@@ -236,15 +236,24 @@ def read_error_file(path: Path) -> Optional[ErrorRecord]:
         return None
     message = data.get("message") if isinstance(data, dict) else None
     if isinstance(message, str):
-        return ErrorRecord(message=message, timestamp=int(data.get("timestamp", 0) or 0))
+        return ErrorRecord(message=message, timestamp=_timestamp(data.get("timestamp")))
     if isinstance(message, dict):
-        extra = message.get("extraInfo") or {}
+        extra = message.get("extraInfo")
+        extra = extra if isinstance(extra, dict) else {}
         return ErrorRecord(
             message=str(message.get("message", "")),
             traceback=str(extra.get("py_callstack", "")),
-            timestamp=int(extra.get("timestamp", 0) or 0),
+            timestamp=_timestamp(extra.get("timestamp")),
         )
     return None
+
+
+def _timestamp(value: Any) -> int:
+    """@record's timestamp (an int, or its digits as a string); 0 (unknown) for anything else: the
+    file is the worker's, written as it died, and its message is worth more than its time."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 12:
+        value = int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**40 else 0
 
 
 _FRAME = re.compile(r'^File "(?P<path>.*)", line (?P<line>\d+) in (?P<func>.*)$')

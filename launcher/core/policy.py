@@ -14,9 +14,11 @@
 
 import dataclasses
 import enum
+import math
 from typing import Optional, Sequence
 
 from launcher.core.outcomes import AttemptOutcome
+from launcher.grammar.errors import UsageError
 
 __all__ = ["AttemptRecord", "RestartPolicy", "RestartDecision", "Verdict"]
 
@@ -51,12 +53,33 @@ class RestartDecision:
 
 @dataclasses.dataclass(frozen=True)
 class RestartPolicy:
-    max_failures: int = 3
+    """The failure budget and the pauses between restarts: the config's restart section, built
+    from the option values, and the decisions made from it."""
+
+    max_failures: int = 3  # failed groups tolerated; -1: unlimited, 0: none
     failure_window: Optional[float] = None  # seconds; None: every failure counts
-    crash_loop: int = 3
-    backoff: float = 1.0
+    crash_loop: int = 3  # failed attempts in a row known to have made no progress; 0: off
+    backoff: float = 1.0  # seconds before the second restart in a row; doubles after
     backoff_cap: float = 60.0
-    count_injected: bool = False
+    count_injected: bool = False  # --chaos-counts: injected failures spend the budget
+    max_preemptions: int = -1  # preempted attempts a run may resume from; -1: unlimited
+
+    def __post_init__(self) -> None:
+        for value, option in (
+            (self.failure_window, "--failure-window"),
+            (self.backoff, "--backoff"),
+            (self.backoff_cap, "--max-backoff"),
+        ):
+            if value is not None and not math.isfinite(value):  # nan compares false with everything
+                raise UsageError(f"{option} must be a finite number of seconds, got {value}")
+        if self.max_failures < -1:
+            raise UsageError(f"--max-failures must be -1 (unlimited) or more, got {self.max_failures}")
+        if self.max_preemptions < -1:
+            raise UsageError(f"--max-preemptions must be -1 (unlimited) or more, got {self.max_preemptions}")
+        if self.crash_loop < 0:
+            raise UsageError(f"--crash-loop must be 0 (off) or more, got {self.crash_loop}")
+        if self.failure_window is not None and self.failure_window <= 0:
+            raise UsageError("--failure-window must be more than 0 seconds")
 
     def after_failure(self, history: Sequence[AttemptRecord], now: float) -> RestartDecision:
         """``history``: the attempts that count, oldest first, the one that just failed last."""

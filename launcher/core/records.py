@@ -3,11 +3,10 @@ serialize to JSON (enums by value) and load back typed; ``runs.run`` decides wha
 
 import dataclasses
 import enum
-import functools
 import json
-import typing
 from typing import Any, Dict, List, Optional, Sequence
 
+from launcher.core.checked import check_fields
 from launcher.core.evidence import Progress
 from launcher.core.failures import Failure, HangFailure, NodeLostFailure
 from launcher.core.outcomes import AttemptOutcome, RunStatus
@@ -170,12 +169,8 @@ def kept_seconds(attempts: Sequence[AttemptEntry], now: float) -> Optional[float
     return float(sum(a.kept(now) for a in attempts))
 
 
-# What run.json's fields may hold: every float in it is a wall-clock time, every int a step, an
-# attempt, a pid, a rank, a node or an exit code. Anything else is damage (a hand's edit, another
-# tool), refused where the file is read, so no reader meets 1e300, NaN or "zero" later.
-_LATEST_WALL = 253402300799.0  # 9999-12-31 23:59:59 UTC: later is no date (time_t, strftime)
-_LARGEST_INT = 2**63 - 1  # int64, as torch and the OS hold steps and pids
-_LOWEST = {"rank": -1}  # a failure's rank -1: a whole node; every other int is 0 or more
+# A failure's rank -1: a whole node; every other int of run.json is 0 or more.
+_LOWEST = {"rank": -1}
 
 
 @dataclasses.dataclass
@@ -202,37 +197,5 @@ class _NodeEntry:
     pid: int
 
 
-@functools.cache
-def _declared(cls: type) -> Dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
 def _check_fields(cls: type, data: Any) -> None:
-    """ValueError naming the first of ``data``'s fields that ``cls`` would not hold as declared;
-    TypeError when ``data`` is no JSON object. Unknown and missing fields are the constructor's."""
-    if not isinstance(data, dict):
-        raise TypeError(f"a JSON object was expected, not {type(data).__name__}")
-    declared = _declared(cls)
-    for name, value in data.items():
-        if name in declared and not _fits(value, declared[name], _LOWEST.get(name, 0)):
-            raise ValueError(f"{name} is {value!r}"[:80])
-
-
-def _fits(value: Any, kind: Any, lowest: int) -> bool:
-    args = typing.get_args(kind)
-    if typing.get_origin(kind) is typing.Union:  # Optional[X]: None, or an X
-        return value is None or _fits(value, next(a for a in args if a is not type(None)), lowest)
-    if isinstance(value, bool) or kind is bool:  # a bool is an int to Python, never to run.json
-        return kind is bool and isinstance(value, bool)
-    if kind is int:
-        return isinstance(value, int) and lowest <= value <= _LARGEST_INT
-    if kind is float:  # NaN fails both comparisons
-        return isinstance(value, (int, float)) and 0 <= value <= _LATEST_WALL
-    if isinstance(kind, type) and issubclass(kind, enum.Enum):
-        return isinstance(value, str) and value in {member.value for member in kind}  # str enums
-    if dataclasses.is_dataclass(kind):  # a record within: its own from_json checks its fields
-        return isinstance(value, dict)
-    origin = typing.get_origin(kind) or kind
-    if origin is list:
-        return isinstance(value, list) and all(_fits(item, args[0], lowest) for item in value)
-    return isinstance(value, origin)  # str, dict
+    check_fields(cls, data, _LOWEST)

@@ -6,36 +6,31 @@ import tempfile
 from pathlib import Path
 from typing import Dict, Tuple
 
-import psutil
-
 from launcher.core.beats import BeatReading, CheckpointCounters
+from launcher.core.owned import owned_file, remove_unowned
 from worker_lib.core import contract as c
 
 __all__ = ["HeartbeatBoard"]
 
 
-_PREFIX = "ftlaunch-heartbeat-"  # then the supervisor's pid, the attempt, a random suffix
+# then owned-, the supervisor's pid, the attempt, a random suffix. Files a killed supervisor left
+# (SIGKILL gives no chance to clean up) go when the next one makes its own (launcher.core.owned).
+_KIND = "ftlaunch-heartbeat-"
 _SHM = "/dev/shm"
 
 
-def _remove_orphaned_boards(folder: str) -> None:
-    """Files left by supervisors that were killed (SIGKILL gives no chance to clean up)."""
-    for path in Path(folder).glob(f"{_PREFIX}*"):
-        pid = path.name[len(_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
-            path.unlink(missing_ok=True)
-
-
-def _slot_file(prefix: str, size: int, folder: str) -> Tuple[int, str]:
+def _slot_file(attempt: int, size: int, folder: str) -> Tuple[int, Path]:
     """A file of ``size`` zero bytes in ``folder``, its pages reserved: a file only truncated to
     its size has none, and the first store into a page that a full tmpfs cannot give is SIGBUS
-    (the supervisor's, or a worker's at its first beat). Raises OSError, leaving nothing behind."""
-    fd, name = tempfile.mkstemp(prefix=prefix, dir=folder)
+    (the supervisor's, or a worker's at its first beat). Its fd holds the owner's lock. Raises
+    OSError, leaving nothing behind."""
+    remove_unowned(folder, _KIND)
+    fd, name = owned_file(folder, _KIND, tag=f"{attempt}-")
     try:
         os.posix_fallocate(fd, 0, size)  # zeros: no beat, no pause, nothing registered
     except OSError:
+        name.unlink()
         os.close(fd)
-        os.unlink(name)
         raise
     return fd, name
 
@@ -48,24 +43,24 @@ class HeartbeatBoard:
     """
 
     def __init__(self, nproc: int, attempt: int, first_rank: int = 0, shm: str = _SHM) -> None:
-        prefix, size = f"{_PREFIX}{os.getpid()}-{attempt}-", nproc * c.SLOT_WORDS * 8
+        size = nproc * c.SLOT_WORDS * 8
         self.fallback = "" if os.access(shm, os.W_OK) else f"{shm} is not writable"
         if not self.fallback:
-            _remove_orphaned_boards(shm)
             try:
-                fd, name = _slot_file(prefix, size, shm)
+                fd, self.path = _slot_file(attempt, size, shm)
             except OSError as err:
                 self.fallback = f"{shm} has no room ({err.strerror or err})"
         if self.fallback:
-            _remove_orphaned_boards(tempfile.gettempdir())
-            fd, name = _slot_file(prefix, size, tempfile.gettempdir())
-        self.path = Path(name)
+            fd, self.path = _slot_file(attempt, size, tempfile.gettempdir())
+        self._lock = fd  # open for the file's life: its flock says the file is in use
         self._nproc = nproc
         self._first_rank = first_rank  # slot i is LOCAL_RANK i, global rank first_rank + i
         try:
             self._map = mmap.mmap(fd, 0)  # read and write: the supervisor writes SLOT_STOP_AT_STEP
-        finally:
+        except BaseException:
+            self.path.unlink(missing_ok=True)
             os.close(fd)
+            raise
         self._words = memoryview(self._map).cast("q")
 
     def read(self) -> Dict[int, BeatReading]:
@@ -117,4 +112,5 @@ class HeartbeatBoard:
     def close(self) -> None:
         self._words.release()
         self._map.close()
-        self.path.unlink(missing_ok=True)
+        self.path.unlink(missing_ok=True)  # still locked: no cleaner races it
+        os.close(self._lock)

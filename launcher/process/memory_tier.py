@@ -1,19 +1,19 @@
 """The node's memory tier: the folder in /dev/shm where this supervisor's workers keep their
 memory snapshots (worker_lib.checkpoint.memory). It is the supervisor's, not a worker's: made when the
 supervisor starts, removed when it ends, and by its orphan guard when it is killed; a later
-supervisor on the node removes any left by one whose process is gone (the guard killed too)."""
+supervisor on the node removes any that no live supervisor holds (the guard killed too:
+launcher.core.owned, whose lock holds across PID namespaces)."""
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Optional
 
-import psutil
+from launcher.core.owned import owned_folder, remove_unowned
 
 __all__ = ["MemoryTier"]
 
-_PREFIX = "ftlaunch-memory-"  # then the supervisor's pid and a random suffix
+_KIND = "ftlaunch-memory-"  # then owned-, the supervisor's pid and a random suffix
 _SHM = Path("/dev/shm")
 
 
@@ -23,21 +23,17 @@ class MemoryTier:
 
     def __init__(self, shm: Path = _SHM) -> None:
         self.folder: Optional[Path] = None
+        self._lock = -1  # the fd whose flock says the folder is in use, while it exists
         if not os.access(shm, os.W_OK):
             return
-        _remove_orphaned(shm)
+        remove_unowned(shm, _KIND)
         try:
-            self.folder = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=shm))  # mode 0700
+            self._lock, self.folder = owned_folder(shm, _KIND)  # mode 0700
         except OSError:  # no room for even a folder: no memory tier, as without /dev/shm
             self.folder = None
 
     def close(self) -> None:
         if self.folder is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _remove_orphaned(shm: Path) -> None:
-    for path in shm.glob(f"{_PREFIX}*"):
-        pid = path.name[len(_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(self.folder, ignore_errors=True)  # still locked: no cleaner races it
+            os.close(self._lock)
+            self.folder = None

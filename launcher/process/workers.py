@@ -13,7 +13,7 @@ from launcher.process.logs import LogPump
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.plan import WorkerSpec
 from launcher.process.store import HostedStore
-from launcher.process.tree import StopReport, descendants, process_status, stop_tree
+from launcher.process.tree import DescendantLook, StopReport, descendants, process_status, stop_tree
 
 # After the stack-dump signal, before SIGTERM: a pending SIGTERM would be delivered first (Linux
 # delivers lower-numbered signals first) and kill the worker before faulthandler writes.
@@ -224,6 +224,9 @@ class WorkerGroup:
         self._exits: Dict[int, Exit] = {}  # rank -> how it ended
         self._other_groups: Set[int] = set()  # groups descendants made of their own
         self._next_look = 0.0
+        self._descendants = DescendantLook(
+            lambda: descendants({self._guard.pid, *self._spawner.helper_pids}, our_main_thread_only=True)
+        )
         self._refill_at: Optional[float] = None  # from then on, the spawner makes again what the start used
 
     @property
@@ -304,7 +307,7 @@ class WorkerGroup:
         self._next_look = now + _GROUP_LOOK_S
         known = {*self.pids, *self._other_groups, os.getpgid(0)}
         new = []
-        for pid in descendants(exclude={self._guard.pid, *self._spawner.helper_pids}):
+        for pid in self._descendants():
             try:
                 pgid = os.getpgid(pid)
             except ProcessLookupError:

@@ -117,7 +117,9 @@ class Follower(Role):
         round_ = self._kept or self._rendezvous.next_round(self._signals, self._say, watch=self._watch_lobby)
         self._kept = None
         failpoints.reached("round-joined")
-        self._channel = FollowerChannel(round_.next_attempt_store(), self._spec, self._signals)
+        self._channel = FollowerChannel(
+            round_.next_attempt_store(), self._spec, self._signals, beater=self._claim.beater
+        )
         self._round = round_
         try:
             self.channel.announce(

@@ -119,7 +119,9 @@ class Leader(RunHolder):
             if self._round is None:
                 self._round = self._rendezvous.next_round(self._signals, self._say, watch=self._watch_lobby)
             meeting = self._round
-            channel = LeaderChannel(meeting.next_attempt_store(), self._spec, self._signals)
+            channel = LeaderChannel(
+                meeting.next_attempt_store(), self._spec, self._signals, job_store=self._rendezvous.store
+            )
             self._channel = channel
             channel.announce(NodeInfo.here(0, self.config.group.nproc, self.config.entry.command))
             try:

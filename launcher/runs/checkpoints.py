@@ -66,18 +66,21 @@ class CheckpointDir:
             return NewestCheckpoint(known=False, error=str(err))
 
     def remove_uncommitted(self) -> Uncommitted:
-        """Delete the step folders that hold parts but no commit marker, and say which. Only when
+        """Delete the step folders that hold parts but no commit marker, and say which (one with
+        a damaged marker is kept, and said: its parts were committed once). Only when
         no worker runs (the run's end): then no save is in flight, and such parts (a save cut
         off, or one whose peers failed, a full disk) can never be committed."""
         if not self.url:
             return Uncommitted()
-        from worker_lib.checkpoint.marker import committed_steps, step_dir, step_numbers
+        from worker_lib.checkpoint.marker import step_dir, step_markers, step_numbers
         from worker_lib.core.storage import Storage, StorageError
 
         try:
             storage = self._storage = self._storage or Storage(self.url)
-            committed = {marker.step for marker in committed_steps(storage)}
-            doomed = [step for step in step_numbers(storage) if step not in committed]
+            found = list(step_markers(storage))
+            committed = {step for step, marker in found if marker is not None}
+            marked = {step for step, _ in found}  # a damaged marker's step is kept: it was committed
+            doomed = [step for step in step_numbers(storage) if step not in marked]
             for step in doomed:
                 storage.remove_tree(step_dir(step))
         except (StorageError, OSError):

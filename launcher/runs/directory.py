@@ -14,19 +14,23 @@ import json
 import logging
 import math
 import os
-import socket
 import time
 import uuid
 from typing import Any, List, Optional
 
 import psutil
 
+from launcher.core.beats import LiveProgress
+from launcher.core.checked import fits
 from launcher.core.events import Logged, parse_logged
+from launcher.core.owned import pid_space
 from launcher.core.records import RunState
 from launcher.grammar.errors import RunBusy, RunLost, UsageError
 from worker_lib.core.storage import Storage
 
 __all__ = [
+    "Damaged",
+    "History",
     "LockRecord",
     "LockState",
     "RunDir",
@@ -43,14 +47,29 @@ PROGRESS_FILE = "progress.json"  # the live ranks' steps and beat ages, for `ftl
 EVENTS_FILE = "events.jsonl"
 LOCK_FILE = "lock.json"
 _SETTLE_S = 0.3  # between writing a lock and reading it back
+_LARGEST_PID = 2**31 - 1  # pid_t
 
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
+class History:
+    """events.jsonl as read: its events, and its bytes (each line ended), which a supervisor
+    resuming the run writes back before its own: a line no reader takes (damage, or another
+    version's event) is skipped by readers, never dropped from the file."""
+
+    events: List[Logged]
+    text: bytes
+
+
+class Damaged(Exception):
+    """A file of the run dir that a reader can do without is not what a supervisor writes."""
+
+
 class LockState(str, enum.Enum):
     ALIVE = "alive"
-    DEAD = "dead"  # same host, its pid gone or reused
-    EXPIRED = "lease expired"  # another host, not renewed in time
+    DEAD = "dead"  # same pid space, its pid gone or reused
+    EXPIRED = "lease expired"  # another host or PID namespace, not renewed in time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,24 +109,30 @@ class LockRecord:
             fields[name] = value
         if fields["lease"] <= 0:
             raise ValueError(f"lease is {fields['lease']!r}")
+        if not 0 < fields["pid"] <= _LARGEST_PID:  # psutil raises on a negative one: status exited 70
+            raise ValueError(f"pid is {fields['pid']!r}"[:80])
+        for name in ("pid_started", "renewed_at"):  # wall-clock times: dates, never 1e300
+            if not fits(fields[name], float):
+                raise ValueError(f"{name} is {fields[name]!r}"[:80])
         return cls(**fields)
 
     @classmethod
     def me(cls, lease: float) -> "LockRecord":
         pid = os.getpid()
         started = psutil.Process(pid).create_time()
-        return cls(socket.gethostname(), pid, started, uuid.uuid4().hex, time.time(), lease)
+        return cls(pid_space(), pid, started, uuid.uuid4().hex, time.time(), lease)
 
     def judge(self, now: float) -> "LockState":
-        """On this host the pid tells, whatever the lease says (a supervisor stopped by Ctrl+Z
-        is alive and will carry on); on another host only the lease can."""
-        if self.host == socket.gethostname():
+        """In this pid space the pid tells, whatever the lease says (a supervisor stopped by
+        Ctrl+Z is alive and will carry on); on another host, or in another PID namespace (where
+        a live holder's pid does not exist), only the lease can."""
+        if self.host == pid_space():
             return LockState.DEAD if self.provably_dead() else LockState.ALIVE
         return LockState.EXPIRED if self.expired(now) else LockState.ALIVE
 
     def provably_dead(self) -> bool:
-        """On this host, with its pid gone or taken by another process."""
-        if self.host != socket.gethostname():
+        """In this pid space, with its pid gone or taken by another process."""
+        if self.host != pid_space():
             return False
         try:
             return abs(psutil.Process(self.pid).create_time() - self.pid_started) > 1.0
@@ -160,23 +185,32 @@ class RunDir:
         """Atomic: a reader sees the previous state or this one, never half."""
         self.storage.write_bytes(STATE_FILE, state_bytes(state), self._retries)
 
-    def read_json(self, name: str) -> Optional[Any]:
+    def read_progress(self) -> Optional[LiveProgress]:
+        """The live ranks, None when none were written; Damaged when progress.json is not what a
+        supervisor writes (its holder rewrites it every few seconds: a reader may go on without)."""
         try:
-            return json.loads(self.storage.read_bytes(name, self._retries))
-        except (FileNotFoundError, ValueError):
+            return LiveProgress.from_json(json.loads(self.storage.read_bytes(PROGRESS_FILE, self._retries)))
+        except FileNotFoundError:
             return None
+        except (ValueError, TypeError, KeyError) as err:
+            what = f"{type(err).__name__}: {err}" if isinstance(err, KeyError) else str(err)
+            raise Damaged(f"{self.url}/{PROGRESS_FILE} is damaged ({what[:120]})") from None
 
     def write_json(self, name: str, data: Any) -> None:
         self.storage.write_bytes(name, json.dumps(data, default=str).encode(), self._retries)
 
     def read_events(self) -> List[Logged]:
         """The run's event log; lines this version cannot read are skipped, with a warning."""
+        return self.read_history().events
+
+    def read_history(self) -> "History":
+        """The run's event log as read, for a supervisor that carries it on."""
         try:
-            text = self.storage.read_bytes(EVENTS_FILE, self._retries).decode(errors="replace")
+            data = self.storage.read_bytes(EVENTS_FILE, self._retries)
         except FileNotFoundError:
-            return []
+            return History([], b"")
         events, skipped = [], 0
-        for line in filter(str.strip, text.splitlines()):
+        for line in filter(str.strip, data.decode(errors="replace").splitlines()):
             try:
                 logged = parse_logged(json.loads(line))
             except ValueError:
@@ -187,7 +221,7 @@ class RunDir:
                 events.append(logged)
         if skipped:
             log.warning("%s/%s: skipped %d line(s) that are not events", self.url, EVENTS_FILE, skipped)
-        return events
+        return History(events, data if data.endswith(b"\n") or not data else data + b"\n")
 
     def write_events(self, events: List[Logged]) -> None:
         self.storage.write_bytes(EVENTS_FILE, events_bytes(events), self._retries)

@@ -5,15 +5,15 @@ import getpass
 import os
 import shlex
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 from launcher.core.config import LaunchConfig
-from launcher.core.events import EventLog, Logged, Resume, Takeover
+from launcher.core.events import EventLog, Resume, Takeover
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.records import RunState
 from launcher.grammar.errors import UsageError
 from launcher.runs.checkpoints import NewestCheckpoint
-from launcher.runs.directory import LockRecord, RunDir
+from launcher.runs.directory import History, LockRecord, RunDir
 
 __all__ = ["RunOpening"]
 
@@ -35,7 +35,7 @@ class RunOpening:
         self._say = say
         self._newest_checkpoint = newest_checkpoint
 
-    def open(self, taken_from: Optional[LockRecord]) -> Tuple[RunState, List[Logged]]:
+    def open(self, taken_from: Optional[LockRecord]) -> Tuple[RunState, History]:
         """The run's state, resumed, or created when there is none (or --fresh), and what
         earlier supervisors of the run logged."""
         if self.config.run.fresh and self.dir.has_state():
@@ -46,7 +46,7 @@ class RunOpening:
                     raise
             self._archive()  # before reading it: --fresh is also the way out of a damaged run.json
         prior = self.dir.read_state()
-        earlier: List[Logged] = []
+        earlier = History([], b"")
         if prior is None:
             state = RunState(
                 name=self.config.run.name,
@@ -58,7 +58,7 @@ class RunOpening:
             )
         else:
             _check_owner(prior, self.config)
-            earlier = self.dir.read_events()
+            earlier = self.dir.read_history()
             state = prior
             newest = self._newest_checkpoint()  # the lost supervisor may have seen later commits
             self._compare_commands(state, newest)

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Callable, Generic, List, Optional, TypeVar
 
-from launcher.core.beats import BeatSummary, NodeRow, ProgressRow
+from launcher.core.beats import BeatSummary, LiveProgress, NodeRow, ProgressRow
 from launcher.core.config import LaunchConfig
 from launcher.core.events import EventLog, KeptTime
 from launcher.core.evidence import ProgressEvidence, judge_progress
@@ -227,7 +227,7 @@ class Run:
         self._writer.check()
         self.state.updated_at = time.time()
         self._writer.submit(STATE_FILE, state_bytes(self.state))
-        self._writer.submit(EVENTS_FILE, events_bytes(self._earlier_events + self._events.logged))
+        self._writer.submit(EVENTS_FILE, self._earlier_events.text + events_bytes(self._events.logged))
 
     def newest_checkpoint(self) -> NewestCheckpoint:
         """The checkpoint dir's newest step, if storage lists it within --storage-timeout. While a
@@ -278,10 +278,8 @@ class Run:
         """The live ranks' steps and beat ages (and, with many nodes, each node's supervisor), for
         ``ftlaunch status`` on any machine."""
         self._writer.check()
-        progress = {"attempt": attempt, "written_at": time.time(), "ranks": [r.to_json() for r in ranks]}
-        if nodes is not None:
-            progress["nodes"] = [n.to_json() for n in nodes]
-        self._writer.submit(PROGRESS_FILE, json.dumps(progress, default=str).encode())
+        progress = LiveProgress(attempt, time.time(), ranks, nodes)
+        self._writer.submit(PROGRESS_FILE, json.dumps(progress.to_json()).encode())
 
     def keep_alive(self, now: Optional[float] = None) -> None:
         """Called from the supervisor's loop: the writer's thread keeps the lease; this says what

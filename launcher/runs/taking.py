@@ -4,10 +4,10 @@ node moments after its supervisor there was killed, and a refusal (exit 2) is ne
 the launch watches the lock until the lease expires (taken over) or is renewed (alive: refused)."""
 
 import math
-import socket
 import time
 from typing import Callable, Optional
 
+from launcher.core.owned import pid_space
 from launcher.grammar.errors import RunBusy
 from launcher.process.waiting import Inbox, Wait
 from launcher.runs.directory import LockRecord, RunDir
@@ -24,7 +24,7 @@ def take(directory: RunDir, lease: float, signals: Inbox, say: Callable[[str], N
     RunBusy once that holder renewed it, SignalReceived for a signal since the launch began.
     Returns the dead or expired holder taken over from, if any."""
     held = directory.read_lock()
-    if held is None or held.host == socket.gethostname() or held.expired(time.time()):
+    if held is None or held.host == pid_space() or held.expired(time.time()):
         return directory.acquire(lease)
     # Until its end, and never longer than a whole lease: a live holder renews within a third of
     # it, whatever its clock says (a renewal time in our future is its clock's, not a promise).

@@ -137,8 +137,10 @@ def test_an_interrupt_pushed_to_a_node_is_acted_on_without_another_call_to_node_
     before = len(counted.calls)
     assert follower.tick().node == 0
     assert counted.calls[before:] == []
+    looked = []
+    follower._look_for_lost_nodes = lambda: looked.append(1)  # type: ignore[method-assign]
     follower.tick()  # the turn after: the look for a lost node 0 goes on
-    assert counted.calls[before:], "the follower no longer looks for a lost node 0"
+    assert looked, "the follower no longer looks for a lost node 0"
     follower.close(), leader.close()
 
 
@@ -224,12 +226,57 @@ def test_a_follower_leaves_at_once_for_a_signal_it_did_not_stop_for(store):
     leader.close(), follower.close()
 
 
+class Freezable:
+    """A store whose calls block once ``freeze`` is called (node 0's process stopped: its socket
+    still accepts), until ``thaw``."""
+
+    def __init__(self, store) -> None:
+        self._store, self._running = store, threading.Event()
+        self._running.set()
+
+    def freeze(self) -> None:
+        self._running.clear()
+
+    def thaw(self) -> None:
+        self._running.set()
+
+    def __getattr__(self, method: str):
+        call = getattr(self._store, method)
+
+        def blocking(*args):
+            self._running.wait()
+            return call(*args)
+
+        return blocking
+
+
 def test_a_follower_whose_node_0_falls_silent_loses_it(store):
+    frozen = Freezable(store)
+    leader = _ends(store, 0)
+    follower = FollowerChannel(frozen, ChannelSpec(1, 2, TIMEOUT, "127.0.0.1:0"), Inbox())
+    leader.announce(_info(0)), follower.announce(_info(1))
+    leader.node_infos(2, limit=5.0)
+    frozen.freeze()  # node 0 stopped: its store answers nothing, its counter stands still
+    started = time.monotonic()
+    try:
+        with pytest.raises(LeaderUnreachable, match="no answer within 0.6 s|--node-timeout"):
+            follower.await_verdict(limit=30)
+        assert time.monotonic() - started < 10 * TIMEOUT
+    finally:
+        frozen.thaw()
+    leader.close(), follower.close()
+
+
+def test_a_follower_hears_node_0_through_its_own_beats(store):
+    """Issue 48 item 8: a follower looked at node 0's counter every beat, a request a second per
+    node; node 0 hosts the store its own beats go to, so an answered beat is node 0 heard. A
+    node 0 whose counter stands still but whose store answers (its process runs) is not lost."""
     leader, follower = _met(store)
-    leader.close()  # node 0's liveness counter stops
-    with pytest.raises(LeaderUnreachable, match="--node-timeout"):
-        follower.await_verdict(limit=30)
-    follower.close()
+    leader._beater.stop()  # node 0's counter stands still; its store still answers
+    beats = int(TIMEOUT / follower._beater.every) + 3  # more than --node-timeout's worth of beats
+    until(lambda: follower.tick() is None and int(store.add("alive/1", 0)) >= beats, 30 * TIMEOUT, 0.05)
+    assert follower.tick() is None
+    leader.close(), follower.close()
 
 
 def test_every_node_computes_the_same_stop_step(store):
@@ -338,4 +385,75 @@ def test_a_second_signal_during_the_agreement_ends_it(store):
     inbox.received += [signal.SIGUSR1, signal.SIGINT]
     thread.join(5)
     assert not thread.is_alive() and steps == {"f": 0}
+    follower.close()
+
+
+def test_a_damaged_progress_share_is_said_once_and_its_node_shows_no_ranks(store, caplog):
+    """Node 0 once raised KeyError on a share without "at", ending its attempt loop."""
+    from launcher.core.beats import ProgressRow
+
+    leader, follower = _met(store)
+    follower.share_progress([ProgressRow(0, 7, 3, 0.5, "stepping")])
+    assert [(r.node, r.rank, r.step) for r in leader.job_progress([])[0]] == [(1, 0, 3)]
+    for damaged in ('{"rows": []}', '{"at": NaN, "rows": []}', "[]", '{"at": 1e9, "rows": [{"rank": 0}]}'):
+        store.set("progress/1", damaged)  # a foreign writer, a fault
+        ranks, nodes = leader.job_progress([])
+        assert ranks == [] and [n.node for n in nodes] == [0, 1]
+    said = [r.message for r in caplog.records if "progress share" in r.message]
+    assert said == ["node 1's progress share is damaged (at is missing); its ranks are left out"]
+    leader.close(), follower.close()
+
+
+def test_a_follower_beats_once_and_node_0_watches_its_claim_s_counter(store):
+    """Issue 48 item 8: a follower beat twice, its claim's counter in the lobby and one in the
+    attempt's keys, each a request to node 0's store every beat. Its one beat is the claim's,
+    and node 0 judges it by that: alive while the claim beats, lost once it stops."""
+    from launcher.cluster.lobby import Hello, NodeClaim
+
+    job = HashStore()  # the job's store, where the lobby's keys are (the attempt's: ``store``)
+    claim = NodeClaim(1, Hello(1, "host", 101, "job", ["train.py"]), node_timeout=TIMEOUT)
+    claim.take(job, job, Inbox())
+    leader = LeaderChannel(store, ChannelSpec(0, 2, TIMEOUT, "127.0.0.1:0"), Inbox(), job_store=job)
+    follower = FollowerChannel(store, ChannelSpec(1, 2, TIMEOUT, "127.0.0.1:0"), Inbox(), beater=claim.beater)
+    leader.announce(_info(0)), follower.announce(_info(1))
+    leader.node_infos(2, limit=5.0)
+    counter = f"lobby/alive/{claim.token}"
+    beats = int(TIMEOUT / claim.beater.every) + 3  # more than --node-timeout's worth of beats
+
+    def beaten_and_not_lost() -> bool:
+        assert leader.tick() is None, leader.tick()  # alive: its claim's counter moves
+        return int(job.add(counter, 0)) >= beats
+
+    until(beaten_and_not_lost, timeout=30 * TIMEOUT, look=0.05)
+    assert int(store.add("alive/1", 0)) == 0  # no second beat in the attempt's keys
+    claim.release()  # a kill -9 of its supervisor: its one beat stops
+    lost = until(leader.tick, timeout=10 * TIMEOUT, look=0.05)
+    assert lost.kind is InterruptKind.LOST and "node 1" in lost.detail, lost
+    leader.close(), follower.close()
+
+
+def test_a_follower_shares_its_ranks_rows_only_when_they_say_something_new(store):
+    """Issue 48 item 8: rows that only grew older were sent to node 0 every 5 s; node 0 ages a
+    share's rows from its time, so the same rows are not sent again. A new step, or a beat
+    (the silence began anew), is."""
+    from launcher.core.beats import ProgressRow
+
+    counted = Counted(store)
+    follower = FollowerChannel(counted, ChannelSpec(1, 2, TIMEOUT, "127.0.0.1:0"), Inbox())
+    began = time.time() - 2.0
+
+    def rows(step: int, silent_since: float):
+        return [ProgressRow(4, 1234, step, time.time() - silent_since, "running")]
+
+    def sets() -> int:
+        return counted.calls.count("set")
+
+    follower.share_progress(rows(7, began))
+    assert sets() == 1
+    follower.share_progress(rows(7, began))  # only older: nothing new to say
+    assert sets() == 1
+    follower.share_progress(rows(8, began))  # a new step
+    assert sets() == 2
+    follower.share_progress(rows(8, time.time()))  # a beat: its silence began again
+    assert sets() == 3
     follower.close()

@@ -67,3 +67,11 @@ def test_two_of_ftlaunchs_own_ports_on_one_node_are_refused():
     follower = _config(*node_0, "--node-rank", "1", "--metrics-port", "29400", "--master-port", "29400")
     assert follower.listens_on == (("--metrics-port", 29400),)
     assert _config("--metrics-port", "0", "--master-port", "0").listens_on == ()  # the OS's picks
+
+
+def test_a_lease_is_finite_positive_and_at_most_a_week():
+    """--lease 1e300 was taken, and its lock printed a 300-digit age to the next launch."""
+    assert _config("--lease", "7d").run.lease == 7 * 86400
+    for value in ("1e300", "8d", "0"):
+        with pytest.raises(UsageError, match=r"^--lease must be more than 0 seconds and at most 7d"):
+            _config("--lease", value)

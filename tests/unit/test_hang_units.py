@@ -225,7 +225,8 @@ def test_board_reads_what_a_worker_writes_into_its_slot(monkeypatch):
     import worker_lib.core.progress as hb
 
     orphan = Path("/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir())
-    orphan = orphan / f"ftlaunch-heartbeat-{dead_pid()}-0-left"  # as a killed supervisor leaves it
+    # as a killed supervisor leaves it: the kernel dropped its lock
+    orphan = orphan / f"ftlaunch-heartbeat-owned-{dead_pid()}-0-left"
     orphan.write_bytes(b"")
     board = HeartbeatBoard(3, attempt=0)
     assert not orphan.exists()

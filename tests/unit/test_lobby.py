@@ -8,7 +8,9 @@ import pytest
 from helpers import dead_pid
 from torch.distributed import HashStore
 
+from launcher.cluster.alive import AliveCounter
 from launcher.cluster.lobby import Hello, Lobby, NodeClaim
+from launcher.core.owned import pid_space
 from launcher.grammar.errors import UsageError
 
 
@@ -40,13 +42,30 @@ def test_a_live_holder_keeps_its_node_rank():
 
 def test_the_rank_of_a_dead_supervisor_is_taken_over_at_once():
     store = HashStore()
-    store.set("lobby/claim/1", f"{socket.gethostname()}:{dead_pid()}:1")
+    store.set("lobby/claim/1", f"{pid_space()}:{dead_pid()}:1")
     started = time.monotonic()
     claim = _claim()
     claim.take(store, store, QUIET)
     assert time.monotonic() - started < 1.0  # the kernel says it is gone: no beats to watch
     assert store.get("lobby/claim/1").decode() == claim.token
     claim.release()
+
+
+def test_a_live_holder_in_another_pid_namespace_of_this_host_keeps_its_node_rank():
+    """Its pid is another namespace's (a container's): missing here, which proves nothing. Its
+    beats tell (was: taken over at once, as if the kernel had said it was gone)."""
+    store = HashStore()
+    token = f"{socket.gethostname()}/pidns-1:{dead_pid()}:1"
+    store.set("lobby/claim/1", token)
+    beats = AliveCounter(store, f"lobby/alive/{token}", every=0.1)
+    beats.start()
+    try:
+        with pytest.raises(UsageError, match="already held .* which is alive"):
+            _claim().take(store, store, QUIET)
+    finally:
+        beats.stop()
+        beats.join(5)
+    assert store.get("lobby/claim/1").decode() == token
 
 
 def test_a_holder_that_stopped_beating_on_another_host_is_taken_over():

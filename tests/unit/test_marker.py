@@ -50,6 +50,16 @@ def test_a_marker_of_an_earlier_version_lists_sha256_and_keeps_it():
         b'{"step": 20, "world_size": 2, "parts": {"rank_0.pt": {"size": 12, "crc32c": 7}}}',
         b'{"step": 20, "world_size": 2, "parts": {}, "time": "now"}',
         b'{"step": 20, "world_size": 2, "parts": {}, "metrics": [1]}',
+        # run.json takes a commit's time, and its reader refuses these: a run that read them
+        # wrote a run.json no launch could resume
+        b'{"step": 20, "world_size": 2, "parts": {}, "time": NaN}',
+        b'{"step": 20, "world_size": 2, "parts": {}, "time": 1e308}',
+        b'{"step": 20, "world_size": 2, "parts": {}, "time": -1}',
+        b'{"step": 20, "world_size": 2, "parts": {}, "time": true}',
+        b'{"step": 20, "world_size": true, "parts": {}}',
+        b'{"step": 20, "world_size": 0, "parts": {}}',
+        b'{"step": 20, "world_size": 2, "parts": {"rank_0.pt": {"size": -1, "crc32c": "00"}}}',
+        b'{"step": 20, "world_size": 2, "parts": {"rank_0.pt": {"size": true, "crc32c": "00"}}}',
     ],
 )
 def test_a_damaged_or_foreign_marker_is_no_commit(damage):
@@ -112,3 +122,27 @@ def test_only_the_step_folders_ftlaunch_names_are_steps(tmp_path):
     for name in ("step_7", "step_007", "step_\uff17", "step_\u0663", "step_x", "step_", "step_-1"):
         storage.write_bytes(f"{name}/rank_0.pt", b"x")
     assert step_numbers(storage) == [7]
+
+
+def test_a_step_whose_marker_is_damaged_is_said_once_skipped_and_never_deleted(tmp_path, caplog):
+    """Its parts were committed once: neither retention (uncommitted leftovers older than the
+    newest commit) nor the run's end (parts without a marker) deletes them."""
+    from launcher.runs.checkpoints import CheckpointDir
+
+    storage = Storage(str(tmp_path / "ckpt"))
+    damaged = f"{step_dir(5)}/{MARKER}"
+    storage.write_bytes(damaged, CommitMarker(5, 1, "state", {"rank_0.pt": _part(storage, 5)}).to_bytes())
+    storage.write_bytes(damaged, storage.read_bytes(damaged)[:-9])  # torn
+    _part(storage, 7)  # a save cut off: no marker at all
+    commits = Commits(storage, 0, 1, LocalChannel(), RetentionPolicy(keep_last=2), timeout=5.0)
+    commits.commit(10, [("rank_0.pt", _part(storage, 10))], {}, "state")
+    commits.settle()
+    assert step_numbers(storage) == [5, 10]  # step 7's leftover went, step 5 stays
+    assert [m.step for m in committed_steps(storage)] == [10]
+    _part(storage, 12)
+    removed = CheckpointDir(storage.root, 1).remove_uncommitted()
+    assert removed.steps == [12] and removed.newest_committed == 10 and step_numbers(storage) == [5, 10]
+    said = [r.message for r in caplog.records if "step_5" in r.message]
+    assert said == [
+        f"checkpoint {storage.path(damaged)} is not one ftlaunch writes: the step is skipped, and kept"
+    ]

@@ -3,14 +3,18 @@
 import dataclasses
 import json
 import os
+import socket
+import time
 
 import pytest
+from helpers import dead_pid
 
 from launcher.core.events import FirstStep
 from launcher.core.outcomes import AttemptOutcome, RunStatus
+from launcher.core.owned import pid_space
 from launcher.core.records import AttemptEntry, RunState
 from launcher.grammar.errors import RunBusy, UsageError
-from launcher.runs.directory import LOCK_FILE, LockRecord, RunDir
+from launcher.runs.directory import LOCK_FILE, LockRecord, LockState, RunDir
 
 
 def test_the_lock_is_held_renewed_and_released(tmp_path):
@@ -126,6 +130,10 @@ def test_an_uncommitted_step_newer_than_every_committed_one_is_lost_work():
         {"lease": -5.0},
         {"renewed_at": float("inf")},
         {"lease": 10**400},
+        {"pid": -5},  # psutil raised ValueError: `status` exited 70
+        {"pid": 2**40},
+        {"renewed_at": 1e300},  # `status` said it was renewed -1e300 s ago, in 300 digits
+        {"pid_started": -1e15},
     ],
 )
 def test_a_lock_with_numbers_no_ftlaunch_writes_is_damaged(tmp_path, fields):
@@ -134,7 +142,7 @@ def test_a_lock_with_numbers_no_ftlaunch_writes_is_damaged(tmp_path, fields):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / LOCK_FILE).write_text(json.dumps(dataclasses.asdict(record)))
     with pytest.raises(
-        UsageError, match=r"run/lock.json is damaged \((lease|renewed_at) is .*\); if no ftlaunch"
+        UsageError, match=rf"run/lock.json is damaged \({next(iter(fields))} is .*\); if no ftlaunch"
     ):
         RunDir(str(tmp_path / "run")).read_lock()
 
@@ -223,3 +231,14 @@ def test_a_run_dir_copied_elsewhere_and_resumed_records_where_it_is_now(tmp_path
         opening = RunOpening(config, RunDir(url), events, lambda _line: None, lambda: NewestCheckpoint(False))
         state, _ = opening.open(None)
     assert state.url == url
+
+
+def test_a_lock_from_another_pid_namespace_of_this_host_is_judged_by_its_lease():
+    """A container's supervisor on this host: its pid, missing here, proves nothing (was: DEAD,
+    and a second launch took a live run over)."""
+    now = time.time()
+    here = dataclasses.replace(LockRecord.me(lease=30.0), pid=dead_pid(), renewed_at=now)
+    assert here.host == pid_space() and here.judge(now) == LockState.DEAD
+    there = dataclasses.replace(here, host=f"{socket.gethostname()}/pidns-1")
+    assert there.judge(now) == LockState.ALIVE and not there.provably_dead()
+    assert there.judge(now + 31) == LockState.EXPIRED

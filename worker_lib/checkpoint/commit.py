@@ -18,6 +18,7 @@ from worker_lib.checkpoint.marker import (
     PartEntry,
     committed_steps,
     step_dir,
+    step_markers,
     step_numbers,
 )
 from worker_lib.checkpoint.retention import CommittedStep, RetentionPolicy
@@ -192,11 +193,12 @@ class Commits:
         steps this world size can load take part: steps of another world size (a relaunch with
         another --nproc) are neither counted as the newest nor deleted, so that going back to
         that size still finds them."""
-        markers = list(committed_steps(self.storage))
+        found = list(step_markers(self.storage))
+        markers = [m for _, m in found if m is not None]
         usable = [CommittedStep(m.step, m.metrics) for m in markers if m.loads_at(self.world_size)]
         doomed = set(self._retention.to_delete(usable))
-        committed = {m.step for m in markers}
-        doomed |= {s for s in step_numbers(self.storage) if s < newest and s not in committed}
+        marked = {step for step, _ in found}  # a damaged marker's step is kept: it was committed
+        doomed |= {s for s in step_numbers(self.storage) if s < newest and s not in marked}
         for step in sorted(doomed):
             self.storage.remove_tree(step_dir(step))
             log.info("checkpoint step %d deleted (retention)", step)

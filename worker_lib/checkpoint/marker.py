@@ -12,7 +12,8 @@ Layout under the storage root::
                               sizes and CRC32C checksums, the world size, the metrics
 
 A step without COMMITTED does not exist for readers; nor does one whose marker is damaged or
-not of the shape ``CommitMarker`` writes.
+not of the shape ``CommitMarker`` writes. Such a step is said once and kept: its parts were
+committed once, so nothing deletes them (neither retention nor the run's end).
 """
 
 import contextlib
@@ -21,7 +22,7 @@ import io
 import json
 import logging
 import time
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
 from worker_lib.core import checksum
 from worker_lib.core.checksum import CRC32C, Checksum  # PartEntry's field ``checksum`` hides the module
@@ -39,6 +40,7 @@ __all__ = [
     "opened_verified",
     "read_verified",
     "step_dir",
+    "step_markers",
     "step_numbers",
 ]
 
@@ -48,6 +50,14 @@ MARKER = "COMMITTED"
 RESHARDABLE = ("replicated", "dcp")  # kinds that load at any world size
 REPLICATED = "replicated.pt"
 _STEP_PREFIX = "step_"
+_LATEST_WALL = 253402300799.0  # 9999-12-31 23:59:59 UTC: a later commit time is no date
+_LARGEST_INT = 2**63 - 1  # int64, as torch holds steps and sizes
+_said: Set[Tuple[str, int]] = set()  # (storage, step) of damaged markers already warned about
+
+
+def _count(value: Any, lowest: int) -> bool:
+    """An int of the marker (a bool is an int to Python, never to the marker)."""
+    return isinstance(value, int) and not isinstance(value, bool) and lowest <= value <= _LARGEST_INT
 
 
 def step_dir(step: int) -> str:
@@ -73,7 +83,7 @@ class PartEntry:
     @classmethod
     def from_json(cls, entry: Any) -> Optional["PartEntry"]:
         """None for anything ``to_json`` does not write."""
-        if not isinstance(entry, dict) or not isinstance(entry.get("size"), int):
+        if not isinstance(entry, dict) or not _count(entry.get("size"), 0):
             return None
         for algorithm in checksum.ALGORITHMS:
             if isinstance(entry.get(algorithm), str):
@@ -118,10 +128,15 @@ class CommitMarker:
             raw = json.loads(data)
         except ValueError:
             return None
-        if not isinstance(raw, dict) or raw.get("step") != step or not isinstance(raw.get("world_size"), int):
+        if not isinstance(raw, dict) or not _count(raw.get("step"), 0) or raw["step"] != step:
+            return None
+        if not _count(raw.get("world_size"), 1):
             return None
         parts, when, metrics = raw.get("parts"), raw.get("time", 0.0), raw.get("metrics", {})
-        if not isinstance(parts, dict) or not isinstance(when, (int, float)) or not isinstance(metrics, dict):
+        if not isinstance(parts, dict) or not isinstance(metrics, dict):
+            return None
+        # the commit's wall-clock time: run.json takes it, whose reader refuses NaN and 1e308
+        if isinstance(when, bool) or not isinstance(when, (int, float)) or not 0 <= when <= _LATEST_WALL:
             return None
         entries: Dict[str, PartEntry] = {}
         for name, entry in parts.items():
@@ -148,19 +163,26 @@ def step_numbers(storage: Storage) -> List[int]:
 
 def committed_steps(storage: Storage) -> Iterator[CommitMarker]:
     """The committed steps' markers, newest first."""
+    return (marker for _, marker in step_markers(storage) if marker is not None)
+
+
+def step_markers(storage: Storage) -> Iterator[Tuple[int, Optional[CommitMarker]]]:
+    """Each step that has a marker file, newest first, with its marker; None for one that cannot
+    be read or is not what ``to_bytes`` writes (said once): not a commit to load, and not a
+    step to delete either."""
     for step in reversed(step_numbers(storage)):
+        name = f"{step_dir(step)}/{MARKER}"
         try:
-            data = storage.read_bytes(f"{step_dir(step)}/{MARKER}")
+            marker = CommitMarker.parse(storage.read_bytes(name), step)
+            problem = "is not one ftlaunch writes"
         except FileNotFoundError:
             continue  # not committed: does not exist for readers
         except StorageError as err:
-            log.warning("checkpoint step %d: unreadable commit marker (%s); skipped", step, err)
-            continue
-        marker = CommitMarker.parse(data, step)
-        if marker is None:
-            log.warning("checkpoint step %d: its commit marker is not one ftlaunch wrote; skipped", step)
-            continue
-        yield marker
+            marker, problem = None, f"cannot be read ({err})"
+        if marker is None and (storage.root, step) not in _said:
+            _said.add((storage.root, step))
+            log.warning("checkpoint %s %s: the step is skipped, and kept", storage.path(name), problem)
+        yield step, marker
 
 
 def read_verified(

@@ -82,7 +82,7 @@ class SlotFiles:
         try:
             record = Record.from_json(self.record.read_text())
             whole = self.data.stat().st_size == record.size and self.index.stat().st_size == record.index_size
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, OverflowError):  # int(Infinity): Overflow
             return None
         return record if whole else None
 
