@@ -49,7 +49,7 @@ def test_a_run_name_or_id_too_long_for_a_folder_is_refused_in_bytes():
 
 
 def test_an_empty_run_name_is_refused_not_taken_for_the_default():
-    with pytest.raises(UsageError, match=r"^--run-name is empty: name the run, or leave the option out"):
+    with pytest.raises(UsageError, match=r"^--run-name is empty: give it a value, or leave the option out"):
         _config("--run-name", "")
 
 
@@ -67,3 +67,19 @@ def test_two_of_ftlaunchs_own_ports_on_one_node_are_refused():
     follower = _config(*node_0, "--node-rank", "1", "--metrics-port", "29400", "--master-port", "29400")
     assert follower.listens_on == (("--metrics-port", 29400),)
     assert _config("--metrics-port", "0", "--master-port", "0").listens_on == ()  # the OS's picks
+
+
+@pytest.mark.parametrize(
+    "option", ["--run-id", "--rdzv-id", "--run-dir", "--log-dir", "--checkpoint-dir", "--nproc"]
+)
+@pytest.mark.parametrize("form", ["apart", "joined"])
+def test_an_empty_value_on_the_command_line_is_refused_not_taken_for_the_default(option, form):
+    """``--run-id "$ID"`` with ID unset named the default run id (a Path option made '.' of it):
+    refused, one line, whichever option, as ``--run-id=`` too."""
+    argv = [option, ""] if form == "apart" else [f"{option}="]
+    with pytest.raises(UsageError, match=rf"^{option} is empty: give it a value, or leave the option out"):
+        _config(*argv)
+
+
+def test_an_option_whose_default_is_empty_takes_an_empty_value():
+    assert _config("--preload", "").group.preload == ()
