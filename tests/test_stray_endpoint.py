@@ -1,15 +1,18 @@
 """A follower whose --rdzv-endpoint is held by something that is not node 0's store: a program
 that accepts connections and never answers (or answers half a word), as a stopped node 0 does.
 torch's client waits for its first answer with no end; on the main thread that made the follower
-deaf to SIGTERM (a kill -9 was the only way out). A signal now ends it within the grace period."""
+deaf to SIGTERM (a kill -9 was the only way out). And a store that stops answering while the
+nodes meet (node 0 stopped) held a SIGTERM for --node-timeout. A signal now ends it within the
+grace period."""
 
 import signal
 import subprocess
 import sys
 import time
 
+import psutil
 import pytest
-from helpers import ACTOR
+from helpers import ACTOR, until
 from test_many_nodes import free_port
 
 # The follower never starts a worker: how workers start is not the subject.
@@ -35,14 +38,30 @@ while True:
 """
 
 
-class MuteServer:
-    """The server above on a free port of 127.0.0.1, stopped by PID."""
+# A store as node 0's, without node 0: says "joining" once a node wrote its state into the
+# rendezvous RDZV_ID (it waits in a round then, looking at the lobby's keys every half second).
+_STORE = """
+import sys, time
+from datetime import timedelta
+from torch.distributed import TCPStore
+port, key = int(sys.argv[1]), "torch.rendezvous." + sys.argv[2]
+store = TCPStore("127.0.0.1", port, None, True, timedelta(seconds=60), wait_for_workers=False)
+print("up", flush=True)
+while not store.check([key]) or store.get(key) == b"Y2FuaW1hZGFt":  # torch's empty state
+    time.sleep(0.05)
+print("joining", flush=True)
+while True:
+    time.sleep(60)
+"""
 
-    def __init__(self, kind: str) -> None:
+
+class MuteServer:
+    """One of the servers above on a free port of 127.0.0.1, stopped by PID."""
+
+    def __init__(self, kind: str, *args: str) -> None:
         self.port = free_port()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _SERVER, kind, str(self.port)], stdout=subprocess.PIPE, text=True
-        )
+        code = [_STORE, str(self.port), *args] if kind == "store" else [_SERVER, kind, str(self.port)]
+        self.proc = subprocess.Popen([sys.executable, "-c", *code], stdout=subprocess.PIPE, text=True)
         self.expect("up")
 
     def expect(self, word: str) -> None:
@@ -83,3 +102,27 @@ def test_a_follower_at_an_endpoint_that_never_answers_ends_on_sigterm(launcher, 
     assert time.monotonic() - signalled < GRACE_S, time.monotonic() - signalled
     assert "interrupted by SIGTERM while the nodes were meeting" in follower.stderr
     assert follower.survivors_after(10) == []
+
+
+def test_a_follower_whose_node_0_stops_answering_while_the_nodes_meet_ends_on_sigterm(launcher):
+    """The lobby's calls have --node-timeout (60 s here) as their deadline; a signal ends one at
+    once, and the stop passed on to node 0 waits a second at most."""
+    node0 = MuteServer("store", "stray")
+    try:
+        follower = launcher.start(
+            "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.1:{node0.port}",
+            "--rdzv-id", "stray", "--node-timeout", "60s", ACTOR,
+        )  # fmt: skip
+        node0.expect("joining")
+        node0.proc.send_signal(signal.SIGSTOP)
+        stopped = psutil.Process(node0.proc.pid)
+        until(lambda: stopped.status() == psutil.STATUS_STOPPED)
+        signalled = time.monotonic()
+        follower.proc.send_signal(signal.SIGTERM)
+        assert follower.wait(GRACE_S + 10) == 128 + signal.SIGTERM, follower.stderr
+        assert time.monotonic() - signalled < GRACE_S, time.monotonic() - signalled
+        assert "interrupted by SIGTERM while the nodes were meeting" in follower.stderr
+        assert follower.survivors_after(10) == []
+    finally:
+        node0.proc.send_signal(signal.SIGCONT)
+        node0.stop()

@@ -40,6 +40,8 @@ from launcher.runs.directory import RunDir
 __all__ = ["Follower"]
 
 T = TypeVar("T")
+# A stop passed on to node 0 while the nodes meet: node 0 answers in milliseconds, or is lost.
+_PASS_ON_S = 1.0
 
 
 class Follower(Role):
@@ -104,7 +106,7 @@ class Follower(Role):
             store = connect_job_store(
                 self.config.cluster, self._deadline, self._signals, self._say, self._job_ended
             )
-            self._lobby_store = DeadlineStore(store, self.config.cluster.node_timeout)
+            self._lobby_store = DeadlineStore(store, self.config.cluster.node_timeout, self._signals)
             self._in_lobby(lambda: self._claim.take(self._lobby_store, store, self._signals))
             self._rendezvous = Rendezvous(self.config.cluster, self.config.run.run_id, store)
         if self._kept is None:
@@ -231,15 +233,15 @@ class Follower(Role):
         """A signal here while the nodes meet stops every node: said in node 0's store, where
         every node looks while it meets. Another node's stop: read (node 0 waits for that).
         Best effort: a node 0 that does not answer is lost anyway."""
-        store = self._lobby_store
-        if store is None:  # never reached node 0: no node knows of this one
+        if self._lobby_store is None:  # never reached node 0: no node knows of this one
             return
+        store = self._lobby_store.within(_PASS_ON_S)  # a stopped node 0 must not hold the stop
         try:
             if isinstance(error, PeerStopped):
                 stop_read(store, self.node)
             else:
                 say_stop(store, StopNotice(self.node, error.signum, error.said_as))
-        except (StoreTimeout, RuntimeError):
+        except (StoreTimeout, RuntimeError, SignalReceived):  # a second signal: leave at once
             pass
 
     def pause(self, seconds: float) -> None:
@@ -247,7 +249,7 @@ class Follower(Role):
 
     def close(self) -> None:
         """The job's rendezvous is node 0's: only this node's claim goes."""
-        self._claim.release()
+        self._claim.release(patient=self._lobby_store is None or not self._lobby_store.stuck)
 
     def _lost_leader(self, lost: LeaderUnreachable, then: str) -> None:
         """Wait for node 0 anew: a fresh connection and a new round. The old handler is dropped,
