@@ -12,13 +12,14 @@ import time
 
 import psutil
 import pytest
-from helpers import ACTOR, until
-from test_many_nodes import free_port
+from helpers import ACTOR, SCRIPTS, until
+from test_many_nodes import Job, free_port
 
 # The follower never starts a worker: how workers start is not the subject.
 pytestmark = pytest.mark.exec_workers
 
 GRACE_S = 5.0  # --grace-period's default: a first signal ends the launch within it
+WAITER = str(SCRIPTS / "waiter.py")
 
 # Accepts, reads what a client sends, says "asked" once something came, and answers
 # nothing ("silent") or two bytes of a four-byte word ("short").
@@ -126,3 +127,36 @@ def test_a_follower_whose_node_0_stops_answering_while_the_nodes_meet_ends_on_si
     finally:
         node0.proc.send_signal(signal.SIGCONT)
         node0.stop()
+
+
+def test_a_follower_whose_node_0_stops_during_an_attempt_ends_on_sigterm(launcher, tmp_path):
+    """Node 0 stopped (SIGSTOP) while the ranks run: the follower's calls to its store had
+    --node-timeout (30 s here) as their deadline, the stop's included, and its ranks ran on
+    meanwhile. Once a signal came, a call waits STOPPING_S at most."""
+    job = Job(
+        launcher,
+        tmp_path,
+        2,
+        "--nproc",
+        "1",
+        WAITER,
+        "--go-file",
+        str(tmp_path / "never"),
+        node_timeout="30s",
+    )
+    node0, follower = job.start(0), job.start(1)
+    follower.read_console_until(lambda line: "rank 1 attempt 0 waits" in line, 120)
+    try:
+        node0.proc.send_signal(signal.SIGSTOP)
+        stopped = psutil.Process(node0.proc.pid)
+        until(lambda: stopped.status() == psutil.STATUS_STOPPED)
+        signalled = time.monotonic()
+        follower.proc.send_signal(signal.SIGTERM)
+        assert follower.wait(GRACE_S + 40) == 128 + signal.SIGTERM, follower.stderr
+        assert time.monotonic() - signalled < GRACE_S, time.monotonic() - signalled
+        assert follower.survivors_after(10) == []
+    finally:
+        node0.proc.send_signal(signal.SIGCONT)
+    node0.proc.send_signal(signal.SIGTERM)
+    node0.wait(60)
+    assert job.survivors() == []

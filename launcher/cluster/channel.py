@@ -47,11 +47,11 @@ class AttemptChannel:
     says which nodes hold the attempt (``set_nodes``), every node of the job is assumed."""
 
     def __init__(self, store, spec: ChannelSpec, signals: SignalInbox, watched: List[int]) -> None:
+        self._signals = signals
         self._store = self._for_calls(store, spec)
         self.spec = spec
         self.node = spec.node
         self._nodes: Sequence[int] = range(spec.nnodes)  # lazy: nothing sized by the largest job
-        self._signals = signals
         now = time.monotonic()
         self._seen: Dict[int, tuple] = {n: (-1, now) for n in watched}  # node → (counter, since)
         self._next_look = now

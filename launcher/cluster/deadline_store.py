@@ -3,8 +3,9 @@ an answer with no end when the server's process is stopped (SIGSTOP, a frozen VM
 socket still accepts: a follower would freeze with it, deaf to signals and to its own node
 timeout. Each call runs on one helper thread; the caller waits at most ``timeout`` seconds and
 then gives the store up (the helper, a daemon, stays stuck with it; the follower connects anew).
-Given the signal inbox, a signal that comes during a call ends the wait for it at once
-(SignalReceived); the next call is answered after that one, within its own deadline."""
+Given the signal inbox, a call waits at most ``STOPPING_S`` once a signal has come (before the
+call or during it): a stop must not wait --node-timeout for a node 0 that does not answer, and a
+node 0 that does answers in milliseconds."""
 
 import queue
 import threading
@@ -12,8 +13,9 @@ from typing import Any, Optional
 
 from launcher.process.waiting import Inbox, Wait
 
-__all__ = ["DeadlineStore", "StoreTimeout"]
+__all__ = ["STOPPING_S", "DeadlineStore", "StoreTimeout"]
 
+STOPPING_S = 2.0
 _LOOK_S = 0.05  # how often a caller waiting for an answer looks at the signals
 
 
@@ -43,54 +45,46 @@ class DeadlineStore:
             except BaseException as err:  # noqa: BLE001 - handed to the caller
                 answer.put((False, err))
 
-    def __getattr__(self, method: str):
-        return lambda *args: self.call(method, *args)
-
-    def call(self, method: str, *args: Any, limit: Optional[float] = None) -> Any:
-        """``store.method(*args)`` within ``limit`` seconds (default: the store's timeout);
-        StoreTimeout past it, SignalReceived for a signal that came during the call."""
-        if self._stuck:
-            raise StoreTimeout("an earlier call never returned")
-        limit = self._timeout if limit is None else min(limit, self._timeout)
-        answer: queue.Queue = queue.Queue(1)
-        self._calls.put((getattr(self._store, method), args, answer))
-        ok, value = self._answer(answer, limit)
-        if not ok:
-            raise value
-        return value
-
-    def _answer(self, answer: queue.Queue, limit: float) -> Any:
-        wait = Wait(limit, self._signals) if self._signals is not None else None
-        try:
-            if wait is None:
-                return answer.get(timeout=limit)
-            while True:
-                try:
-                    return answer.get(timeout=min(_LOOK_S, max(wait.left, 0.001)))
-                except queue.Empty:
-                    wait.check_signals()
-                    if wait.expired:
-                        raise
-        except queue.Empty:
-            self._stuck = True
-            raise StoreTimeout(f"no answer within {limit:g} s") from None
-
     @property
     def stuck(self) -> bool:
-        """A call never returned: node 0 does not answer."""
+        """A call never returned: the store does not answer."""
         return self._stuck
 
-    def within(self, limit: float) -> "_Within":
-        """This store, each call within ``limit`` seconds (a stop's best-effort word)."""
-        return _Within(self, limit)
+    def __getattr__(self, method: str):
+        call = getattr(self._store, method)
+
+        def with_deadline(*args: Any) -> Any:
+            if self._stuck:
+                raise StoreTimeout("an earlier call never returned")
+            answer: queue.Queue = queue.Queue(1)
+            self._calls.put((call, args, answer))
+            ok, value = self._answer(answer)
+            if not ok:
+                raise value
+            return value
+
+        return with_deadline
+
+    def _answer(self, answer: queue.Queue) -> Any:
+        if self._signals is None:
+            try:
+                return answer.get(timeout=self._timeout)
+            except queue.Empty:
+                return self._given_up(self._timeout)
+        wait, stopping = Wait(self._timeout, self._signals, since=0), None
+        while True:
+            if stopping is None and self._signals.received:
+                stopping = Wait(STOPPING_S, self._signals, since=0)
+            if wait.expired or (stopping is not None and stopping.expired):
+                return self._given_up(wait.waited)
+            try:
+                return answer.get(timeout=min(_LOOK_S, wait.left))
+            except queue.Empty:
+                pass
+
+    def _given_up(self, waited: float) -> Any:
+        self._stuck = True
+        raise StoreTimeout(f"no answer within {waited:.3g} s")
 
     def close(self) -> None:
         self._calls.put(None)
-
-
-class _Within:
-    def __init__(self, store: DeadlineStore, limit: float) -> None:
-        self._store, self._limit = store, limit
-
-    def __getattr__(self, method: str):
-        return lambda *args: self._store.call(method, *args, limit=self._limit)

@@ -22,9 +22,9 @@ class FollowerChannel(AttemptChannel):
         self.broken = ""  # why node 0 cannot be reached, once it cannot
 
     def _for_calls(self, store, spec: ChannelSpec):
-        """Node 0's store, each call with a deadline of --node-timeout: a stopped node 0 is lost,
-        not waited for with no end."""
-        return DeadlineStore(store, spec.node_timeout)
+        """Node 0's store, each call with a deadline of --node-timeout (a stopped node 0 is lost,
+        not waited for with no end), or a shorter one once a signal came."""
+        return DeadlineStore(store, spec.node_timeout, self._signals)
 
     def close(self) -> None:
         super().close()

@@ -40,8 +40,6 @@ from launcher.runs.directory import RunDir
 __all__ = ["Follower"]
 
 T = TypeVar("T")
-# A stop passed on to node 0 while the nodes meet: node 0 answers in milliseconds, or is lost.
-_PASS_ON_S = 1.0
 
 
 class Follower(Role):
@@ -233,15 +231,15 @@ class Follower(Role):
         """A signal here while the nodes meet stops every node: said in node 0's store, where
         every node looks while it meets. Another node's stop: read (node 0 waits for that).
         Best effort: a node 0 that does not answer is lost anyway."""
-        if self._lobby_store is None:  # never reached node 0: no node knows of this one
+        store = self._lobby_store
+        if store is None:  # never reached node 0: no node knows of this one
             return
-        store = self._lobby_store.within(_PASS_ON_S)  # a stopped node 0 must not hold the stop
-        try:
+        try:  # after a signal, node 0 answers each call within a second or is given up
             if isinstance(error, PeerStopped):
                 stop_read(store, self.node)
             else:
                 say_stop(store, StopNotice(self.node, error.signum, error.said_as))
-        except (StoreTimeout, RuntimeError, SignalReceived):  # a second signal: leave at once
+        except (StoreTimeout, RuntimeError):
             pass
 
     def pause(self, seconds: float) -> None:
@@ -263,7 +261,7 @@ class Follower(Role):
         if self._rendezvous is not None:
             self._rendezvous.drop()
         self._rendezvous, self._kept = None, None
-        self._claim.release()
+        self._claim.release(patient=False)  # its beat may be stuck on the lost node 0 too
         if self._lobby_store is not None:
             self._lobby_store.close()  # its thread ends once free (it may be stuck in a call)
             self._lobby_store = None
