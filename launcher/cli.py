@@ -73,9 +73,38 @@ class _Command(click.Command):
         with _naming_variables(ctx):
             return super().parse_args(ctx, args)
 
+    def make_parser(self, ctx: click.Context) -> Any:
+        """click's parser, whose raw values are checked for emptiness before any is converted
+        (a Path makes '.' of '', a fallback ``or`` the default)."""
+        parser = super().make_parser(ctx)
+        parse = parser.parse_args
+
+        def parse_args(args: List[str]) -> Any:
+            opts, rest, order = parse(args=args)
+            _refuse_empty(opts, self.params)
+            return opts, rest, order
+
+        parser.parse_args = parse_args  # type: ignore[method-assign]
+        return parser
+
     def invoke(self, ctx: click.Context) -> Any:
         with _naming_variables(ctx):
             return super().invoke(ctx)
+
+
+def _refuse_empty(given: Mapping[str, Any], params: Sequence[click.Parameter]) -> None:
+    """An option given an empty value on the command line (``--run-id "$ID"`` with ID unset) is
+    refused, never taken for its default. An empty variable is unset (click's FTLAUNCH_*, and
+    PET_* alike: launcher/environment.py). Options whose default is empty take it."""
+    for param in params:
+        if (
+            isinstance(param, click.Option)
+            and param.name
+            and given.get(param.name) == ""
+            and param.default != ""
+        ):
+            flag = next(opt for opt in param.opts if opt.startswith("--"))
+            raise UsageError(f"{flag} is empty: give it a value, or leave the option out for its default")
 
 
 @contextlib.contextmanager

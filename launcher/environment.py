@@ -71,15 +71,16 @@ def torchrun_origins(environ: Mapping[str, str], options: Iterable[str]) -> Dict
 
 
 def _read(environ: Mapping[str, str], options: Iterable[str]) -> Dict[str, Tuple[str, str]]:
-    """Each option's value from ``PET_*`` and the variables it came from."""
+    """Each option's value from ``PET_*`` and the variables it came from. An empty variable is
+    unset, as click takes an empty ``FTLAUNCH_*`` (``PET_RUN_DIR=`` was the current folder)."""
     found: Dict[str, Tuple[str, str]] = {}
     for torchrun_name, ours in _RENAMED.items():
         key = PET_PREFIX + torchrun_name
-        if key in environ:
+        if environ.get(key):
             found[ours] = (environ[key], f"{key}={environ[key]}")
     for name in options:  # ftlaunch's own name wins over torchrun's for the same option
         key = PET_PREFIX + name.upper()
-        if key in environ and name.upper() not in _MASTER:
+        if environ.get(key) and name.upper() not in _MASTER:
             found[name] = (environ[key], f"{key}={environ[key]}")
     addr, port = (PET_PREFIX + name for name in _MASTER)
     if "rdzv_endpoint" not in found and environ.get(addr) and environ.get(port):

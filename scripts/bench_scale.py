@@ -9,9 +9,12 @@ through torch.distributed.elastic's c10d rendezvous. Once every worker runs, the
 seconds: the system calls on its TCP sockets per second (strace, in a second window: the store's
 traffic, each request at least a read and a write), per node, and every read and write of its
 whole process tree (/proc/PID/io: node 0's own cost with ``--workload sleep``, whose workers make
-no system call while healthy; ``poll``'s look for a file every 10 ms). Then the last node's
-worker exits 1 (``sleep``: on the bench's SIGUSR2; ``poll``: on a file), and from its
-own stamp (CLOCK_MONOTONIC, one clock for every process here):
+no system call while healthy; ``poll``'s look for a file every 10 ms). Node rank 0's tree (the
+launcher whose worker is rank 0) is watched in the same window: for ftlaunch the store's process,
+for torchrun whichever agent the rendezvous made node rank 0, which on loopback need not be the one
+that bound the endpoint (every agent's host matches 127.0.0.1; the first to bind hosts the store).
+Then the last node's worker exits 1 (``sleep``: on the bench's SIGUSR2; ``poll``: on a file), and
+from its own stamp (CLOCK_MONOTONIC, one clock for every process here):
 
 - stopped: until every other node's worker got its SIGTERM;
 - running: until every node's worker of the new attempt started.
@@ -34,7 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import psutil
 from bench_recovery import ROOT, kill_tree
@@ -115,6 +118,35 @@ def _syscalls(proc: psutil.Process) -> int:
     return total
 
 
+def _agent_of(pid: int, agents: List[subprocess.Popen]) -> Optional[psutil.Process]:
+    """The launcher process among ``agents`` that ``pid`` descends from (a zygote may sit between)."""
+    launched = {a.pid for a in agents}
+    try:
+        return next((p for p in psutil.Process(pid).parents() if p.pid in launched), None)
+    except psutil.Error:
+        return None
+
+
+def _roles(
+    out: Path, store: psutil.Process, agents: List[subprocess.Popen]
+) -> Tuple[psutil.Process, int, int]:
+    """Node rank 0's launcher, and the store host's node rank and launch index (``--nproc 1``: a
+    worker's RANK is its node's rank)."""
+    ranks = {
+        int(p.name.split(".")[2]): int(p.name.split(".")[1])
+        for p in out.glob("start.*.*")
+        if not p.name.endswith(".tmp")
+    }
+    by_agent: Dict[int, int] = {}
+    for pid, rank in ranks.items():
+        agent = _agent_of(pid, agents)
+        if agent is not None:
+            by_agent[agent.pid] = rank
+    (node0,) = [pid for pid, rank in by_agent.items() if rank == 0]
+    launch = [a.pid for a in agents].index(store.pid)
+    return psutil.Process(node0), by_agent[store.pid], launch
+
+
 def _socket_calls(pid: int, seconds: float) -> Optional[float]:
     """System calls on TCP sockets per second in process ``pid`` (every thread), counted by strace
     (``-yy`` names each descriptor's kind): the store's traffic alone, server and client sides,
@@ -142,7 +174,8 @@ def _crash(out: Path, n: int, workload: str) -> None:
 
 def run(
     command, n: int, work: Path, window: float, env: Dict[str, str], workload: str
-) -> Optional[Dict[str, float]]:
+) -> Optional[Dict[str, Any]]:
+    """One launch of ``n`` nodes: the healthy window's figures, then the crash's reach."""
     out = work / "out"
     out.mkdir(parents=True)
     port = _free_port()
@@ -161,9 +194,13 @@ def run(
         if not _wait_for(lambda: len(_stamps(out, "start")) == n, procs):
             return None
         store = _store_process(port)
-        before, started = _syscalls(store), time.monotonic()
+        if store is None:  # the store's host ended between its worker's start and this look
+            return None
+        node0, store_rank, store_launch = _roles(out, store, procs)
+        before, before0, started = _syscalls(store), _syscalls(node0), time.monotonic()
         time.sleep(window)  # the measurement window: every node healthy
-        per_s = (_syscalls(store) - before) / (time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        per_s, node0_per_s = (_syscalls(store) - before) / elapsed, (_syscalls(node0) - before0) / elapsed
         sockets = _socket_calls(store.pid, window)  # a second window, under strace
         _crash(out, n, workload)
         crashed = out / "crashed"
@@ -178,6 +215,9 @@ def run(
             "stopped": max(stops.values()) - at if len(stops) == n - 1 else float("nan"),
             "running": max(starts.values()) - at,
             "syscalls": per_s,
+            "node0_syscalls": node0_per_s,
+            "store_rank": store_rank,
+            "store_launch": store_launch,
             "sockets": sockets,
         }
     except subprocess.TimeoutExpired:
@@ -210,22 +250,25 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     print(
         "\nA worker on the last node exits 1; N nodes x 1 tiny worker on loopback (seconds from its "
-        "exit). While healthy, node 0's store process: system calls on its TCP sockets per second "
-        "(strace; the store's traffic, server and client sides) and per node; and every read and "
-        "write of node 0's process tree (its /proc looks included, which grow with the processes "
-        "on this one machine)\n"
+        "exit). While healthy, the store's process: system calls on its TCP sockets per second "
+        "(strace; the store's traffic, server and client sides) and per node; every read and "
+        "write of its process tree and of node rank 0's (its /proc looks included, which grow with "
+        "the processes on this one machine); which node rank hosted the store (and its place "
+        "in the launch order, from 0)\n"
     )
     print(
         "| nodes | launcher | every node's workers stopped | every node's new workers running | "
-        "store socket calls/s | per node | node 0's tree, reads+writes/s |"
+        "store socket calls/s | per node | store host's tree, reads+writes/s | node rank 0's tree | "
+        "store host: node rank (launched) |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n, name, r in rows:
         if r is None:
-            print(f"| {n} | {name} | failed | failed | — | — | — |")
+            print(f"| {n} | {name} | failed | failed | — | — | — | — | — |")
             continue
         sockets = "—" if r["sockets"] is None else f"{r['sockets']:.0f} | {r['sockets'] / n:.1f}"
-        print(f"| {n} | {name} | {r['stopped']:.2f} | {r['running']:.2f} | {sockets} | {r['syscalls']:.0f} |")
+        trees = f"{r['syscalls']:.0f} | {r['node0_syscalls']:.0f} | {r['store_rank']} ({r['store_launch']})"
+        print(f"| {n} | {name} | {r['stopped']:.2f} | {r['running']:.2f} | {sockets} | {trees} |")
 
 
 if __name__ == "__main__":

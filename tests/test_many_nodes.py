@@ -208,6 +208,7 @@ def test_workers_see_torchruns_multi_node_environment(launcher, tmp_path):
     run_specific.add("TORCHELASTIC_USE_AGENT_STORE")
     agent_only = {"TORCHELASTIC_SIGNALS_TO_HANDLE"}
     ours_only = {
+        "GRPC_VERBOSITY",  # ERROR unless set: grpc's INFO lines off the console (environment.md)
         "FTLAUNCH_ATTEMPT",
         "FTLAUNCH_BACKEND",
         "FTLAUNCH_HEARTBEAT_FILE",

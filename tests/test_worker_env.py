@@ -13,6 +13,7 @@ RUN_SPECIFIC = {"MASTER_PORT", "MASTER_ADDR", "TORCHELASTIC_RUN_ID", "TORCHELAST
 # Set by torchrun's agent on itself for its own signal handling; workers inherit it by accident.
 AGENT_ONLY = {"TORCHELASTIC_SIGNALS_TO_HANDLE"}
 OURS = {
+    "GRPC_VERBOSITY",  # ERROR unless set: grpc's INFO lines off the console (docs/environment.md)
     "FTLAUNCH_ATTEMPT",
     "FTLAUNCH_BACKEND",
     "FTLAUNCH_HEARTBEAT_FILE",

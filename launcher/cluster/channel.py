@@ -57,11 +57,11 @@ class AttemptChannel:
         """``beater``: this supervisor's liveness counter where it already beats one for its whole
         life (a follower's claim), which the channel then neither starts nor stops; otherwise the
         channel beats ``alive/<node>`` in the attempt's keys."""
+        self._signals = signals
         self._store = self._for_calls(store, spec)
         self.spec = spec
         self.node = spec.node
         self._nodes: Sequence[int] = range(spec.nnodes)  # lazy: nothing sized by the largest job
-        self._signals = signals
         now = time.monotonic()
         self._seen: Dict[int, tuple] = {n: (-1, now) for n in watched}  # node → (counter, since)
         self._next_look = now

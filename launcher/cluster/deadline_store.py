@@ -2,13 +2,21 @@
 an answer with no end when the server's process is stopped (SIGSTOP, a frozen VM) though its
 socket still accepts: a follower would freeze with it, deaf to signals and to its own node
 timeout. Each call runs on one helper thread; the caller waits at most ``timeout`` seconds and
-then gives the store up (the helper, a daemon, stays stuck with it; the follower connects anew)."""
+then gives the store up (the helper, a daemon, stays stuck with it; the follower connects anew).
+Given the signal inbox, a call waits at most ``STOPPING_S`` once a signal has come (before the
+call or during it): a stop must not wait --node-timeout for a node 0 that does not answer, and a
+node 0 that does answers in milliseconds."""
 
 import queue
 import threading
-from typing import Any
+from typing import Any, Optional
 
-__all__ = ["DeadlineStore", "StoreTimeout"]
+from launcher.process.waiting import Inbox, Wait
+
+__all__ = ["STOPPING_S", "DeadlineStore", "StoreTimeout"]
+
+STOPPING_S = 2.0
+_LOOK_S = 0.05  # how often a caller waiting for an answer looks at the signals
 
 
 class StoreTimeout(Exception):
@@ -16,9 +24,10 @@ class StoreTimeout(Exception):
 
 
 class DeadlineStore:
-    def __init__(self, store, timeout: float) -> None:
+    def __init__(self, store, timeout: float, signals: Optional[Inbox] = None) -> None:
         self._store = store
         self._timeout = timeout
+        self._signals = signals
         self._calls: queue.Queue = queue.Queue()
         self._stuck = False
         # A daemon: a thread pool's worker would be joined at exit, forever if it is stuck.
@@ -36,6 +45,11 @@ class DeadlineStore:
             except BaseException as err:  # noqa: BLE001 - handed to the caller
                 answer.put((False, err))
 
+    @property
+    def stuck(self) -> bool:
+        """A call never returned: the store does not answer."""
+        return self._stuck
+
     def __getattr__(self, method: str):
         call = getattr(self._store, method)
 
@@ -44,16 +58,33 @@ class DeadlineStore:
                 raise StoreTimeout("an earlier call never returned")
             answer: queue.Queue = queue.Queue(1)
             self._calls.put((call, args, answer))
-            try:
-                ok, value = answer.get(timeout=self._timeout)
-            except queue.Empty:
-                self._stuck = True
-                raise StoreTimeout(f"no answer within {self._timeout:g} s") from None
+            ok, value = self._answer(answer)
             if not ok:
                 raise value
             return value
 
         return with_deadline
+
+    def _answer(self, answer: queue.Queue) -> Any:
+        if self._signals is None:
+            try:
+                return answer.get(timeout=self._timeout)
+            except queue.Empty:
+                return self._given_up(self._timeout)
+        wait, stopping = Wait(self._timeout, self._signals, since=0), None
+        while True:
+            if stopping is None and self._signals.received:
+                stopping = Wait(STOPPING_S, self._signals, since=0)
+            if wait.expired or (stopping is not None and stopping.expired):
+                return self._given_up(wait.waited)
+            try:
+                return answer.get(timeout=min(_LOOK_S, wait.left))
+            except queue.Empty:
+                pass
+
+    def _given_up(self, waited: float) -> Any:
+        self._stuck = True
+        raise StoreTimeout(f"no answer within {waited:.3g} s")
 
     def close(self) -> None:
         self._calls.put(None)

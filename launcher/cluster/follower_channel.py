@@ -59,9 +59,9 @@ class FollowerChannel(AttemptChannel):
         return {0: now - heard if now >= self._judge_from else 0.0}
 
     def _for_calls(self, store, spec: ChannelSpec):
-        """Node 0's store, each call with a deadline of --node-timeout: a stopped node 0 is lost,
-        not waited for with no end."""
-        return DeadlineStore(store, spec.node_timeout)
+        """Node 0's store, each call with a deadline of --node-timeout (a stopped node 0 is lost,
+        not waited for with no end), or a shorter one once a signal came."""
+        return DeadlineStore(store, spec.node_timeout, self._signals)
 
     def close(self) -> None:
         super().close()

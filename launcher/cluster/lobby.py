@@ -135,10 +135,12 @@ class NodeClaim:
         node's liveness during an attempt, the counter node 0 watches."""
         return self._beat
 
-    def release(self) -> None:
+    def release(self, patient: bool = True) -> None:
+        """``patient``: wait for the beat to end (not patient: node 0 does not answer, it would not)."""
         if self._beat is not None:
             self._beat.stop()
-            self._beat.join(2 * self._every)  # not left inside a store call at exit, unless stuck there
+            if patient:
+                self._beat.join(2 * self._every)  # not left inside a store call at exit, unless stuck there
             self._beat = None
 
 

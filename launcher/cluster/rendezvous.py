@@ -80,26 +80,22 @@ def connect_job_store(
     plain connection first: torch's client prints a C++ stack trace for every refused try.
     ``ended()`` says (every 5 s) why the job is over for good, or '' (JobOver when it is)."""
     wait = Wait(deadline - time.monotonic(), signals, since=0, look=0.2)
+    connecting: Optional[_Connecting] = None
     while True:
         wait.check_signals()
-        left = wait.left
-        if _listening(cluster.rdzv_host, cluster.rdzv_port, min(_CONNECT_TRY_S, max(left, 0.1))):
-            import_torch()
-            from torch.distributed import TCPStore  # only now: importing torch takes seconds
-
-            try:
-                store = TCPStore(
-                    cluster.rdzv_host,
-                    cluster.rdzv_port,
-                    None,
-                    False,
-                    timedelta(seconds=min(_CONNECT_TRY_S, max(left, 1.0))),
-                )
-            except (RuntimeError, OSError):  # torch's DistNetworkError / DistStoreError: going away
-                pass
-            else:
+        if connecting is None and _listening(
+            cluster.rdzv_host, cluster.rdzv_port, min(_CONNECT_TRY_S, max(wait.left, 0.1))
+        ):
+            connecting = _Connecting(
+                cluster.rdzv_host, cluster.rdzv_port, min(_CONNECT_TRY_S, max(wait.left, 1.0))
+            )
+        if connecting is not None:
+            store = connecting.result(wait)
+            if store is not None:
                 store.set_timeout(timedelta(seconds=cluster.node_timeout))
                 return store
+            if not connecting.stuck:
+                connecting = None  # refused or broken: the next look tries anew
         if wait.expired:
             raise JoinTimeout(
                 f"node 0 did not answer at {cluster.rdzv_endpoint} within --join-timeout "
@@ -112,8 +108,49 @@ def connect_job_store(
         if wait.due(_SAY_EVERY_S, first=0):
             waited = cluster.join_timeout - wait.left
             limit = f"--join-timeout {cluster.join_timeout:g} s"
-            say(f"waiting for node 0 at {cluster.rdzv_endpoint} ({waited:.0f} s of {limit})")
+            mute = (
+                " (it accepts connections but does not answer as a store)"
+                if connecting and connecting.stuck
+                else ""
+            )
+            say(f"waiting for node 0 at {cluster.rdzv_endpoint}{mute} ({waited:.0f} s of {limit})")
         wait.pause()
+
+
+class _Connecting:
+    """One try at torch's client, on a thread of its own: its first request (a ping) waits for
+    the answer with no end when whatever listens there accepts and never answers (a stopped
+    node 0, another program), where the main thread would hear no signal. Once a try outlives
+    its timeout it is ``stuck``: it is waited for, never repeated (one thread left at most)."""
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        import_torch()
+        from torch.distributed import TCPStore  # only now: importing torch takes seconds
+
+        self._outcome: Dict[str, Any] = {}
+        self._done = threading.Event()
+        self._until = time.monotonic() + timeout + _CONNECT_TRY_S  # its own retries, and a margin
+
+        def connect() -> None:
+            try:
+                self._outcome["store"] = TCPStore(host, port, None, False, timedelta(seconds=timeout))
+            except (RuntimeError, OSError):  # torch's DistNetworkError / DistStoreError: going away
+                pass
+            finally:
+                self._done.set()
+
+        threading.Thread(target=connect, name="ftlaunch-connect", daemon=True).start()
+
+    @property
+    def stuck(self) -> bool:
+        return not self._done.is_set() and time.monotonic() >= self._until
+
+    def result(self, wait: Wait) -> Optional["Store"]:
+        """The store once the try returns; None while it runs past its time, or failed. A signal
+        ends the wait for it (SignalReceived)."""
+        while not self._done.is_set() and not self.stuck and not wait.expired:
+            wait.pause()
+        return self._outcome.get("store")
 
 
 def _listening(host: str, port: int, timeout: float) -> bool:

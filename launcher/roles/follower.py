@@ -105,7 +105,7 @@ class Follower(Role):
             store = connect_job_store(
                 self.config.cluster, self._deadline, self._signals, self._say, self._job_ended
             )
-            self._lobby_store = DeadlineStore(store, self.config.cluster.node_timeout)
+            self._lobby_store = DeadlineStore(store, self.config.cluster.node_timeout, self._signals)
             self._in_lobby(lambda: self._claim.take(self._lobby_store, store, self._signals))
             failpoints.reached("claimed")
             # c10d's backend writes to node 0's store as it is made: node 0 may be gone by then.
@@ -245,7 +245,7 @@ class Follower(Role):
         store = self._lobby_store
         if store is None:  # never reached node 0: no node knows of this one
             return
-        try:
+        try:  # after a signal, node 0 answers each call within a second or is given up
             if isinstance(error, PeerStopped):
                 stop_read(store, self.node)
             else:
@@ -259,7 +259,7 @@ class Follower(Role):
 
     def close(self) -> None:
         """The job's rendezvous is node 0's: only this node's claim goes."""
-        self._claim.release()
+        self._claim.release(patient=self._lobby_store is None or not self._lobby_store.stuck)
 
     def _lost_leader(self, lost: LeaderUnreachable, then: str) -> None:
         """Wait for node 0 anew: a fresh connection and a new round. The old handler is dropped,
@@ -273,7 +273,7 @@ class Follower(Role):
         if self._rendezvous is not None:
             self._rendezvous.drop()
         self._rendezvous, self._kept = None, None
-        self._claim.release()
+        self._claim.release(patient=False)  # its beat may be stuck on the lost node 0 too
         if self._lobby_store is not None:
             self._lobby_store.close()  # its thread ends once free (it may be stuck in a call)
             self._lobby_store = None

@@ -49,7 +49,7 @@ def test_a_run_name_or_id_too_long_for_a_folder_is_refused_in_bytes():
 
 
 def test_an_empty_run_name_is_refused_not_taken_for_the_default():
-    with pytest.raises(UsageError, match=r"^--run-name is empty: name the run, or leave the option out"):
+    with pytest.raises(UsageError, match=r"^--run-name is empty: give it a value, or leave the option out"):
         _config("--run-name", "")
 
 
@@ -75,3 +75,19 @@ def test_a_lease_is_finite_positive_and_at_most_a_week():
     for value in ("1e300", "8d", "0"):
         with pytest.raises(UsageError, match=r"^--lease must be more than 0 seconds and at most 7d"):
             _config("--lease", value)
+
+
+@pytest.mark.parametrize(
+    "option", ["--run-id", "--rdzv-id", "--run-dir", "--log-dir", "--checkpoint-dir", "--nproc"]
+)
+@pytest.mark.parametrize("form", ["apart", "joined"])
+def test_an_empty_value_on_the_command_line_is_refused_not_taken_for_the_default(option, form):
+    """``--run-id "$ID"`` with ID unset named the default run id (a Path option made '.' of it):
+    refused, one line, whichever option, as ``--run-id=`` too."""
+    argv = [option, ""] if form == "apart" else [f"{option}="]
+    with pytest.raises(UsageError, match=rf"^{option} is empty: give it a value, or leave the option out"):
+        _config(*argv)
+
+
+def test_an_option_whose_default_is_empty_takes_an_empty_value():
+    assert _config("--preload", "").group.preload == ()

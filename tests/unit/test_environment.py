@@ -184,3 +184,26 @@ def test_a_refused_value_from_the_environment_names_its_variable(environ, capsys
     assert main([*argv, "train.py"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("ftlaunch: error: ") and said in err, err
+
+
+@pytest.mark.parametrize("prefix", ["FTLAUNCH_", "PET_"])
+def test_an_empty_variable_is_unset_under_either_prefix(environ, prefix):
+    """``PET_RUN_DIR=`` put the runs in the current folder and ``PET_RUN_ID=`` named nothing,
+    where ``FTLAUNCH_RUN_DIR=`` (click) left the default: both prefixes now read an empty variable
+    as unset, and the option takes its default (or the other prefix's value)."""
+    plain = _config()
+    environ({f"{prefix}RUN_DIR": "", f"{prefix}RUN_ID": "", f"{prefix}RDZV_ID": "", f"{prefix}NNODES": ""})
+    config = _config()
+    assert (config.run.url, config.run.run_id, config.cluster.rdzv_id) == (
+        plain.run.url,
+        plain.run.run_id,
+        "",
+    )
+    assert config.cluster.nnodes == 1
+    environ({"FTLAUNCH_RUN_ID": "", "PET_RUN_ID": "from-pet"})
+    assert _config().run.run_id == "from-pet"
+
+
+def test_an_empty_torchrun_name_is_unset_too(environ):
+    environ({"PET_NPROC_PER_NODE": "", "PET_MAX_RESTARTS": "", "PET_RDZV_BACKEND": ""})
+    assert torchrun_defaults(os.environ, ["nproc", "max_failures", "rdzv_backend"]) == {}
