@@ -37,12 +37,17 @@ class FollowerChannel(AttemptChannel):
         self.broken = ""  # why node 0 cannot be reached, once it cannot
 
     def _silences(self) -> Dict[int, float]:
-        """Node 0 hosts the store this node's beat goes to: node 0 is silent since the last beat
-        it answered, with no request of ours (looking at node 0's counter every beat was a
-        request a second per node, issue 48 item 8). A beat that is late without being under way
-        means this process did not run (stopped, starved): a look of this loop's asks node 0's
-        store then, and its answer is node 0 heard. Back from such a gap, this loop judges nothing
-        for a moment: the beat thread first reads the answer that may have come meanwhile."""
+        """Node 0 hosts the store this node's beat goes to: node 0 is heard through its beats'
+        answers, with no request of ours. Its silence counts from the beat it has not answered
+        (from when it was sent), not from the last answer: node 0 may have stopped just after that
+        answer or just before the next beat, so only a request sent and never answered proves a
+        silence. Node 0 found lost was then silent for --node-timeout at least, which its own
+        witness relies on (``LeaderChannel.own_stall``: a node 0 stopped a beat short of the
+        timeout was found lost, and blamed the follower that left it). A beat that is late
+        without being under way means this process did not run (stopped, starved): a look of this
+        loop's asks node 0's store then, and its answer is node 0 heard. Back from such a gap,
+        this loop judges nothing for a moment: the beat thread first reads the answer that may
+        have come meanwhile."""
         now = time.monotonic()
         if now - self._looked >= _AWAY_S:
             self._judge_from = now + _SETTLE_S
@@ -55,7 +60,7 @@ class FollowerChannel(AttemptChannel):
             self._next_look = now + look_every(self.spec.node_timeout)
             self._call("check", ["interrupt"])  # its beat did not run: any answer is node 0 heard
             self._heard = time.monotonic()
-        heard = max(beater.bumped, self._heard)
+        heard = max(beater.bumped, self._heard, beater.asking or 0.0)
         return {0: now - heard if now >= self._judge_from else 0.0}
 
     def _for_calls(self, store, spec: ChannelSpec):
