@@ -98,7 +98,7 @@ def test_an_option_whose_default_is_empty_takes_an_empty_value():
 def test_a_run_id_that_is_no_plain_folder_name_is_refused(run_id):
     """``--run-id ..`` with a checkpoint dir made rank 0's ft.shutdown() remove the node cache
     <tmp>/ftlaunch-cache-<uid>/.., the whole temp dir (break-48): the id names that folder."""
-    with pytest.raises(UsageError, match=r"^--run-id must be a plain folder name \(no '/', not '\.' or '\.\.'\)"):
+    with pytest.raises(UsageError, match=r"^--run-id must be a plain folder name \(no '/'"):
         _config("--run-id", run_id)
 
 
