@@ -191,6 +191,11 @@ def _folders_named(name: str, run_id: str) -> Tuple[Tuple[str, str, str], ...]:
 def _check_folder_names(name: str, run_id: str) -> None:
     """Each fits a folder's name (a 250-character --run-name made a 259-byte run id: every rank
     died in ft.init with 'File name too long', a crash loop)."""
+    if run_id in (".", "..") or "/" in run_id:  # '..' made ft.shutdown() remove the temp dir
+        raise UsageError(
+            f"--run-id must be a plain folder name (no '/', not '.' or '..'): it names the node's "
+            f"checkpoint cache <tmp>/ftlaunch-cache-<uid>/RUN_ID, got {run_id!r}"
+        )
     for option, folder, text in _folders_named(name, run_id):
         size = len(os.fsencode(text))
         if size <= NAME_MAX:

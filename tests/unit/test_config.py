@@ -9,6 +9,7 @@ from launcher.cli import config_from_options, options_of
 from launcher.core.config import EntryKind, default_run_name
 from launcher.grammar.errors import UsageError
 from worker_lib.checkpoint.directory import node_cache_root
+from worker_lib.checkpoint.manager import CheckpointError
 
 
 def test_a_script_whose_name_has_spaces_gets_a_plain_run_name():
@@ -91,3 +92,24 @@ def test_an_empty_value_on_the_command_line_is_refused_not_taken_for_the_default
 
 def test_an_option_whose_default_is_empty_takes_an_empty_value():
     assert _config("--preload", "").group.preload == ()
+
+
+@pytest.mark.parametrize("run_id", ["..", ".", "a/b", "../../home", "/abs"])
+def test_a_run_id_that_is_no_plain_folder_name_is_refused(run_id):
+    """``--run-id ..`` with a checkpoint dir made rank 0's ft.shutdown() remove the node cache
+    <tmp>/ftlaunch-cache-<uid>/.., the whole temp dir (break-48): the id names that folder."""
+    with pytest.raises(UsageError, match=r"^--run-id must be a plain folder name \(no '/'"):
+        _config("--run-id", run_id)
+
+
+def test_a_run_id_with_spaces_or_dots_inside_is_taken():
+    """torchrun takes any id; only what would leave the cache's folder is refused."""
+    assert _config("--run-id", "job 7..b").run.run_id == "job 7..b"
+
+
+@pytest.mark.parametrize("run_id", ["..", ".", "a/../..", ""])
+def test_worker_libs_node_cache_refuses_an_id_that_leaves_its_folder(run_id, tmp_path, monkeypatch):
+    """Under torchrun (--rdzv-id ..) no check of ours ran before a rank removed the cache."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(CheckpointError, match="run id .* names no folder"):
+        node_cache_root(run_id)

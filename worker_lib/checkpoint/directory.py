@@ -87,6 +87,8 @@ def node_cache_root(run_id: str) -> Path:
     The path is predictable (the temp dir is everyone's), so the base folder is made private
     (0700) and used only if it is this user's own folder: another user could otherwise plant
     files, or a verdict, that a rank would trust."""
+    if run_id in ("", ".", "..") or "/" in run_id:  # rank 0 removes this folder at close
+        raise CheckpointError(f"the run id {run_id!r} names no folder of the node cache: give a plain name")
     base = Path(tempfile.gettempdir()) / f"ftlaunch-cache-{os.getuid()}"
     try:
         base.mkdir(mode=0o700)
