@@ -81,7 +81,8 @@ def test_a_damaged_marker_is_a_missing_one(tmp_path, marker, caplog):
     manager.save(20, _state(2.0), blocking=True)
     (tmp_path / "ckpt" / step_dir(20) / MARKER).write_bytes(marker)
     assert _manager(str(tmp_path / "ckpt")).load().step == 10  # step 20 does not exist for readers
-    assert "checkpoint step 20:" in caplog.text
+    assert f"{step_dir(20)}/{MARKER} is not one ftlaunch writes: the step is skipped, and kept" in caplog.text
+    assert (tmp_path / "ckpt" / step_dir(20) / MARKER).read_bytes() == marker  # never deleted for it
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "truncate", "delete"])

@@ -350,21 +350,19 @@ print("4 objects written and read", flush=True)
 
 
 def test_gcsfs_falling_back_from_its_bucket_look_up_says_so_once_a_process(
-    launcher, tmp_path, gcs_env, monkeypatch
+    launcher, tmp_path, emulator, monkeypatch
 ):
     """With STORAGE_EMULATOR_HOST (or on GCS without the storage layout permission), gcsfs's gRPC
     look-up of the bucket's layout fails and it says 'Could not determine bucket type ... falling
     back to GCSFileSystem' at every call, never caching the answer: 29 lines for 2 ranks' 6 steps.
     Once a process now, the supervisor's and each rank's; the run is as before."""
-    import fsspec
-
-    endpoint = gcs_env["FSSPEC_GCS_ENDPOINT_URL"]  # the launch reaches it as STORAGE_EMULATOR_HOST only
-    bucket = f"look-up-{uuid.uuid4().hex[:8]}"
-    fsspec.filesystem("gcs", endpoint_url=endpoint, token="anon", skip_instance_cache=True).mkdir(bucket)
+    bucket = emulator.bucket  # an emulator of its own: the session's once was gone by this test
+    for name in emulator.env:  # the launch reaches the emulator as STORAGE_EMULATOR_HOST only
+        monkeypatch.delenv(name)
     script = tmp_path / "storage_user.py"
     script.write_text(_STORAGE_USER)
     env = {
-        "STORAGE_EMULATOR_HOST": gcs_env["FSSPEC_GCS_ENDPOINT_URL"],
+        "STORAGE_EMULATOR_HOST": emulator.env["FSSPEC_GCS_ENDPOINT_URL"],
         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "true",
     }
     url = f"gs://{bucket}"
