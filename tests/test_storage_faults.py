@@ -282,20 +282,17 @@ def test_a_full_dev_shm_at_launch_puts_the_heartbeat_slots_in_the_temp_dir(launc
 _GRPC_LINE = re.compile(r"^(?:\[\d+\] )?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w.]+:\d+\] ", re.M)
 
 
-def test_grpc_says_nothing_on_the_console_for_the_supervisors_check_of_gcs(launcher, gcs_env, monkeypatch):
+def test_grpc_says_nothing_on_the_console_for_the_supervisors_check_of_gcs(launcher, emulator):
     """gcsfs (2026.10, unless GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false) asks a GCS endpoint for each
     bucket's layout over gRPC: against an emulator's plain HTTP port each TLS handshake fails, and
     grpc printed every failure on the console ('ssl_transport_security.cc:2563] Handshake failed',
     an INFO line) while the supervisor checked the checkpoint dir. grpc runs at ERROR under
     ftlaunch, unless the user set GRPC_VERBOSITY."""
-    import fsspec
-
-    use_emulator("gcs", gcs_env, monkeypatch)
-    bucket = f"grpc-{uuid.uuid4().hex[:8]}"
-    fsspec.filesystem("gcs").mkdir(bucket)
-    env = {**gcs_env, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "true"}  # gcsfs's own default
+    # An emulator of its own: in two full runs the session's was gone by the time this module's
+    # tests after the storage outages ran on the same test worker (connection refused).
+    env = {**emulator.env, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "true"}  # gcsfs's own default
     launch = launcher.start(
-        "--storage-timeout", "4", "--checkpoint-dir", f"gs://{bucket}/ckpt", WAITER, env=env
+        "--storage-timeout", "4", "--checkpoint-dir", f"gs://{emulator.bucket}/ckpt", WAITER, env=env
     )
     assert launch.wait(60) == ExitCode.USAGE, launch.stderr  # the look-up's retries outlast the check
     assert "did not answer within 4 s" in launch.stderr, launch.stderr
@@ -356,7 +353,7 @@ def test_gcsfs_falling_back_from_its_bucket_look_up_says_so_once_a_process(
     look-up of the bucket's layout fails and it says 'Could not determine bucket type ... falling
     back to GCSFileSystem' at every call, never caching the answer: 29 lines for 2 ranks' 6 steps.
     Once a process now, the supervisor's and each rank's; the run is as before."""
-    bucket = emulator.bucket  # an emulator of its own: the session's once was gone by this test
+    bucket = emulator.bucket  # an emulator of its own: see the test above
     for name in emulator.env:  # the launch reaches the emulator as STORAGE_EMULATOR_HOST only
         monkeypatch.delenv(name)
     script = tmp_path / "storage_user.py"
