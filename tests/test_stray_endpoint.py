@@ -5,6 +5,7 @@ deaf to SIGTERM (a kill -9 was the only way out). And a store that stops answeri
 nodes meet (node 0 stopped) held a SIGTERM for --node-timeout. A signal now ends it within the
 grace period."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -118,13 +119,7 @@ def test_a_follower_whose_node_0_stops_answering_while_the_nodes_meet_ends_on_si
             "--rdzv-id", "stray", "--node-timeout", "60s", ACTOR,
         )  # fmt: skip
         node0.expect("joining")
-        node0.proc.send_signal(signal.SIGSTOP)
-        stopped = psutil.Process(node0.proc.pid)
-        until(lambda: stopped.status() == psutil.STATUS_STOPPED)
-        signalled = time.monotonic()
-        follower.proc.send_signal(signal.SIGTERM)
-        assert follower.wait(GRACE_S + 10) == 128 + signal.SIGTERM, follower.stderr
-        assert time.monotonic() - signalled < ENDED_S, time.monotonic() - signalled
+        _sigterm_with_node_0_stopped(node0.proc.pid, follower, GRACE_S + 10)
         assert "interrupted by SIGTERM while the nodes were meeting" in follower.stderr
         assert follower.survivors_after(10) == []
     finally:
@@ -150,16 +145,21 @@ def test_a_follower_whose_node_0_stops_during_an_attempt_ends_on_sigterm(launche
     node0, follower = job.start(0), job.start(1)
     follower.read_console_until(lambda line: "rank 1 attempt 0 waits" in line, 120)
     try:
-        node0.proc.send_signal(signal.SIGSTOP)
-        stopped = psutil.Process(node0.proc.pid)
-        until(lambda: stopped.status() == psutil.STATUS_STOPPED)
-        signalled = time.monotonic()
-        follower.proc.send_signal(signal.SIGTERM)
-        assert follower.wait(GRACE_S + 40) == 128 + signal.SIGTERM, follower.stderr
-        assert time.monotonic() - signalled < ENDED_S, time.monotonic() - signalled
+        _sigterm_with_node_0_stopped(node0.proc.pid, follower, GRACE_S + 40)
         assert follower.survivors_after(10) == []
     finally:
         node0.proc.send_signal(signal.SIGCONT)
     node0.proc.send_signal(signal.SIGTERM)
     node0.wait(60)
     assert job.survivors() == []
+
+
+def _sigterm_with_node_0_stopped(node0_pid: int, follower, wait_s: float) -> None:
+    """SIGSTOP node 0, then SIGTERM the follower: it must end as signalled, within ENDED_S."""
+    os.kill(node0_pid, signal.SIGSTOP)
+    stopped = psutil.Process(node0_pid)
+    until(lambda: stopped.status() == psutil.STATUS_STOPPED)
+    signalled = time.monotonic()
+    follower.proc.send_signal(signal.SIGTERM)
+    assert follower.wait(wait_s) == 128 + signal.SIGTERM, follower.stderr
+    assert time.monotonic() - signalled < ENDED_S, time.monotonic() - signalled
