@@ -426,9 +426,9 @@ def cli(signals: SignalInbox, verbose: bool, **options) -> int:
     signals.preempt_signal = config.group.preempt_signal
     preflight(config, signals.raise_if_received)
     signals.raise_if_received()
+    from launcher.agent.supervise import supervise
     from launcher.observe.exporter import open_exporter
     from launcher.summary import summary_lines
-    from launcher.supervisor import supervise
 
     chaos = _chaos_source(config)
     if chaos:  # a forgotten FTLAUNCH_CHAOS must not inject faults unannounced

@@ -179,7 +179,7 @@ def test_unlimited_failures(launcher):
 
 # A defect planted in ftlaunch itself: the monitor loop raises once the workers run.
 _DEFECT = """
-import launcher.attempt as attempt
+import launcher.agent.attempt as attempt
 def _defect(self, *args):
     raise RuntimeError("a defect planted by the test")
 attempt.AttemptRunner._publish_progress = _defect

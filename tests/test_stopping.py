@@ -11,6 +11,7 @@ import psutil
 import pytest
 from helpers import ACTOR, memory_folders, wait_for_files
 
+from launcher.agent.parts import worker_plan
 from launcher.core.config import EntryKind, LaunchConfig
 from launcher.core.events import GroupsGuarded, GuardRestarted, Transition
 from launcher.process.logs import LogPump
@@ -266,7 +267,7 @@ def test_the_start_loop_asks_before_each_rank(tmp_path):
     config = LaunchConfig.of(
         entrypoint="sleep", script_args=("1000",), entry_kind=EntryKind.EXECUTABLE, nproc=5, log_dir=tmp_path
     )
-    specs = plan_workers(config, attempt=0, master_port=1)
+    specs = plan_workers(worker_plan(config), attempt=0, master_port=1)
     asked = []
     with OrphanGuard() as guard:
         pump = LogPump(io.BytesIO(), io.BytesIO())

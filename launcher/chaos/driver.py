@@ -4,13 +4,13 @@ slot for worker_lib, and tell which failures were their doing. Without --chaos, 
 import os
 import signal
 import time
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 from launcher.chaos.injector import ChaosInjector, Injection, mark_injected, not_landed
-from launcher.core.config import LaunchConfig
 from launcher.core.events import ChaosInjected, EventLog
 from launcher.core.failures import Failure
 from launcher.core.layout import Layout
+from launcher.grammar.chaos import ChaosPlan
 
 __all__ = ["ChaosDriver", "NoChaos", "chaos_for"]
 
@@ -81,11 +81,13 @@ class ChaosDriver(NoChaos):
         return marked
 
 
-def chaos_for(config: LaunchConfig, events: EventLog, say: Callable[[str], None]) -> NoChaos:
-    if config.chaos.plan is None:
+def chaos_for(
+    plan: Optional[ChaosPlan], every_node: Layout, events: EventLog, say: Callable[[str], None]
+) -> NoChaos:
+    """``every_node``: this node's ranks with every node present (an elastic job's smaller
+    attempts number them otherwise; --chaos names ranks of the full job)."""
+    if plan is None:
         return NoChaos()
-    # The global ranks this node runs with every node present (an elastic job's smaller attempts
-    # number them otherwise; --chaos names ranks of the full job).
-    local = {Layout.every_node(config).rank(i) for i in range(config.group.nproc)}
-    injector = ChaosInjector(config.chaos.plan, config.world_size, local, time.monotonic())
+    local = {every_node.rank(i) for i in range(every_node.nproc)}
+    injector = ChaosInjector(plan, every_node.world_size, local, time.monotonic())
     return ChaosDriver(injector, events, say)

@@ -92,7 +92,7 @@ class NodeInfo:
 @dataclasses.dataclass(frozen=True)
 class RoundPlan:
     """Node 0's plan of a rendezvous round, published to every node of it (each node turns it into
-    its own ``roles.base.AttemptPlan``)."""
+    its own ``roles.role.AttemptPlan``)."""
 
     attempt: int
     master_addr: str

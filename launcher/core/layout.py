@@ -3,10 +3,7 @@ ranks this node runs. Fixed for a job of a fixed node count; with --nnodes MIN:M
 has its own, and ranks are numbered densely over the nodes present, in node-rank order."""
 
 import dataclasses
-from typing import TYPE_CHECKING, Tuple
-
-if TYPE_CHECKING:
-    from launcher.core.config import LaunchConfig
+from typing import Tuple
 
 __all__ = ["Layout"]
 
@@ -22,9 +19,9 @@ class Layout:
             raise ValueError(f"node {self.node} is not one of the attempt's nodes {list(self.nodes)}")
 
     @classmethod
-    def every_node(cls, config: "LaunchConfig") -> "Layout":
+    def every_node(cls, nnodes: int, node: int, nproc: int) -> "Layout":
         """Every node of the job, as a job of a fixed node count always has."""
-        return cls(tuple(range(config.cluster.nnodes)), config.cluster.node_rank, config.group.nproc)
+        return cls(tuple(range(nnodes)), node, nproc)
 
     @property
     def group_rank(self) -> int:

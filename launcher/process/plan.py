@@ -5,11 +5,11 @@ import os
 from pathlib import Path
 from typing import List, Mapping, Optional, Tuple
 
-from launcher.core.config import LaunchConfig
+from launcher.core.config import EntrySection, GroupSection
 from launcher.core.layout import Layout
 from worker_lib.core import contract as c
 
-__all__ = ["WorkerSpec", "attempt_dir", "plan_workers", "worker_env"]
+__all__ = ["WorkerPlan", "WorkerSpec", "attempt_dir", "plan_workers", "worker_env"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,12 +22,24 @@ class WorkerSpec:
     error_file: Path
 
 
-def attempt_dir(config: LaunchConfig, attempt: int) -> Path:
-    return config.group.log_dir / f"attempt_{attempt}"
+@dataclasses.dataclass(frozen=True)
+class WorkerPlan:
+    """What this node's ranks run in every attempt, and what their environment says of the job."""
+
+    entry: EntrySection
+    group: GroupSection
+    run_id: str
+    max_restarts: int  # TORCHELASTIC_MAX_RESTARTS: --max-failures
+    every_node: Layout  # the ranks this node runs when every node of the job is present
+    chaos: bool = False  # --chaos: the ranks look for injected faults
+
+
+def attempt_dir(log_dir: Path, attempt: int) -> Path:
+    return log_dir / f"attempt_{attempt}"
 
 
 def plan_workers(
-    config: LaunchConfig,
+    plan: WorkerPlan,
     attempt: int,
     master_port: int,
     base_env: Optional[Mapping[str, str]] = None,
@@ -40,15 +52,15 @@ def plan_workers(
     ``master_addr`` (default: --master-addr) is where the workers' store listens; ``layout``
     (default: every node of the job) which ranks this node runs; ``memory_dir``: the node's
     memory tier (None: none)."""
-    layout = layout or Layout.every_node(config)
+    layout = layout or plan.every_node
     base = dict(os.environ if base_env is None else base_env)
-    folder = attempt_dir(config, attempt)
-    argv = config.entry.worker_argv()
+    folder = attempt_dir(plan.group.log_dir, attempt)
+    argv = plan.entry.worker_argv()
     specs = []
-    for local_rank in range(config.group.nproc):
+    for local_rank in range(plan.group.nproc):
         rank = layout.rank(local_rank)
         error_file = folder / f"rank_{rank}.error.json"
-        env = worker_env(config, layout, local_rank, attempt, master_port, error_file, base)
+        env = worker_env(plan, layout, local_rank, attempt, master_port, error_file, base)
         if master_addr is not None:
             env[c.MASTER_ADDR] = master_addr
         if heartbeat_file is not None:
@@ -70,7 +82,7 @@ def plan_workers(
 
 
 def worker_env(
-    config: LaunchConfig,
+    plan: WorkerPlan,
     layout: Layout,
     local_rank: int,
     attempt: int,
@@ -86,29 +98,29 @@ def worker_env(
             c.RANK: str(rank),
             c.LOCAL_RANK: str(local_rank),
             c.WORLD_SIZE: str(layout.world_size),
-            c.LOCAL_WORLD_SIZE: str(config.group.nproc),
+            c.LOCAL_WORLD_SIZE: str(plan.group.nproc),
             c.GROUP_RANK: str(layout.group_rank),
             c.GROUP_WORLD_SIZE: str(layout.group_world_size),
             c.ROLE_RANK: str(rank),
             c.ROLE_NAME: "default",
             c.ROLE_WORLD_SIZE: str(layout.world_size),
-            c.MASTER_ADDR: config.group.master_addr,
+            c.MASTER_ADDR: plan.group.master_addr,
             c.MASTER_PORT: str(master_port),
             c.RESTART_COUNT: str(attempt),
-            c.MAX_RESTARTS: str(config.restart.max_failures),
-            c.RUN_ID: config.run.run_id,
+            c.MAX_RESTARTS: str(plan.max_restarts),
+            c.RUN_ID: plan.run_id,
             c.USE_AGENT_STORE: "True",
             c.ERROR_FILE: str(error_file.resolve()),
             c.NCCL_ASYNC_ERROR_HANDLING: base.get(c.NCCL_ASYNC_ERROR_HANDLING, "1"),
             c.FT_ATTEMPT: str(attempt),
-            c.FT_BACKEND: config.group.backend,
+            c.FT_BACKEND: plan.group.backend,
         }
     )
-    if config.group.checkpoint_url:
-        env[c.FT_CHECKPOINT_URL] = config.group.checkpoint_url
-    if config.chaos.plan is not None:
+    if plan.group.checkpoint_url:
+        env[c.FT_CHECKPOINT_URL] = plan.group.checkpoint_url
+    if plan.chaos:
         env[c.FT_CHAOS] = "1"
-    if config.group.nproc > 1 and "OMP_NUM_THREADS" not in base:
+    if plan.group.nproc > 1 and "OMP_NUM_THREADS" not in base:
         # As torchrun does: N ranks each using every core oversubscribe the CPU badly.
         env["OMP_NUM_THREADS"] = "1"
     return env

@@ -19,23 +19,22 @@ from launcher.cluster.wire import (
     Interrupt,
     InterruptKind,
     JobVerdict,
-    NodeInfo,
     NodeReport,
     RoundPlan,
     plan_problem,
 )
 from launcher.core import failpoints
-from launcher.core.beats import ProgressRow
-from launcher.core.config import LaunchConfig
+from launcher.core.config import RunSection
 from launcher.core.events import EventLog, NodesMet, Say
 from launcher.core.layout import Layout
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.results import AttemptResult, RunResult, ended_by_signal, meeting_stopped
-from launcher.core.stopping import StopReading
 from launcher.grammar.errors import FtlaunchError, PeerStopped, SignalReceived, UsageError
 from launcher.process.signals import SignalInbox
-from launcher.roles.base import AttemptPlan, Conclusion, Role, in_attempt
-from launcher.roles.leader import node_report, report_timeout
+from launcher.roles.leader import node_report
+from launcher.roles.link import FollowerLink
+from launcher.roles.membership import Membership
+from launcher.roles.role import AttemptPlan, Conclusion, NodeRole, in_attempt
 from launcher.runs.directory import RunDir
 
 __all__ = ["Follower"]
@@ -43,27 +42,36 @@ __all__ = ["Follower"]
 T = TypeVar("T")
 
 
-class Follower(Role):
-    def __init__(self, config: LaunchConfig, events: EventLog, signals: SignalInbox, say: Say) -> None:
-        self.config = config
-        self.node = config.cluster.node_rank
+class Follower(NodeRole):
+    """``run``: the run's section, for node 0's record of the job's end (shared storage)."""
+
+    def __init__(
+        self, job: Membership, run: RunSection, events: EventLog, signals: SignalInbox, say: Say
+    ) -> None:
+        self.job = job
+        self.run = run
+        self.node = job.node
         self._events = events
         self._signals = signals
         self._say = say
-        self._spec = ChannelSpec.of(config.cluster)
+        self._spec = ChannelSpec.of(job.cluster)
         self._rendezvous: Optional[Rendezvous] = None
         self._kept: Optional[Round] = None  # node 0 said the next attempt keeps this round
         self._deadline: Optional[float] = None  # to reach node 0: set when the wait begins
         self._round: Optional[Round] = None  # the round of the attempt in progress
         self._channel: Optional[FollowerChannel] = None
-        rdzv_id = config.cluster.rdzv_id or config.run.run_id
-        hello = Hello(self.node, socket.gethostname(), os.getpid(), rdzv_id, list(config.entry.command))
-        self._claim = NodeClaim(self.node, hello, config.cluster.node_timeout)
+        self._link: Optional[FollowerLink] = None
+        hello = Hello(self.node, socket.gethostname(), os.getpid(), job.rdzv_id, list(job.command))
+        self._claim = NodeClaim(self.node, hello, job.cluster.node_timeout)
         self._lobby_store: Optional[DeadlineStore] = None  # node 0's store, each call with a deadline
 
     @property
     def channel(self) -> FollowerChannel:
         return in_attempt(self._channel, "channel")
+
+    @property
+    def link(self) -> FollowerLink:
+        return in_attempt(self._link, "link")
 
     # -- between attempts ------------------------------------------------------------------------
 
@@ -84,8 +92,8 @@ class Follower(Role):
         """Before any rank starts: node 0's plan is a whole job this node can run its part of.
         One it cannot (another version of ftlaunch on node 0, say) stops the attempt on every
         node with the reason (UsageError here, the same reason in node 0's verdict)."""
-        cluster = self.config.cluster
-        problem = plan_problem(plan, self.node, self.config.group.nproc, cluster.fewest, cluster.nnodes)
+        cluster = self.job.cluster
+        problem = plan_problem(plan, self.node, self.job.nproc, cluster.fewest, cluster.nnodes)
         if not problem:
             return
         problem = f"node {self.node} refused node 0's plan: {problem}"
@@ -101,17 +109,15 @@ class Follower(Role):
     def _join(self, started: float, new_round: bool) -> AttemptPlan:
         if self._rendezvous is None:
             if self._deadline is None:  # the first meeting: the time to warm up is not waiting
-                self._deadline = time.monotonic() + self.config.cluster.join_timeout
+                self._deadline = time.monotonic() + self.job.cluster.join_timeout
             store = connect_job_store(
-                self.config.cluster, self._deadline, self._signals, self._say, self._job_ended
+                self.job.cluster, self._deadline, self._signals, self._say, self._job_ended
             )
-            self._lobby_store = DeadlineStore(store, self.config.cluster.node_timeout, self._signals)
+            self._lobby_store = DeadlineStore(store, self.job.cluster.node_timeout, self._signals)
             self._in_lobby(lambda: self._claim.take(self._lobby_store, store, self._signals))
             failpoints.reached("claimed")
             # c10d's backend writes to node 0's store as it is made: node 0 may be gone by then.
-            self._rendezvous = self._in_lobby(
-                lambda: Rendezvous(self.config.cluster, self.config.run.run_id, store)
-            )
+            self._rendezvous = self._in_lobby(lambda: Rendezvous(self.job.cluster, self.job.run_id, store))
         if self._kept is None:
             failpoints.reached("before-round")
         round_ = self._kept or self._rendezvous.next_round(self._signals, self._say, watch=self._watch_lobby)
@@ -122,11 +128,9 @@ class Follower(Role):
         )
         self._round = round_
         try:
-            self.channel.announce(
-                NodeInfo.here(self.node, self.config.group.nproc, self.config.entry.command)
-            )
+            self.channel.announce(self.job.info())
             failpoints.reached("announced")
-            plan = self.channel.read_plan(report_timeout(self.config), self._watch_lobby)
+            plan = self.channel.read_plan(self.job.report_timeout, self._watch_lobby)
         except BaseException:
             self.channel.close()
             raise
@@ -140,23 +144,24 @@ class Follower(Role):
         nodes = tuple(plan.nodes)
         waited = round(time.monotonic() - started, 3)
         self._events.emit(NodesMet(plan.attempt, len(nodes), waited, new_round, list(nodes)))
-        layout = Layout(nodes, self.node, self.config.group.nproc)
+        layout = Layout(nodes, self.node, self.job.nproc)
+        self._link = FollowerLink(self.node, self.channel)
         return AttemptPlan(plan.attempt, plan.master_addr, plan.master_port, layout)
 
     def _job_ended(self) -> str:
         """Node 0 does not answer: if the run dir (shared storage, as under SLURM) says the run
         succeeded, node 0 will not run it again, and this node came too late (unless --fresh
         starts it again). Unknown: ''."""
-        if self.config.run.fresh:
+        if self.run.fresh:
             return ""
         try:
-            state = RunDir(self.config.run.url).read_state()
+            state = RunDir(self.run.url).read_state()
         except Exception:  # noqa: BLE001 - not reachable from here, damaged: nothing is known
             return ""
         if state is None or state.status is not RunStatus.SUCCEEDED:
             return ""
         ended = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.updated_at))
-        return f"the job has ended: run {self.config.run.url} succeeded at {ended} (node 0's record)"
+        return f"the job has ended: run {self.run.url} succeeded at {ended} (node 0's record)"
 
     def _watch_lobby(self) -> None:
         """While the nodes meet: node 0 may have refused this node (another command), or a node
@@ -177,7 +182,7 @@ class Follower(Role):
         except Exception as err:
             if not leader_gone(err):
                 raise
-            where = self.config.cluster.rdzv_endpoint
+            where = self.job.cluster.rdzv_endpoint
             raise LeaderUnreachable(f"node 0's store at {where}: {what_failed(err)}") from None
 
     def conclude(self, local: AttemptResult) -> Conclusion:
@@ -186,7 +191,7 @@ class Follower(Role):
         node meets again."""
         try:
             self.channel.report(node_report(self.node, local))
-            verdict = self.channel.await_verdict(2 * report_timeout(self.config))
+            verdict = self.channel.await_verdict(2 * self.job.report_timeout)
         except LeaderUnreachable as lost:
             self._lost_leader(lost, "; this node's workers are stopped")
             lost_with = dataclasses.replace(local, outcome=AttemptOutcome.SUPERVISOR_LOST, cause=str(lost))
@@ -198,7 +203,7 @@ class Follower(Role):
         finally:
             self.channel.close()
         self._kept = self._round if verdict.restarts and verdict.same_round else None
-        self._deadline = time.monotonic() + self.config.cluster.join_timeout
+        self._deadline = time.monotonic() + self.job.cluster.join_timeout
         job = dataclasses.replace(
             local,
             outcome=AttemptOutcome(verdict.outcome),
@@ -268,7 +273,7 @@ class Follower(Role):
         self._say(
             f"lost node 0 ({lost}){then}; waiting for node 0 to come "
             f"back (the same command relaunched there resumes the job), up to --join-timeout "
-            f"{self.config.cluster.join_timeout:g} s"
+            f"{self.job.cluster.join_timeout:g} s"
         )
         if self._rendezvous is not None:
             self._rendezvous.drop()
@@ -277,21 +282,7 @@ class Follower(Role):
         if self._lobby_store is not None:
             self._lobby_store.close()  # its thread ends once free (it may be stuck in a call)
             self._lobby_store = None
-        self._deadline = time.monotonic() + self.config.cluster.join_timeout
-
-    # -- during an attempt -------------------------------------------------------------------
-
-    def interrupt(self, kind: InterruptKind, detail: str, signum: Optional[int] = None) -> None:
-        self.channel.interrupt(Interrupt(self.node, kind, detail, signum))
-
-    def tick(self) -> Optional[Interrupt]:
-        return self.channel.tick()
-
-    def agree_stop_step(self, reading: Optional[StopReading]) -> int:
-        return self.channel.agree_stop_step(reading)
-
-    def publish_progress(self, attempt: int, rows: List[ProgressRow]) -> None:
-        self.channel.share_progress(rows)
+        self._deadline = time.monotonic() + self.job.cluster.join_timeout
 
 
 def _leaving(stopped: SignalReceived, local: AttemptResult) -> JobVerdict:

@@ -4,7 +4,6 @@ checkpoints), host the workers' store, and decide with the restart policy."""
 import time
 from typing import List, Optional, Tuple
 
-from launcher.core.config import LaunchConfig
 from launcher.core.events import Decision, EventLog, Say
 from launcher.core.failures import NodeLostFailure
 from launcher.core.outcomes import AttemptOutcome, RunStatus
@@ -15,25 +14,30 @@ from launcher.grammar.errors import ExitCode, FtlaunchError, SignalReceived, Sta
 from launcher.process.signals import SignalInbox
 from launcher.process.store import AttemptStore, StoreHost, host_here
 from launcher.process.waiting import Wait
-from launcher.roles.base import Conclusion, Role, in_attempt
+from launcher.roles.role import Conclusion, NodeRole, in_attempt
 from launcher.runs.checkpoints import NewestCheckpoint
 from launcher.runs.run import Run
 
 __all__ = ["RunHolder"]
 
 
-class RunHolder(Role):
+class RunHolder(NodeRole):
+    """``store_at``: --master-addr and --master-port, where each attempt's workers' store
+    listens; ``injectable``: --chaos may inject failures (what the policy needs to know ahead)."""
+
     def __init__(
         self,
-        config: LaunchConfig,
         run: Run,
         events: EventLog,
         signals: SignalInbox,
         say: Say,
         policy: RestartPolicy,
+        store_at: Tuple[str, int],
+        injectable: bool = False,
         store_host: StoreHost = host_here,
     ) -> None:
-        self.config = config
+        self._store_at = store_at
+        self._injectable = injectable
         self._store_host = store_host
         self.run = run
         self._events = events
@@ -74,12 +78,11 @@ class RunHolder(Role):
             self._store = None
 
     def _open_store(self) -> AttemptStore:
+        address, port = self._store_at
         try:
-            return AttemptStore(
-                self.config.group.master_addr, self.config.group.master_port, self._store_host
-            )
+            return AttemptStore(address, port, self._store_host)
         except OSError as err:
-            where = f"{self.config.group.master_addr}:{self.config.group.master_port}"
+            where = f"{address}:{port}"
             message = f"cannot listen on {where} for the workers' store: {err.strerror or err}"
             raise StartFailed(message) from None
 
@@ -97,10 +100,12 @@ class RunHolder(Role):
     # -- deciding --------------------------------------------------------------------------------
 
     def may_restart(self, local: AttemptResult) -> bool:
+        """Whether the policy may restart after this node's attempt as it ends (asked by the
+        attempt's link, before the group stops)."""
         if local.outcome is not AttemptOutcome.FAILED:
-            return super().may_restart(local)
-        injectable = self.config.chaos.plan is not None
-        return self._policy.may_restart_a_failure(self.run.state.history(), time.time(), injectable)
+            return local.outcome.may_restart
+        history = self.run.state.history()
+        return self._policy.may_restart_a_failure(history, time.time(), self._injectable)
 
     def decide(
         self, concluded: Conclusion, attempts: List[AttemptResult]
@@ -157,11 +162,3 @@ class RunHolder(Role):
             except SignalReceived:
                 return  # the meeting that follows answers it
             self.run.keep_alive(time.time())
-
-    # -- during an attempt -------------------------------------------------------------------
-
-    def keep_alive(self) -> None:
-        self.run.keep_alive(time.time())
-
-    def group_running(self) -> None:
-        self.run.save()  # off the recovery's critical path

@@ -18,15 +18,13 @@ from launcher.cluster.wire import (
     RoundPlan,
     plan_problem,
 )
-from launcher.core.beats import BeatSummary, ProgressRow
-from launcher.core.config import LaunchConfig
+from launcher.core.beats import BeatSummary
 from launcher.core.events import EventLog, NodesMet, RoundAbandoned, Say
 from launcher.core.failures import root_cause
 from launcher.core.layout import Layout
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.policy import RestartPolicy
 from launcher.core.results import AttemptResult, RunResult
-from launcher.core.stopping import StopReading
 from launcher.grammar.errors import (
     ExitCode,
     FtlaunchError,
@@ -37,31 +35,13 @@ from launcher.grammar.errors import (
 )
 from launcher.process.signals import SignalInbox
 from launcher.process.waiting import Wait
-from launcher.roles.base import AttemptPlan, Conclusion, in_attempt
 from launcher.roles.holder import RunHolder
+from launcher.roles.link import LeaderLink
+from launcher.roles.membership import Membership
+from launcher.roles.role import AttemptPlan, Conclusion, in_attempt
 from launcher.runs.run import Run
 
-__all__ = ["Leader", "node_report", "report_timeout"]
-
-# --nnodes MIN:MAX: how often node 0 asks the rendezvous whether a node waits to join.
-_LOOK_FOR_JOINERS_S = 1.0
-# Beyond --node-timeout, for the nodes of a round to announce themselves: a loaded machine's
-# process may learn of the round a few seconds late.
-_ANNOUNCE_SLACK_S = 5.0
-
-
-def _announce_timeout(config: LaunchConfig) -> float:
-    """How long node 0 waits for the nodes of a round to announce themselves. A live node does so
-    as soon as it learns of the round (torch's rendezvous tells a waiting node within about a
-    second); one that has not within --node-timeout and some slack died on the way, and torch
-    drops it from the rendezvous after about as long (its keep-alive)."""
-    return config.cluster.node_timeout + _ANNOUNCE_SLACK_S
-
-
-def report_timeout(config: LaunchConfig) -> float:
-    """How long a node may take, after its attempt ended, to say so: stopping its ranks (the
-    grace period, twice: a cooperative stop, then the signals) and a node timeout's slack."""
-    return 2 * config.group.grace_period + config.cluster.node_timeout + 10.0
+__all__ = ["Leader", "node_report"]
 
 
 def node_report(node: int, result: AttemptResult) -> NodeReport:
@@ -75,29 +55,27 @@ def node_report(node: int, result: AttemptResult) -> NodeReport:
 class Leader(RunHolder):
     def __init__(
         self,
-        config: LaunchConfig,
+        job: Membership,
         run: Run,
         events: EventLog,
         signals: SignalInbox,
         say: Say,
         policy: RestartPolicy,
+        store_at: Tuple[str, int],
+        injectable: bool,
         rendezvous: Rendezvous,
     ) -> None:
-        super().__init__(config, run, events, signals, say, policy)
+        super().__init__(run, events, signals, say, policy, store_at, injectable)
+        self.job = job
         self._rendezvous = rendezvous
         self._round: Optional[Round] = None  # the rendezvous round the next attempt may keep
         self._channel: Optional[LeaderChannel] = None  # the attempt's, from meet to decide
-        self._spec = ChannelSpec.of(config.cluster)
-        self._lobby = Lobby(
-            rendezvous.store,
-            config.cluster.rdzv_id or config.run.run_id,
-            config.entry.command,
-            config.cluster.node_timeout,
-        )
+        self._link: Optional[LeaderLink] = None  # the attempt's, from its plan on
+        self._spec = ChannelSpec.of(job.cluster)
+        self._lobby = Lobby(rendezvous.store, job.rdzv_id, job.command, job.cluster.node_timeout)
         self._planned = 0  # attempts this launch has planned
         self._layout: Optional[Layout] = None  # the attempt's, from meet on
         self._announced: Optional[Layout] = None  # the last layout said on the console
-        self._next_joiners_look = 0.0
 
     @property
     def channel(self) -> LeaderChannel:
@@ -106,6 +84,10 @@ class Leader(RunHolder):
     @property
     def layout(self) -> Layout:
         return in_attempt(self._layout, "layout")
+
+    @property
+    def link(self) -> LeaderLink:
+        return in_attempt(self._link, "link")
 
     # -- between attempts ------------------------------------------------------------------------
 
@@ -123,9 +105,9 @@ class Leader(RunHolder):
                 meeting.next_attempt_store(), self._spec, self._signals, job_store=self._rendezvous.store
             )
             self._channel = channel
-            channel.announce(NodeInfo.here(0, self.config.group.nproc, self.config.entry.command))
+            channel.announce(self.job.info())
             try:
-                infos = channel.node_infos(meeting.size, _announce_timeout(self.config), self._watch_lobby)
+                infos = channel.node_infos(meeting.size, self.job.announce_timeout, self._watch_lobby)
             except RoundFailed as failed:
                 self._meet_again(channel, meeting.size, str(failed), started)
                 continue
@@ -137,9 +119,9 @@ class Leader(RunHolder):
         channel.publish_plan(RoundPlan(-1, "", 0, round_failed=why))
         channel.close()
         self._channel, self._round = None, None
-        if time.monotonic() - started >= self.config.cluster.join_timeout:
+        if time.monotonic() - started >= self.job.cluster.join_timeout:
             raise JoinTimeout(
-                f"the nodes could not meet within --join-timeout ({self.config.cluster.join_timeout:g} s): "
+                f"the nodes could not meet within --join-timeout ({self.job.cluster.join_timeout:g} s): "
                 f"{why}; the same command relaunched on every node resumes the job"
             )
         self._say(f"{why}: the nodes meet again in a new round (a job never starts short of a node)")
@@ -148,10 +130,10 @@ class Leader(RunHolder):
         self, channel: LeaderChannel, infos: Dict[int, NodeInfo], started: float, new_round: bool
     ) -> AttemptPlan:
         """Plan the attempt on the nodes that announced themselves, checked as every node checks it."""
-        cluster, nproc = self.config.cluster, self.config.group.nproc
+        cluster, nproc = self.job.cluster, self.job.nproc
         layout = Layout(tuple(sorted(infos)), 0, nproc)
         draft = RoundPlan(-1, "", 0, list(layout.nodes), world_size=layout.world_size)
-        problem = _disagreement(self.config, infos) or plan_problem(
+        problem = self.job.disagreement(infos) or plan_problem(
             draft, 0, nproc, cluster.fewest, cluster.nnodes
         )
         if problem:
@@ -165,20 +147,22 @@ class Leader(RunHolder):
         self._planned += 1
         waited = round(time.monotonic() - started, 3)
         self._events.emit(NodesMet(number, len(layout.nodes), waited, new_round, list(layout.nodes)))
-        address, port = self.config.group.master_addr, self.store.port
+        address, port = self._store_at[0], self.store.port
         plan = dataclasses.replace(draft, attempt=number, master_addr=address, master_port=port)
+        grows = cluster.elastic and len(layout.nodes) < cluster.nnodes
+        self._link = LeaderLink(self.run, self.may_restart, channel, self._rendezvous, grows)
         channel.publish_plan(plan)
         return AttemptPlan(number, address, port, layout)
 
     def _announce_size(self, layout: Layout) -> None:
         """An elastic job says on which nodes each attempt runs, when that changes."""
-        if not self.config.cluster.elastic or (self._announced and self._announced.nodes == layout.nodes):
+        cluster = self.job.cluster
+        if not cluster.elastic or (self._announced and self._announced.nodes == layout.nodes):
             return
         self._announced = layout
         resize = f" ({self.entry.resize})" if self.entry.resize else ""
         self._say(
-            f"the job runs on {layout.describe()} of --nnodes "
-            f"{self.config.cluster.fewest}:{self.config.cluster.nnodes}{resize}"
+            f"the job runs on {layout.describe()} of --nnodes {cluster.fewest}:{cluster.nnodes}{resize}"
         )
 
     def _watch_lobby(self) -> None:
@@ -210,7 +194,7 @@ class Leader(RunHolder):
         try:
             if not isinstance(error, PeerStopped):
                 say_stop(store, StopNotice(0, error.signum, error.said_as))
-            self._lobby.await_stop_read(Wait(self.config.cluster.node_timeout, self._signals), self._say)
+            self._lobby.await_stop_read(Wait(self.job.cluster.node_timeout, self._signals), self._say)
         except (SignalReceived, RuntimeError):  # a second signal; torch's store errors
             pass
 
@@ -219,14 +203,14 @@ class Leader(RunHolder):
         self._close_store()
         channel = self.channel
         channel.report(node_report(0, local))
-        reports = channel.gather(report_timeout(self.config))
+        reports = channel.gather(self.job.report_timeout)
         result = _merge(
             local,
             reports,
             channel.own_stall() + channel.lost_failures(),
             channel.interrupted_by,
             self.layout,
-            self.config.cluster.elastic,
+            self.job.cluster.elastic,
         )
         result = dataclasses.replace(result, resize=self.entry.resize)
         self._record_end(result)
@@ -289,38 +273,6 @@ class Leader(RunHolder):
         except Exception:  # noqa: BLE001 - in doubt, a new round finds out who is there
             return False
 
-    # -- during an attempt -------------------------------------------------------------------
-
-    def interrupt(self, kind: InterruptKind, detail: str, signum: Optional[int] = None) -> None:
-        self.channel.interrupt(Interrupt(0, kind, detail, signum))
-
-    def tick(self) -> Optional[Interrupt]:
-        interrupt = self.channel.tick()
-        if interrupt is None and self._joiners_wait():
-            detail = "a node waits to join (--nnodes MIN:MAX): the job grows"
-            interrupt = self.channel.interrupt(Interrupt(0, InterruptKind.RESIZE, detail))
-        return interrupt
-
-    def _joiners_wait(self) -> bool:
-        """An elastic job below its full size: whether a node waits in the rendezvous to join
-        (looked at once a second)."""
-        if not self.config.cluster.elastic or len(self.layout.nodes) >= self.config.cluster.nnodes:
-            return False
-        now = time.monotonic()
-        if now < self._next_joiners_look:
-            return False
-        self._next_joiners_look = now + _LOOK_FOR_JOINERS_S
-        try:
-            return self._rendezvous.nodes_waiting() > 0
-        except Exception:  # noqa: BLE001 - the next look asks again; the job runs on meanwhile
-            return False
-
-    def agree_stop_step(self, reading: Optional[StopReading]) -> int:
-        return self.channel.agree_stop_step(reading)
-
-    def publish_progress(self, attempt: int, rows: List[ProgressRow]) -> None:
-        self.run.publish_progress(attempt, *self.channel.job_progress(rows))
-
 
 def _merge(
     local: AttemptResult,
@@ -364,14 +316,3 @@ def _cause_first(failures: list) -> list:
         return failures
     first = root_cause(failures)
     return [first] + [f for f in failures if f is not first]
-
-
-def _disagreement(config: LaunchConfig, infos: Dict[int, NodeInfo]) -> str:
-    """Nodes started with other commands or other --nproc cannot form one job."""
-    for node, info in sorted(infos.items()):
-        ours = config.group.nproc
-        if info.nproc != ours:
-            return f"node {node} ({info.host}) runs --nproc {info.nproc}, node 0 runs --nproc {ours}"
-        if tuple(info.command) != config.entry.command:
-            return f"node {node} ({info.host}) runs another command than node 0: {' '.join(info.command[1:])}"
-    return ""

@@ -1,30 +1,50 @@
 """The only node: it holds the run and has no one to tell."""
 
-from typing import List, Optional
+from typing import Optional, Tuple
 
-from launcher.core.beats import ProgressRow
+from launcher.core.events import EventLog, Say
 from launcher.core.layout import Layout
+from launcher.core.policy import RestartPolicy
 from launcher.core.results import AttemptResult
-from launcher.core.stopping import StopReading, local_stop_step
-from launcher.roles.base import AttemptPlan, Conclusion
+from launcher.process.signals import SignalInbox
+from launcher.process.store import StoreHost
 from launcher.roles.holder import RunHolder
+from launcher.roles.link import SingleLink
+from launcher.roles.role import AttemptPlan, Conclusion, in_attempt
+from launcher.runs.run import Run
 
 __all__ = ["SingleNode"]
 
 
 class SingleNode(RunHolder):
+    def __init__(
+        self,
+        nproc: int,
+        run: Run,
+        events: EventLog,
+        signals: SignalInbox,
+        say: Say,
+        policy: RestartPolicy,
+        store_at: Tuple[str, int],
+        injectable: bool,
+        store_host: StoreHost,
+    ) -> None:
+        super().__init__(run, events, signals, say, policy, store_at, injectable, store_host)
+        self.nproc = nproc
+        self._link: Optional[SingleLink] = None
+
     def meet(self) -> AttemptPlan:
-        number = self._open_attempt(members=None, world_size=self.config.world_size)
-        layout = Layout.every_node(self.config)
-        return AttemptPlan(number, self.config.group.master_addr, self.store.port, layout)
+        layout = Layout.every_node(1, 0, self.nproc)
+        number = self._open_attempt(members=None, world_size=layout.world_size)
+        self._link = SingleLink(self.run, self.may_restart)
+        return AttemptPlan(number, self._store_at[0], self.store.port, layout)
+
+    @property
+    def link(self) -> SingleLink:
+        return in_attempt(self._link, "link")
 
     def conclude(self, local: AttemptResult) -> Conclusion:
         self._close_store()
         self._record_end(local)
+        self._link = None
         return Conclusion(local)
-
-    def agree_stop_step(self, reading: Optional[StopReading]) -> int:
-        return local_stop_step(reading) if reading is not None else 0
-
-    def publish_progress(self, attempt: int, rows: List[ProgressRow]) -> None:
-        self.run.publish_progress(attempt, rows)

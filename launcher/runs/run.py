@@ -13,7 +13,6 @@ import time
 from typing import Callable, Generic, List, Optional, TypeVar
 
 from launcher.core.beats import BeatSummary, LiveProgress, NodeRow, ProgressRow
-from launcher.core.config import LaunchConfig
 from launcher.core.events import EventLog, KeptTime
 from launcher.core.evidence import ProgressEvidence, judge_progress
 from launcher.core.failures import Failure, root_cause
@@ -31,7 +30,7 @@ from launcher.runs.directory import (
     events_bytes,
     state_bytes,
 )
-from launcher.runs.opening import RunOpening
+from launcher.runs.opening import RunOpening, RunTerms
 from launcher.runs.writer import RunDirWriter
 
 __all__ = ["Run", "StoppingTime"]
@@ -58,16 +57,16 @@ class Run:
 
     def __init__(
         self,
-        config: LaunchConfig,
+        terms: RunTerms,
         directory: RunDir,
         events: EventLog,
         say: Callable[[str], None],
         signals: Inbox,
         taken_from: Optional[LockRecord] = None,
     ) -> None:
-        self.config = config
+        self.terms = terms
         self.dir = directory
-        self.checkpoints = CheckpointDir(config.group.checkpoint_url, config.world_size)
+        self.checkpoints = CheckpointDir(terms.checkpoint_url, terms.world_size)
         self._events = events
         self._say = say
         self._signals = signals
@@ -76,10 +75,10 @@ class Run:
         self._listing: Optional[_Listing[NewestCheckpoint]] = (
             None  # a look at the checkpoint dir still under way
         )
-        opening = RunOpening(config, directory, events, say, self.newest_checkpoint)
+        opening = RunOpening(terms, directory, events, say, self.newest_checkpoint)
         # and what earlier supervisors of the run logged, kept in the run's events.jsonl
         self.state, self._earlier_events = opening.open(taken_from)
-        self._writer = RunDirWriter(directory, config.run.lease, say)
+        self._writer = RunDirWriter(directory, terms.section.lease, say)
 
     @property
     def already_succeeded(self) -> bool:
@@ -250,7 +249,7 @@ class Run:
     def _listen(self, listing: "_Listing[T]", what: str) -> Optional[T]:
         """A look at the checkpoint dir's answer, within --storage-timeout; said once when storage
         is slow to answer, since a signal ends the wait."""
-        full = self.config.run.storage_timeout
+        full = self.terms.section.storage_timeout
         limit = self._limit(full, kept_back=2 * _HURRIED_S)  # for the record and the release
         named = "--storage-timeout" if limit >= full else "a stopping run's limit"
         try:
@@ -266,7 +265,7 @@ class Run:
         def say() -> None:
             which = "another signal (Ctrl+C again)" if self._signals.received else "a signal"
             self._say(
-                f"the checkpoint dir {self.config.group.checkpoint_url} has not answered for {_SLOW_S:g} s: "
+                f"the checkpoint dir {self.terms.checkpoint_url} has not answered for {_SLOW_S:g} s: "
                 f"waiting up to {limit:g} s ({named}) to {what}; {which} stops the wait"
             )
 

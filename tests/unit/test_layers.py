@@ -21,8 +21,9 @@ _LAYERS: Tuple[Tuple[str, ...], ...] = (
     ("launcher.process",),  # processes: spawn, signal, stop, logs, the fork server
     # the mechanisms of one node's watch and of many nodes' meeting
     ("launcher.runs", "launcher.observe", "launcher.hangs", "launcher.chaos", "launcher.cluster"),
-    ("launcher.roles",),  # single node, node 0, follower: one loop over a Role
-    ("launcher",),  # the command line, the supervisor's loop and the attempt
+    ("launcher.roles",),  # single node, node 0, follower: what the loop and the attempt ask of each
+    ("launcher.agent",),  # one node's supervisor: its parts from the sections, the loop, the attempt
+    ("launcher",),  # the command line
 )
 
 
@@ -172,3 +173,41 @@ def test_no_class_is_over_250_lines():
             if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 250:
                 long.append(f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
     assert long == []
+
+
+# Where the whole configuration may be handed: the command line that builds it, and the agent's
+# entry that turns it into sections (issue 49, item 1). Every part below takes its own sections.
+_TAKE_THE_WHOLE_CONFIG = (
+    "launcher.cli",
+    "launcher.preflight",
+    "launcher.agent.supervise",
+    "launcher.agent.parts",
+)
+
+
+def test_below_the_agents_entry_no_function_takes_the_whole_config():
+    takers = []
+    for name, path in _modules().items():
+        if name.startswith(_TAKE_THE_WHOLE_CONFIG):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                if any(
+                    a.annotation is not None and "LaunchConfig" in ast.unparse(a.annotation)
+                    for a in arguments
+                ):
+                    takers.append(f"{name}.{node.name}")
+    assert takers == []
+
+
+def test_the_loop_and_the_attempt_ask_two_interfaces_with_nothing_in_common():
+    from launcher.roles.link import PeerLink
+    from launcher.roles.role import NodeRole
+
+    def asked(cls: type) -> Set[str]:
+        return {n for n in vars(cls) if not n.startswith("_")}
+
+    assert asked(NodeRole) & asked(PeerLink) == set()
+    assert {"meet", "conclude", "decide", "announce", "pause"} <= asked(NodeRole)
+    assert {"interrupt", "tick", "agree_stop_step", "keep_alive", "publish_progress"} <= asked(PeerLink)

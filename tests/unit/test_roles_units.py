@@ -7,6 +7,8 @@ from typing import List, Optional, Tuple
 
 import pytest
 
+from launcher.agent.loop import run_attempts
+from launcher.agent.parts import membership
 from launcher.cluster.rendezvous import LeaderUnreachable
 from launcher.cluster.wire import Interrupt, InterruptKind, JobVerdict, NodeReport
 from launcher.core.config import LaunchConfig
@@ -17,16 +19,24 @@ from launcher.core.policy import AttemptRecord, RestartPolicy
 from launcher.core.results import AttemptResult, RunResult
 from launcher.grammar.errors import ExitCode, FtlaunchError, JoinTimeout, SignalReceived
 from launcher.process.signals import SignalInbox
-from launcher.roles.base import AttemptPlan, Conclusion, Role
 from launcher.roles.follower import Follower
 from launcher.roles.holder import RunHolder
 from launcher.roles.leader import _merge
-from launcher.supervisor import run_attempts
+from launcher.roles.link import PeerLink
+from launcher.roles.role import AttemptPlan, Conclusion, NodeRole
 
 CRASH = ProcessFailure(rank=1, local_rank=1, pid=11, exitcode=1, observed_at=5.0)
 
 
-class ScriptedRole(Role):
+class ScriptedLink(PeerLink):
+    def agree_stop_step(self, reading) -> int:
+        return 0
+
+    def publish_progress(self, attempt, rows) -> None:
+        pass
+
+
+class ScriptedRole(NodeRole):
     """Plays back each attempt's outcome and its decision; records every call in order."""
 
     def __init__(self, decisions: List[Tuple[bool, float]], meet_error: Optional[Exception] = None):
@@ -64,11 +74,9 @@ class ScriptedRole(Role):
     def pause(self, seconds: float) -> None:
         self.calls.append(f"pause {seconds:g}")
 
-    def agree_stop_step(self, reading) -> int:
-        return 0
-
-    def publish_progress(self, attempt, rows) -> None:
-        pass
+    @property
+    def link(self) -> PeerLink:
+        return ScriptedLink()
 
 
 class ScriptedRunner:
@@ -78,7 +86,7 @@ class ScriptedRunner:
     def warm_up(self) -> None:
         self.role.calls.append("warm up")
 
-    def run(self, plan: AttemptPlan, role: Role) -> AttemptResult:
+    def run(self, plan: AttemptPlan, link: PeerLink) -> AttemptResult:
         self.role.calls.append(f"run {plan.attempt}")
         return AttemptResult(plan.attempt, self.outcomes[plan.attempt])
 
@@ -125,14 +133,14 @@ class Emitted(list):
 
 def _holder(history: List[AttemptRecord], max_failures: int = 3) -> Tuple[RunHolder, Emitted, list]:
     events, said = Emitted(), []
-    config = LaunchConfig.of(entrypoint="x.py")
     policy = RestartPolicy(max_failures=max_failures, crash_loop=0)
 
     class Holder(RunHolder):  # the decision is RunHolder's; the rest of a role is not asked
-        meet = ended_waiting = pause = agree_stop_step = publish_progress = conclude = None
+        meet = ended_waiting = pause = link = conclude = None
 
     Holder.__abstractmethods__ = frozenset()
-    return Holder(config, FakeRun(history), events, SignalInbox(), said.append, policy), events, said
+    holder = Holder(FakeRun(history), events, SignalInbox(), said.append, policy, ("127.0.0.1", 0))
+    return holder, events, said
 
 
 def test_node_0_restarts_a_failed_attempt_within_the_budget_and_ends_the_run_past_it():
@@ -221,7 +229,7 @@ class FakeChannel:
 def _follower(channel: FakeChannel) -> Tuple[Follower, list]:
     config = LaunchConfig.of(entrypoint="x.py", nnodes=2, node_rank=1, rdzv_endpoint="127.0.0.1:1")
     said: list = []
-    follower = Follower(config, Emitted(), SignalInbox(), said.append)
+    follower = Follower(membership(config), config.run, Emitted(), SignalInbox(), said.append)
     follower._channel = channel
     return follower, said
 

@@ -9,6 +9,7 @@ import time
 import pytest
 from helpers import dead_pid
 
+from launcher.agent.parts import run_terms
 from launcher.core.events import FirstStep
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.owned import pid_space
@@ -106,7 +107,7 @@ def test_a_run_at_another_size_warns_only_of_steps_it_cannot_load(tmp_path, kind
     said = []
     with EventLog(tmp_path / "events.jsonl") as events:
         checkpoints = CheckpointDir(str(ckpt), world_size=1)
-        RunOpening(config(1), RunDir(url), events, said.append, checkpoints.newest).open(None)
+        RunOpening(run_terms(config(1)), RunDir(url), events, said.append, checkpoints.newest).open(None)
     sizes = [line for line in said if "goes on at another size (--nproc 2 then, 1 now)" in line]
     assert len(sizes) == 1, said
     assert sizes[0].startswith("WARNING: ") == warned
@@ -228,7 +229,9 @@ def test_a_run_dir_copied_elsewhere_and_resumed_records_where_it_is_now(tmp_path
     config = LaunchConfig(EntrySection("train.py"), group=group, run=RunSection(url=url, name="run"))
     RunDir(url).write_state(RunState("run", "/elsewhere/run", RunStatus.PREEMPTED, 1.0, config.to_json()))
     with EventLog(tmp_path / "events.jsonl") as events:
-        opening = RunOpening(config, RunDir(url), events, lambda _line: None, lambda: NewestCheckpoint(False))
+        opening = RunOpening(
+            run_terms(config), RunDir(url), events, lambda _line: None, lambda: NewestCheckpoint(False)
+        )
         state, _ = opening.open(None)
     assert state.url == url
 

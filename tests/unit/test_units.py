@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import dead_pid
 
+from launcher.agent.parts import worker_plan
 from launcher.core.config import EntryKind, LaunchConfig
 from launcher.core.failures import ErrorRecord, ProcessFailure, describe_exit, read_error_file, root_cause
 from launcher.core.group_state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine, IllegalTransition
@@ -48,7 +49,7 @@ def test_plan_gives_each_rank_torchrun_variables(tmp_path):
         run_id="r1",
         python="/py",
     )
-    specs = plan_workers(config, attempt=3, master_port=1234, base_env={"PATH": "/bin"})
+    specs = plan_workers(worker_plan(config), attempt=3, master_port=1234, base_env={"PATH": "/bin"})
     assert [s.rank for s in specs] == [0, 1]
     assert specs[1].argv == ("/py", "-u", "train.py", "--lr", "1")
     env = specs[1].env
@@ -68,7 +69,7 @@ def test_plan_keeps_the_users_thread_count(tmp_path):
     config = LaunchConfig.of(
         entrypoint="m", entry_kind=EntryKind.MODULE, nproc=2, log_dir=tmp_path, python="/py"
     )
-    spec = plan_workers(config, 0, 1, base_env={"OMP_NUM_THREADS": "4"})[0]
+    spec = plan_workers(worker_plan(config), 0, 1, base_env={"OMP_NUM_THREADS": "4"})[0]
     assert spec.env["OMP_NUM_THREADS"] == "4" and spec.argv == ("/py", "-u", "-m", "m")
 
 
@@ -186,7 +187,7 @@ def test_an_elastic_attempt_numbers_its_ranks_densely_over_the_nodes_present(tmp
         rdzv_endpoint="h:1",
         log_dir=tmp_path,
     )
-    specs = plan_workers(config, 4, 1, base_env={}, layout=Layout((0, 2), 2, 2))
+    specs = plan_workers(worker_plan(config), 4, 1, base_env={}, layout=Layout((0, 2), 2, 2))
     assert [s.rank for s in specs] == [2, 3] and specs[1].log_file.name == "rank_3.log"
     env = specs[1].env
     assert (env[contract.RANK], env[contract.WORLD_SIZE], env[contract.LOCAL_RANK]) == ("3", "4", "1")
@@ -195,7 +196,7 @@ def test_an_elastic_attempt_numbers_its_ranks_densely_over_the_nodes_present(tmp
         "2",
         "4",
     )
-    full = plan_workers(config, 4, 1, base_env={})  # every node present: the job's own numbering
+    full = plan_workers(worker_plan(config), 4, 1, base_env={})  # every node present: the job's own numbering
     assert [s.rank for s in full] == [4, 5] and full[0].env[contract.WORLD_SIZE] == "6"
     with pytest.raises(ValueError, match="node 1 is not one of the attempt's nodes"):
         Layout((0, 2), 1, 2)

@@ -5,19 +5,18 @@ and the kill after an error of the supervisor's own. The attempt runner decides 
 import signal
 from typing import Callable, List, Optional
 
+from launcher.agent.kit import NodeKit
 from launcher.cluster.wire import Interrupt, InterruptKind
-from launcher.core.config import LaunchConfig
-from launcher.core.events import EventLog, PeerInterrupt, Say, StopRequested
+from launcher.core.events import PeerInterrupt, StopRequested
 from launcher.core.failures import Failure
 from launcher.core.group_state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine
 from launcher.core.outcomes import AttemptOutcome
 from launcher.core.results import AttemptResult
 from launcher.core.stopping import CooperativeStop, StepRate
 from launcher.hangs.board import HeartbeatBoard
-from launcher.process.signals import SignalInbox
 from launcher.process.waiting import LOOK_S
 from launcher.process.workers import Exit, WorkerGroup
-from launcher.roles.base import Role
+from launcher.roles.link import PeerLink
 
 __all__ = ["GroupStop", "stopped_by_signal"]
 
@@ -28,20 +27,19 @@ def stopped_by_signal(attempt: int, signum: Optional[int], name: str = "") -> At
 
 
 class GroupStop:
-    """``record_exit(attempt, exited, failures)``: the runner's record of a rank's exit."""
+    """``grace``: --grace-period; ``alone``: the only node of the job;
+    ``record_exit(attempt, exited, failures)``: the runner's record of a rank's exit."""
 
     def __init__(
         self,
-        config: LaunchConfig,
-        events: EventLog,
-        signals: SignalInbox,
-        say: Say,
+        kit: NodeKit,
+        grace: float,
+        alone: bool,
         record_exit: Callable[[int, Exit, List[Failure]], None],
     ) -> None:
-        self.config = config
-        self._events = events
-        self._signals = signals
-        self._say = say
+        self._events, self._signals, self._say = kit.events, kit.signals, kit.say
+        self._grace = grace
+        self._alone = alone
         self._record_exit = record_exit
 
     def by_peer(
@@ -51,20 +49,20 @@ class GroupStop:
         board: HeartbeatBoard,
         rate: StepRate,
         remote: Interrupt,
-        role: Role,
+        link: PeerLink,
     ) -> AttemptResult:
         """Another node failed, was lost, or was asked to stop: this node's ranks stop too."""
         attempt = machine.attempt
         self._events.emit(PeerInterrupt(attempt, remote.node, remote.kind.value, remote.detail))
         if remote.kind is InterruptKind.STOP:
             self._say(f"attempt {attempt}: node {remote.node} was asked to stop; stopping with it")
-            self.ask(attempt, group, board, rate, role)
+            self.ask(attempt, group, board, rate, link)
             # A signal of this node's own meanwhile is the same request (SLURM signals every node).
             self._signals.answer_first()
             return stopped_by_signal(attempt, remote.signum, remote.detail)  # its receiver's name for it
         if remote.kind is InterruptKind.RESIZE:
             self._say(f"attempt {attempt}: {remote.detail}; the group stops to restart with it")
-            if not self.ask(attempt, group, board, rate, role) and group.running():
+            if not self.ask(attempt, group, board, rate, link) and group.running():
                 # Nothing says where the script saves: stop now, as torchrun restarts its workers
                 # for a waiting node; what its ranks did since their own last save is redone.
                 self._say(
@@ -79,7 +77,9 @@ class GroupStop:
         machine.transition(GroupState.FAILED, root_cause=cause)
         return AttemptResult(attempt, AttemptOutcome.FAILED, cause=cause)
 
-    def ask(self, attempt: int, group: WorkerGroup, board: HeartbeatBoard, rate: StepRate, role: Role) -> int:
+    def ask(
+        self, attempt: int, group: WorkerGroup, board: HeartbeatBoard, rate: StepRate, link: PeerLink
+    ) -> int:
         """When every rank calls ft.should_stop(step), give them the grace period to reach a step
         chosen for all, save it and leave, before any signal reaches them. Returns that step (0:
         none was asked)."""
@@ -92,9 +92,7 @@ class GroupStop:
             self._signals.wait(LOOK_S)  # a wait's look, as every wait's
             return False
 
-        stop = CooperativeStop(
-            self.config.group.grace_period, role.agree_stop_step, self.cut_short, self._say
-        )
+        stop = CooperativeStop(self._grace, link.agree_stop_step, self.cut_short, self._say)
         return stop.ask(
             group, board, rate, lambda step: self._events.emit(StopRequested(attempt, step)), turn
         )
@@ -108,13 +106,13 @@ class GroupStop:
         if not succeeded:
             machine.transition(GroupState.STOPPING)
         first_signal = result.signum if result.outcome.stopped_by_signal and result.signum else signal.SIGTERM
-        grace = self.config.group.grace_period
+        grace = self._grace
         # One node alone forks the next group while this one exits. A node of many waits for the
         # job's verdict (AttemptRunner.concluded): its forks would take the CPU that nodes sharing
         # its machine need to hear of the crash (16 loopback nodes: every node's ranks stopped in
         # 0.24-0.32 s after it, against 0.13-0.15 s), and the rendezvous after the verdict is the
         # long part of its restart, which they still overlap.
-        ahead = may_restart and not self.config.cluster.many_nodes
+        ahead = may_restart and self._alone
         report = group.stop(first_signal, grace, self.cut_short, restarting=ahead)
         if report.survivors:
             self._say(f"could not stop pids {report.survivors} (uninterruptible?); left behind")

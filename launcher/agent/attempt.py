@@ -1,6 +1,6 @@
 """One attempt on this node: spawn the local ranks, watch them, stop them. The same mechanics on
-one node and on each node of many; what the attempt's end means for the run is decided by the
-supervisor (node 0) from what every node reports."""
+one node and on each node of many; what the attempt's end means for the run is decided by node 0
+from what every node reports."""
 
 import dataclasses
 import logging
@@ -9,15 +9,15 @@ import traceback
 from pathlib import Path
 from typing import BinaryIO, Callable, Dict, List, Optional, Tuple
 
-from launcher.chaos.driver import chaos_for
+from launcher.agent.group_stop import GroupStop, stopped_by_signal
+from launcher.agent.kit import NodeKit
+from launcher.chaos.driver import NoChaos
 from launcher.cluster.wire import InterruptKind
 from launcher.core import failpoints
 from launcher.core.beats import BeatReading, BeatSummary
-from launcher.core.config import LaunchConfig
 from launcher.core.events import (
     AttemptEnded,
     AttemptPlanned,
-    EventLog,
     GroupsGuarded,
     GuardRestarted,
     InternalError,
@@ -37,7 +37,6 @@ from launcher.core.outcomes import AttemptOutcome
 from launcher.core.results import AttemptResult
 from launcher.core.stopping import StepRate
 from launcher.grammar.errors import FtlaunchError, StartFailed
-from launcher.group_stop import GroupStop, stopped_by_signal
 from launcher.hangs.board import HeartbeatBoard
 from launcher.hangs.deadlines import Overdue
 from launcher.hangs.monitor import HangMonitor, hang_failures, progress_rows
@@ -45,12 +44,12 @@ from launcher.hangs.stacks import main_thread_stack
 from launcher.observe.slots import SlotObserver
 from launcher.process.logs import LogPump, tail_lines
 from launcher.process.orphan_guard import OrphanGuard
-from launcher.process.plan import plan_workers
-from launcher.process.signals import SignalInbox
+from launcher.process.plan import WorkerPlan, plan_workers
 from launcher.process.workers import Exit, Spawner, WorkerGroup
-from launcher.roles.base import AttemptPlan, Role
+from launcher.roles.link import PeerLink
+from launcher.roles.role import AttemptPlan
 
-__all__ = ["AttemptRunner"]
+__all__ = ["AttemptRunner", "Workers"]
 
 log = logging.getLogger(__name__)
 
@@ -61,64 +60,68 @@ _MONITOR_TIMEOUT_S = 0.05
 _LOG_TAIL_LINES = 20
 
 
+@dataclasses.dataclass(frozen=True)
+class Workers:
+    """How this node's ranks are made and kept: what they run, the spawner, the orphan guard that
+    outlives the supervisor, the console their lines go to, and the node's memory tier."""
+
+    plan: WorkerPlan
+    spawner: Spawner
+    guard: OrphanGuard
+    console: Tuple[BinaryIO, BinaryIO]
+    memory_dir: Optional[Path] = None  # the node's memory tier, for the workers' snapshots
+
+
 class AttemptRunner:
     """Runs one attempt's local worker group from spawn to stop. What the other nodes (if any) do
-    reaches it through the node's ``Role``."""
+    reaches it through the attempt's ``PeerLink``. ``node``: this node's rank in a job of many
+    nodes (None: the only node)."""
 
     def __init__(
-        self,
-        config: LaunchConfig,
-        events: EventLog,
-        signals: SignalInbox,
-        guard: OrphanGuard,
-        say: Callable[[str], None],
-        spawner: Spawner,
-        console: Tuple[BinaryIO, BinaryIO],
-        hangs: HangMonitor,
-        memory_dir: Optional[Path] = None,
+        self, kit: NodeKit, workers: Workers, hangs: HangMonitor, chaos: NoChaos, node: Optional[int]
     ) -> None:
-        self.config = config
-        self._events = events
-        self._signals = signals
-        self._guard = guard
-        self._say = say
-        self._spawner = spawner
-        self._console = console
+        self._events, self._signals, self._say = kit.events, kit.signals, kit.say
+        self._group = workers.plan.group
+        self._plan = workers.plan
+        self._guard = workers.guard
+        self._spawner = workers.spawner
+        self._console = workers.console
+        self._memory_dir = workers.memory_dir
         self._hangs = hangs
-        self._memory_dir = memory_dir  # the node's memory tier, for the workers' snapshots
+        self._chaos = chaos
+        self._node = node
         self._next_progress = 0.0
-        self._chaos = chaos_for(config, events, say)
-        self._role: Optional[Role] = None  # the node's, during run(): see ``role``
-        self._observer = SlotObserver(events, -1)  # the slots as events: one per attempt
+        self._link: Optional[PeerLink] = None  # the attempt's, during run(): see ``link``
+        self._observer = SlotObserver(kit.events, -1)  # the slots as events: one per attempt
         self._logs_cut_said = False
         self._board_fallback_said = False
-        self._stops = GroupStop(config, events, signals, say, self._record_exit)
+        self._stops = GroupStop(kit, self._group.grace_period, node is None, self._record_exit)
 
     @property
-    def role(self) -> Role:
-        """The node's role, while ``run`` runs an attempt."""
-        if self._role is None:
-            raise RuntimeError("the attempt runner's role is asked for outside run()")
-        return self._role
+    def link(self) -> PeerLink:
+        """The attempt's link to the other nodes, while ``run`` runs it."""
+        if self._link is None:
+            raise RuntimeError("the attempt runner's link is asked for outside run()")
+        return self._link
 
     def warm_up(self) -> None:
         """Let the spawner (a fork server importing torch) get going while the supervisor sets up
         the first attempt (its store, the nodes' rendezvous), which imports torch too: the two
         imports overlap. A zygote's environment leaves out what differs per attempt."""
-        self._spawner.warm_up(plan_workers(self.config, 0, master_port=0)[0])
+        self._spawner.warm_up(plan_workers(self._plan, 0, master_port=0)[0])
 
-    def run(self, plan: AttemptPlan, role: Role) -> AttemptResult:
-        self._role = role
+    def run(self, plan: AttemptPlan, link: PeerLink) -> AttemptResult:
+        self._link = link
         attempt = plan.attempt
         machine = GroupStateMachine(attempt, self._on_transition)
         layout = plan.layout
-        board = HeartbeatBoard(self.config.group.nproc, attempt, first_rank=layout.rank(0))
+        board = HeartbeatBoard(self._group.nproc, attempt, first_rank=layout.rank(0))
         if board.fallback and not self._board_fallback_said:
             self._board_fallback_said = True
             self._say(f"heartbeat slots in {board.path.parent}: {board.fallback}")
         pump = LogPump(*self._console, cut=self._logs_cut)
         specs = plan_workers(
-            self.config,
+            self._plan,
             attempt,
             plan.master_port,
             heartbeat_file=board.path,
@@ -126,7 +129,7 @@ class AttemptRunner:
             layout=layout,
             memory_dir=self._memory_dir,
         )
-        group = WorkerGroup(specs, self._spawner, pump, self._guard, self.config.group.shows_on_console)
+        group = WorkerGroup(specs, self._spawner, pump, self._guard, self._group.shows_on_console)
         ranks = [spec.rank for spec in specs]
         self._events.emit(AttemptPlanned(attempt, layout.world_size, list(layout.nodes), ranks))
         self._observer = SlotObserver(self._events, attempt)
@@ -138,7 +141,7 @@ class AttemptRunner:
             result = self._start_and_watch(machine, group, board)
             lived = time.monotonic() - started
             result = _with_exits_before_the_stop(result, group, self._record_exit)
-            self._stops.stop(machine, group, result, may_restart=role.may_restart(result))
+            self._stops.stop(machine, group, result, may_restart=link.may_restart(result))
             slots = board.read()
             self._observer.final(slots, board.checkpoint_counters())
             result = dataclasses.replace(result, lived=lived, beats=BeatSummary.of(slots.values()))
@@ -165,11 +168,11 @@ class AttemptRunner:
             self._signals.answer_first()
             # The other nodes were planned with this one and start their ranks: they must stop
             # too, now, not once this node has gone silent for --node-timeout.
-            self.role.interrupt(InterruptKind.STOP, name, signum)
+            self.link.interrupt(InterruptKind.STOP, name, signum)
             return stopped_by_signal(machine.attempt, signum, name)
         self._say(
-            f"attempt {machine.attempt}: starting {self.config.group.nproc} worker(s), "
-            f"backend {self.config.group.backend}, logs in {group.specs[0].log_file.parent}"
+            f"attempt {machine.attempt}: starting {self._group.nproc} worker(s), "
+            f"backend {self._group.backend}, logs in {group.specs[0].log_file.parent}"
         )
         try:
             group.spawn(go_on=self._spawning_may_go_on)
@@ -185,14 +188,14 @@ class AttemptRunner:
         failures: List[Failure] = []
         watch = self._hangs.watch_attempt()
         rate = StepRate()
-        attempt, role = machine.attempt, self.role
+        attempt, link = machine.attempt, self.link
         while True:
             if self._signals.first is not None:
                 signum = self._signals.first
                 name = self._signals.name_of(signum)
                 self._signals.answer_first()
-                role.interrupt(InterruptKind.STOP, name, signum)  # the others name it as this node does
-                self._stops.ask(attempt, group, board, rate, role)
+                link.interrupt(InterruptKind.STOP, name, signum)  # the others name it as this node does
+                self._stops.ask(attempt, group, board, rate, link)
                 return stopped_by_signal(attempt, signum, name)
             for exited in group.poll():
                 self._record_exit(attempt, exited, failures)
@@ -201,17 +204,17 @@ class AttemptRunner:
                 machine.transition(
                     GroupState.FAILED, root_cause=cause.describe(), failed_at=cause.observed_at
                 )
-                role.interrupt(InterruptKind.FAILURE, cause.describe())
+                link.interrupt(InterruptKind.FAILURE, cause.describe())
                 return AttemptResult(attempt, AttemptOutcome.FAILED, failures)
             if group.all_exited():
                 machine.transition(GroupState.SUCCEEDED)
                 return AttemptResult(attempt, AttemptOutcome.SUCCEEDED)
             # Another node's interrupt before this node's own bookkeeping (its beat, the orphan
             # guard's look, the slots, the progress): every node stops its ranks as soon as it can.
-            remote = role.tick()
+            remote = link.tick()
             if remote is not None:
-                return self._stops.by_peer(machine, group, board, rate, remote, role)
-            role.keep_alive()
+                return self._stops.by_peer(machine, group, board, rate, remote, link)
+            link.keep_alive()
             self._keep_guard(attempt, group)
             slots = board.read()
             self._chaos.inject(attempt, group, board, slots)
@@ -223,7 +226,7 @@ class AttemptRunner:
                 hung = _hang_failures(group, overdue, slots)
                 cause = root_cause(hung)
                 machine.transition(GroupState.HUNG, ranks=[f.rank for f in hung], failed_at=cause.observed_at)
-                role.interrupt(InterruptKind.FAILURE, cause.describe())
+                link.interrupt(InterruptKind.FAILURE, cause.describe())
                 return AttemptResult(attempt, AttemptOutcome.FAILED, hung)
             self._signals.wait(_MONITOR_TIMEOUT_S)
 
@@ -231,7 +234,7 @@ class AttemptRunner:
         """The job's outcome of an attempt (every node's reports merged), for the run log. On a
         node of many, a restart's processes are forked from here, while the nodes meet again
         (one node alone forked them during its stop: ``GroupStop.stop``)."""
-        if restarting and self.config.cluster.many_nodes:
+        if restarting and self._node is not None:
             self._spawner.fork_ahead()
         cause = result.root_cause
         kind = ""
@@ -251,29 +254,24 @@ class AttemptRunner:
         )
 
     def _publish_progress(self, attempt: int, group: WorkerGroup, slots) -> None:
-        """Every few seconds (the role says how often): the live ranks' steps, for `ftlaunch status`."""
+        """Every few seconds (the link says how often): the live ranks' steps, for `ftlaunch status`."""
         now = time.monotonic()
         if now < self._next_progress:
             return
-        self._next_progress = now + self.role.progress_every_s
-        self.role.publish_progress(attempt, progress_rows(slots, group.running(), now))
+        self._next_progress = now + self.link.progress_every_s
+        self.link.publish_progress(attempt, progress_rows(slots, group.running(), now))
 
     def _record_exit(self, attempt: int, exited: Exit, failures: List[Failure]) -> None:
         self._events.emit(
             WorkerExit(attempt, exited.spec.rank, exited.pid, exited.exitcode, exited.observed_at)
         )
         if exited.exitcode != 0:
-            failures.append(_failure_of(exited, self._node_rank))
-
-    @property
-    def _node_rank(self) -> Optional[int]:
-        """This node's rank in a job of many nodes, for its failure records."""
-        return self.config.cluster.node_rank if self.config.cluster.many_nodes else None
+            failures.append(_failure_of(exited, self._node))
 
     def _spawning_may_go_on(self) -> bool:
         """Asked between two spawns: the lease stays fresh however many ranks start, and a signal
         stops the rest from starting (the monitor then stops those already running)."""
-        self.role.keep_alive()
+        self.link.keep_alive()
         return self._signals.first is None
 
     def _keep_guard(self, attempt: int, group: WorkerGroup) -> None:
@@ -301,7 +299,7 @@ class AttemptRunner:
         self._events.emit(Transition(attempt, old, new, **details))
         log.info("attempt %s: %s -> %s", attempt, old and old.value, new.value)
         if new is GroupState.RUNNING:
-            self.role.group_running()
+            self.link.group_running()
 
 
 def _with_exits_before_the_stop(

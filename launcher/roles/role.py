@@ -1,19 +1,18 @@
-"""The node's role: what differs between the only node, node 0 of many (the leader) and any other
-node (a follower), behind one interface the attempt loop and the attempt runner use. Chosen once,
-when the supervisor starts (``supervisor._role``)."""
+"""What the agent's loop asks of this node's role: the only node, node 0 of many (the leader) or
+any other node (a follower). Chosen once, when the agent starts. During an attempt the attempt
+asks the role's ``link`` instead (``roles.link``)."""
 
 import abc
 import dataclasses
 from typing import List, Optional, Tuple, TypeVar
 
-from launcher.cluster.wire import Interrupt, InterruptKind, JobVerdict
-from launcher.core.beats import ProgressRow
+from launcher.cluster.wire import JobVerdict
 from launcher.core.layout import Layout
 from launcher.core.results import AttemptResult, RunResult
-from launcher.core.stopping import StopReading
 from launcher.grammar.errors import FtlaunchError
+from launcher.roles.link import PeerLink
 
-__all__ = ["AttemptPlan", "Conclusion", "Role", "in_attempt"]
+__all__ = ["AttemptPlan", "Conclusion", "NodeRole", "in_attempt"]
 
 T = TypeVar("T")
 
@@ -46,26 +45,19 @@ class Conclusion:
     verdict: Optional[JobVerdict] = None
 
 
-class Role(abc.ABC):
-    """One node's part in the run. Between attempts: ``meet`` the others and plan the attempt,
+class NodeRole(abc.ABC):
+    """One node's part in the run, between attempts: ``meet`` the others and plan the attempt,
     ``conclude`` it (this node's result → the job's), ``decide`` how the run goes on and
-    ``announce`` the decision to the other nodes (node 0). During an
-    attempt (asked by the runner): ``interrupt`` the other nodes, ``tick`` for their news,
-    ``agree_stop_step``, ``publish_progress``, ``keep_alive``."""
-
-    progress_every_s: float = 5.0  # how often the live ranks' steps are published
-
-    # -- between attempts ------------------------------------------------------------------------
+    ``announce`` the decision to the other nodes (node 0)."""
 
     @abc.abstractmethod
     def meet(self) -> AttemptPlan:
         """Plan the next attempt (with the other nodes). SignalReceived or JoinTimeout end the run."""
 
-    def may_restart(self, local: AttemptResult) -> bool:
-        """Whether a restart may follow this node's attempt as it ends (before its group stops):
-        what is made ahead for a restart is otherwise wasted. By default: as its outcome most
-        often is; a node that holds the policy asks it."""
-        return local.outcome.may_restart
+    @property
+    @abc.abstractmethod
+    def link(self) -> PeerLink:
+        """What the attempt planned by ``meet`` asks of the other nodes, until ``conclude``."""
 
     @abc.abstractmethod
     def conclude(self, local: AttemptResult) -> Conclusion:
@@ -94,30 +86,6 @@ class Role(abc.ABC):
     @abc.abstractmethod
     def pause(self, seconds: float) -> None:
         """Wait between attempts; a signal ends the wait."""
-
-    # -- during an attempt -------------------------------------------------------------------
-
-    def interrupt(self, kind: InterruptKind, detail: str, signum: Optional[int] = None) -> None:  # noqa: B027 - a hook; by default nothing
-        """This node's attempt ends (a failure, a hang, a signal): the other nodes' too."""
-
-    def tick(self) -> Optional[Interrupt]:
-        """Another node's interrupt (or a lost node's), once there is one."""
-        return None
-
-    @abc.abstractmethod
-    def agree_stop_step(self, reading: Optional[StopReading]) -> int:
-        """The step every rank stops at, from this node's ranks' ``reading`` (None: it has no
-        running rank) and the other nodes'; 0: none is asked."""
-
-    @abc.abstractmethod
-    def publish_progress(self, attempt: int, rows: List[ProgressRow]) -> None:
-        """The live ranks' steps, for ``ftlaunch status``."""
-
-    def keep_alive(self) -> None:  # noqa: B027 - a hook; by default nothing
-        """Called often while workers start and run: the run's lease, where this node holds it."""
-
-    def group_running(self) -> None:  # noqa: B027 - a hook; by default nothing
-        """The attempt's workers all started."""
 
     def close(self) -> None:  # noqa: B027 - a hook; by default nothing
         """The run is over."""
