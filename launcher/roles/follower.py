@@ -4,17 +4,12 @@ does what node 0 decides. When node 0 is lost it stops its ranks and waits for n
 (the same command relaunched there resumes the job), up to --join-timeout."""
 
 import dataclasses
-import os
-import socket
 import time
-from typing import Callable, List, Optional, Tuple, TypeVar
+from typing import List, Optional, Tuple
 
 from launcher.cluster.channel import ChannelSpec
-from launcher.cluster.deadline_store import DeadlineStore
 from launcher.cluster.follower_channel import FollowerChannel
-from launcher.cluster.lobby import Hello, NodeClaim, StopNotice, read_stop, say_stop, stop_read
-from launcher.cluster.rendezvous import LeaderUnreachable, Rendezvous, Round, RoundFailed, connect_job_store
-from launcher.cluster.store_errors import leader_gone, what_failed
+from launcher.cluster.rendezvous import LeaderUnreachable, Round, RoundFailed
 from launcher.cluster.wire import (
     Interrupt,
     InterruptKind,
@@ -29,17 +24,15 @@ from launcher.core.events import EventLog, NodesMet, Say
 from launcher.core.layout import Layout
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.results import AttemptResult, RunResult, ended_by_signal, meeting_stopped
-from launcher.grammar.errors import FtlaunchError, PeerStopped, SignalReceived, UsageError
+from launcher.grammar.errors import FtlaunchError, SignalReceived, UsageError
 from launcher.process.signals import SignalInbox
 from launcher.roles.leader import node_report
 from launcher.roles.link import FollowerLink
 from launcher.roles.membership import Membership
+from launcher.roles.node0 import Node0Connection
 from launcher.roles.role import AttemptPlan, Conclusion, NodeRole, in_attempt
-from launcher.runs.directory import RunDir
 
 __all__ = ["Follower"]
-
-T = TypeVar("T")
 
 
 class Follower(NodeRole):
@@ -55,15 +48,12 @@ class Follower(NodeRole):
         self._signals = signals
         self._say = say
         self._spec = ChannelSpec.of(job.cluster)
-        self._rendezvous: Optional[Rendezvous] = None
+        self._node0 = Node0Connection(job, run, signals, say)
         self._kept: Optional[Round] = None  # node 0 said the next attempt keeps this round
         self._deadline: Optional[float] = None  # to reach node 0: set when the wait begins
         self._round: Optional[Round] = None  # the round of the attempt in progress
         self._channel: Optional[FollowerChannel] = None
         self._link: Optional[FollowerLink] = None
-        hello = Hello(self.node, socket.gethostname(), os.getpid(), job.rdzv_id, list(job.command))
-        self._claim = NodeClaim(self.node, hello, job.cluster.node_timeout)
-        self._lobby_store: Optional[DeadlineStore] = None  # node 0's store, each call with a deadline
 
     @property
     def channel(self) -> FollowerChannel:
@@ -107,30 +97,24 @@ class Follower(NodeRole):
         raise UsageError(problem)
 
     def _join(self, started: float, new_round: bool) -> AttemptPlan:
-        if self._rendezvous is None:
+        if not self._node0.connected:
             if self._deadline is None:  # the first meeting: the time to warm up is not waiting
                 self._deadline = time.monotonic() + self.job.cluster.join_timeout
-            store = connect_job_store(
-                self.job.cluster, self._deadline, self._signals, self._say, self._job_ended
-            )
-            self._lobby_store = DeadlineStore(store, self.job.cluster.node_timeout, self._signals)
-            self._in_lobby(lambda: self._claim.take(self._lobby_store, store, self._signals))
-            failpoints.reached("claimed")
-            # c10d's backend writes to node 0's store as it is made: node 0 may be gone by then.
-            self._rendezvous = self._in_lobby(lambda: Rendezvous(self.job.cluster, self.job.run_id, store))
+            self._node0.connect(self._deadline)
         if self._kept is None:
             failpoints.reached("before-round")
-        round_ = self._kept or self._rendezvous.next_round(self._signals, self._say, watch=self._watch_lobby)
+        watch = self._node0.watch
+        round_ = self._kept or self._node0.rendezvous.next_round(self._signals, self._say, watch=watch)
         self._kept = None
         failpoints.reached("round-joined")
         self._channel = FollowerChannel(
-            round_.next_attempt_store(), self._spec, self._signals, beater=self._claim.beater
+            round_.next_attempt_store(), self._spec, self._signals, beater=self._node0.beater
         )
         self._round = round_
         try:
             self.channel.announce(self.job.info())
             failpoints.reached("announced")
-            plan = self.channel.read_plan(self.job.report_timeout, self._watch_lobby)
+            plan = self.channel.read_plan(self.job.report_timeout, self._node0.watch)
         except BaseException:
             self.channel.close()
             raise
@@ -147,43 +131,6 @@ class Follower(NodeRole):
         layout = Layout(nodes, self.node, self.job.nproc)
         self._link = FollowerLink(self.node, self.channel)
         return AttemptPlan(plan.attempt, plan.master_addr, plan.master_port, layout)
-
-    def _job_ended(self) -> str:
-        """Node 0 does not answer: if the run dir (shared storage, as under SLURM) says the run
-        succeeded, node 0 will not run it again, and this node came too late (unless --fresh
-        starts it again). Unknown: ''."""
-        if self.run.fresh:
-            return ""
-        try:
-            state = RunDir(self.run.url).read_state()
-        except Exception:  # noqa: BLE001 - not reachable from here, damaged: nothing is known
-            return ""
-        if state is None or state.status is not RunStatus.SUCCEEDED:
-            return ""
-        ended = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.updated_at))
-        return f"the job has ended: run {self.run.url} succeeded at {ended} (node 0's record)"
-
-    def _watch_lobby(self) -> None:
-        """While the nodes meet: node 0 may have refused this node (another command), or a node
-        got a signal (PeerStopped: this one stops as it does)."""
-        store = self._lobby_store
-        reason = self._in_lobby(lambda: self._claim.refusal(store))
-        if reason:
-            raise UsageError(reason)
-        stop = self._in_lobby(lambda: read_stop(store, self.node))
-        if stop is not None:
-            raise PeerStopped(stop.node, stop.signum, stop.said_as)
-
-    def _in_lobby(self, call: Callable[[], T]) -> T:
-        """A lobby call to node 0's store; one that fails as a dead or silent node 0's store fails
-        is node 0 lost."""
-        try:
-            return call()
-        except Exception as err:
-            if not leader_gone(err):
-                raise
-            where = self.job.cluster.rdzv_endpoint
-            raise LeaderUnreachable(f"node 0's store at {where}: {what_failed(err)}") from None
 
     def conclude(self, local: AttemptResult) -> Conclusion:
         """Report to node 0 and take its verdict: the job's outcome of the attempt. Node 0 lost
@@ -230,7 +177,7 @@ class Follower(NodeRole):
 
     def ended_waiting(self, error: FtlaunchError, attempts: List[AttemptResult]) -> RunResult:
         if isinstance(error, SignalReceived):
-            self._pass_on_stop(error)
+            self._node0.pass_on_stop(error)
             while_ = meeting_stopped(error)
             return ended_by_signal(error.signum, attempts, while_, holds_run=False, said_as=error.said_as)
         return RunResult(error.exit_code, RunStatus.STOPPED, attempts, str(error), holds_run=False)
@@ -243,45 +190,22 @@ class Follower(NodeRole):
         except LeaderUnreachable:
             pass
 
-    def _pass_on_stop(self, error: SignalReceived) -> None:
-        """A signal here while the nodes meet stops every node: said in node 0's store, where
-        every node looks while it meets. Another node's stop: read (node 0 waits for that).
-        Best effort: a node 0 that does not answer is lost anyway."""
-        store = self._lobby_store
-        if store is None:  # never reached node 0: no node knows of this one
-            return
-        try:  # after a signal, node 0 answers each call within a second or is given up
-            if isinstance(error, PeerStopped):
-                stop_read(store, self.node)
-            else:
-                say_stop(store, StopNotice(self.node, error.signum, error.said_as))
-        except Exception as err:
-            if not leader_gone(err):
-                raise
-
     def pause(self, seconds: float) -> None:
         """Node 0 pauses (its backoff) before it meets the nodes again: the next round waits."""
 
     def close(self) -> None:
-        """The job's rendezvous is node 0's: only this node's claim goes."""
-        self._claim.release(patient=self._lobby_store is None or not self._lobby_store.stuck)
+        self._node0.close()
 
     def _lost_leader(self, lost: LeaderUnreachable, then: str) -> None:
-        """Wait for node 0 anew: a fresh connection and a new round. The old handler is dropped,
-        not shut down: torch's shutdown closes the rendezvous for the whole job. ``then``: what this
-        node was doing (no workers run while the nodes meet)."""
+        """Wait for node 0 anew: a fresh connection and a new round. ``then``: what this node was
+        doing (no workers run while the nodes meet)."""
         self._say(
             f"lost node 0 ({lost}){then}; waiting for node 0 to come "
             f"back (the same command relaunched there resumes the job), up to --join-timeout "
             f"{self.job.cluster.join_timeout:g} s"
         )
-        if self._rendezvous is not None:
-            self._rendezvous.drop()
-        self._rendezvous, self._kept = None, None
-        self._claim.release(patient=False)  # its beat may be stuck on the lost node 0 too
-        if self._lobby_store is not None:
-            self._lobby_store.close()  # its thread ends once free (it may be stuck in a call)
-            self._lobby_store = None
+        self._node0.drop()
+        self._kept = None
         self._deadline = time.monotonic() + self.job.cluster.join_timeout
 
 

@@ -1,0 +1,134 @@
+"""A follower's connection to node 0 between attempts: node 0's store (each call with a deadline),
+this node's claim in the lobby, and the job's rendezvous handler. Refusals and stop notices are
+read there while the nodes meet; all of it is dropped when node 0 is lost."""
+
+import os
+import socket
+import time
+from typing import Callable, Optional, TypeVar
+
+from launcher.cluster.alive import AliveCounter
+from launcher.cluster.deadline_store import DeadlineStore
+from launcher.cluster.lobby import Hello, NodeClaim, StopNotice, read_stop, say_stop, stop_read
+from launcher.cluster.rendezvous import LeaderUnreachable, Rendezvous, connect_job_store
+from launcher.cluster.store_errors import leader_gone, what_failed
+from launcher.core import failpoints
+from launcher.core.config import RunSection
+from launcher.core.events import Say
+from launcher.core.outcomes import RunStatus
+from launcher.grammar.errors import PeerStopped, SignalReceived, UsageError
+from launcher.process.signals import SignalInbox
+from launcher.roles.membership import Membership
+from launcher.roles.role import in_attempt
+from launcher.runs.directory import RunDir
+
+__all__ = ["Node0Connection"]
+
+T = TypeVar("T")
+
+
+class Node0Connection:
+    """``run``: the run's section, for node 0's record of the job's end (shared storage)."""
+
+    def __init__(self, job: Membership, run: RunSection, signals: SignalInbox, say: Say) -> None:
+        self.job = job
+        self.run = run
+        self._signals = signals
+        self._say = say
+        hello = Hello(job.node, socket.gethostname(), os.getpid(), job.rdzv_id, list(job.command))
+        self._claim = NodeClaim(job.node, hello, job.cluster.node_timeout)
+        self._store: Optional[DeadlineStore] = None  # node 0's store, each call with a deadline
+        self._rendezvous: Optional[Rendezvous] = None
+
+    @property
+    def rendezvous(self) -> Rendezvous:
+        return in_attempt(self._rendezvous, "rendezvous")
+
+    @property
+    def connected(self) -> bool:
+        return self._rendezvous is not None
+
+    @property
+    def beater(self) -> Optional[AliveCounter]:
+        """The claim's beat, which the attempt's channel keeps up while the ranks run."""
+        return self._claim.beater
+
+    def connect(self, deadline: float) -> Rendezvous:
+        """Reach node 0's store by ``deadline``, claim this node's rank there and make the job's
+        rendezvous handler. Node 0 gone meanwhile: LeaderUnreachable."""
+        store = connect_job_store(self.job.cluster, deadline, self._signals, self._say, self._job_ended)
+        self._store = DeadlineStore(store, self.job.cluster.node_timeout, self._signals)
+        lobby = self._store
+        self.call(lambda: self._claim.take(lobby, store, self._signals))
+        failpoints.reached("claimed")
+        # c10d's backend writes to node 0's store as it is made: node 0 may be gone by then.
+        self._rendezvous = self.call(lambda: Rendezvous(self.job.cluster, self.job.run_id, store))
+        return self._rendezvous
+
+    def watch(self) -> None:
+        """While the nodes meet: node 0 may have refused this node (another command), or a node
+        got a signal (PeerStopped: this one stops as it does)."""
+        store = self._store
+        reason = self.call(lambda: self._claim.refusal(store))
+        if reason:
+            raise UsageError(reason)
+        stop = self.call(lambda: read_stop(store, self.job.node))
+        if stop is not None:
+            raise PeerStopped(stop.node, stop.signum, stop.said_as)
+
+    def call(self, call: Callable[[], T]) -> T:
+        """A call to node 0's store; one that fails as a dead or silent node 0's store fails is
+        node 0 lost."""
+        try:
+            return call()
+        except Exception as err:
+            if not leader_gone(err):
+                raise
+            where = self.job.cluster.rdzv_endpoint
+            raise LeaderUnreachable(f"node 0's store at {where}: {what_failed(err)}") from None
+
+    def pass_on_stop(self, error: SignalReceived) -> None:
+        """A signal here while the nodes meet stops every node: said in node 0's store, where
+        every node looks while it meets. Another node's stop: read (node 0 waits for that).
+        Best effort: a node 0 that does not answer is lost anyway."""
+        store = self._store
+        if store is None:  # never reached node 0: no node knows of this one
+            return
+        try:  # after a signal, node 0 answers each call within a second or is given up
+            if isinstance(error, PeerStopped):
+                stop_read(store, self.job.node)
+            else:
+                say_stop(store, StopNotice(self.job.node, error.signum, error.said_as))
+        except Exception as err:
+            if not leader_gone(err):
+                raise
+
+    def drop(self) -> None:
+        """Node 0 is lost: the next meeting starts with a fresh connection. The handler is
+        dropped, not shut down: torch's shutdown closes the rendezvous for the whole job."""
+        if self._rendezvous is not None:
+            self._rendezvous.drop()
+        self._rendezvous = None
+        self._claim.release(patient=False)  # its beat may be stuck on the lost node 0 too
+        if self._store is not None:
+            self._store.close()  # its thread ends once free (it may be stuck in a call)
+            self._store = None
+
+    def close(self) -> None:
+        """The job's rendezvous is node 0's: only this node's claim goes."""
+        self._claim.release(patient=self._store is None or not self._store.stuck)
+
+    def _job_ended(self) -> str:
+        """Node 0 does not answer: if the run dir (shared storage, as under SLURM) says the run
+        succeeded, node 0 will not run it again, and this node came too late (unless --fresh
+        starts it again). Unknown: ''."""
+        if self.run.fresh:
+            return ""
+        try:
+            state = RunDir(self.run.url).read_state()
+        except Exception:  # noqa: BLE001 - not reachable from here, damaged: nothing is known
+            return ""
+        if state is None or state.status is not RunStatus.SUCCEEDED:
+            return ""
+        ended = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.updated_at))
+        return f"the job has ended: run {self.run.url} succeeded at {ended} (node 0's record)"
