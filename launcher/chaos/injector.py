@@ -1,12 +1,7 @@
-"""When each fault of a --chaos plan fires, and at whom: decisions only. The attempt runner asks
-on every turn of its monitor loop, with the time and the heartbeat slots, and sends the signals;
-this module touches no process (tests script the clock and the slots).
-
-A fault's target rank is drawn (from the plan's seed) when the fault is armed: at the start and
-after each firing, so that the same seed picks the same ranks in the same order. On many nodes
-every node runs the same plan and injects only into its own ranks; a time, save or commit trigger
-fires on every node alike (the others only move on), a step trigger only where its rank runs
-(where its step is seen)."""
+"""When each fault of a --chaos plan fires, and at whom: decisions only (tests script the clock and
+the slots); the attempt runner sends the signals. A target rank is drawn from the seed when its
+fault is armed, so one seed picks the same ranks in order. Every node runs the same plan and
+injects only into its own ranks."""
 
 import dataclasses
 import random
