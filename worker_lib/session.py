@@ -51,10 +51,9 @@ class Session:
     checkpoints: Optional[Any]  # CheckpointManager, or None without a checkpoint dir
 
     def close(self) -> None:
-        """Finish the run on this rank: the save in flight committed, a barrier, then the fetched
-        copies go (local rank 0's, before it returns) and the process group is destroyed. The
-        barrier comes first: a slower rank may still read the cache, and gloo aborts at exit
-        when a rank leaves a peer in its last collective (torch 2.13, one run in three)."""
+        """The save in flight committed, a barrier, then the fetched copies go (local rank 0's) and
+        the group is destroyed. The barrier first: a slower rank may still read the cache, and
+        gloo aborts at exit when a rank leaves a peer in its last collective (torch 2.13)."""
         if self.checkpoints is not None:
             self.checkpoints.wait()
         _barrier(self)

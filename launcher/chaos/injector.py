@@ -129,10 +129,8 @@ def _request_word(fault: Fault, sequence: int) -> int:
 
 
 def mark_injected(failures: List[Failure], injected: List[Injection]) -> List[Failure]:
-    """A failure of a process --chaos sent a fault to is the fault's doing: a death by the
-    signal sent, a hang (SIGSTOP, sleep), or an error exit (an exception). Anything else (a
-    peer's broken collective) keeps its own cause; the root cause decides whether the attempt
-    counts as injected."""
+    """A failure of a process --chaos sent a fault to is the fault's doing (the signal's death,
+    a hang, an error exit); anything else, a peer's broken collective, keeps its own cause."""
     sent = {(i.rank, i.pid): i.signum for i in injected}
     return [
         dataclasses.replace(f, injected=True) if isinstance(f, _MARKABLE) and _caused(f, sent) else f

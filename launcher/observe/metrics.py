@@ -106,10 +106,8 @@ class RunMetrics:
         return list(self._totals.values())
 
     def goodput(self, now_wall: float) -> float:
-        """As ``recovery.goodput``: the attempt in progress counts as kept from its first step on;
-        before it (imports, data, a rendezvous) nothing was spent on steps yet. With nothing kept
-        and no step seen yet it is unknown: a script that never beats may never show one (its
-        record's goodput is unknown too), and 0 would be a number for what is not known."""
+        """As ``recovery.goodput``, the attempt in progress kept from its first step on. Unknown
+        (not 0) with nothing kept and no step seen: a script that never beats may never show one."""
         if self._kept is None or self._kept.event.seconds is None:
             return _UNKNOWN
         kept, since = self._kept.event.seconds, self._kept.event.since

@@ -1,5 +1,4 @@
-"""A state as one flat buffer plus a small index: the memory tier's slot format, and the layout
-of the staging buffer a storage save copies CUDA state into.
+"""A state as one flat buffer plus a small index: the memory tier's slots and the CUDA staging.
 
     state     {"model": {"w": T0, "b": T1}, "step": 12, "moments": [T2]}
     split  →  skeleton {"model": {"w": Hole(0), "b": Hole(1)}, "step": 12, "moments": [Hole(2)]}
