@@ -9,8 +9,7 @@
     if ft.should_stop(step): save, then break       # Ctrl+C or a preemption: same step on all ranks
     ft.shutdown()                                   # last: waits for the save, leaves the group
 
-Importing this package stays cheap (no torch at import time): workers that only read their
-environment should not pay for torch.
+Importing this package is cheap (no torch): workers that only read their environment pay nothing.
 """
 
 import contextlib
@@ -63,13 +62,12 @@ def init(
     trusted_checkpoints: bool = False,
 ):
     """Join the process group and open checkpoint storage; call once, early, on every rank.
+    Storage that cannot be written raises ``StorageError`` here, before training starts.
 
-    ``checkpoint_dir`` (any fsspec URL) defaults to ftlaunch's ``--checkpoint-dir``. Storage that
-    cannot be written fails here, before training starts, with a ``StorageError``.
-
-    Checkpoints are read with torch's weights-only loader: tensors, containers, numbers, strings
-    and what ``torch.serialization.add_safe_globals`` allows. ``trusted_checkpoints=True`` unpickles
-    anything, which runs whatever code a part holds: only for storage that no one else can write.
+    Args:
+        checkpoint_dir: any fsspec URL; default: ftlaunch's ``--checkpoint-dir``.
+        trusted_checkpoints: unpickle anything, running whatever code a part holds (only for
+            storage no one else can write). Default: torch's weights-only loader.
     """
     from worker_lib.session import CheckpointOptions, start_session
 
@@ -100,26 +98,19 @@ def save_checkpoint(
     format: str = "parts",
     to: str = "storage",
 ) -> None:
-    """Save this rank's ``state`` for ``step``; every rank calls it.
+    """Save this rank's ``state`` for ``step``; every rank calls it. The state is copied before
+    this returns (a GPU state's copy enqueued on the current stream); writing and the commit
+    follow in the background. A step already saved or loaded is never written again.
 
-    ``replicated=True``: the state is the same on every rank (plain DDP); rank 0 writes it once,
-    every rank loads it, at any world size. Otherwise each rank's state is its own part, loaded
-    by the same rank at the same world size. ``format="dcp"``: torch.distributed.checkpoint saves
-    each rank's shards (DTensors, sharded tensors, ``Stateful`` objects) and
-    ``load_checkpoint(into=...)`` reshards them at any world size.
-
-    The state is copied to CPU memory before this returns (a state on a GPU: the copy into pinned
-    memory is enqueued on the current CUDA stream, so it is the state at the call while the loop
-    goes on); writing and the commit happen in the background unless ``blocking``. The next save
-    waits for this one, and a background failure is raised there. A step this process already
-    saved to storage or loaded from it is not written again (a warning says so): a committed step
-    is never rewritten.
-
-    ``to="memory"``: a snapshot of this rank's state into the node's memory tier (ftlaunch keeps
-    it in /dev/shm for its run): the copy is all it costs, it survives a crash and the group's
-    restart but not the node or the supervisor, and ``load_checkpoint()`` takes it when every
-    rank holds it and storage has nothing newer. Cheap enough for every step, beside a storage
-    save every so often.
+    Args:
+        replicated: the state is the same on every rank (plain DDP): rank 0 writes it once and
+            it loads at any world size. Else each rank's own part, at the same world size.
+        blocking: write and commit before returning; else the next save waits for this one
+            and raises its failure.
+        format: ``"dcp"``: torch.distributed.checkpoint's shards, which
+            ``load_checkpoint(into=...)`` reshards at any world size.
+        to: ``"memory"``: a snapshot into the node's memory tier (/dev/shm), which survives a
+            crash and a restart but not the node; cheap enough for every step.
     """
     if format not in ("parts", "dcp"):
         raise ValueError(f"format must be 'parts' or 'dcp', not {format!r}")
@@ -145,11 +136,12 @@ def save_checkpoint(
 
 
 def load_checkpoint(into: Any = None):
-    """The newest checkpoint every rank completed and can verify, or None on a fresh run. Each
-    tensor comes back where it was saved from: a CUDA tensor onto this rank's current GPU.
+    """The newest checkpoint every rank committed and can verify, or None on a fresh run; a CUDA
+    tensor comes back onto this rank's current GPU.
 
-    ``into``: the script's current state dict (sharded or not): the newest ``format="dcp"`` step
-    is loaded into it in place, resharded to this world size; the record's ``.state`` is it."""
+    Args:
+        into: the script's current state dict: the newest ``format="dcp"`` step is loaded into
+            it in place, resharded to this world size (the record's ``.state``)."""
     started = time.monotonic_ns()
     with pause_heartbeat():
         if into is not None:
@@ -164,24 +156,21 @@ def load_checkpoint(into: Any = None):
 
 
 def checkpoint_dir(step: int, metrics: Optional[Dict[str, float]] = None):
-    """``with ft.checkpoint_dir(step) as d:`` write any files into the local directory ``d``;
-    on leaving the block they are uploaded in the background and committed as ``step``.
-    Every rank enters it (a rank with nothing to write leaves it empty)."""
+    """``with ft.checkpoint_dir(step) as d:`` write any files into the local directory ``d``,
+    committed as ``step`` in the background on leaving; every rank enters it."""
     from worker_lib.checkpoint.directory import save_directory
 
     return _paused(save_directory(_checkpoints(), step, metrics))
 
 
 def latest_checkpoint_dir() -> Optional[str]:
-    """A local directory holding the newest committed directory-mode step (every rank's files),
-    or None on a fresh run. Remote files are fetched once per node."""
+    """A local directory with the newest committed directory-mode step, or None on a fresh run."""
     found = newest_checkpoint_dir()
     return None if found is None else found.path
 
 
 def newest_checkpoint_dir():
-    """As ``latest_checkpoint_dir``, with the step: a ``CommittedDir`` (``.step``, ``.path``), or
-    None on a fresh run. Every rank calls it (the ranks agree on the step)."""
+    """As ``latest_checkpoint_dir``, a ``CommittedDir`` (``.step``, ``.path``); every rank calls it."""
     from worker_lib.checkpoint.directory import latest_directory
 
     session = _require_session()
@@ -199,16 +188,15 @@ def is_initialized() -> bool:
 
 
 def wait_for_checkpoint() -> None:
-    """Block until the save in flight is committed and the last memory snapshot is held (or
-    raise the error of either)."""
+    """Block until the save in flight is committed and the last memory snapshot held; raises
+    either's error."""
     with pause_heartbeat():
         _checkpoints().wait_all()
 
 
 def shutdown() -> None:
-    """Call once at the end of training, on every rank: waits for the save in flight, for every
-    rank to arrive, removes this node's fetched checkpoint copies and destroys the process
-    group. Raises if the last save failed."""
+    """Call once at the end, on every rank: waits for the save in flight and every rank, removes
+    fetched copies and destroys the process group; raises if the last save failed."""
     global _session
     stop_beating()  # the last save, the barrier and the interpreter's exit are not steps
     if _session is not None:
@@ -218,8 +206,7 @@ def shutdown() -> None:
 
 @contextlib.contextmanager
 def _paused(block):
-    """``block`` (a context manager: a directory-mode save), with the heartbeat deadline paused
-    for all of it; a save counted once it returns."""
+    """``block`` (a directory-mode save) with the heartbeat paused, counted as a save."""
     started = time.monotonic_ns()
     with pause_heartbeat(), block as value:
         yield value

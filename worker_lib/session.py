@@ -51,14 +51,9 @@ class Session:
     checkpoints: Optional[Any]  # CheckpointManager, or None without a checkpoint dir
 
     def close(self) -> None:
-        """Finish the run on this rank: the save in flight is committed, every rank arrives,
-        then this node's fetched checkpoint copies go and the process group is destroyed.
-
-        The barrier comes before the cleanup (a slower local rank may still read the cache); the
-        cleanup is local rank 0's and done before its ``close`` returns, so once that rank has
-        returned (or exited) the copies are gone. The barrier also comes before destroying the
-        group: torch 2.13's gloo aborts the process at interpreter shutdown in about one run in
-        three when a rank leaves while a peer is still in its last collective."""
+        """The save in flight committed, a barrier, then the fetched copies go (local rank 0's) and
+        the group is destroyed. The barrier first: a slower rank may still read the cache, and
+        gloo aborts at exit when a rank leaves a peer in its last collective (torch 2.13)."""
         if self.checkpoints is not None:
             self.checkpoints.wait()
         _barrier(self)

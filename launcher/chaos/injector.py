@@ -1,12 +1,7 @@
-"""When each fault of a --chaos plan fires, and at whom: decisions only. The attempt runner asks
-on every turn of its monitor loop, with the time and the heartbeat slots, and sends the signals;
-this module touches no process (tests script the clock and the slots).
-
-A fault's target rank is drawn (from the plan's seed) when the fault is armed: at the start and
-after each firing, so that the same seed picks the same ranks in the same order. On many nodes
-every node runs the same plan and injects only into its own ranks; a time, save or commit trigger
-fires on every node alike (the others only move on), a step trigger only where its rank runs
-(where its step is seen)."""
+"""When each fault of a --chaos plan fires, and at whom: decisions only (tests script the clock and
+the slots); the attempt runner sends the signals. A target rank is drawn from the seed when its
+fault is armed, so one seed picks the same ranks in order. Every node runs the same plan and
+injects only into its own ranks."""
 
 import dataclasses
 import random
@@ -134,10 +129,8 @@ def _request_word(fault: Fault, sequence: int) -> int:
 
 
 def mark_injected(failures: List[Failure], injected: List[Injection]) -> List[Failure]:
-    """A failure of a process --chaos sent a fault to is the fault's doing: a death by the
-    signal sent, a hang (SIGSTOP, sleep), or an error exit (an exception). Anything else (a
-    peer's broken collective) keeps its own cause; the root cause decides whether the attempt
-    counts as injected."""
+    """A failure of a process --chaos sent a fault to is the fault's doing (the signal's death,
+    a hang, an error exit); anything else, a peer's broken collective, keeps its own cause."""
     sent = {(i.rank, i.pid): i.signum for i in injected}
     return [
         dataclasses.replace(f, injected=True) if isinstance(f, _MARKABLE) and _caused(f, sent) else f

@@ -12,24 +12,21 @@ _STALL_S = 2.0
 
 
 def beat_every(node_timeout: float) -> float:
-    """How often a supervisor bumps its counter: a fifth of the silence that makes it lost (a
-    healthy node shows several moves in that time, a loaded machine included), within 0.25..3 s.
-    A beat is a request to node 0's store per node, the bulk of a healthy job's traffic there:
-    the default --node-timeout (15 s) gives 3 s (it was 1.5 s: issue 48 item 8)."""
+    """How often a supervisor bumps its counter: a fifth of the silence that makes it lost,
+    within 0.25..3 s (beats are the bulk of node 0's store traffic)."""
     return min(max(node_timeout / 5, 0.25), 3.0)
 
 
 def look_every(node_timeout: float) -> float:
-    """How often node 0 reads every counter (one request, whatever the number of nodes): a tenth
-    of the node timeout within 0.25..1.5 s, so a lost node is found within a look of it."""
+    """How often node 0 reads every counter (one request): a tenth of the node timeout, within
+    0.25..1.5 s."""
     return min(max(node_timeout / 10, 0.25), 1.5)
 
 
 class AliveCounter(threading.Thread):
-    """Also this process's own witness: ``stalled`` is the longest time it did not run at all,
-    and ``stalled_until`` when that ended (monotonic), so that a node does not blame the others
-    for a silence that was its own. With no ``store`` it is that witness alone (node 0: nobody
-    reads its counter, its store's answers are its sign of life)."""
+    """Also this process's witness: ``stalled`` is the longest time it did not run, ending at
+    ``stalled_until`` (monotonic), so a node does not blame others for its own silence. No
+    ``store``: the witness alone (node 0)."""
 
     def __init__(self, store, key: str, every: float) -> None:
         super().__init__(name=f"ftlaunch-alive-{key}", daemon=True)

@@ -1,10 +1,7 @@
-"""One node's end of one attempt's keys (``cluster.wire`` lists them): what every node does
-(beat, watch for lost nodes, raise and read the attempt's interrupt, agree on a stop step), and,
-in ``LeaderChannel`` and ``FollowerChannel``, what only node 0 or only the others do.
-
-Every wait here has a deadline, keeps looking for lost nodes whatever else happened, and answers
-a signal that arrives while it waits. A follower's call that finds node 0's store gone raises
-``LeaderUnreachable``."""
+"""One node's end of one attempt's keys (``cluster.wire``): what every node does (beat, watch for
+lost nodes, raise and read the interrupt, agree on a stop step); ``LeaderChannel`` and
+``FollowerChannel`` add node 0's part and the others'. Every wait has a deadline, keeps looking
+for lost nodes and answers signals."""
 
 import dataclasses
 import json
@@ -28,8 +25,7 @@ _POLL_S = 0.05
 
 @dataclasses.dataclass(frozen=True)
 class ChannelSpec:
-    """What a channel needs to know of the job: who this node is among how many, and how long a
-    silent node is given."""
+    """Who this node is among how many, and how long a silent node is given."""
 
     node: int
     nnodes: int
@@ -42,9 +38,8 @@ class ChannelSpec:
 
 
 class AttemptChannel:
-    """The part every node shares. ``watched``: the nodes whose liveness this node judges (node
-    0 watches every other node of the attempt; the others watch node 0). Until node 0's plan
-    says which nodes hold the attempt (``set_nodes``), every node of the job is assumed."""
+    """The part every node shares. ``watched``: the nodes whose liveness this node judges (node 0
+    all others, the others node 0). Every node of the job is assumed until ``set_nodes``."""
 
     def __init__(
         self,
@@ -54,9 +49,8 @@ class AttemptChannel:
         watched: List[int],
         beater: Optional[AliveCounter] = None,
     ) -> None:
-        """``beater``: this supervisor's liveness counter where it already beats one for its whole
-        life (a follower's claim), which the channel then neither starts nor stops; otherwise the
-        channel beats ``alive/<node>`` in the attempt's keys."""
+        """``beater``: a counter this supervisor beats for its whole life (a follower's claim),
+        left running; without one the channel beats ``alive/<node>`` itself."""
         self._signals = signals
         self._store = self._for_calls(store, spec)
         self.spec = spec
@@ -76,8 +70,8 @@ class AttemptChannel:
         self._watch.start()
 
     def close(self) -> None:
-        """This node is done with the attempt. Its interrupt is raised if none is in force (every
-        node's watch ends with it; a node still running learns that this one left at once)."""
+        """Done with the attempt: raises an interrupt if none is in force, so that a node still
+        running learns at once that this one left."""
         if self._interrupt is None and not self._watch.fired:
             try:
                 self.interrupt(Interrupt(self.node, InterruptKind.LOST, f"node {self.node} left the attempt"))
@@ -118,13 +112,11 @@ class AttemptChannel:
         return self._call("get", key).decode()
 
     def _say_done(self, key: str) -> None:
-        """Append this node to the list ``key`` (who announced itself, reported, read the
-        plan or the verdict): node 0 reads who did with one call, however many nodes there are."""
+        """Append this node to the list ``key``: node 0 reads who did it in one call."""
         self._call("append", key, f"{self.node},")
 
     def _listed(self, key: str) -> List[int]:
-        """The nodes in the list ``key`` so far, ascending (one call when there are none yet, two
-        when there are)."""
+        """The nodes in the list ``key`` so far, ascending."""
         if not self._has(key):
             return []
         return sorted({int(n) for n in self._get(key).split(",") if n})
@@ -137,11 +129,9 @@ class AttemptChannel:
     # -- while the attempt runs ------------------------------------------------------------------
 
     def tick(self) -> Optional[Interrupt]:
-        """Looked at on every turn of the monitor loop: the interrupt in force, if any node raised
-        one, or a lost node's. Lost nodes are looked for whether or not the attempt is already
-        interrupted: a node that dies while the others stop still has to be found. An interrupt
-        seen on this turn is returned at once: the look for lost nodes (a round trip to node 0's
-        store, busy answering every node woken with this one) waits for the next turn."""
+        """Each turn of the monitor loop: the interrupt in force, or a lost node's. Lost nodes are
+        looked for even once interrupted (a node may die while the others stop); an interrupt
+        seen this turn returns at once, the look (a round trip to a busy store) waits a turn."""
         try:
             if self._interrupt is None and self._interrupt_raised():
                 self._interrupt = Interrupt.from_json(self._watch.value or self._get("interrupt"))
@@ -171,21 +161,20 @@ class AttemptChannel:
         return self._interrupt
 
     def _interrupt_raised(self) -> bool:
-        """Whether some node raised the interrupt: the watch's word (pushed by the store), or a
-        look of our own when the watch could not wait (no second connection, a broken one)."""
+        """Whether some node raised the interrupt: the watch's word, or our own look when the
+        watch is broken."""
         return self._watch.fired or (self._watch.broken and self._has("interrupt"))
 
     def _look_for_lost_nodes(self) -> Optional[Interrupt]:
-        """A watched node whose counter stood still for --node-timeout is lost: an interrupt for
-        the first one found (None: none new). Looks at most every ``look_every``."""
+        """An interrupt for the first watched node silent for --node-timeout (None: none new)."""
         for node, silent in self._silences().items():
             if silent >= self.spec.node_timeout:
                 return self._declare_lost(node, f"silent for {silent:.1f} s")
         return None
 
     def _silences(self) -> Dict[int, float]:
-        """Each watched node not yet lost: seconds since its counter last moved (read again at
-        most every ``look_every``: 1.5 s at the default --node-timeout)."""
+        """Each watched node not yet lost: seconds since its counter last moved (read at most
+        every ``look_every``)."""
         now = time.monotonic()
         if now >= self._next_look:
             self._next_look = now + look_every(self.spec.node_timeout)
@@ -208,12 +197,10 @@ class AttemptChannel:
     # -- a stop step every rank of every node agrees on ---------------------------------------
 
     def agree_stop_step(self, reading: Optional[StopReading]) -> int:
-        """Publish this node's ``reading`` (None: it has no running rank) and compute, from every
-        node's, the step all ranks stop at; 0: none (a rank cannot be asked, or a node did not
-        answer within --node-timeout)."""
+        """Publish this node's ``reading`` (None: no running rank) and compute from every node's
+        the step all ranks stop at; 0: none (a rank cannot be asked, a node did not answer)."""
         self._answered_stop = True
-        # This node's own first signal during the agreement is the same request (SLURM signals
-        # every node at once): only a second one (Ctrl+C again: now) ends the wait.
+        # SLURM signals every node at once: only a second signal (Ctrl+C again) ends the wait.
         since = max(1, len(self._signals.received))
         try:
             self._call("set", f"stop/{self.node}", reading_to_json(reading or StopReading.idle()))
@@ -225,8 +212,7 @@ class AttemptChannel:
         return stop_step(readings)
 
     def answer_stop_if_asked(self) -> None:
-        """A node with no running rank (done, or waiting for the verdict) still answers a stop
-        request, so that the others need not wait for it."""
+        """A node with no running rank still answers a stop request, so nobody waits for it."""
         interrupt = self.tick()
         if interrupt is not None and interrupt.kind.asks_to_stop and not self._answered_stop:
             self._answered_stop = True
@@ -235,14 +221,12 @@ class AttemptChannel:
     # -- waiting -----------------------------------------------------------------------------------
 
     def _wait(self, limit: float, since: Optional[int] = None) -> Wait:
-        """A wait of this channel's: ``limit`` seconds, ended by a signal after the first ``since``
-        (default: any that comes during it)."""
+        """``limit`` seconds, ended by a signal after the first ``since`` (default: any new one)."""
         return Wait(limit, self._signals, since=since, look=_POLL_S)
 
     def _wait_all(self, prefix: str, limit: float, since: Optional[int] = None) -> bool:
-        """Until every node has set ``prefix/<n>``; False when ``limit`` seconds pass first or a
-        node is lost on the way. ``since``: signals already in when the wait began (default:
-        every signal so far is old)."""
+        """Until every node has set ``prefix/<n>``; False when ``limit`` passes first or a node is
+        lost on the way."""
         wait = self._wait(limit, since)
         keys = [f"{prefix}/{n}" for n in self._nodes]
         while not self._call("check", keys):  # one round trip for every node's key
@@ -259,8 +243,7 @@ class AttemptChannel:
     # -- joining ---------------------------------------------------------------------------------
 
     def announce(self, info) -> None:
-        """Say who this node is (a ``NodeInfo``); two nodes with one rank are refused (by the
-        second to claim)."""
+        """Say who this node is (a ``NodeInfo``); the second node to claim a rank is refused."""
         if self._call("add", f"claim/{self.node}", 1) > 1:
             raise UsageError(f"two nodes were started with --node-rank {self.node}: each node needs its own")
         self._call("set", f"node/{self.node}", json.dumps(dataclasses.asdict(info)))

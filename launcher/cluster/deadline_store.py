@@ -1,11 +1,7 @@
-"""Calls to a store on another machine, each with a deadline. torch's TCPStore client waits for
-an answer with no end when the server's process is stopped (SIGSTOP, a frozen VM) though its
-socket still accepts: a follower would freeze with it, deaf to signals and to its own node
-timeout. Each call runs on one helper thread; the caller waits at most ``timeout`` seconds and
-then gives the store up (the helper, a daemon, stays stuck with it; the follower connects anew).
-Given the signal inbox, a call waits at most ``STOPPING_S`` once a signal has come (before the
-call or during it): a stop must not wait --node-timeout for a node 0 that does not answer, and a
-node 0 that does answers in milliseconds."""
+"""Calls to a store on another machine, each with a deadline: torch's TCPStore client waits with no
+end on a stopped server whose socket still accepts. Each call runs on a helper thread, waited for
+``timeout`` seconds at most, or ``STOPPING_S`` once a signal has come (a stop must not wait
+--node-timeout for a node 0 that does not answer)."""
 
 import queue
 import threading

@@ -27,8 +27,7 @@ class FollowerChannel(AttemptChannel):
     def __init__(
         self, store, spec: ChannelSpec, signals: SignalInbox, beater: Optional[AliveCounter] = None
     ) -> None:
-        """``beater``: the claim's counter (``lobby.NodeClaim``), which node 0 watches: one beat a
-        supervisor, not one for the lobby and one for the attempt (issue 48 item 8)."""
+        """``beater``: the claim's counter (``lobby.NodeClaim``): one beat a supervisor."""
         super().__init__(store, spec, signals, watched=[0], beater=beater)
         self._looked = time.monotonic()  # this loop's last judgement of node 0
         self._judge_from = 0.0
@@ -37,17 +36,11 @@ class FollowerChannel(AttemptChannel):
         self.broken = ""  # why node 0 cannot be reached, once it cannot
 
     def _silences(self) -> Dict[int, float]:
-        """Node 0 hosts the store this node's beat goes to: node 0 is heard through its beats'
-        answers, with no request of ours. Its silence counts from the beat it has not answered
-        (from when it was sent), not from the last answer: node 0 may have stopped just after that
-        answer or just before the next beat, so only a request sent and never answered proves a
-        silence. Node 0 found lost was then silent for --node-timeout at least, which its own
-        witness relies on (``LeaderChannel.own_stall``: a node 0 stopped a beat short of the
-        timeout was found lost, and blamed the follower that left it). A beat that is late
-        without being under way means this process did not run (stopped, starved): a look of this
-        loop's asks node 0's store then, and its answer is node 0 heard. Back from such a gap,
-        this loop judges nothing for a moment: the beat thread first reads the answer that may
-        have come meanwhile."""
+        """Node 0 is heard through the answers to this node's beats. Its silence counts from the
+        beat it has not answered, not from the last answer, so node 0 found lost was silent for
+        --node-timeout at least (``LeaderChannel.own_stall`` relies on it: else node 0 stopped a
+        beat short blamed the follower). A beat late and not under way means this process did
+        not run: this loop asks the store itself, and judges nothing for ``_SETTLE_S``."""
         now = time.monotonic()
         if now - self._looked >= _AWAY_S:
             self._judge_from = now + _SETTLE_S
@@ -64,8 +57,7 @@ class FollowerChannel(AttemptChannel):
         return {0: now - heard if now >= self._judge_from else 0.0}
 
     def _for_calls(self, store, spec: ChannelSpec):
-        """Node 0's store, each call with a deadline of --node-timeout (a stopped node 0 is lost,
-        not waited for with no end), or a shorter one once a signal came."""
+        """Node 0's store, each call with a deadline: --node-timeout, shorter once a signal came."""
         return DeadlineStore(store, spec.node_timeout, self._signals)
 
     def close(self) -> None:
@@ -89,8 +81,7 @@ class FollowerChannel(AttemptChannel):
         raise LeaderUnreachable(self.broken)
 
     def read_plan(self, limit: float, watch: Callable[[], None] = lambda: None) -> RoundPlan:
-        """Node 0's plan for the attempt; any signal ends the wait (SignalReceived), and so does
-        an error raised by ``watch``, called every half second meanwhile."""
+        """Node 0's plan; a signal (SignalReceived) or an error from ``watch`` ends the wait."""
         wait = self._wait(limit, since=0)
         while not self._has("plan"):
             if wait.due(WATCH_EVERY_S, "watch", first=0):
@@ -107,8 +98,7 @@ class FollowerChannel(AttemptChannel):
         return plan
 
     def share_progress(self, rows: List[ProgressRow]) -> None:
-        """Its ranks' steps and beat ages, for node 0 to publish; not again while they say what
-        the last share said (node 0 ages a share's rows from its time: the same rows)."""
+        """Its ranks' steps and beat ages, for node 0 to publish; not again while unchanged."""
         now = time.time()
         said = _as_said(rows, now)
         if said == self._said:
@@ -121,9 +111,8 @@ class FollowerChannel(AttemptChannel):
             pass  # the next tick says so and ends the attempt
 
     def await_verdict(self, limit: float) -> JobVerdict:
-        """Node 0's decision: LeaderUnreachable when node 0 goes silent first or decides nothing
-        within ``limit`` seconds; SignalReceived by a signal the attempt did not act on (one that
-        came while this node's ranks stopped, or during this wait)."""
+        """Node 0's decision: LeaderUnreachable when node 0 is silent or decides nothing within
+        ``limit``; SignalReceived by a signal the attempt did not act on."""
         wait = self._wait(limit, since=self._signals.answered)
         while not self._has("verdict"):
             self.answer_stop_if_asked()
@@ -138,8 +127,7 @@ class FollowerChannel(AttemptChannel):
 
 
 def _as_said(rows: List[ProgressRow], wall: float) -> Tuple[tuple, ...]:
-    """What ``rows`` say, read at ``wall``: each silence as the moment it began (to a tenth of a
-    second), so that rows that only grew older compare equal."""
+    """``rows`` with each silence as the moment it began, so rows that only aged compare equal."""
     return tuple(
         (r.rank, r.pid, r.step, r.phase, None if r.silent_for is None else round(wall - r.silent_for, 1))
         for r in rows

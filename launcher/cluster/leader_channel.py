@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 
 class LeaderChannel(AttemptChannel):
     def __init__(self, store, spec: ChannelSpec, signals: SignalInbox, job_store=None) -> None:
-        """``job_store``: the job's store (the lobby's keys): a follower that holds a claim beats
-        its claim's counter there, and that is the one watched (None: ``alive/<n>`` here)."""
+        """``job_store``: the lobby's store, where a follower's claim counter is the one watched
+        (None: ``alive/<n>`` here)."""
         # No node is watched before it announces itself: nothing here is sized by --nnodes MAX.
         super().__init__(store, spec, signals, watched=[])
         self._job_store = job_store
@@ -42,12 +42,9 @@ class LeaderChannel(AttemptChannel):
     def node_infos(
         self, count: int, limit: float, watch: Callable[[], None] = lambda: None
     ) -> Dict[int, NodeInfo]:
-        """The announcements of all ``count`` nodes of the round. One that has not announced
-        itself within ``limit`` seconds died on the way (a live one does so as soon as it learns
-        of the round): the round fails (RoundFailed) and every node meets again, so that no
-        attempt starts on fewer nodes than its round counted. Any signal ends the wait. From
-        then on, the nodes announced are the attempt's, and only they are watched. ``watch``:
-        called every half second meanwhile (an error it raises ends the wait)."""
+        """The announcements of all ``count`` nodes of the round, which are then the only ones
+        watched. One missing after ``limit`` died on the way: RoundFailed, and every node meets
+        again. A signal or an error from ``watch`` (every half second) ends the wait."""
         wait = self._wait(limit, since=0)
         while True:
             if wait.due(WATCH_EVERY_S, "watch", first=0):
@@ -72,13 +69,12 @@ class LeaderChannel(AttemptChannel):
         return self._infos
 
     def _make_beater(self, store, spec: ChannelSpec) -> AliveCounter:
-        """Node 0's witness of its own process, with no request: the followers hear node 0 through
-        their own beats' answers (its store is in this process), so nobody reads a counter of its."""
+        """Node 0's witness of its own process only: followers hear node 0 through their beats'
+        answers, so nobody reads a counter of its."""
         return AliveCounter(None, f"alive/{self.node}", look_every(spec.node_timeout))
 
     def _counters(self, nodes: List[int]) -> Dict[int, int]:
-        """Each node's claim counter (one call for all, in the job store); a node without a claim
-        (none of this version) by its counter in the attempt's keys."""
+        """Each node's claim counter (one call for all); one without a claim: ``alive/<n>``."""
         claimed = [n for n in nodes if n in self._claim_counters]
         found: Dict[int, int] = {}
         if claimed:
@@ -100,10 +96,8 @@ class LeaderChannel(AttemptChannel):
         return [{"node": i.node, "host": i.host, "pid": i.pid} for _, i in sorted(self._infos.items())]
 
     def lost_failures(self) -> List[Failure]:
-        """The nodes declared lost, as failures. After this node's own stall (``left_by_all``) a
-        node found silent since is not among them: it lost node 0 and left for the next round,
-        which is the stall's doing, named by ``own_stall``; whether it still lives, that round
-        shows."""
+        """The nodes declared lost, as failures; after this node's own stall (``left_by_all``) not
+        those found silent since: they left node 0, the stall's doing (``own_stall``)."""
         after = self._beater.stalled_until if self.left_by_all else float("inf")
         return [
             NodeLostFailure(
@@ -129,9 +123,8 @@ class LeaderChannel(AttemptChannel):
         return bool(self.own_stall())
 
     def _silences(self) -> Dict[int, float]:
-        """As every node judges silence, but node 0 hosts the store the counters live in: while
-        this process did not run (stopped, starved), no counter could move, and that time is no
-        evidence against anyone. Until its own witness has run again, nobody is judged."""
+        """As every node judges, but node 0 hosts the counters: while this process did not run no
+        counter could move, so nobody is judged until its own witness has run again."""
         if self._beater.running_late:
             return {n: 0.0 for n in self._seen if n not in self._lost}
         until = self._beater.stalled_until
@@ -139,8 +132,7 @@ class LeaderChannel(AttemptChannel):
         return super()._silences()
 
     def own_stall(self) -> List[Failure]:
-        """This node itself, when its process did not run for --node-timeout or more: the others
-        lost it then (their blame names it, not the nodes that left it)."""
+        """This node, when its process did not run for --node-timeout: the blame is its own."""
         stalled = self._beater.stalled
         if stalled + self._beater.every < self.spec.node_timeout:  # its last bump came a beat before
             return []
@@ -159,9 +151,8 @@ class LeaderChannel(AttemptChannel):
     # -- progress, for `ftlaunch status` --------------------------------------------------------
 
     def job_progress(self, own: List[ProgressRow]) -> Tuple[List[ProgressRow], List[NodeRow]]:
-        """Every rank's row, with its node (a follower's as of its last share, its beat ages
-        brought up to now), and every node's supervisor: host, pid, seconds since its liveness
-        counter last moved."""
+        """Every rank's row (a follower's from its last share, aged to now) and every node's
+        supervisor: host, pid, seconds since its counter moved."""
         wall = time.time()
         others = [n for n in self._nodes if n != self.node]
         texts = self._call("multi_get", [f"progress/{n}" for n in others]) if others else []
@@ -179,8 +170,8 @@ class LeaderChannel(AttemptChannel):
         return ranks, nodes
 
     def _share(self, node: int, text: bytes) -> ProgressShare:
-        """A follower's share; a damaged one (not what a follower writes) is said once and shows
-        no ranks: only ``status`` reads it, and the next share may be whole."""
+        """A follower's share; a damaged one is said once and shows no ranks (only ``status``
+        reads it)."""
         try:
             return ProgressShare.from_json(json.loads(text))
         except (ValueError, TypeError, KeyError) as err:
@@ -192,10 +183,8 @@ class LeaderChannel(AttemptChannel):
     # -- the end of the attempt --------------------------------------------------------------------
 
     def gather(self, limit: float) -> List[NodeReport]:
-        """Every node's report. A node that goes silent before reporting is lost; one still
-        beating but with no report after ``limit`` seconds is lost too. A signal the attempt did
-        not act on (it came while this node's ranks stopped for a failure, or during this wait)
-        ends the wait with the reports so far."""
+        """Every node's report; a node silent, or beating with no report after ``limit``, is
+        lost. A signal the attempt did not act on ends the wait with the reports so far."""
         wait = self._wait(limit, since=self._signals.answered)
         reports: Dict[int, NodeReport] = {}
         while True:
@@ -221,10 +210,9 @@ class LeaderChannel(AttemptChannel):
         self._call("set", "verdict", verdict.to_json())
 
     def await_acks(self, key: str = "acked") -> None:
-        """Before node 0's store goes away with it: every live node has read what it said last
-        (the verdict: ``acked``; a refused plan: ``planned``), within --node-timeout. A node whose
-        liveness counter stands still meanwhile (its supervisor is gone) is not waited for, and
-        a signal that arrives ends the wait."""
+        """Before node 0's store goes away: wait (--node-timeout at most) until every live node
+        has read what it said last (``acked``, or ``planned`` for a refused plan). A node whose
+        counter stands still is not waited for; a signal ends the wait."""
         if self.left_by_all:
             return
         waiting = {n for n in self._nodes if n != self.node and n not in self._lost}

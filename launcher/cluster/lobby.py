@@ -1,22 +1,12 @@
-"""Before any rendezvous round: each follower claims its node rank and says which job it came
-for, in node 0's store (keys outside every round), so that a node that cannot be part of the
-job is refused at once, with exit 2, instead of waiting out --join-timeout:
+"""Before any round, in node 0's store: a follower claims its node rank and says which job it came
+for, so that a node started by mistake (a rank a live one holds, another command) is exit 2 at
+once, not after --join-timeout; and a signal on any node while they meet stops every node.
 
-    lobby/claim/<n>       the token of the supervisor that holds node rank n (pid space:pid:nonce)
-    lobby/alive/<token>   a counter that supervisor's thread bumps every --node-timeout/5, from
-                          its claim to its end: also the liveness node 0 watches in attempts
-    lobby/hello/<n>       who it is and which job it came for (rendezvous id, command, host, pid)
-    lobby/hellos          "n," appended by each follower that said hello: node 0 reads who came in
-                          one call, whatever --nnodes MAX is
-    lobby/refused/<n>     node 0's refusal of it (another command), and lobby/read/<n> its ack
-    lobby/stopped         a node that got a signal while the nodes met: which, and what signal;
-                          lobby/stop-read/<n> each follower's ack (node 0 waits for them before
-                          its store goes away with it)
-
-torch's rendezvous decides who is in a round; this only keeps out a node started by mistake (a
-second supervisor with a rank that a live one holds, or one that runs another command, and so
-another rendezvous id, than node 0), and passes on a stop: a signal on any node stops every node,
-while they meet as during an attempt."""
+    lobby/claim/<n>      the token of the supervisor holding rank n; lobby/alive/<token> its beat
+                         counter, also its liveness in attempts
+    lobby/hello/<n>      who it is and which job it came for; lobby/hellos lists them ("n,")
+    lobby/refused/<n>    node 0's refusal, lobby/read/<n> its ack
+    lobby/stopped        which node got which signal; lobby/stop-read/<n> each follower's ack"""
 
 import dataclasses
 import json
@@ -99,9 +89,8 @@ class NodeClaim:
         self._beat: Optional[AliveCounter] = None
 
     def take(self, store, beat_store, signals: Inbox) -> None:
-        """Hold node rank ``node`` in ``store`` (UsageError: a live supervisor holds it) and
-        say hello. ``beat_store``: the same store for the liveness thread, whose calls may block
-        (``store``'s should not). A signal ends the wait for an earlier holder's beats."""
+        """Hold node rank ``node`` (UsageError: a live supervisor holds it) and say hello.
+        ``beat_store``: the same store for the liveness thread, whose calls may block."""
         self.release()
         store.add(f"lobby/alive/{self.token}", 0)  # there before node 0 reads it (a multi_get waits)
         self._beat = AliveCounter(beat_store, f"lobby/alive/{self.token}", self._every)
@@ -131,8 +120,7 @@ class NodeClaim:
 
     @property
     def beater(self) -> Optional[AliveCounter]:
-        """The thread that beats this claim's counter (from ``take`` to ``release``): also this
-        node's liveness during an attempt, the counter node 0 watches."""
+        """The thread beating this claim's counter, also the node's liveness in attempts."""
         return self._beat
 
     def release(self, patient: bool = True) -> None:
@@ -166,10 +154,8 @@ class Lobby:
         return [hello for hello in hellos if hello.rdzv_id != self._rdzv_id]
 
     def await_stop_read(self, wait: Wait, say: Callable[[str], None]) -> None:
-        """Node 0 stops while the nodes meet: until every follower that came has read the notice
-        (``wait``'s limit at most), since this node's store, and with it the notice, goes away
-        with it. A follower that never reads it (dead, stopped) is waited out; after a second,
-        that is said once."""
+        """Node 0 stops while the nodes meet: wait (``wait``'s limit at most) until every follower
+        read the notice, which goes away with this node's store."""
         said = self._store.get("lobby/hellos") if self._store.check(["lobby/hellos"]) else b""
         nodes, told = {int(n) for n in _text(said).split(",") if n}, False
         while not wait.expired:
@@ -212,9 +198,8 @@ def claimed_counters(store, nodes: List[int]) -> Dict[int, str]:
 def _alive(
     store, token: str, signals: Inbox, every: float, clock: Callable[[], float] = time.monotonic
 ) -> bool:
-    """Whether the supervisor that holds ``token`` still beats (every ``every`` seconds). One on
-    this host and PID namespace is asked the kernel at once; another is watched for three of its
-    beats."""
+    """Whether the supervisor holding ``token`` still beats: on this host's PID namespace the
+    kernel says at once; elsewhere three of its beats are watched for."""
     host, pid = token.split(":")[:2]
     if host == pid_space() and not _pid_alive(int(pid)):
         return False

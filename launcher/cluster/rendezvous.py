@@ -29,9 +29,8 @@ _SAY_EVERY_S = 30.0  # while waiting: one line this often
 WATCH_EVERY_S = 0.5  # while the nodes meet: how often the caller's watch looks
 # Rendezvous handlers a follower dropped when it lost node 0 (see Rendezvous.drop): a few per run.
 _DROPPED: list = []
-# --nnodes MIN:MAX: once MIN nodes are in, a round waits this long for more before it starts
-# (torch's last_call_timeout, 30 s by default: too long for a shrink's restart). --rdzv-conf
-# last_call_timeout=N overrides it.
+# --nnodes MIN:MAX: how long a round with MIN nodes waits for more (torch's 30 s is too long for a
+# shrink's restart); --rdzv-conf last_call_timeout=N overrides it.
 LAST_CALL_S = 5
 
 
@@ -40,9 +39,7 @@ class LeaderUnreachable(Exception):
 
 
 class RoundFailed(Exception):
-    """A node of the round did not announce itself (its supervisor died on the way): no attempt
-    runs on this round, every node meets again in a new one. A job never starts without a node
-    its round counted on."""
+    """A node of the round never announced itself (died on the way): every node meets again."""
 
 
 def host_job_store(cluster: ClusterSection):
@@ -75,10 +72,9 @@ def connect_job_store(
     say: Callable,
     ended: Callable[[], str] = str,
 ):
-    """The other nodes: connect to node 0's store, trying until ``deadline`` (monotonic): node 0
-    may start later than us, or be on its way back after a restart. The port is probed with a
-    plain connection first: torch's client prints a C++ stack trace for every refused try.
-    ``ended()`` says (every 5 s) why the job is over for good, or '' (JobOver when it is)."""
+    """The other nodes: connect to node 0's store, trying until ``deadline`` (monotonic), since
+    node 0 may start later. The port is probed plainly first: torch's client prints a C++ stack
+    for every refused try. ``ended()`` says (every 5 s) why the job is over for good, or ''."""
     wait = Wait(deadline - time.monotonic(), signals, since=0, look=0.2)
     connecting: Optional[_Connecting] = None
     while True:
@@ -118,10 +114,9 @@ def connect_job_store(
 
 
 class _Connecting:
-    """One try at torch's client, on a thread of its own: its first request (a ping) waits for
-    the answer with no end when whatever listens there accepts and never answers (a stopped
-    node 0, another program), where the main thread would hear no signal. Once a try outlives
-    its timeout it is ``stuck``: it is waited for, never repeated (one thread left at most)."""
+    """One try at torch's client, on a thread of its own: its first ping waits with no end on a
+    listener that never answers (a stopped node 0), deaf to signals. A try past its timeout is
+    ``stuck``: waited for, never repeated (one thread left at most)."""
 
     def __init__(self, host: str, port: int, timeout: float) -> None:
         import_torch()
@@ -167,10 +162,9 @@ def _keep_alive_interval(node_timeout: float) -> int:
 
 
 class Round:
-    """One rendezvous round of ``size`` nodes. A restart that keeps every node skips torch's next
-    round (about a second: a waiting node polls the shared state once a second) and holds its
-    attempt on this one; each attempt on it gets keys of its own. Every node opens the same
-    attempts in the same order, so their counts agree."""
+    """One rendezvous round of ``size`` nodes. A restart that keeps every node holds its attempt
+    on this round (torch's next one costs about a second), each attempt under keys of its own;
+    every node opens the same attempts in the same order."""
 
     def __init__(self, store, size: int) -> None:
         self._store = store
@@ -185,9 +179,8 @@ class Round:
 
 
 class Rendezvous:
-    """One node's handle on the job's rendezvous (all nodes must give the same --nnodes). A round
-    starts with every node in, or, with --nnodes MIN:MAX, once MIN are in and no other came
-    within the last call (``LAST_CALL_S``)."""
+    """One node's handle on the job's rendezvous: a round starts with every node in, or with MIN
+    of --nnodes MIN:MAX and none more within the last call (``LAST_CALL_S``)."""
 
     def __init__(self, cluster: ClusterSection, run_id: str, store) -> None:
         """``run_id``: the run's id, the rendezvous' unless --rdzv-id names another."""
@@ -196,9 +189,8 @@ class Rendezvous:
         from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
         from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
-        # torch would otherwise start a second store of its own on node 0 at every rendezvous, one
-        # that outlives the attempts (pytorch #135712); our workers' store is ours, fresh per
-        # attempt. Set here, not at import: a single-node run's workers never see it.
+        # Else torch starts a second store on node 0 at every rendezvous (pytorch #135712); set
+        # here, not at import, so that a single-node run's workers never see it.
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         self.cluster = cluster
         self.store = store  # the job's store (node 0's): the lobby's keys live there too
@@ -207,8 +199,7 @@ class Rendezvous:
             "join_timeout": cluster.join_timeout,
             "keep_alive_interval": _keep_alive_interval(cluster.node_timeout),
             "keep_alive_max_attempt": 3,
-            # The last call must end within the join's time: with --nnodes 1:2 --join-timeout 5s,
-            # node 0 alone would otherwise time out waiting for a second node it does not need.
+            # Within the join's time: else --nnodes 1:2 --join-timeout 5s times out node 0 alone.
             "last_call_timeout": min(LAST_CALL_S, max(1, int(cluster.join_timeout / 2))),
             **dict(cluster.rdzv_conf),
         }
@@ -229,9 +220,8 @@ class Rendezvous:
     def next_round(
         self, signals: SignalInbox, say: Callable[[str], None], watch: Callable[[], None] = lambda: None
     ) -> Round:
-        """Block until every node has joined the next round. A signal ends the wait (the joining
-        thread is left to die with the process), and so does an error raised by ``watch``,
-        which is called every half second meanwhile."""
+        """Block until every node has joined the next round; a signal or an error raised by
+        ``watch`` (called every half second) ends the wait."""
         from torch.distributed.elastic.rendezvous.api import (
             RendezvousClosedError,
             RendezvousGracefulExitError,
@@ -248,8 +238,7 @@ class Rendezvous:
 
         thread = threading.Thread(target=join, name="ftlaunch-rendezvous", daemon=True)
         thread.start()
-        # torch's own join timeout ends the wait; ours is the backstop for a handler stuck on
-        # a store that no longer answers (a node 0 stopped, not dead).
+        # A backstop to torch's join timeout, for a handler stuck on a stopped node 0's store.
         wait = Wait(self.cluster.join_timeout + _ROUND_SLACK_S, signals, since=0)
         while thread.is_alive():
             wait.pause()
@@ -301,12 +290,9 @@ class Rendezvous:
             pass
 
     def drop(self) -> None:
-        """Leave the rendezvous without closing it (node 0 is gone and the job goes on when it
-        comes back: torch's shutdown() would close it for every node). The handler's keep-alive
-        timer is stopped on a thread of its own, since stopping joins the timer's thread, which
-        may be waiting out a call to the dead store; and the handler is kept, never collected:
-        collected in the timer's own thread, it would try to join that thread and Python would
-        print "Exception ignored ... cannot join current thread"."""
+        """Leave the rendezvous without closing it for the others (torch's shutdown() would). The
+        keep-alive timer is stopped on a thread of its own (it may wait on the dead store), and
+        the handler is kept: collected in the timer's thread, it would try to join itself."""
         _DROPPED.append(self._handler)
         stop = getattr(self._handler, "_stop_heartbeats", None)  # torch's own, not public API
         if stop is not None:

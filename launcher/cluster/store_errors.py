@@ -1,7 +1,5 @@
-"""Which errors of a follower's call to node 0's store mean that node 0 is gone (killed, its
-machine down, or stopped past a call's deadline): the one place that says so. The follower then
-waits for node 0, up to --join-timeout, whatever it was doing (lobby, rendezvous, channel); any
-other error is a defect and stays one (exit 70)."""
+"""The one place that says which errors of a follower's call to node 0's store mean node 0 is gone
+(the follower then waits for it up to --join-timeout); any other error is a defect (exit 70)."""
 
 from launcher.cluster.deadline_store import StoreTimeout
 
@@ -20,10 +18,8 @@ _GONE_WORDS = (
 
 
 def leader_gone(err: BaseException) -> bool:
-    """By type where there is one: torch's DistError family (DistNetworkError for a reset, a
-    broken pipe or a refused connection, DistStoreError for a timeout), c10d's rendezvous'
-    RendezvousConnectionError (which wraps them), our StoreTimeout, and the OS's connection
-    errors and timeouts."""
+    """By type where there is one: torch's DistError family, RendezvousConnectionError, our
+    StoreTimeout, and the OS's connection errors and timeouts."""
     if isinstance(err, (StoreTimeout, ConnectionError, TimeoutError)):
         return True
     if isinstance(err, _torch_store_errors()):

@@ -1,7 +1,5 @@
-"""Push, not poll: a node learns that another raised the attempt's interrupt from a blocking wait
-that node 0's store answers the moment the key is set, not from looking at the key on every turn
-of its loop (20 requests a second per node, issue 37). A healthy job sends the store nothing but
-one renewed wait every ``RENEW_S``."""
+"""Push, not poll: a node learns of the attempt's interrupt from a blocking wait that node 0's store
+answers when the key is set (polling cost 20 requests a second per node, issue 37)."""
 
 import threading
 from datetime import timedelta
@@ -9,19 +7,14 @@ from typing import Callable, Optional
 
 __all__ = ["KeyWatch", "RENEW_S"]
 
-# A wait the store did not answer is asked again this often (and a stopped watch ends): a request
-# per node to node 0's store each time (10 s before issue 48 item 8; a watch stops once its
-# attempt's interrupt is set, which every attempt's end does).
+# A wait the store did not answer is renewed this often (a request per node each time).
 RENEW_S = 60.0
 
 
 class KeyWatch(threading.Thread):
-    """Waits, on a connection of its own (a blocking wait holds the one it is on), until ``key``
-    is set; then ``value`` holds what it was set to (read on the same connection: the loop
-    need not ask the store again, one round trip and two thread switches less on each node of a
-    busy machine), ``fired`` is true and ``wake()`` ends the loop's sleep at once. A wait that fails
-    otherwise than by its timeout (the store gone) ends the watch: ``broken`` is true, and the
-    caller goes back to looking for itself (its liveness checks say what happened)."""
+    """Waits on a connection of its own until ``key`` is set: then ``value`` holds it, ``fired``
+    is true and ``wake()`` ends the loop's sleep. A wait failing otherwise than by its timeout
+    sets ``broken``: the caller looks for itself."""
 
     def __init__(self, store, key: str, wake: Callable[[], None]) -> None:
         super().__init__(name=f"ftlaunch-watch-{key}", daemon=True)

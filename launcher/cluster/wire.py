@@ -1,25 +1,16 @@
-"""What the nodes of one attempt tell each other, as keys in that attempt's store (a prefix of
-the rendezvous round's store, itself a prefix of node 0's store, fresh per attempt), and the
-records behind them:
+"""What the nodes of one attempt tell each other, as keys in that attempt's store (fresh per
+attempt, under the rendezvous round's prefix), and the records behind them:
 
-    node/<n>      each node: who it is (host, pid, nproc, command)   claim/<n>: one node per rank
-    nodes         "n," appended by each node once it has announced itself: node 0 reads who came
-                  with one call, whatever --nnodes MAX is
-    plan          node 0: the attempt number, its nodes, its world size and the workers' store (or
-                  why the round is refused, or why it failed and every node meets again)
-                  planned: "n," appended once node n read it (a refused round's node 0 waits)
-    alive/<n>     each node: a counter a thread bumps; a node silent for --node-timeout is lost
-    interrupt     the first node to see a failure, a hang, a lost node or a stop signal (first wins);
-                  every node waits for it on a connection of its own (cluster.watch): pushed
-    stop/<n>      each node, once asked to stop: where its ranks are (a StopReading); every node
-                  computes the same stop step from all of them
-    progress/<n>  each node, every 5 s (empty from its announcement on): its ranks' steps, for node
-                  0's progress.json (node 0 reads every node's with one multi_get)
-    report/<n>    each node: how the attempt ended there, its failures; "n," appended to reported
-    verdict       node 0: restart, or end the job with an exit code; acked: "n," once n read it
+    node/<n>      who node n is (host, pid, nproc, command); claim/<n>: one node per rank
+    plan          node 0: the attempt, its nodes, world size and workers' store (or why refused)
+    alive/<n>     a counter a thread bumps; silent for --node-timeout: lost
+    interrupt     the first node to see a failure, hang, lost node or signal (first wins; watched)
+    stop/<n>      where node n's ranks are once asked to stop; every node computes one stop step
+    progress/<n>  node n's ranks' steps every 5 s, for node 0's progress.json
+    report/<n>    how the attempt ended on node n
+    verdict       node 0: restart, or end the job with an exit code
 
-The lists (nodes, reported, planned, acked) let node 0 learn who did something with one call
-whatever the number of nodes, where a key per node would take a call each.
+The lists nodes, planned, reported, acked ("n," appended) tell node 0 who did what in one call.
 """
 
 import dataclasses
@@ -104,10 +95,8 @@ class RoundPlan:
 
 
 def plan_problem(plan: RoundPlan, node: int, nproc: int, fewest: int, nnodes: int) -> str:
-    """Why ``node`` must not start a rank on ``plan`` ('' when it may). Every node checks node
-    0's plan before any worker starts (node 0 its own): the node is in it, no node twice or out of
-    range, at least the job's fewest nodes (every node, for a fixed --nnodes), and a world size
-    that its nodes and --nproc make. A job never trains at a size it was not asked for."""
+    """Why ``node`` must not start a rank on ``plan`` ('' when it may), checked by every node
+    before any worker starts: a job never trains at a size it was not asked for."""
     nodes = list(plan.nodes)
     asked = f"--nnodes {fewest}:{nnodes}" if fewest < nnodes else f"--nnodes {nnodes}"
     if node not in nodes:

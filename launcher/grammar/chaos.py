@@ -16,9 +16,8 @@
            | "jitter=" DURATION                with every=: each wait is every ± up to this
            | "times=" INT                      at most this many (default: 1 for at=, no limit for every=)
 
-kill, segv and hang at a time or a step are signals the supervisor sends: they work on any
-script. The others are carried out by worker_lib in the worker (the supervisor asks through the
-heartbeat slot): they need a script that uses worker_lib's heartbeats or checkpoints.
+kill, segv and hang at a time or a step are the supervisor's signals (any script); the others
+are worker_lib's, asked through the heartbeat slot.
 
 Example: ``kill:rank=random,every=30s,jitter=10s;hang:at=step:500;seed=7``.
 """

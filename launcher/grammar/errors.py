@@ -68,8 +68,7 @@ class RunLost(FtlaunchError):
 
 
 class StorageLost(FtlaunchError):
-    """The run dir has not answered for longer than the lease: this supervisor can no longer tell
-    whether the run is still its own."""
+    """The run dir has not answered for longer than the lease: the run may no longer be ours."""
 
     exit_code = ExitCode.STORAGE_LOST
 
@@ -90,8 +89,8 @@ class SignalReceived(FtlaunchError):
     """A signal (Ctrl+C, SIGTERM, SIGHUP) came before any worker started: ftlaunch stops there."""
 
     def __init__(self, signum: int, said_as: str = "") -> None:
-        """``said_as``: the signal's name as the user sent it (the preemption notice, SIGUSR1, is
-        recorded as SIGTERM: same stop, same exit code, but its own name in what is said)."""
+        """``said_as``: the signal's name as sent (SIGUSR1, the preemption notice, counts as
+        SIGTERM)."""
         self.said_as = said_as or signal.Signals(signum).name
         super().__init__(f"interrupted by {self.said_as} before any worker started")
         self.exit_code = exit_code_for_signal(signum)
@@ -99,8 +98,8 @@ class SignalReceived(FtlaunchError):
 
 
 class PeerStopped(SignalReceived):
-    """Another node got a signal while the nodes met: this node stops as that one does (the same
-    exit code), so that one Ctrl+C or SIGTERM stops the job, not one node of it."""
+    """Another node got a signal while the nodes met: this one stops as it does (one Ctrl+C stops
+    the job)."""
 
     def __init__(self, node: int, signum: int, said_as: str = "") -> None:
         super().__init__(signum, said_as)

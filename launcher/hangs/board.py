@@ -20,10 +20,8 @@ _SHM = "/dev/shm"
 
 
 def _slot_file(attempt: int, size: int, folder: str) -> Tuple[int, Path]:
-    """A file of ``size`` zero bytes in ``folder``, its pages reserved: a file only truncated to
-    its size has none, and the first store into a page that a full tmpfs cannot give is SIGBUS
-    (the supervisor's, or a worker's at its first beat). Its fd holds the owner's lock. Raises
-    OSError, leaving nothing behind."""
+    """A file of ``size`` zero bytes in ``folder``, its pages reserved (else a full tmpfs is a
+    SIGBUS at the first store), its fd holding the owner's lock; OSError leaves nothing."""
     remove_unowned(folder, _KIND)
     fd, name = owned_file(folder, _KIND, tag=f"{attempt}-")
     try:
@@ -36,11 +34,8 @@ def _slot_file(attempt: int, size: int, folder: str) -> Tuple[int, Path]:
 
 
 class HeartbeatBoard:
-    """Creates the slot file for ``nproc`` local ranks; read by the supervisor, written by workers.
-
-    In /dev/shm where there is one with room (memory, never written back to a disk), else in the
-    temp dir; ``fallback`` then says why (one line), else it is empty.
-    """
+    """The slot file for ``nproc`` local ranks, in /dev/shm where it has room, else in the temp
+    dir (``fallback`` says why)."""
 
     def __init__(self, nproc: int, attempt: int, first_rank: int = 0, shm: str = _SHM) -> None:
         size = nproc * c.SLOT_WORDS * 8

@@ -1,21 +1,8 @@
 """When silence is a hang: deadlines from heartbeats. Pure: readings and clock times come in,
-verdicts go out; no processes, no clock read here (tests script both).
-
-Nothing is judged until the script is known to beat (some rank has, in this attempt or an
-earlier one): a script that never beats is never killed for silence, only for crashing. Then a
-rank is judged by the phase it is in:
-
-- paused (inside a save, a load, ``init()`` or ``pause_heartbeat()``): ``init_timeout`` since the
-  pause began;
-- stepping (it has beaten): the heartbeat deadline since its last beat or pause end; the deadline is
-  fixed, or with ``auto`` learned from the beat intervals (``factor`` x their 99th percentile, at
-  least ``floor``) once ``MIN_SAMPLES`` intervals are known, ``init_timeout`` until then;
-- starting (no beat yet): ``init_timeout`` since the group started or its last pause ended.
-
-A beat proves that the rank's thread runs, not that it gets anywhere: a rank that beats the same
-step over and over (a retry loop, a wait of its own that beats) is *stalled*. With
-``progress_timeout`` a stall that long is a hang of its own; without, a stalled rank is named
-(and blamed before them) when its peers go silent: they wait for it in the next collective.
+verdicts go out (tests script both). Nothing is judged until the script is known to beat; then
+a rank paused or starting gets ``init_timeout``, a stepping one the heartbeat deadline (fixed, or
+``auto``: ``factor`` x the intervals' p99, at least ``floor``). A rank beating at one step is
+*stalled*: a hang after ``progress_timeout``, else named first when its peers go silent.
 """
 
 import collections
@@ -114,10 +101,8 @@ class HangWatch:
         return found
 
     def stalls(self, now: float, readings: Dict[int, BeatReading]) -> List[Overdue]:
-        """Every rank that beats at one step (it beat again since the step was new), with how long
-        it has not moved; its deadline is ``progress_timeout``, or the beat deadline when that is off
-        (only the ranks it leaves silent can miss one then). A rank that gives no step (-1), or is
-        inside a pause, is not judged here."""
+        """Every rank beating at one step, with how long it has not moved, against
+        ``progress_timeout`` (else the beat deadline); ranks with no step or paused are not judged."""
         found = []
         for rank, r in readings.items():
             moved = self._steps.get(rank)
@@ -141,15 +126,9 @@ class HangWatch:
         return silent + self.stalled(now, readings)
 
     def silent_with(self, now: float, readings: Dict[int, BeatReading]) -> List[Overdue]:
-        """Once a rank is overdue, the ranks that went silent with it: the peers blocked in a hung
-        rank's collective stop beating at about the same moment, on a busy machine a few beats
-        apart, and the hung rank must be among those blamed even when a peer's deadline passed
-        first. So every rank silent for over half its own deadline is named; and so is a rank
-        with a longer deadline (inside a save: heartbeat paused) that is silent for over half the
-        deadline missed and no further on than the overdue ranks, which may wait for it in their
-        next collective. A rank that is further on (done, saving its last step) is not. A rank
-        that beats without a new step for that long, no further on, is named too (stalled): the
-        silent ones most likely wait for it."""
+        """Once a rank is overdue, those silent or stalled with it, no further on, for over half a
+        deadline: peers blocked in a hung rank's collective go silent a few beats apart, and the
+        hung rank must be blamed even when a peer's deadline passed first."""
         silences = self.silences(now, readings)
         overdue = self.overdue(now, readings)
         if not overdue:

@@ -1,6 +1,5 @@
-"""Watching heartbeats during an attempt: apply the deadlines (launcher.hangs.deadlines), say who is
-behind, and decide which ranks are hung. It decides only: the process layer acts on the decision
-(``WorkerGroup.dump_stacks`` has every rank write its stacks before the group is stopped)."""
+"""Watching heartbeats during an attempt: apply the deadlines, say who is behind, decide which
+ranks are hung. It decides only: the process layer acts on it."""
 
 import dataclasses
 import time
@@ -48,8 +47,7 @@ class HangMonitor:
         self._reported_deadline: Optional[float] = None
 
     def watch_attempt(self) -> HangWatch:
-        """Deadlines for a group that has just started (auto learns afresh: the restarted group
-        may run on different hardware, at a different batch size)."""
+        """Deadlines for a group just started (auto learns afresh: the hardware may differ)."""
         self._reported_deadline = None
         return HangWatch(self._limits, time.monotonic(), self._known_to_beat)
 

@@ -8,10 +8,8 @@ __all__ = ["last_stacks", "main_thread_stack"]
 
 _HEADER = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):$")
 _TAIL_BYTES = 1 << 20  # the dump is at the end of the log; do not read gigabytes of it
-# What runs the script, below its first frame: the fork server (a forked worker runs the script
-# from the zygote's main) and runpy (``-m``, in the zygote and in a plain interpreter alike). The
-# dump (faulthandler's, written in a signal handler) holds them; what ftlaunch shows starts at the
-# script, as a plain ``python SCRIPT``'s dump does.
+# The frames that run the script (the zygote, runpy): what ftlaunch shows starts below them, as a
+# plain ``python SCRIPT``'s dump does.
 _RUNNER = re.compile(r'^File "(?:<frozen runpy>|.*/runpy\.py|.*/launcher/process/zygote\.py)", line \d+ in ')
 
 

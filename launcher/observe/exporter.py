@@ -1,9 +1,6 @@
-"""The run's metrics seen from outside: Prometheus text served on a port, and/or written to a
-file for node_exporter's textfile collector, both from threads of their own.
-
-The supervisor only appends events to its log; a scrape (the server's thread) or the file's
-writer reads the events it has not seen yet, folds them into ``RunMetrics`` and renders them.
-Nothing the supervisor's loop does waits for either: the event list is read without its lock.
+"""The run's metrics served as Prometheus text on a port and/or written to a file for
+node_exporter, each from a thread of its own that folds the events it has not seen yet. The
+supervisor's loop waits for neither: the event list is read without its lock.
 """
 
 import logging
@@ -15,7 +12,8 @@ from typing import TYPE_CHECKING, Iterator, Optional
 from launcher.core.config import MetricsSection
 from launcher.core.events import EventLog
 from launcher.grammar.errors import UsageError
-from launcher.observe.metrics import Family, RunMetrics
+from launcher.observe.families import Family, families
+from launcher.observe.metrics import RunMetrics
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -94,8 +92,8 @@ class MetricsExporter:
                 self._seen += len(new)
                 for logged in new:
                     self._metrics.fold(logged)
-            families = self._metrics.families(time.monotonic(), time.time())
-        for family in families:
+            current = families(self._metrics, time.monotonic(), time.time())
+        for family in current:
             yield self._prometheus(family)
 
     def _prometheus(self, family: Family) -> "Metric":

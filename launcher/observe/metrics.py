@@ -1,15 +1,13 @@
-"""The run's metrics, derived from this supervisor's event log and nothing else: the one place
-that turns events into numbers. Pure: fed the events in order (``fold``), read at a moment
-(``families``); serving and writing them is ``observe.exporter``'s.
+"""The run's metrics, derived from this supervisor's event log alone: the one place that turns
+events into numbers. Pure: fed the events in order (``fold``), read at a moment. Their names
+and help are ``observe.families``'; serving them is ``observe.exporter``'s.
 
-Counters count what this supervisor saw (a relaunched ftlaunch starts them at 0 again, as any
-Prometheus counter after a restart); goodput, which only the node that holds the run knows, is
-the run's own, earlier supervisors included. What cannot be known is NaN, never 0.
+Counters count what this supervisor saw (0 again after a relaunch, as any Prometheus counter);
+goodput is the run's own, earlier supervisors included. What cannot be known is NaN, never 0.
 """
 
-import dataclasses
 import math
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional
 
 from launcher.core.events import (
     AttemptEnded,
@@ -29,31 +27,10 @@ from launcher.core.group_state import GroupState
 from launcher.core.outcomes import AttemptOutcome
 from launcher.core.recovery import recoveries
 
-__all__ = ["FAILURE_KINDS", "TIERS", "Family", "RunMetrics"]
+__all__ = ["FAILURE_KINDS", "RunMetrics"]
 
-TIERS = ("memory", "storage")
 FAILURE_KINDS = ("crash", "hang", "lost_node", "unknown")
 _UNKNOWN = math.nan
-
-Value = Union[float, Tuple[float, float]]  # a summary's sample: (count, sum)
-
-
-@dataclasses.dataclass(frozen=True)
-class Family:
-    """One metric and its samples, each with its own labels (beside the run's and node's)."""
-
-    name: str
-    kind: str  # "counter", "gauge" or "summary"
-    help: str
-    samples: Tuple[Tuple[Tuple[Tuple[str, str], ...], Value], ...]
-
-    @classmethod
-    def one(cls, name: str, kind: str, help: str, value: Value) -> "Family":
-        return cls(name, kind, help, (((), value),))
-
-    @classmethod
-    def by(cls, name: str, kind: str, help: str, label: str, values: Dict[str, Value]) -> "Family":
-        return cls(name, kind, help, tuple((((label, key),), value) for key, value in values.items()))
 
 
 class RunMetrics:
@@ -70,7 +47,7 @@ class RunMetrics:
         self.downtime = 0.0
         self._phases: List[Logged[Event]] = []  # what recoveries() reads: transitions, loads, first steps
         self._steps: List[Steps] = []  # the newest attempt's last two: its pace
-        self._step: Optional[Steps] = None  # the newest of any attempt: the step and its age
+        self.newest_step: Optional[Steps] = None  # of any attempt: the step and its age
         self._totals: Dict[int, CheckpointTotals] = {}  # per attempt, the newest
         self._kept: Optional[Logged[KeptTime]] = None
         self._stepping_since: Optional[float] = None  # wall: the newest attempt's first step
@@ -86,7 +63,7 @@ class RunMetrics:
                 self._recount_downtime()
         elif isinstance(event, Steps):
             self._steps = [s for s in self._steps[-1:] if s.attempt == event.attempt] + [event]
-            self._step = event
+            self.newest_step = event
         elif isinstance(event, CheckpointTotals):
             self._totals[event.attempt] = event
         elif isinstance(event, AttemptEnded):
@@ -123,11 +100,14 @@ class RunMetrics:
 
     # -- read at a moment -------------------------------------------------------------------------
 
+    @property
+    def checkpoint_totals(self) -> List[CheckpointTotals]:
+        """Each attempt's newest totals."""
+        return list(self._totals.values())
+
     def goodput(self, now_wall: float) -> float:
-        """As ``recovery.goodput``: the attempt in progress counts as kept from its first step on;
-        before it (imports, data, a rendezvous) nothing was spent on steps yet. With nothing kept
-        and no step seen yet it is unknown: a script that never beats may never show one (its
-        record's goodput is unknown too), and 0 would be a number for what is not known."""
+        """As ``recovery.goodput``, the attempt in progress kept from its first step on. Unknown
+        (not 0) with nothing kept and no step seen: a script that never beats may never show one."""
         if self._kept is None or self._kept.event.seconds is None:
             return _UNKNOWN
         kept, since = self._kept.event.seconds, self._kept.event.since
@@ -149,128 +129,3 @@ class RunMetrics:
         if apart <= 0:
             return _UNKNOWN
         return (last.step - first.step) / max(apart, now - last.reported_at)
-
-    def families(self, now: float, now_wall: float) -> List[Family]:
-        """Every metric as of ``now`` (monotonic) and ``now_wall``."""
-        step = self._step
-        return [
-            Family.one(
-                "ftlaunch_attempts",
-                "counter",
-                "Attempts (worker groups) started on this node.",
-                self.attempts,
-            ),
-            Family.one(
-                "ftlaunch_attempt",
-                "gauge",
-                "The newest attempt's number (-1: none yet).",
-                _or(self.attempt, -1),
-            ),
-            Family.one(
-                "ftlaunch_group_running",
-                "gauge",
-                "1 while this node's worker group runs.",
-                float(self.running),
-            ),
-            Family.by(
-                "ftlaunch_failures",
-                "counter",
-                "Failed attempts by the root cause's kind (unknown: not described).",
-                "kind",
-                dict(self.failures),
-            ),
-            Family.one(
-                "ftlaunch_restarts",
-                "counter",
-                "Attempts followed by another (a failure or a resize).",
-                self.restarts,
-            ),
-            Family.one(
-                "ftlaunch_preemptions",
-                "counter",
-                "Attempts preempted (SIGTERM, the preemption signal).",
-                self.preemptions,
-            ),
-            Family.one(
-                "ftlaunch_resizes", "counter", "Attempts ended because the job's nodes changed.", self.resizes
-            ),
-            Family.one(
-                "ftlaunch_hangs_detected", "counter", "Ranks found past their heartbeat deadline.", self.hangs
-            ),
-            Family.one("ftlaunch_chaos_injected", "counter", "Faults --chaos injected.", self.injected),
-            Family.one(
-                "ftlaunch_downtime_seconds",
-                "counter",
-                "Seconds from each failure to the next group's first step, summed over the recoveries.",
-                self.downtime,
-            ),
-            Family.one(
-                "ftlaunch_goodput_ratio",
-                "gauge",
-                "Share of the run's wall time spent on steps that were kept (NaN: unknown, or not "
-                "this node's to tell).",
-                self.goodput(now_wall),
-            ),
-            Family.one(
-                "ftlaunch_step",
-                "gauge",
-                "The newest step every rank of this node has reported (NaN: none yet).",
-                step.step if step else _UNKNOWN,
-            ),
-            Family.one(
-                "ftlaunch_step_age_seconds",
-                "gauge",
-                "Seconds since the slowest rank of this node reported that step (NaN: none yet).",
-                max(0.0, now - step.reported_at) if step else _UNKNOWN,
-            ),
-            Family.one(
-                "ftlaunch_steps_per_second",
-                "gauge",
-                "Steps per second, this node's slowest rank (NaN: no group running, or one reading).",
-                self.step_rate(now),
-            ),
-            Family.one(
-                "ftlaunch_world_size",
-                "gauge",
-                "Ranks in the newest attempt (NaN: none yet).",
-                _or(self.world_size),
-            ),
-            Family.one(
-                "ftlaunch_nodes", "gauge", "Nodes in the newest attempt (NaN: none yet).", _or(self.nodes)
-            ),
-            *self._checkpoint_families(),
-        ]
-
-    def _checkpoint_families(self) -> Sequence[Family]:
-        totals = list(self._totals.values())
-
-        def summed(count: str, seconds: str) -> Tuple[float, float]:
-            return float(sum(getattr(t, count) for t in totals)), sum(getattr(t, seconds) for t in totals)
-
-        return [
-            Family.by(
-                "ftlaunch_checkpoint_save_seconds",
-                "summary",
-                "Checkpoint saves by this node's ranks and the seconds training waited in them, by tier.",
-                "tier",
-                {tier: summed(f"saves_{tier}", f"save_{tier}_s") for tier in TIERS},
-            ),
-            Family.one(
-                "ftlaunch_checkpoint_commit_seconds",
-                "summary",
-                "Steps committed by this node (the job's rank 0 commits them all), and the seconds "
-                "from each write to its commit.",
-                summed("commits", "commit_s"),
-            ),
-            Family.by(
-                "ftlaunch_checkpoint_load_seconds",
-                "summary",
-                "Checkpoint loads by this node's ranks and the seconds they took, by tier.",
-                "tier",
-                {tier: summed(f"loads_{tier}", f"load_{tier}_s") for tier in TIERS},
-            ),
-        ]
-
-
-def _or(value: Optional[float], default: float = _UNKNOWN) -> float:
-    return float(value) if value is not None else default

@@ -1,11 +1,7 @@
-"""``ftlaunch status RUN --plot FILE.png|.svg``: the run's timeline in one picture, drawn from its
-events alone: the step over wall time for every attempt (one line per node and attempt), each
-failure marked with its kind and rank, the downtime of each recovery shaded and the tier it
-loaded from, goodput in the title. Many nodes share one time axis (wall clocks).
-
-Node 0's events are the run's ``events.jsonl`` (every supervisor's); another node's are read from
-its log folder when this machine sees it (``<log dir>/node<R>/events.jsonl``, a local run dir).
-matplotlib is an optional extra (``pip install ftlaunch[plot]``), imported only here.
+"""``ftlaunch status RUN --plot FILE.png|.svg``: the run's timeline from its events alone: the
+step over wall time per node and attempt, failures marked, each recovery's downtime shaded,
+goodput in the title. Other nodes' events come from ``<log dir>/node<R>/events.jsonl`` where this
+machine sees them. matplotlib is an optional extra, imported only here.
 """
 
 import dataclasses

@@ -10,10 +10,8 @@ from worker_lib.core import contract as c
 
 __all__ = ["SlotObserver", "checkpoint_totals"]
 
-# How often, at most, while the step moves or the counters change (and always at the first beat
-# and the end): often in an attempt's first minute (its load, its first steps), seldom later. The
-# run dir's events.jsonl holds every event and is rewritten whole with run.json: at these rates a
-# weekend of training adds about 2 MB to it.
+# How often, at most (always at the first beat and the end): events.jsonl is rewritten whole with
+# run.json, so these rates keep a weekend's log to about 2 MB.
 _EARLY_S = 60.0
 _STEPS_EVERY_S = (5.0, 15.0)  # early, later
 _TOTALS_EVERY_S = (5.0, 60.0)

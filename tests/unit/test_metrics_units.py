@@ -27,6 +27,7 @@ from launcher.core.events import (
 )
 from launcher.core.group_state import GroupState
 from launcher.grammar.errors import UsageError
+from launcher.observe.families import families
 from launcher.observe.metrics import RunMetrics
 from launcher.observe.slots import SlotObserver, checkpoint_totals
 from worker_lib.core import contract as c
@@ -40,7 +41,7 @@ def _at(event, t: float) -> Logged:
 def _values(metrics: RunMetrics, now: float) -> dict:
     """name → value, or name → {label value: value} for families with a label of their own."""
     found = {}
-    for family in metrics.families(now, 1000.0 + now):
+    for family in families(metrics, now, 1000.0 + now):
         if len(family.samples) == 1 and not family.samples[0][0]:
             found[family.name] = family.samples[0][1]
         else:

@@ -1,10 +1,6 @@
-"""The ranks' agreement: the two-phase commit of a step and the vote on which step to load.
-
-Ranks tell rank 0 about their written parts through a ``CommitChannel`` (the job's c10d store,
-never a collective: the background save thread must not interleave collectives with the training
-loop's); rank 0 writes the step's marker once every rank's parts are durable, then applies the
-retention policy. A load is a vote per committed step, newest first: every rank loads the same
-step, the newest one that every rank can read and verify.
+"""The ranks' agreement: the two-phase commit of a step and the vote on which step to load. Ranks
+talk through a ``CommitChannel`` (the job's store, never a collective, which would interleave
+with the loop's); rank 0 writes the marker once every part is durable, then applies retention.
 """
 
 import json
@@ -36,9 +32,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# The problems every rank stops at instead of falling back to an older step (which would only hide
-# the cause, or silently start afresh): a part that torch's weights-only loader refuses, and
-# per-rank parts saved at another world size.
+# Problems every rank stops at: an older step would only hide the cause (a part the weights-only
+# loader refuses, per-rank parts of another world size).
 REFUSED = "holds objects the weights-only loader refuses"
 OTHER_SIZE = "as per-rank parts, which only that many ranks can load"
 _STOPS = (REFUSED, OTHER_SIZE)
@@ -103,11 +98,8 @@ class CheckpointError(RuntimeError):
 
 
 class _Housekeeping:
-    """Retention's deletions, on a thread of their own, one batch at a time: deleting a large
-    step is slow on some disks (a 268 MB file took 0.18 s on this machine's), and nothing the
-    training loop needs to wait for. A failed deletion is logged and tried again after the next
-    commit (the policy is computed afresh each time); a non-daemon thread, so the process's exit
-    waits for the batch in flight."""
+    """Retention's deletions on a thread of their own, one batch at a time (slow on some disks);
+    a failure is tried again after the next commit; non-daemon, so exit waits for the batch."""
 
     def __init__(self) -> None:
         self._thread: Optional[threading.Thread] = None
@@ -188,11 +180,8 @@ class Commits:
         log.info("checkpoint step %d committed (%d parts)", step, len(parts))
 
     def _apply_retention(self, newest: int) -> None:
-        """Delete what the policy lets go, and uncommitted leftovers older than ``newest``
-        (crashed saves); newer uncommitted steps may be a restarted run's next save. Only the
-        steps this world size can load take part: steps of another world size (a relaunch with
-        another --nproc) are neither counted as the newest nor deleted, so that going back to
-        that size still finds them."""
+        """Delete what the policy lets go, and uncommitted leftovers older than ``newest``. Steps
+        of another world size are neither counted nor deleted: going back to it finds them."""
         found = list(step_markers(self.storage))
         markers = [m for _, m in found if m is not None]
         usable = [CommittedStep(m.step, m.metrics) for m in markers if m.loads_at(self.world_size)]

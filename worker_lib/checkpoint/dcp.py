@@ -1,28 +1,11 @@
 """``format="dcp"``: torch.distributed.checkpoint (DCP) writes the step, ftlaunch commits it.
 
-DCP saves only each rank's shards of a state dict (DTensors, sharded tensors, ``Stateful``
-objects), into ``step_<n>/dcp/`` on any fsspec URL (its ``FsspecWriter``), and at the load reads
-only the chunks each rank needs: a step saved by N ranks loads at any world size. What ftlaunch
-adds on top:
-
-- **The commit.** Once DCP is done on every rank (its ``.metadata`` is written last, by rank 0),
-  the files are checksummed, each rank a share of them, and rank 0 writes the COMMITTED marker
-  listing every file with its size and CRC32C, as for parts (where the object store keeps a
-  CRC32C of every object, GCS, it is taken from there: nothing is read back). A step without it
-  is never loaded.
-- **The vote.** At the load every rank verifies its share of the newest committed step's files;
-  the ranks agree through the job's store and fall back step by step on damage, as for parts.
-- **The read.** A local folder's files are read through a mapping, each tensor copied once into
-  the state (worker_lib.checkpoint.dcp_reader); other storage through DCP's fsspec reader.
-- **Asynchronous by default.** ``dcp.async_save`` writes in the background, its collectives on
-  a gloo group of their own, so they never interleave with the training loop's. The state is
-  staged by ``PinnedStager``: copied into the manager's staging buffer (pinned where the state
-  is on a GPU: the copies enqueued on the current stream, DCP's writer waiting on their event),
-  each DTensor as its local shard, rewrapped; one buffer, reused by every save.
-- Each rank's RNG streams go beside it (``rank_<r>.pt``), restored at the same world size.
-- **The memory tier** (``to="memory"``): each rank's own shards (a DTensor's local tensor) go to
-  the node's memory; a load at the same world size copies them back into ``into``'s shards in
-  place, when every rank holds the step and storage has no newer DCP step.
+DCP writes each rank's shards into ``step_<n>/dcp/`` on any fsspec URL and loads at any world
+size. ftlaunch adds, as for parts: the COMMITTED marker (every file's size and CRC32C, the
+checksums shared among the ranks), the ranks' vote at the load with fall-back on damage, each
+rank's RNG part, and the memory tier (a rank's own shards, same world size). ``async_save`` runs
+its collectives on a gloo group of its own, so they never interleave with the loop's, and is
+staged by ``PinnedStager`` into the manager's one reused buffer.
 """
 
 import logging
@@ -119,8 +102,8 @@ def load_dcp(manager: CheckpointManager, into: Any) -> Optional[Checkpoint]:
 
 
 def _reader(manager: CheckpointManager, step: int):
-    """DCP's reader for ``step``: a local folder's files are read through a mapping, each
-    tensor copied once (worker_lib.checkpoint.dcp_reader); any other storage through DCP's fsspec reader."""
+    """DCP's reader for ``step``: a local folder through a mapping (``dcp_reader``), any other
+    storage through DCP's fsspec reader."""
     if manager.storage.is_local:
         from worker_lib.checkpoint.dcp_reader import MappedReader
 
@@ -204,10 +187,9 @@ def _copy_into(target: Any, saved: Any) -> Any:
 
 
 class PinnedStager:
-    """DCP's ``AsyncStager``: the state (Stateful objects already turned into their state dicts
-    by DCP) copied into ``area``'s buffer, each DTensor as its local shard, rewrapped. DCP's writer
-    gets it through a future that a thread completes once the copy's events have: the loop is
-    blocked only while the copies are enqueued."""
+    """DCP's ``AsyncStager``: the state copied into ``area``'s buffer, each DTensor as its local
+    shard, rewrapped; DCP's writer gets it through a future completed after the copies' events,
+    so the loop only enqueues them."""
 
     # AsyncStager's protocol lists the flag its own property reads; this class answers with its own.
     _synchronize_after_execute: bool = False
@@ -245,8 +227,8 @@ def _stateful(value: Any) -> bool:
 
 
 def _checkpoint_group():
-    """(The process group DCP's collectives run on, whether this rank is alone): a gloo group of
-    its own, made once by every rank at its first DCP save or load (a collective call)."""
+    """(DCP's process group, whether this rank is alone): a gloo group of its own, made by every
+    rank at its first DCP save or load."""
     global _group
     import torch.distributed as dist
 

@@ -1,17 +1,7 @@
-"""DCP's reader for a local folder, reading each tensor through a read-only mapping of its file.
-
-torch.distributed.checkpoint's own ``FileSystemReader`` reads every tensor with ``torch.load``
-from the file (one copy of the bytes into a new tensor) and then copies that tensor into the
-state (a second copy). Here each file is mapped once, the tensor torch.save wrote inside it is
-viewed in place (its pickle names the dtype, shape and strides; its bytes are a stored record
-of the zip torch.save writes), and only the copy into the state remains: 268 MB load from the
-page cache in 0.04 s against DCP's own 0.07-0.14 s (docs/benchmarks.md).
-
-Anything else, a tensor whose pickle holds more than a plain dense tensor, a compressed or
-big-endian record, falls back to ``torch.load`` of that item alone; files written through
-DCP's extensions (transforms) go to DCP's own reader whole. The bytes were checked against
-the commit marker before any of this runs (worker_lib.checkpoint.dcp), so nothing here reads unchecked
-data.
+"""DCP's reader for a local folder, viewing each tensor in a read-only mapping of its file, so that
+only the copy into the state remains (DCP's own reader copies twice: docs/benchmarks.md). Any
+record but a plain dense uncompressed tensor falls back to ``torch.load`` of that item; the bytes
+were checked against the marker first.
 """
 
 import dataclasses
@@ -100,9 +90,8 @@ def _copy_tensor(
 
 
 def tensor_in(region: Any, offset: int, length: int) -> Optional[torch.Tensor]:
-    """The tensor ``torch.save`` wrote at ``region[offset:offset + length]``, viewing the
-    region's bytes (no copy; read-only in intent); None where that record is anything but one
-    plain dense tensor stored uncompressed in this machine's byte order."""
+    """The tensor ``torch.save`` wrote at ``region[offset:offset + length]``, a view; None for
+    anything but one plain dense tensor, uncompressed, in this machine's byte order."""
     try:
         return _tensor_in(region, offset, length)
     except Exception:  # noqa: BLE001 - whatever this reader does not understand, torch.load reads
@@ -134,8 +123,7 @@ def _tensor_in(region: Any, offset: int, length: int) -> Optional[torch.Tensor]:
         if not nbytes:
             return torch.empty(0, dtype=torch.uint8)
         with warnings.catch_warnings():
-            # The region is only ever read from (the state gets a copy): torch's warning
-            # about non-writable buffers does not apply.
+            # Only read from (the state gets a copy): torch's non-writable warning does not apply.
             warnings.filterwarnings("ignore", message="The given buffer is not writable")
             return torch.frombuffer(region, dtype=torch.uint8, count=nbytes, offset=start)
 
@@ -145,9 +133,8 @@ def _tensor_in(region: Any, offset: int, length: int) -> Optional[torch.Tensor]:
 
 @functools.cache
 def _dtype_named(module: str, name: str) -> Optional[torch.dtype]:
-    """The dtype a tensor's pickle means by the global ``module.name``: a storage class
-    (``torch.FloatStorage``: float32; ``UntypedStorage``: bytes) or a dtype (``torch.float8_e4m3fn``);
-    None for any other name."""
+    """The dtype a pickle's global ``module.name`` means (a storage class or a dtype); None for
+    any other name."""
     if name == "UntypedStorage" and module in ("torch", "torch.storage"):
         return torch.uint8
     if module != "torch":
@@ -197,8 +184,8 @@ _GLOBALS = {
 
 
 class _PlainTensorUnpickler(pickle.Unpickler):
-    """Unpickles a tensor's ``data.pkl`` knowing only the few names a plain tensor's pickle
-    uses; any other name is declined, so nothing else can be constructed."""
+    """Unpickles a tensor's ``data.pkl`` knowing only a plain tensor's few names: nothing else
+    can be constructed."""
 
     def __init__(self, handle: io.BytesIO, storage: Callable[[str, int], torch.Tensor]) -> None:
         super().__init__(handle)

@@ -1,14 +1,7 @@
-"""Directory mode: a checkpoint is whatever files the script writes (torch.save,
-save_pretrained, torch.distributed.checkpoint), committed like any other step.
-
-Saving: every rank gets an empty local directory, writes into it, and on leaving the ``with``
-block its files are uploaded in the background to ``step_<n>/files/`` (the same folder for every
-rank: a torch.distributed.checkpoint writes one shared directory), then committed. Two ranks
-writing the same file name is an error: the step is not committed.
-
-Loading: the newest committed step whose files all verify is made available as a local
-directory. On each node one rank, holding a file lock, reads and verifies the files (and, for
-remote storage, keeps them in a node-local cache); the node's other ranks reuse its work.
+"""Directory mode: a checkpoint is whatever files the script writes into a local folder, uploaded
+in the background to ``step_<n>/files/`` (one folder for every rank; a name written by two ranks
+is an error) and committed. A load verifies the newest committed step's files once per node (one
+rank under a file lock, into a node cache for remote storage).
 """
 
 import contextlib
@@ -82,11 +75,8 @@ def latest_directory(manager: CheckpointManager, run_id: str, attempt: int) -> O
 
 
 def node_cache_root(run_id: str) -> Path:
-    """This user's cache of fetched checkpoint files on this node, for one run.
-
-    The path is predictable (the temp dir is everyone's), so the base folder is made private
-    (0700) and used only if it is this user's own folder: another user could otherwise plant
-    files, or a verdict, that a rank would trust."""
+    """This user's cache of fetched checkpoint files on this node, for one run: a private folder
+    (0700) used only if this user's own, since another user could plant files in the temp dir."""
     if run_id in ("", ".", "..") or "/" in run_id:  # rank 0 removes this folder at close
         raise CheckpointError(f"the run id {run_id!r} names no folder of the node cache: give a plain name")
     base = Path(tempfile.gettempdir()) / f"ftlaunch-cache-{os.getuid()}"
@@ -115,8 +105,7 @@ def _read_files(manager, cache: Path, marker: CommitMarker) -> Tuple[Dict[str, A
     own, problem = manager.read_own_part(marker)
     if problem:
         return {}, problem
-    # Keyed by the commit marker's digest: a cache left by another run that reused this run id
-    # (or a step committed again after a restart) is never taken for this one.
+    # Keyed by the marker's digest: another run's cache under this run id is never taken.
     digest = hashlib.sha256(marker.to_bytes()).hexdigest()[:16]
     folder = cache / f"{step_dir(step)}-{digest}"
     folder.parent.mkdir(parents=True, exist_ok=True)

@@ -1,15 +1,12 @@
-"""A state as one flat buffer plus a small index: the memory tier's slot format, and the layout
-of the staging buffer a storage save copies CUDA state into.
+"""A state as one flat buffer plus a small index: the memory tier's slots and the CUDA staging.
 
     state     {"model": {"w": T0, "b": T1}, "step": 12, "moments": [T2]}
     split  →  skeleton {"model": {"w": Hole(0), "b": Hole(1)}, "step": 12, "moments": [Hole(2)]}
               tensors  [T0, T1, T2], names ["model/w", "model/b", "moments/0"]
     layout →  one Entry per tensor (name, dtype, shape, offset, bytes, device) at aligned offsets
 
-The format does not depend on the device: a CPU tensor and a CUDA tensor take the same place in
-the buffer; only the copy into it differs (worker_lib.checkpoint.staging). Anything that is not a plain
-dense CPU or CUDA tensor (a number, a string, a numpy array, a sparse tensor) stays in the
-skeleton, which the memory tier pickles beside the index.
+The format does not depend on the device (only the copy does: ``staging``); anything but a plain
+dense tensor stays in the skeleton, pickled beside the index.
 """
 
 import collections
@@ -87,10 +84,8 @@ class Split(NamedTuple):
 
 
 def split(state: Any, copy_objects: bool, dtensors: bool = False) -> Split:
-    """The state's tensors, in order, and its skeleton (the state with a ``Hole`` for each).
-    ``copy_objects``: deep-copy everything else, so that the loop may change it (a learning
-    rate in the optimizer's param groups) without changing the skeleton. ``dtensors``: a
-    DTensor's local shard goes into the buffer too, to be rewrapped by ``rebuild``."""
+    """The state's tensors, in order, and its skeleton (a ``Hole`` for each). ``copy_objects``:
+    deep-copy the rest, which the loop may change; ``dtensors``: a DTensor's local shard too."""
     tensors: List[torch.Tensor] = []
     names: List[str] = []
     dtensor = _dtensor_type() if dtensors else None

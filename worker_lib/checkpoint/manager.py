@@ -1,11 +1,5 @@
-"""Per-rank checkpoints: this rank's saves (a host copy now, written in the background) and loads.
-
-A CUDA state is copied into the storage tier's pinned staging set (worker_lib.checkpoint.staging), the
-copies enqueued after the work that made the state; the background writer waits on their event.
-A CPU state is copied as it always was (``staging.to_cpu``).
-
-Where the parts go and what the COMMITTED marker holds: ``worker_lib.checkpoint.marker``. How the ranks
-agree on a commit and on the step to load: ``worker_lib.checkpoint.commit``.
+"""Per-rank checkpoints: this rank's saves (a host copy now, written in the background) and loads,
+over the staging set (``staging``), the marker (``marker``) and the ranks' agreement (``commit``).
 """
 
 import atexit
@@ -81,24 +75,20 @@ class CheckpointManager:
         )
         self._save_rng = save_rng
         self._parts = PartReader(storage, rank, world_size, trusted)
-        # The previous async save's CPU copy: written and done with once wait() returns, so the
-        # next save copies into it instead of allocating (and page-faulting) as much memory again.
+        # The previous async save's CPU copy, reused by the next (no new allocation to fault in).
         self._staging: Any = None
         # A CUDA state's copy: one pinned buffer, reused (DCP's staging too).
         self.pinned = StagingArea(rank)
         self._writer = PartWriter(storage, rank, self._commits)
-        # Steps this process saved to storage or loaded from it: every rank saves and loads the
-        # same steps, so every rank knows the same ones and skips a repeated save together.
+        # Steps saved or loaded here: the same on every rank, so all skip a repeated save together.
         self._steps_in_storage: Set[int] = set()
         atexit.register(self._wait_at_exit)
 
     # -- saving -----------------------------------------------------------------------------
 
     def repeats(self, step: int) -> bool:
-        """Whether a save of ``step`` to storage repeats one this process already saved or
-        loaded (a resumed loop that saves its first step again, or two saves at one step). It
-        is skipped: writing a committed step's files again leaves it torn until its new marker
-        lands, and a crash in between would lose it."""
+        """Whether a save of ``step`` repeats one saved or loaded here: skipped, since rewriting a
+        committed step leaves it torn until its new marker lands."""
         if step not in self._steps_in_storage:
             return False
         log.warning(
@@ -128,10 +118,8 @@ class CheckpointManager:
         replicated: bool = False,
         blocking: bool = False,
     ) -> None:
-        """Copy ``state`` to CPU memory now; write and commit it in the background (or now).
-
-        Once a save of this rank has failed (a full disk, storage gone for good), every later save
-        raises at once: parts of steps that can never be committed would only fill the storage."""
+        """Copy ``state`` to CPU memory now; write and commit it in the background (or now). After
+        a failed save every later one raises at once (its parts could never be committed)."""
         if self._writer.failed:
             raise CheckpointError(f"rank {self.rank} saves no more checkpoints: {self._writer.failed}")
         if self.repeats(step):
@@ -148,10 +136,8 @@ class CheckpointManager:
         self.submit(step, parts, dict(metrics or {}), kind, blocking, ready=ready)
 
     def _copy(self, state: Any, blocking: bool) -> Tuple[Any, Callable[[], None]]:
-        """(What the writer serializes, what it waits for first). A CUDA state goes into the
-        pinned staging set (blocking too: faster than torch.save's own copies to pageable
-        memory); a blocking save of a CPU state serializes in place (the loop cannot change it
-        meanwhile), an async one copies it into the previous save's copy."""
+        """(What the writer serializes, what it waits for first): a CUDA state via the pinned
+        staging set; a CPU state in place when blocking, else into the previous save's copy."""
         if on_cuda(state):
             staged = self.pinned.stage(state)
             return staged.state, staged.wait
@@ -222,10 +208,8 @@ class CheckpointManager:
     def load_from_memory(
         self, kind: str, take: Callable[[Any], Any], fresh: bool = True
     ) -> Optional[Checkpoint]:
-        """Every rank's snapshot of the newest step of ``kind`` they all hold, or None (then
-        storage); ``take(payload)`` makes the state of it (None: this rank could not).
-        ``fresh=False``: the payload's tensors are views of the slot, for a ``take`` that copies
-        them into place at once (``MemorySnapshots.read``)."""
+        """The newest step of ``kind`` every rank holds in memory, or None (then storage);
+        ``take(payload)`` makes its state. ``fresh``: as ``MemorySnapshots.read``."""
         if self.memory is None:
             return None
         stored = next(
@@ -279,8 +263,7 @@ class CheckpointManager:
             restore_rng(own_part["rng"])
 
     def read_own_part(self, marker: CommitMarker) -> Tuple[Dict[str, Any], Optional[str]]:
-        """This rank's own part of ``marker``'s step (its RNG streams and, for a state saved in
-        parts, its state), read and verified; a problem instead, said the same on every rank."""
+        """This rank's own part of ``marker``'s step, read and verified, or its problem."""
         return self._parts.own(marker)
 
     def _read_state_parts(self, marker: CommitMarker) -> Tuple[Dict[str, Any], Optional[str]]:

@@ -1,19 +1,14 @@
-"""A step's layout in storage and its COMMITTED marker: the one record that worker_lib writes and
-the launcher reads (the run's newest step, the clean-up of uncommitted parts, ``status``).
-
-Layout under the storage root::
+"""A step's layout in storage and its COMMITTED marker, the one record worker_lib writes and the
+launcher reads::
 
     step_<n>/rank_<r>.pt      each rank's part: its RNG states, and its state unless replicated
     step_<n>/replicated.pt    replicated mode: the state, written once by rank 0
     step_<n>/files/...        directory mode: the files the script wrote
-    step_<n>/dcp/...          format="dcp": torch.distributed.checkpoint's files (.metadata and
-                              each rank's shards), the state resharded at the load
-    step_<n>/COMMITTED        JSON, written by rank 0 once every part is durable: the parts with
-                              sizes and CRC32C checksums, the world size, the metrics
+    step_<n>/dcp/...          format="dcp": torch.distributed.checkpoint's files
+    step_<n>/COMMITTED        JSON by rank 0, last: the parts' sizes and CRC32C, world size, metrics
 
-A step without COMMITTED does not exist for readers; nor does one whose marker is damaged or
-not of the shape ``CommitMarker`` writes. Such a step is said once and kept: its parts were
-committed once, so nothing deletes them (neither retention nor the run's end).
+A step without a well-formed marker does not exist for readers; a damaged one is said once and
+kept (its parts were committed once: nothing deletes them).
 """
 
 import contextlib
@@ -110,9 +105,8 @@ class CommitMarker:
     time: float = dataclasses.field(default_factory=time.time)  # wall clock of the commit
 
     def loads_at(self, world_size: int) -> bool:
-        """Whether ranks of a job of ``world_size`` can load this step: per-rank parts (and RNG
-        streams) belong to the world size that wrote them; a replicated state fits any, and a
-        DCP step is resharded by torch.distributed.checkpoint at the load."""
+        """Whether ranks of a job of ``world_size`` can load this step: per-rank parts need the
+        world size that wrote them; replicated and DCP steps load at any."""
         return self.world_size == world_size or self.kind in RESHARDABLE
 
     def to_bytes(self) -> bytes:
@@ -149,9 +143,8 @@ class CommitMarker:
 
 
 def step_numbers(storage: Storage) -> List[int]:
-    """Every step folder, committed or not, oldest first. Only the names ``step_dir`` writes: a
-    folder like step_007 or step_\uff17 is someone else's (int() would read both as 7, and a
-    removal of step 7 would then miss it)."""
+    """Every step folder, committed or not, oldest first; only names ``step_dir`` writes (int()
+    reads step_007 as 7 too, and a removal of step 7 would miss it)."""
     steps = []
     for name in storage.list_names():
         digits = name[len(_STEP_PREFIX) :]
@@ -167,9 +160,8 @@ def committed_steps(storage: Storage) -> Iterator[CommitMarker]:
 
 
 def step_markers(storage: Storage) -> Iterator[Tuple[int, Optional[CommitMarker]]]:
-    """Each step that has a marker file, newest first, with its marker; None for one that cannot
-    be read or is not what ``to_bytes`` writes (said once): not a commit to load, and not a
-    step to delete either."""
+    """Each step with a marker file, newest first, with its marker; None for a damaged one (said
+    once): neither loaded nor deleted."""
     for step in reversed(step_numbers(storage)):
         name = f"{step_dir(step)}/{MARKER}"
         try:
@@ -205,9 +197,8 @@ def read_verified(
 
 @dataclasses.dataclass(frozen=True)
 class VerifiedPart:
-    """A part checked against its marker entry, ready for ``torch.load``: on local storage a
-    path to the open, mapped file (``mapped``: load it with ``mmap=True``, nothing copied twice);
-    elsewhere the bytes read."""
+    """A part checked against its marker entry, for ``torch.load``: on local storage the mapped
+    file (``mapped``: load with ``mmap=True``), elsewhere the bytes read."""
 
     source: Union[str, io.BytesIO]
     mapped: bool

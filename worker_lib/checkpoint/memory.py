@@ -1,21 +1,10 @@
-"""The node-local memory tier: each rank's newest snapshots in shared memory, in a folder that
-ftlaunch's supervisor owns (``FTLAUNCH_MEMORY_DIR``, in /dev/shm). It outlives the worker and the
-group's restart; it goes with the supervisor (its end, a kill -9: its orphan guard removes it)
-and so with the node.
+"""The node-local memory tier: each rank's newest snapshots in the supervisor's /dev/shm folder
+(``FTLAUNCH_MEMORY_DIR``), which outlives workers and restarts, not the supervisor.
 
-Each rank has two slots, k = 0 and 1 (a double buffer); a slot is a flat buffer of the state's
-tensors, an index, and a record written last (worker_lib.checkpoint.memory_slots): without the record the
-slot holds nothing, so a copy cut off half-way is never read. No tensor is serialized: a CPU
-tensor is copied into the buffer, a CUDA tensor is copied by the device into the buffer
-registered as pinned memory, and the record follows once that copy's event has completed (on a
-thread of its own: the training loop only enqueues the copy).
-
-A rank writes into the slot that does not hold the newest step every rank is known to have, and
-before it writes again it waits until every rank has shared the step it wrote last. So the two
-slots of every rank always hold a step that every rank has: a crash during a copy loses only that
-copy. A load takes the newest step every rank holds, at the same world size (a snapshot is one
-rank's state), and only when it is at least as new as the newest step in storage; each tensor
-comes back where it was (a CUDA tensor onto this rank's current device) in one copy.
+Two slots a rank (``memory_slots``), each a flat buffer, an index and a record written last (no
+record: nothing there). A rank writes the slot not holding the newest step every rank has, and
+waits before its next write until every rank shared its last, so a crash mid-copy loses only that
+copy. A load takes the newest step every rank holds at this world size, if storage has none newer.
 """
 
 import json
@@ -37,9 +26,8 @@ _SLOTS = (0, 1)
 
 
 class MemorySnapshots:
-    """This rank's side of the memory tier. ``channel``: a channel of its own (a store client that
-    the storage saves' background thread never blocks), or a function that opens one: then it is
-    opened at its first use, and a script that never snapshots nor loads parts opens none."""
+    """This rank's side of the memory tier. ``channel``: a store client of its own (the storage
+    saves' thread never blocks it), or a function opening one at its first use."""
 
     def __init__(
         self,
@@ -166,9 +154,8 @@ class MemorySnapshots:
         return found
 
     def newest_agreed(self, storage_newest: Optional[int], kind: str = "parts") -> Optional[int]:
-        """The newest step of ``kind`` every rank holds in memory, if it is at least as new as
-        ``storage_newest`` (this rank's view of the newest such step in storage); every rank gets
-        the same answer."""
+        """The newest step of ``kind`` every rank holds, if at least as new as ``storage_newest``;
+        every rank gets the same answer."""
         self._finisher.wait()
         self._loads += 1
         key = f"memload/{self._loads}"
@@ -183,9 +170,8 @@ class MemorySnapshots:
         return max(common)
 
     def read(self, step: int, fresh: bool = True) -> Tuple[Any, Optional[str]]:
-        """(payload, problem) of this rank's snapshot of ``step``: one copy per tensor, a CUDA
-        tensor's onto this rank's current device. ``fresh=False``: tensors are views of the
-        slot, valid until this rank's next snapshot (for a caller that copies them at once)."""
+        """(payload, problem) of this rank's snapshot of ``step``, a CUDA tensor onto this rank's
+        device. ``fresh=False``: tensors are views of the slot, for a caller copying them at once."""
         slot = self.held(self._kind).get(step)
         if slot is None:
             return None, f"rank {self.rank}: no whole memory snapshot of step {step}"

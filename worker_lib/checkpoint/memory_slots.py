@@ -1,17 +1,11 @@
 """One memory-tier slot's files, and the thread that finishes a CUDA snapshot.
 
-    rank_<r>.<k>          the flat buffer: every tensor's bytes at its offset (worker_lib.checkpoint.flat);
-                          mapped by the rank (shared), registered with CUDA where the state is on
-                          a GPU, so the device's copy lands in it directly
-    rank_<r>.<k>.index    names, dtypes, shapes, offsets, devices, and the state's other objects
-                          (pickled): written before the copy
-    rank_<r>.<k>.json     the record, written last: step, kind, world size, both files' sizes,
-                          metrics. Without it the slot holds nothing.
+    rank_<r>.<k>          the flat buffer (``flat``), mapped shared, registered with CUDA for GPUs
+    rank_<r>.<k>.index    the layout and the state's other objects (pickled), before the copy
+    rank_<r>.<k>.json     the record, written last; without it the slot holds nothing
 
-The data file keeps its pages between snapshots of the same size: the mapping (and its
-registration with CUDA, the costly part) is made once per slot and process, and its pages are
-reserved in /dev/shm before any byte is copied (``posix_fallocate``): a full /dev/shm is an
-error at the call, never a SIGBUS in the middle of a copy.
+The mapping and its CUDA registration are made once per slot and process; pages are reserved
+first (``posix_fallocate``), so a full /dev/shm is an error at the call, never a SIGBUS mid-copy.
 """
 
 import dataclasses
@@ -132,10 +126,8 @@ class SlotFiles:
         return self._buffer
 
     def read_tensors(self, size: int, layout: Layout, fresh: bool) -> List[torch.Tensor]:
-        """The slot's tensors. ``fresh``: each a tensor of its own, where it was when saved (a
-        CUDA tensor onto this rank's current device, copied from the slot's mapped pages, at the
-        copy engine's speed where this process registered them); the rest read from the file
-        into CPU memory. Returns once every copy is done. Else views of the mapped slot."""
+        """The slot's tensors. ``fresh``: each its own, where it was when saved (a CUDA tensor onto
+        this rank's device), every copy done on return; else views of the mapped slot."""
         if not fresh:
             return self.mapped(size).views(layout)
         device = None  # made only for a CUDA tensor: a CPU state makes no CUDA context
@@ -181,9 +173,8 @@ class SlotFiles:
 
 
 class Finisher:
-    """One thread that ends each CUDA snapshot once its copy is done (waits on the copy's
-    events, writes the record, tells the other ranks): the training loop only enqueues. A job's
-    failure is raised by the next ``wait``."""
+    """One thread that ends each CUDA snapshot after its copy (the record, the other ranks told),
+    so the loop only enqueues; a failure is raised by the next ``wait``."""
 
     def __init__(self, name: str) -> None:
         self._name = name

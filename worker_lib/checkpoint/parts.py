@@ -46,14 +46,9 @@ class PartReader:
             return self._deserialize(name, part)
 
     def _deserialize(self, name: str, part: VerifiedPart) -> Tuple[Any, Optional[str]]:
-        """The part's objects; a part that torch's weights-only loader refuses (an object outside
-        its allow-list: a class of the script's, a numpy array, or a planted pickle) is a problem
-        every rank stops at, with the way out.
-
-        A mapped part is loaded without a read into memory, each storage then copied out
-        (tensors sharing storage stay sharing): the state must not depend on a file that
-        retention, or another node, may delete. A storage saved from a CUDA device goes to this
-        rank's current device (worker_lib.checkpoint.staging.restore_location)."""
+        """The part's objects; one the weights-only loader refuses is a problem every rank stops
+        at, with the way out. A mapped part's storages are copied out (retention may delete the
+        file); a CUDA storage goes to this rank's device (``staging.restore_location``)."""
         import pickle
 
         import torch

@@ -1,16 +1,6 @@
-"""Memory-tier slots mapped (and registered with CUDA) ahead, by a warm spare, for the worker it
-becomes.
-
-A fresh process that reads a slot onto a GPU first pays for the slot's pages: mapping them, and
-registering them with CUDA so the copy engine can read them (``cudaHostRegister``: 30 ms for
-400 MB, 195 ms for 1.6 GB on an H200), or copying from pageable memory at a tenth of the copy
-engine's speed. A parked spare has time: it maps and registers its rank's two slots as they
-appear (``look``, every half second), and, once it is that rank's worker, the memory tier takes
-those buffers (``take``) instead of making its own. The restart is then one copy per tensor.
-
-A buffer is handed over only for the same file (device, inode and size unchanged since it was
-mapped); any other is unmapped. A slot's file that is recreated or removed while the spare waits
-is let go at the next look, so the spare never keeps an old file's pages in /dev/shm for longer.
+"""Memory-tier slots mapped and registered with CUDA ahead by a warm spare (``look``), for the
+worker it becomes (``take``): registering costs a fresh process 195 ms for 1.6 GB on an H200.
+A buffer is handed over only for the same file (device, inode, size); a changed one is let go.
 """
 
 import os
@@ -26,9 +16,8 @@ _held: Dict[str, Tuple[_Key, HostBuffer]] = {}  # data file's path → its mappi
 
 
 def look(folder: Path, rank: int, pin: bool, go_on: Callable[[], bool] = lambda: True) -> None:
-    """Map each of ``rank``'s slot files in ``folder`` not mapped yet (registered with CUDA when
-    ``pin``); let go of any that changed or went. ``go_on`` is asked before each slot (a spare
-    stops when its rank's request has come: registering a large slot takes seconds)."""
+    """Map each of ``rank``'s slot files in ``folder`` not mapped yet (registered when ``pin``);
+    let go of any that changed or went. ``go_on`` is asked before each slot."""
     for slot in (0, 1):
         if not go_on():
             return

@@ -1,21 +1,8 @@
-"""Host buffers the state is copied into, and the copies (the CUDA-specific part, kept thin).
-
-- ``HostBuffer``: one flat region of host memory, an anonymous mapping (a storage save's
-  staging) or a file's shared mapping (a memory-tier slot in /dev/shm). Where the state holds
-  CUDA tensors it is registered with CUDA (``cudaHostRegister``, as torch's own
-  ``_create_cpu_state_dict(pin_memory=True, share_memory=True)`` does), so the copy engine
-  writes into it directly at its full speed. Tensors are carved out of it per layout, each with
-  a storage of its own (``torch.frombuffer``), so ``torch.save`` writes exactly their bytes.
-- ``copy_in``: each tensor into its place. A CUDA tensor's copy is non-blocking, on the
-  stream that is current at the call: it runs after the work already queued there (what made
-  the state) and before whatever the loop queues there next (the optimizer's next step), so
-  the copy is the state at the call. A CUDA event marks its end; whoever reads the buffer waits
-  on it (``Staged.wait``), never the loop.
-- ``StagingArea``: the storage tier's staging set, one buffer grown to the largest state staged
-  and reused; its size is logged once.
-
-When CUDA cannot register the memory the buffer stays pageable, with one warning: the copies
-are then synchronous, as ``tensor.cpu()`` was.
+"""Host buffers the state is copied into, and the copies (the CUDA part, kept thin).
+``HostBuffer`` is one flat mapping (anonymous, or a /dev/shm slot's file), registered with CUDA
+where the state is on a GPU so the copy engine writes straight into it (pageable, with one
+warning, where CUDA refuses). ``copy_in`` enqueues a CUDA tensor's copy on the current stream, so
+it is the state at the call; its reader waits on the event, never the loop.
 """
 
 import collections
@@ -48,10 +35,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _warned_unpinned = False  # one warning per process when CUDA cannot register host memory
-# The storages of staged copies of CUDA tensors, by address → the device each came from. torch.save
-# asks each registered "tagger" where a storage lives; ours answers for these, so a part written
-# from the staging buffer records "cuda:N" exactly as torch.save of the CUDA state would, and
-# loading it (``restore_location``, or a plain torch.load) puts those tensors back on a GPU.
+# Staged copies of CUDA tensors' storages, by address → their device: our torch.save "tagger"
+# records "cuda:N" for them, so a part loads back onto a GPU as the CUDA state's own would.
 _origins: Dict[int, str] = {}
 _TAG_PRIORITY = 5  # asked before torch's own taggers (cpu: 10)
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux, Python 3.10+
@@ -141,9 +126,8 @@ class HostBuffer:
         return self._map
 
     def close(self) -> None:
-        """Unregister, and let go of the mapping: it is unmapped once no tensor views it (each
-        view holds the mapping; ``mmap.close`` would unmap it under them, as torch does not
-        hold the buffer's export)."""
+        """Unregister, and let go of the mapping: unmapped once no tensor views it (``mmap.close``
+        would unmap it under them)."""
         if self.pinned:
             torch.cuda.cudart().cudaHostUnregister(self.address)
             self.pinned = False
@@ -152,10 +136,8 @@ class HostBuffer:
 
 
 def _clear_last_cuda_error() -> None:
-    """A failed runtime call stays this thread's "last CUDA error", which torch's check after its
-    next kernel launch would raise as that kernel's. torch's binding of cudaHostRegister leaves
-    it there, and exposes no cudaGetLastError: a kernel launched here has torch's check read (and
-    so clear) it."""
+    """Clear the "last CUDA error" a failed cudaHostRegister leaves, which torch would raise after
+    its next kernel: a kernel launched here has torch's check read it (no cudaGetLastError)."""
     try:
         torch.empty(1, device="cuda").zero_()
     except RuntimeError:
@@ -194,9 +176,8 @@ def copy_in(tensors: Sequence[torch.Tensor], views: Sequence[torch.Tensor]) -> L
 
 
 def to_cpu(state: Any, staging: Any = None) -> Any:
-    """A copy the training loop cannot change under the background writer: tensors are copied
-    to CPU memory, containers rebuilt, anything else deep-copied. ``staging``, an earlier result
-    no longer in use, lends its tensors where shape and dtype match."""
+    """A copy the loop cannot change under the background writer (tensors to CPU memory,
+    containers rebuilt, the rest deep-copied); ``staging``, an earlier result, lends its tensors."""
     if isinstance(state, torch.Tensor):
         if (
             isinstance(staging, torch.Tensor)
@@ -216,9 +197,8 @@ def to_cpu(state: Any, staging: Any = None) -> Any:
 
 
 def host_copy(target: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-    """``target.copy_(source)`` between host tensors, as one plain memcpy where both are
-    contiguous (what torch.save's write() was): torch's copy_ splits a large copy over its
-    intra-op threads, which on a busy CPU costs many times more."""
+    """``target.copy_(source)`` as one memcpy where both are contiguous: torch's copy_ splits it
+    over its intra-op threads, many times slower on a busy CPU."""
     if target.is_contiguous() and source.is_contiguous() and source.dtype == target.dtype and target.numel():
         ctypes.memmove(target.data_ptr(), source.data_ptr(), target.numel() * target.element_size())
         return target
@@ -247,8 +227,8 @@ def host_memory_free() -> int:
 
 
 class StagingArea:
-    """The storage tier's staging set: one buffer, grown to the largest CUDA state staged (the
-    old one freed first), reused by every later save. ``label`` names it in the log."""
+    """The storage tier's staging set: one buffer, grown to the largest CUDA state staged and
+    reused; ``label`` names it in the log."""
 
     def __init__(self, rank: int, label: str = "storage saves") -> None:
         self.rank = rank
@@ -320,9 +300,8 @@ class StagingArea:
 
 
 def restore_location(copy_cpu: bool) -> Callable[[Any, str], Any]:
-    """torch.load's ``map_location`` for a part: a storage saved from a CUDA device goes to this
-    rank's current device, where it has one, in one copy; any other stays on the CPU (copied out
-    of the file when ``copy_cpu``: a mapped part's file may be deleted later)."""
+    """torch.load's ``map_location``: a CUDA storage to this rank's current device, where it has
+    one; others stay on the CPU (copied when ``copy_cpu``: a mapped file may be deleted later)."""
 
     def where(storage: Any, location: str) -> Any:
         # Asked only for a CUDA storage: a CPU-only script on a GPU machine makes no CUDA context.

@@ -1,7 +1,5 @@
-"""Writing a step's parts and committing it, on a thread of its own (or now, for a blocking
-save): one save in flight per rank; its error is kept for the training thread's next call, and
-after a failed save this rank writes no further parts. ``--chaos`` may cut a part half-way or stop
-the rank before the commit."""
+"""Writing a step's parts and committing it on a thread of its own (or now, if blocking): one save
+in flight per rank, its error raised at the next call; after a failure no further parts."""
 
 import logging
 import threading
@@ -40,11 +38,9 @@ class PartWriter:
         written_elsewhere: Callable[[], List[Tuple[str, PartEntry]]],
         ready: Callable[[], None],
     ) -> None:
-        """Write ``parts`` (name, writer into a stream) for ``step``, commit once every rank has;
-        ``cleanup`` runs once the parts are written, whether or not that worked.
-        ``written_elsewhere`` waits for files another writer makes for the step (DCP's) and lists
-        this rank's share of them; called first, in the background too. ``ready`` waits until
-        the state's copy is done (its CUDA event), before anything is written."""
+        """Write ``parts`` (name, writer into a stream) for ``step``, commit once every rank has.
+        ``cleanup`` runs after the writes; ``written_elsewhere`` lists this rank's share of the
+        files another writer made (DCP's); ``ready`` waits for the state's copy first."""
         called = time.monotonic_ns()
 
         def job() -> None:

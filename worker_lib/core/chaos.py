@@ -1,8 +1,5 @@
-"""Faults ``ftlaunch --chaos`` asks a worker to inflict on itself, where only the worker can:
-an exception or an endless sleep in the training thread, a death half-way through writing a
-checkpoint part, or between its part and the commit. A request arrives as a word in the heartbeat
-slot (``contract.SLOT_CHAOS``); ``progress`` notices a new word on a beat or at a save point and
-hands it here. A script that does not use worker_lib never sees one."""
+"""Faults ``--chaos`` asks a worker to inflict on itself (a raise or endless sleep in the training
+thread, a death mid-part or before the commit), requested through ``contract.SLOT_CHAOS``."""
 
 import signal
 import sys
@@ -52,9 +49,8 @@ def act(action: int, where: str) -> None:
 
 
 def dying_half_way(fill: Callable[[BinaryIO], object], action: int) -> Callable[[BinaryIO], object]:
-    """``fill`` that carries out ``action`` once its first chunk is written: the part is torn.
-    Once only: a rank stopped there (SIGSTOP) and continued must not stop itself again at its
-    next chunk (one fault, not one per chunk)."""
+    """``fill`` that carries out ``action`` once, after its first chunk: the part is torn (a rank
+    stopped and continued must not stop again at its next chunk)."""
 
     class Torn:
         def __init__(self, handle: BinaryIO) -> None:

@@ -1,18 +1,7 @@
-"""The checksums of checkpoint files: CRC32C, and SHA-256 for markers written before it.
-
-Why CRC32C: SHA-256 runs at about 2 GB/s on one core, and was most of the CPU a save or a load
-spent beyond the bytes themselves. CRC32C runs in hardware at about 10 GB/s, catches every torn,
-truncated, zero-filled or bit-flipped file this checks for, and is what GCS keeps for every object,
-so a file another writer made (DCP's) need not be read back there. It is no defence against a
-forged checkpoint; torch's weights-only loader is.
-
-google_crc32c's C extension takes only ``bytes`` and holds the GIL. Where it is built on the C
-library (it is on Linux wheels), that library's ``crc32c_extend`` is called through ctypes
-instead: it reads any writable buffer in place and releases the GIL, so a file is checked on
-several threads at once, each over a range of it read into a reused buffer, and the ranges' CRCs
-are combined. Elsewhere, and for read-only buffers (a part's read-only mapping: a writable
-private one would count its whole size against a strict overcommit limit), the extension is
-given copies a megabyte at a time, small enough to stay in the cache.
+"""The checksums of checkpoint files: CRC32C (in hardware, 5x SHA-256's speed, and what GCS keeps
+for every object), and SHA-256 for older markers; not a defence against forgery (the weights-only
+loader is). google_crc32c's C library is called through ctypes where found, which releases the
+GIL, so a file is checked over ranges on several threads and the CRCs combined.
 """
 
 import base64
@@ -44,8 +33,8 @@ class Checksum(Protocol):
 
 
 def _native_extend() -> Optional[Callable[..., int]]:
-    """``crc32c_extend(crc, pointer, count)`` of the C library google_crc32c's extension loaded
-    (found in this process's mappings, whatever the wheel named it); None where there is none."""
+    """``crc32c_extend`` of the C library google_crc32c loaded (found in this process's
+    mappings); None where there is none."""
     if google_crc32c.implementation != "c":
         return None
     importlib.import_module("google_crc32c._crc32c")  # it loads the library
@@ -103,8 +92,7 @@ for _ in range(31):
 
 
 def combine(crc_a: int, crc_b: int, size_b: int) -> int:
-    """The CRC32C of A followed by B, from the CRC32C of each and B's size (zlib's
-    ``crc32_combine`` for this polynomial): ranges checked apart make the whole file's."""
+    """The CRC32C of A followed by B, from each one's and B's size (zlib's ``crc32_combine``)."""
     shift, k, n = 1 << 31, 3, size_b  # x^(8 × size_b): one x per bit of B
     while n:
         if n & 1:
@@ -159,9 +147,8 @@ def from_object_info(info: Mapping[str, Any]) -> Optional[str]:
 
 
 def of_file(path: str, algorithm: str = CRC32C) -> Tuple[int, str]:
-    """The size and checksum of a local file, read with ``os.preadv`` (no GIL held) in megabyte
-    pieces; CRC32C over ranges on several threads when the library releases the GIL too. A file
-    that ends before its size (it changed under the reader) is an OSError."""
+    """The size and checksum of a local file, read with ``os.preadv`` in megabyte pieces, over
+    ranges on several threads where the library releases the GIL; a short file is an OSError."""
     with open(path, "rb", buffering=0) as handle:
         size = os.fstat(handle.fileno()).st_size
         if algorithm != CRC32C or _NATIVE is None:

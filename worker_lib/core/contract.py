@@ -1,9 +1,7 @@
 """The environment contract between the ftlaunch supervisor and its workers.
 
-Both packages import the names from here, so a variable is spelled in exactly one place.
-The torchrun variables keep torchrun's meaning: a script that runs under torchrun runs
-under ftlaunch unchanged. This module must stay free of heavy imports (no torch): workers
-import it for heartbeats alone.
+Both sides import the names from here (one spelling); torchrun's keep torchrun's meaning. No
+heavy imports: workers import it for heartbeats alone.
 """
 
 __all__ = [
@@ -88,14 +86,11 @@ NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 FT_ATTEMPT = "FTLAUNCH_ATTEMPT"  # 0 for the first group of a run, +1 per restart
 FT_BACKEND = "FTLAUNCH_BACKEND"  # "nccl" or "gloo", chosen once by the supervisor
 FT_CHECKPOINT_URL = "FTLAUNCH_CHECKPOINT_URL"  # fsspec URL of the checkpoint root (--checkpoint-dir)
-# The node's memory tier: a folder in /dev/shm that the supervisor owns (created at its start,
-# removed at its end, by its orphan guard if it is killed); unset: no memory tier.
+# The node's memory tier: the supervisor's folder in /dev/shm; unset: none.
 FT_MEMORY_DIR = "FTLAUNCH_MEMORY_DIR"
-# Shared-memory file of heartbeat slots, one per local rank (slot index = LOCAL_RANK). Absent
-# outside ftlaunch: heartbeats then go to a private page nobody reads.
+# Shared-memory file of heartbeat slots, one per LOCAL_RANK; absent: a private page nobody reads.
 FT_HEARTBEAT_FILE = "FTLAUNCH_HEARTBEAT_FILE"
-# "1" under --chaos: ft.heartbeat() also looks for requests in SLOT_CHAOS (otherwise a beat
-# does not spend the read).
+# "1" under --chaos: ft.heartbeat() also reads requests in SLOT_CHAOS.
 FT_CHAOS = "FTLAUNCH_CHAOS_REQUESTS"
 
 # A slot is SLOT_WORDS native int64 words (256 bytes: four cache lines per rank). Each word has
@@ -123,9 +118,7 @@ SLOT_CHAOS = 11
 SLOT_LOADED_TIER = 12
 SLOT_LOADED_STEP = 13
 LOADED_NONE, LOADED_STORAGE, LOADED_MEMORY = 0, 1, 2
-# worker_lib's checkpoint counters, for the supervisor's metrics, cumulative in this process:
-# saves per tier and the ns the training loop spent in them; commit markers written (the job's
-# rank 0 writes them all) and the ns from each save's call to its marker; the ns the load took.
+# worker_lib's checkpoint counters for the metrics, cumulative in this process (counts and ns).
 SLOT_SAVES_MEMORY = 14
 SLOT_SAVE_MEMORY_NS = 15
 SLOT_SAVES_STORAGE = 16

@@ -1,12 +1,7 @@
-"""Progress heartbeats: ``ft.heartbeat(step)`` on the hot path, read by the supervisor.
-
-A beat is three stores into this rank's slot of a shared-memory file (and a read of the
-monotonic clock, which Linux answers from the vDSO): no system call, no lock, no torch. The
-supervisor reads every slot a few times a second and decides what counts as a hang.
-
-Attaching to the slot (on the first beat or pause) also registers faulthandler on a signal
-the supervisor sends before it stops a hung group: every thread's Python stack goes to stderr,
-which is this rank's log.
+"""Progress heartbeats: ``ft.heartbeat(step)`` on the hot path is three stores into this rank's
+slot of a shared-memory file (no system call, no lock, no torch); the supervisor reads the slots.
+Attaching registers faulthandler on the signal sent before a hung group is stopped (stacks to
+the rank's log).
 """
 
 import contextlib
@@ -33,9 +28,8 @@ __all__ = [
     "STACK_DUMP_SIGNAL",
 ]
 
-# A real-time signal: no default meaning to any library we know of, unlike SIGUSR1/2, which
-# SLURM's --signal and many training scripts use. Its default action would kill the process,
-# so the supervisor sends it only to workers whose slot says they registered it.
+# Real-time, not SIGUSR1/2 (SLURM's --signal and scripts use those); it kills by default, so it
+# is sent only to workers whose slot says they registered it.
 STACK_DUMP_SIGNAL = signal.SIGRTMIN + 4
 
 _slot: Optional[memoryview] = None  # this rank's SLOT_WORDS int64 words
@@ -47,8 +41,7 @@ def heartbeat(
     step: int = -1, _now_ns=time.monotonic_ns, _STEP=c.SLOT_STEP, _TIME=c.SLOT_TIME_NS, _BEATS=c.SLOT_BEATS
 ) -> None:
     """This rank made progress (``step``: where it is, shown when it is the one behind)."""
-    # The defaults bind the clock and the slot indexes as locals: a third of the cost of a beat
-    # was looking them up as globals and module attributes.
+    # Bound as locals: looking them up as globals was a third of a beat's cost.
     global _beats
     slot = _slot if _slot is not None else _attach()
     _beats += 1
@@ -58,8 +51,7 @@ def heartbeat(
 
 
 if os.environ.get(c.FT_CHAOS) == "1":  # a --chaos rehearsal: beats also look for requests
-    # Chosen at import, so that a plain run's beat pays nothing for it: its own bound locals
-    # make its signature differ from the plain one's, which mypy refuses in a conditional def.
+    # Chosen at import so a plain run's beat pays nothing (mypy refuses the differing signature).
     def heartbeat(  # type: ignore[misc]  # noqa: F811
         step: int = -1, _beat=heartbeat, _CHAOS=c.SLOT_CHAOS
     ) -> None:
@@ -76,8 +68,7 @@ def chaos_request(point: int):
 
     slot = _slot if _slot is not None else _attach()
     word = slot[c.SLOT_CHAOS]
-    # A request for the next beat is left to the beat: saves may run in a background thread,
-    # and an exception or a sleep belongs in the training thread.
+    # Left to the beat: a save may run in a background thread, a raise belongs in the training one.
     if word != _chaos_seen and (word >> 8) & 0xFF != c.CHAOS_AT_BEAT:
         _chaos_arrived(slot)
     return chaos.take(point)
@@ -93,8 +84,7 @@ def _chaos_arrived(slot) -> None:
 
 @contextlib.contextmanager
 def pause_heartbeat() -> Iterator[None]:
-    """A stretch with no beats that is not a hang (a long evaluation, a save of your own): the
-    supervisor applies ``--init-timeout`` to it instead of the heartbeat deadline.
+    """A stretch with no beats that is not a hang (a long evaluation), judged by ``--init-timeout``;
     ``ft.init``, ``ft.save_checkpoint`` and ``ft.load_checkpoint`` pause by themselves."""
     slot = _slot if _slot is not None else _attach()
     slot[c.SLOT_TIME_NS] = time.monotonic_ns()
@@ -108,10 +98,9 @@ def pause_heartbeat() -> Iterator[None]:
 
 
 def should_stop(step: int) -> bool:
-    """True when ftlaunch has been asked to stop (Ctrl+C, or SIGTERM: a preemption) and ``step``
-    has reached the step it chose: the same step on every rank, so that all of them can save it
-    together and leave. Call it after ``ft.heartbeat(step)``; until the first call, a stop request
-    goes to this worker as the signal itself."""
+    """True when ftlaunch was asked to stop (Ctrl+C, a preemption) and ``step`` reached the step
+    it chose, the same on every rank, to save and leave. Call it after ``ft.heartbeat(step)``;
+    before the first call a stop reaches this worker as the signal itself."""
     slot = _slot if _slot is not None else _attach()
     if not slot[c.SLOT_STOP_AWARE]:
         slot[c.SLOT_STOP_AWARE] = 1
@@ -120,8 +109,7 @@ def should_stop(step: int) -> bool:
 
 
 def mark_loaded(step: Optional[int] = None, tier: int = c.LOADED_NONE, took_ns: int = 0) -> None:
-    """The checkpoint is loaded (``step`` from ``tier``, in ``took_ns``; None: a fresh start): the
-    supervisor times this phase of a recovery and says where each rank resumed from."""
+    """The checkpoint is loaded (``step`` from ``tier`` in ``took_ns``; None: a fresh start)."""
     slot = _slot if _slot is not None else _attach()
     slot[c.SLOT_LOADED_TIER] = tier if step is not None else c.LOADED_NONE
     slot[c.SLOT_LOADED_STEP] = step if step is not None else -1
@@ -151,8 +139,7 @@ def count_commit(took_ns: int) -> None:
 
 
 def stop_beating() -> None:
-    """This rank is done stepping: from now on (the final save, leaving the group, the exit of the
-    interpreter) it is judged by ``--init-timeout``, not by the step deadline. A pause without end."""
+    """Done stepping: from now on judged by ``--init-timeout`` (a pause without end)."""
     slot = _slot if _slot is not None else _attach()
     slot[c.SLOT_TIME_NS] = time.monotonic_ns()
     slot[c.SLOT_PAUSED] += 1
@@ -178,8 +165,7 @@ def _attach() -> memoryview:
 
 def _register_stack_dump() -> int:
     try:
-        # sys.__stderr__ is None where there is no stderr at all: faulthandler takes None for
-        # sys.stderr (typeshed does not list it), and a None there too is a RuntimeError, caught below.
+        # None where there is no stderr: faulthandler then tries sys.stderr (RuntimeError below).
         faulthandler.register(
             STACK_DUMP_SIGNAL,
             file=sys.__stderr__,  # type: ignore[arg-type]

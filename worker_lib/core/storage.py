@@ -1,9 +1,6 @@
-"""Checkpoint storage through fsspec: one URL parsed once, atomic writes, bounded retries.
-
-Any fsspec URL works: a path, file://, gs://, s3://, memory://. Nothing here branches on the
-scheme; the one distinction is a capability: a local filesystem can fsync and rename, so its
-files are written to a temporary name first. Object stores make a PUT visible whole or not
-at all, so their objects are written in place.
+"""Checkpoint storage through fsspec: one URL parsed once, atomic writes, bounded retries. Nothing
+branches on the scheme: a local filesystem writes a temporary name and renames, an object store
+(whose PUT is whole or nothing) writes in place.
 """
 
 import concurrent.futures
@@ -56,9 +53,8 @@ class _OncePerProcess(logging.Filter):
         return True
 
 
-# Loggers of filesystems that warn at every call: gcsfs's look-up of a bucket's layout over gRPC
-# (GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT, on by default) fails against an emulator, or without the
-# storage layout permission, is never cached, and says so each time (20 lines for a rank's 6 steps).
+# Loggers that warn at every call: gcsfs's uncached bucket-layout look-up (ZB_HNS) fails without
+# the permission, or on an emulator, and says so each time.
 _REPEATING = ("gcsfs",)
 
 
@@ -107,11 +103,8 @@ class Storage:
     def write_stream(
         self, rel: str, fill: Callable[[BinaryIO], object], retries: bool = True
     ) -> Tuple[int, str]:
-        """Write what ``fill(handle)`` writes, atomically; return its size and CRC32C.
-
-        The checksum is computed as the bytes go by: no second pass, no copy in memory.
-        ``fill`` may be called again on a retry, so it must be able to write everything again.
-        """
+        """Write what ``fill(handle)`` writes, atomically; return its size and CRC32C (computed as
+        the bytes go by). ``fill`` may be called again on a retry."""
         target = self.path(rel)
         write = self._write_local if self.is_local else self._write_object
         return self._retrying(lambda: write(target, fill), f"writing {target}", retries)
@@ -121,9 +114,8 @@ class Storage:
         return self._retrying(lambda: self.fs.cat_file(target), f"reading {target}", retries)
 
     def checksum_of(self, rel: str, algorithm: str = checksum.CRC32C) -> Tuple[int, str]:
-        """The size and checksum of a stored file another writer made (DCP's): the CRC32C the
-        object store keeps for it where it keeps one (GCS), so nothing is read back; else the
-        file read through once."""
+        """The size and checksum of a file another writer made (DCP's): the store's own CRC32C
+        where it keeps one (GCS), else the file read once."""
         target = self.path(rel)
 
         def read() -> Tuple[int, str]:
@@ -228,9 +220,7 @@ class _HashingWriter:
 
     def write(self, data) -> int:
         self.size += len(data)
-        # A big buffer is checksummed on a helper thread while this one writes it: both release
-        # the GIL, so the checksum costs no time where a second core is free. The buffer is
-        # unchanged until write returns, and the checksum is done by then.
+        # Checksummed on a helper thread while written (both release the GIL); done before return.
         summing = _beside(self.checksum.update, data) if len(data) >= _OVERLAP_MIN else None
         try:
             if summing is None:
@@ -256,8 +246,7 @@ _summers: Dict[int, concurrent.futures.ThreadPoolExecutor] = {}
 
 
 def _summer() -> concurrent.futures.ThreadPoolExecutor:
-    """This process's helper thread that checksums big writes, made at its first one; a forked
-    child makes its own (the parent's thread is not in it)."""
+    """This process's helper thread for big writes' checksums (a forked child makes its own)."""
     pid = os.getpid()
     if pid not in _summers:
         _summers.clear()
@@ -268,10 +257,8 @@ def _summer() -> concurrent.futures.ThreadPoolExecutor:
 
 
 def _beside(update: Callable[[bytes], object], data) -> Optional[concurrent.futures.Future]:
-    """``update(data)`` on the helper thread; None where it takes no more work: from the moment
-    the interpreter's exit begins (``threading._shutdown``), concurrent.futures refuses new work,
-    and a save still being written as the script ended failed at its first big write (found from
-    outside: torch.save said only "unexpected pos"). The caller checksums on its own thread then."""
+    """``update(data)`` on the helper thread; None once the interpreter's exit began (it refuses
+    work then, which failed saves written as the script ended): the caller checksums itself."""
     try:
         return _summer().submit(update, data)
     except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"

@@ -1,6 +1,5 @@
 """What the adapters share: joining worker_lib beside a framework that owns the process group,
-checking that the framework placed the ranks where ftlaunch did, and committing a folder a
-framework wrote, with each rank's files uploaded once."""
+checking where the framework placed the ranks, committing a folder the framework wrote."""
 
 import logging
 import os
@@ -24,21 +23,16 @@ log = logging.getLogger(__name__)
 
 
 def join(checkpoint_dir: Optional[str], **options) -> None:
-    """``ft.init`` unless the script called it: the framework initializes the process group
-    itself, so worker_lib only opens checkpoint storage (its ranks agree through the launcher's
-    store, which needs no process group)."""
+    """``ft.init`` unless the script called it, opening only checkpoint storage: the framework
+    makes the process group."""
     if not ft.is_initialized():
         ft.init(checkpoint_dir, init_process_group=False, **options)
 
 
 def check_placement(framework: str, ranks: int, device: object, fix: str) -> None:
     """The framework's count of ranks and its device against ftlaunch's (every rank calls it).
-
-    Fewer ranks than ftlaunch started means each rank trains alone, every one as rank 0
-    (Accelerate and the Trainer on a node without a GPU unless told ``cpu=True``): their saves
-    would collide, so it is an error. A device other than the one ftlaunch chose (the rank's GPU
-    under NCCL, else the CPU) trains, but not where the user and the launcher's backend expect:
-    a warning, once per process."""
+    Fewer ranks is an error (each would train alone as rank 0, their saves colliding); another
+    device a warning, once per process."""
     info = ft.info()
     if ranks != info.world_size:
         raise RuntimeError(
@@ -76,9 +70,8 @@ class BeatPause:
 
 
 def is_own(name: str, rank: int, per_rank: Pattern) -> bool:
-    """Frameworks write the shared files (weights, optimizer) from rank 0 and a file per rank
-    (its RNG streams) named by ``per_rank`` (one group: the rank). Each rank uploads its own
-    per-rank file; rank 0 uploads the shared ones, which the others may have written too."""
+    """Each rank uploads its own per-rank file (``per_rank``'s group: the rank); rank 0 the shared
+    ones, which the others may have written too."""
     found = per_rank.fullmatch(os.path.basename(name))
     return int(found.group(1)) == rank if found else rank == 0
 
@@ -93,9 +86,8 @@ def keep_own_files(folder: str, rank: int, per_rank: Pattern) -> None:
 def commit_folder(
     step: int, source: str, rank: int, per_rank: Pattern, metrics: Optional[Dict[str, float]] = None
 ) -> None:
-    """Commit this rank's share of the files in ``source`` (a checkpoint the framework wrote) as
-    ``step``. Files are linked, not copied, where the file system allows: the framework writes a
-    new folder for each step, so a linked file is not written again while it is uploaded."""
+    """Commit this rank's share of ``source`` (the framework's checkpoint) as ``step``; files are
+    linked where possible (the framework writes a new folder each step)."""
     if not os.path.isdir(source):  # e.g. a hyperparameter search's trial folder: not supported
         raise FileNotFoundError(f"step {step}: the framework's checkpoint folder {source} does not exist")
     with ft.checkpoint_dir(step, metrics) as target:

@@ -15,19 +15,10 @@
             break
     worker_lib.shutdown()
 
-``save_state`` has every rank write ``accelerator.save_state`` into the step's folder and commits
-it on any fsspec URL: rank 0 the weights, optimizer, scheduler, samplers and registered objects,
-every rank its own RNG file. ``load_state`` loads the newest step every rank committed (never a
-torn one, which ``load_state()`` of the newest folder may) and returns its number. Accelerate
-restores every rank's RNG streams; the data position is the script's (``skip_first_batches``), so
-a script that skips what it had done resumes exactly, random layers (dropout) included when its
-DataLoader has a generator of its own (``DataLoader(..., generator=torch.Generator())``): each new
-iterator draws a seed from the loader's generator, else from the global stream just restored.
-``accelerate launch --max_restarts`` is torchrun's restart: run the script under ftlaunch instead.
-
-Both check that Accelerate placed the rank where ftlaunch did: Accelerate on a node without a GPU
-trains each rank alone unless told ``cpu=True`` (an error here, before the saves collide), and a
-device other than ftlaunch's choice is a warning.
+Each rank's share of ``accelerator.save_state`` is committed as one step on any fsspec URL, and
+``load_state`` loads the newest step every rank committed, never a torn one. The data position is
+the script's (``skip_first_batches``; exact with a loader generator of its own). docs/frameworks.md
+says what the adapter adds and checks.
 """
 
 import re

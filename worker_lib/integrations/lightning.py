@@ -8,27 +8,11 @@
     trainer.fit(model, data, ckpt_path=fault_tolerance.ckpt_path())
     worker_lib.shutdown()
 
-Every ``every_n_steps`` optimizer steps every rank calls ``trainer.save_checkpoint`` into the
-step's folder (Lightning writes the file on rank 0), and the step is committed only once every
-rank is through: ``ckpt_path()`` names the newest committed step's file on every rank (fetched
-from remote storage once per node), never a torn one, which ``ckpt_path="last"`` may. Each
-optimizer step beats (a validation pass is a pause, not a hang), and a preemption (SIGTERM, the
-SLURM notice) saves one step agreed by every rank and ends ``fit`` there.
-
-Lightning restores the model, optimizer, schedulers, loop counters (the step count continues)
-and callbacks from the file; worker_lib restores each rank's RNG streams. The data position is
-Lightning's: a step saved mid-epoch resumes with the epoch's batches counted, but a plain
-DataLoader starts the epoch's batches again from its first (Lightning skips batches only for a
-stateful loader), so the weights differ from an uninterrupted run's; save at epoch ends
-(``every_n_steps`` = the epoch's length) or use a stateful loader for an exact resume. Lightning
-2.6.6 also miscounts one case: in a run that resumed from a step at an epoch's end, a step saved
-mid-epoch resumes with that epoch's batches all to do again (a 40-step run stopped at 32 ends at
-52), where a fresh run's mid-epoch step resumes with the rest of its epoch only.
-
-Works with ``import lightning.pytorch`` and ``import pytorch_lightning``: the callback is built on
-the package the script imported first (``lightning.pytorch`` when both or neither are). At
-``fit``'s start it checks that the Trainer counts the ranks ftlaunch started (an error otherwise)
-and trains on the device ftlaunch chose (a warning otherwise).
+Every ``every_n_steps`` optimizer steps (and at a preemption, one step agreed by every rank)
+the ranks save with ``trainer.save_checkpoint``, committed once all are through; ``ckpt_path()``
+names the newest committed file, never a torn one. Built on whichever of ``lightning.pytorch`` and
+``pytorch_lightning`` the script imported first. Exact resume at epoch ends only:
+docs/frameworks.md.
 """
 
 import os

@@ -7,20 +7,10 @@
     trainer.train(resume_from_checkpoint=fault_tolerance.resume_from())
     worker_lib.shutdown()
 
-Saves follow the Trainer's own ``save_steps`` (or ``save_strategy``): after the Trainer wrote
-``checkpoint-<step>`` into ``output_dir`` (local disk), each rank commits its share of it as an
-ftlaunch step, on any fsspec URL (``--checkpoint-dir gs://...``): rank 0 the weights, optimizer,
-scheduler and trainer state, every rank its own RNG file. ``resume_from()`` names a local folder
-with the newest step every rank committed, never a torn one, which ``get_last_checkpoint`` may.
-Each optimizer step beats (an evaluation or a save is a pause, not a hang), and a preemption
-(SIGTERM, the SLURM notice) makes every rank save one agreed step and end ``train`` there.
-
-The Trainer's resume is exact: it restores the weights, optimizer, scheduler, each rank's RNG
-streams and skips the batches already seen, so a run with a crash ends with the weights of an
-uninterrupted one. ``enable_jit_checkpoint`` (a save on a timer per rank at SIGTERM) is refused:
-ftlaunch's stop saves one step agreed by every rank. At ``train``'s start it checks that the
-Trainer counts the ranks ftlaunch started (on a node without a GPU it trains each rank alone
-unless ``use_cpu=True``: an error) and trains on the device ftlaunch chose (a warning otherwise).
+Each ``checkpoint-<step>`` the Trainer writes (its ``save_steps``) is committed as an ftlaunch
+step on any fsspec URL; ``resume_from()`` names a local folder with the newest step every rank
+committed, never a torn one. A preemption saves one step agreed by every rank, so
+``enable_jit_checkpoint`` is refused. docs/frameworks.md says what the adapter adds and checks.
 """
 
 import os
