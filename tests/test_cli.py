@@ -15,7 +15,7 @@ import pytest
 from helpers import ACTOR, ROOT
 from storage_servers import start_s3_read_only
 
-from launcher.cli import main
+from launcher.cli.launch import main
 
 # The options' rules hold however the workers start (the fork server's own are test_fork_server's).
 pytestmark = pytest.mark.exec_workers
@@ -398,11 +398,11 @@ def test_a_server_that_refuses_the_connection_is_one_line(launcher, option):
 def test_a_node_without_a_gpu_driver_counts_no_gpu_without_importing_torch():
     """Counting GPUs through torch costs the supervisor seconds of import before any worker starts;
     on a node with no GPU driver's device files there is nothing to count."""
-    from launcher.discover import _GPU_DRIVER_FILES
+    from launcher.cli.discover import _GPU_DRIVER_FILES
 
     if any(Path(p).exists() for p in _GPU_DRIVER_FILES):
         pytest.skip("this node has a GPU driver: torch counts its GPUs")
-    probe = "import sys; from launcher.discover import visible_gpu_count; "
+    probe = "import sys; from launcher.cli.discover import visible_gpu_count; "
     probe += "print(visible_gpu_count(), 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["0", "False"]

@@ -22,7 +22,9 @@ _LAYERS: Tuple[Tuple[str, ...], ...] = (
     # the mechanisms of one node's watch and of many nodes' meeting
     ("launcher.runs", "launcher.observe", "launcher.hangs", "launcher.chaos", "launcher.cluster"),
     ("launcher.roles",),  # single node, node 0, follower: one loop over a Role
-    ("launcher",),  # the command line, the supervisor's loop and the attempt
+    ("launcher",),  # the supervisor's loop and the attempt
+    ("launcher.cli",),  # the command line: options -> sections, status, exit codes
+    ("launcher.__main__",),  # python -m launcher and the ftlaunch script: the entry point
 )
 
 
@@ -95,8 +97,9 @@ def test_worker_lib_never_imports_the_launcher():
 
 
 def _package(module: str, modules: Dict[str, Path]) -> str:
-    """The package a module belongs to: itself for a package's ``__init__``."""
-    if modules[module].name == "__init__.py":
+    """The package a module belongs to: itself for a package's ``__init__``, and for the entry
+    point (``__main__``), which stands above the package it is run as."""
+    if modules[module].name in ("__init__.py", "__main__.py"):
         return module
     return module.rpartition(".")[0]
 

@@ -1,6 +1,6 @@
 """docs/reference.md's tables against what the code declares: every option click knows is in the
 table and nothing else, with click's default and the variables that really set it (click's own
-FTLAUNCH_* resolution, launcher.environment's PET_* mapping); the exit codes are ExitCode's.
+FTLAUNCH_* resolution, launcher.cli.environment's PET_* mapping); the exit codes are ExitCode's.
 Help texts are not compared (the table says it in its own words), but for the one list both give:
 --rdzv-conf's settings."""
 
@@ -12,11 +12,11 @@ from typing import Dict, List, Set, Tuple
 import click
 import pytest
 
-from launcher import environment
-from launcher.cli import ENV_PREFIX, _torchrun_defaults, cli, main
-from launcher.environment import PET_PREFIX
+from launcher.cli import environment
+from launcher.cli.environment import PET_PREFIX
+from launcher.cli.launch import ENV_PREFIX, _torchrun_defaults, cli, main
+from launcher.cli.status import status_cli
 from launcher.grammar.errors import ExitCode
-from launcher.status_cli import status_cli
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference.md"
 NONE = "—"
@@ -120,8 +120,8 @@ def _ftlaunch_variables(option: click.Option, context: click.Context, candidates
 
 
 def _pet_variables(option: click.Option, candidates, env) -> Set[Tuple[str, ...]]:
-    """The PET_* names (or pairs) that the launch's own mapping (launcher.environment, for the
-    options cli.py hands it) puts onto ``option``, each tried alone."""
+    """The PET_* names (or pairs) that the launch's own mapping (launcher.cli.environment, for the
+    options launcher.cli hands it) puts onto ``option``, each tried alone."""
     found = set()
     for group in candidates:
         for name in group:
@@ -185,7 +185,7 @@ def test_status_looks_for_runs_where_the_launch_put_them(bare_environ, tmp_path,
 
 def test_rdzv_conf_names_every_setting_its_parser_takes_in_the_help_and_the_table():
     """--help left out heartbeat, which the parser takes."""
-    from launcher.cli import _RDZV_KEYS
+    from launcher.cli.launch import _RDZV_KEYS
 
     (option,) = [p for p in cli.params if p.name == "rdzv_conf"]
     row = _rows_by_option(_table("`ftlaunch` options"))["--rdzv-conf"]

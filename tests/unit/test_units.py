@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from helpers import dead_pid
 
+from launcher.cli.discover import resolve_backend
 from launcher.core.config import EntryKind, LaunchConfig
 from launcher.core.failures import ErrorRecord, ProcessFailure, describe_exit, read_error_file, root_cause
 from launcher.core.group_state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine, IllegalTransition
-from launcher.discover import resolve_backend
 from launcher.grammar.errors import UsageError
 from launcher.process.logs import _Stream
 from launcher.process.plan import plan_workers

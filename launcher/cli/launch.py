@@ -1,7 +1,7 @@
 """``ftlaunch [OPTIONS] SCRIPT [SCRIPT_ARGS]...``: options → LaunchConfig, errors → exit codes.
 
 Every option but --help and --version can also be set as ``FTLAUNCH_<OPTION>``
-(``FTLAUNCH_NPROC=8``), and below that as torchrun's ``PET_<OPTION>`` (``launcher.environment``);
+(``FTLAUNCH_NPROC=8``), and below that as torchrun's ``PET_<OPTION>`` (``launcher.cli.environment``);
 the command line wins over both.
 """
 
@@ -19,6 +19,9 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 import click
 from click.core import ParameterSource
 
+from launcher.cli.discover import place, resolve_backend, slurm_step, visible_gpu_count
+from launcher.cli.environment import torchrun_defaults, torchrun_origins
+from launcher.cli.preflight import preflight
 from launcher.console import say
 from launcher.core.config import (
     ChaosSection,
@@ -32,12 +35,9 @@ from launcher.core.config import (
     RunSection,
 )
 from launcher.core.policy import RestartPolicy
-from launcher.discover import place, resolve_backend, slurm_step, visible_gpu_count
-from launcher.environment import torchrun_defaults, torchrun_origins
 from launcher.grammar.durations import parse_duration
 from launcher.grammar.errors import ExitCode, FtlaunchError, UsageError
 from launcher.grammar.numbers import decimal, digits, whole_number
-from launcher.preflight import preflight
 from launcher.process.signals import SignalInbox
 from worker_lib.core.backend import BACKENDS
 
@@ -95,7 +95,7 @@ class _Command(click.Command):
 def _refuse_empty(given: Mapping[str, Any], params: Sequence[click.Parameter]) -> None:
     """An option given an empty value on the command line (``--run-id "$ID"`` with ID unset) is
     refused, never taken for its default. An empty variable is unset (click's FTLAUNCH_*, and
-    PET_* alike: launcher/environment.py). Options whose default is empty take it."""
+    PET_* alike: launcher/cli/environment.py). Options whose default is empty take it."""
     for param in params:
         if (
             isinstance(param, click.Option)
@@ -426,8 +426,8 @@ def cli(signals: SignalInbox, verbose: bool, **options) -> int:
     signals.preempt_signal = config.group.preempt_signal
     preflight(config, signals.raise_if_received)
     signals.raise_if_received()
+    from launcher.cli.summary import summary_lines
     from launcher.observe.exporter import open_exporter
-    from launcher.summary import summary_lines
     from launcher.supervisor import supervise
 
     chaos = _chaos_source(config)
@@ -690,7 +690,7 @@ def main(argv: Optional[Sequence[str]] = None, signals: Optional[SignalInbox] = 
     inbox = signals or SignalInbox()
     try:
         if args[:1] == ["status"] and not Path("status").exists():  # `ftlaunch status`, not a script
-            from launcher.status_cli import status_cli
+            from launcher.cli.status import status_cli
 
             inbox.close()  # a command that only reads: Ctrl+C simply ends it
             inbox.raise_if_received()

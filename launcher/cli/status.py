@@ -14,12 +14,12 @@ from typing import Any, Dict, List, Optional
 
 import click
 
+from launcher.cli.environment import PET_PREFIX
 from launcher.core.beats import LiveProgress
 from launcher.core.config import join_run_url
 from launcher.core.failures import seconds
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.records import RunState
-from launcher.environment import PET_PREFIX
 from launcher.grammar.errors import UsageError
 from launcher.runs.checkpoints import CheckpointDir
 from launcher.runs.directory import Damaged, LockState, RunDir
