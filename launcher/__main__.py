@@ -24,7 +24,7 @@ def entry() -> None:
         from launcher.process.signals import SignalInbox  # light: os, select, signal
 
         with SignalInbox() as signals:
-            from launcher.cli.launch import main
+            from launcher.cli.main import main
 
             code = main(signals=signals)
     except KeyboardInterrupt:  # before the inbox was open

@@ -559,7 +559,7 @@ def _status(*args):
     import contextlib
     import io
 
-    from launcher.cli.launch import main
+    from launcher.cli.main import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

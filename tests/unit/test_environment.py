@@ -21,7 +21,9 @@ import click
 import pytest
 
 from launcher.cli.environment import torchrun_defaults
-from launcher.cli.launch import config_from_options, main, options_of
+from launcher.cli.launch import options_of
+from launcher.cli.main import main
+from launcher.cli.sections import config_from_options
 from launcher.grammar.errors import UsageError
 
 TRAINER_NODE_1 = {  # Kubeflow Trainer's five, for node 1 of a TrainJob named "mnist"
