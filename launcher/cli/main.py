@@ -2,38 +2,33 @@
 
 import importlib
 import sys
-from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import click
 
+from launcher.cli import SUBCOMMANDS, subcommand_of
 from launcher.cli.launch import launch
 from launcher.grammar.errors import ExitCode, FtlaunchError
 from launcher.process.signals import SignalInbox
 
 __all__ = ["Ftlaunch", "ftlaunch", "main"]
 
-# Each subcommand and where it lives, imported only when asked for: status reads storage (fsspec),
-# which a launch loads later, inside its inbox.
-_SUBCOMMANDS: Dict[str, str] = {"status": "launcher.cli.status:status"}
-
 
 class Ftlaunch(click.Group):
-    """A subcommand when the first word names one and no file of that name is here (a script
-    named ``status`` still runs, as ``ftlaunch ./status`` does); else a launch, whose own command
-    parses every word (its options, SCRIPT, and SCRIPT's arguments, which are SCRIPT's)."""
+    """A subcommand where ``subcommand_of`` finds one (``status``); else a launch, whose own
+    command parses every word (its options, SCRIPT, and SCRIPT's arguments, which are SCRIPT's)."""
 
-    def __init__(self, default: click.Command, subcommands: Dict[str, str]) -> None:
+    def __init__(self, default: click.Command) -> None:
         super().__init__("ftlaunch", add_help_option=False)  # --help is the launch's or a subcommand's
-        self.default, self._subcommands = default, subcommands
+        self.default = default
 
     def list_commands(self, ctx: click.Context) -> List[str]:
-        return sorted(self._subcommands)
+        return sorted(SUBCOMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> Optional[click.Command]:
-        if cmd_name not in self._subcommands:
+        if cmd_name not in SUBCOMMANDS:
             return None
-        module, _, name = self._subcommands[cmd_name].partition(":")
+        module, _, name = SUBCOMMANDS[cmd_name].partition(":")
         command: click.Command = getattr(importlib.import_module(module), name)
         return command
 
@@ -44,7 +39,7 @@ class Ftlaunch(click.Group):
     def resolve_command(
         self, ctx: click.Context, args: List[str]
     ) -> Tuple[Optional[str], Optional[click.Command], List[str]]:
-        if args[:1] and args[0] in self._subcommands and not Path(args[0]).exists():
+        if subcommand_of(args):
             return super().resolve_command(ctx, args)
         return None, self.default, args
 
@@ -63,7 +58,7 @@ class Ftlaunch(click.Group):
             return command.invoke(sub)
 
 
-ftlaunch = Ftlaunch(launch, _SUBCOMMANDS)
+ftlaunch = Ftlaunch(launch)
 
 
 def main(argv: Optional[Sequence[str]] = None, signals: Optional[SignalInbox] = None) -> int:

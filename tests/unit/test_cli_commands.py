@@ -73,3 +73,13 @@ def test_options_after_the_script_are_the_scripts(monkeypatch):
     options = options_of(args)
     assert options["nproc"] == "2" and options["script"] == "train.py"
     assert options["script_args"] == ("--nproc", "3", "--help", "--version", "status")
+
+
+def test_a_defect_is_said_of_the_command_that_ran(tmp_path, monkeypatch):
+    """The entry point's line after a traceback tells status from a launch by the same rule."""
+    from launcher.__main__ import defect_line
+
+    monkeypatch.chdir(tmp_path)
+    assert defect_line(["status", "run"]).endswith("it changed nothing\n")
+    (tmp_path / "status").write_text("")
+    assert defect_line(["status", "run"]).endswith("the same command resumes the run\n")
