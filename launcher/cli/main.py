@@ -44,16 +44,16 @@ class Ftlaunch(click.Group):
         return None, self.default, args
 
     def invoke(self, ctx: click.Context) -> Any:
-        name, command, args = self.resolve_command(ctx, ctx.args)
         inbox: SignalInbox = ctx.obj
-        if name is None:  # the launch: a context of its own, as if it were the only command
+        if subcommand_of(ctx.args) is None:  # the launch: a context of its own, as the only command
             if not inbox.is_open:
                 inbox.open()
-            with self.default.make_context(ctx.info_name, args, obj=inbox) as own:
+            with self.default.make_context(ctx.info_name, ctx.args, obj=inbox) as own:
                 return self.default.invoke(own)
-        assert command is not None
-        inbox.close()  # a subcommand only reads: Ctrl+C simply ends it
+        inbox.close()  # a subcommand only reads: Ctrl+C simply ends it, from its import on
         inbox.raise_if_received()
+        name, command, args = self.resolve_command(ctx, ctx.args)
+        assert name is not None and command is not None
         with command.make_context(name, args, parent=ctx) as sub:
             return command.invoke(sub)
 
