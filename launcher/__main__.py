@@ -24,7 +24,7 @@ def entry() -> None:
         from launcher.process.signals import SignalInbox  # light: os, select, signal
 
         with SignalInbox() as signals:
-            from launcher.cli import main
+            from launcher.cli.main import main
 
             code = main(signals=signals)
     except KeyboardInterrupt:  # before the inbox was open
@@ -59,10 +59,12 @@ def _report_defect(args: list) -> None:
 
 
 def defect_line(args: list) -> str:
-    """The line after a defect's traceback: what it left behind. ``ftlaunch status`` (told apart
-    as ``launcher.cli.main`` tells it) only reads: it stopped no worker and has nothing to resume."""
+    """The line after a defect's traceback: what it left behind. ``ftlaunch status`` only reads:
+    it stopped no worker and has nothing to resume."""
+    from launcher.cli import subcommand_of  # the standard library's os only
+
     said = f"ftlaunch: internal error (exit {_INTERNAL}): a defect in ftlaunch, please report it with the "
-    if args[:1] == ["status"] and not os.path.exists("status"):
+    if subcommand_of(args) == "status":
         return said + "traceback above; `ftlaunch status` only reads the run directory, it changed nothing\n"
     return said + "traceback above; its workers were stopped, and the same command resumes the run\n"
 

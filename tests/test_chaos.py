@@ -148,7 +148,7 @@ def test_chaos_from_the_environment_announces_itself_at_start_in_status_and_in_t
     assert "injecting sleep:rank=0,at=600s" in lines[start] and "do not count" in lines[start]
     assert start < next(i for i, line in enumerate(lines) if "attempt 0: starting" in line)
     assert "  chaos (FTLAUNCH_CHAOS in the environment): injected sleep:rank=0,at=600s" in launch.stderr
-    from launcher.status_cli import _table, run_status
+    from launcher.cli.status import _table, run_status
 
     table = "\n".join(_table(run_status(launch.run_url())))
     assert "chaos        sleep:rank=0,at=600s" in table

@@ -4,6 +4,7 @@ process (``ftlaunch`` below); what needs a launch's own process (a limit set bef
 signal, a server it talks to) starts one."""
 
 import dataclasses
+import json
 import shutil
 import socket
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 from helpers import ACTOR, ROOT
 from storage_servers import start_s3_read_only
 
-from launcher.cli import main
+from launcher.cli.main import main
 
 # The options' rules hold however the workers start (the fork server's own are test_fork_server's).
 pytestmark = pytest.mark.exec_workers
@@ -398,11 +399,30 @@ def test_a_server_that_refuses_the_connection_is_one_line(launcher, option):
 def test_a_node_without_a_gpu_driver_counts_no_gpu_without_importing_torch():
     """Counting GPUs through torch costs the supervisor seconds of import before any worker starts;
     on a node with no GPU driver's device files there is nothing to count."""
-    from launcher.discover import _GPU_DRIVER_FILES
+    from launcher.cli.discover import _GPU_DRIVER_FILES
 
     if any(Path(p).exists() for p in _GPU_DRIVER_FILES):
         pytest.skip("this node has a GPU driver: torch counts its GPUs")
-    probe = "import sys; from launcher.discover import visible_gpu_count; "
+    probe = "import sys; from launcher.cli.discover import visible_gpu_count; "
     probe += "print(visible_gpu_count(), 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["0", "False"]
+
+
+def test_a_script_named_status_in_the_working_directory_is_launched(tmp_path, monkeypatch, capsys):
+    """``ftlaunch status ...`` beside a file named ``status`` runs that script, as ``ftlaunch
+    ./status ...`` would, every word after it the script's (tests/unit/test_cli_commands.py has
+    the dispatch's other cases)."""
+    (tmp_path / "status").write_text(
+        "import json, sys\nfrom pathlib import Path\nPath('argv.json').write_text(json.dumps(sys.argv[1:]))\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    for name, value in {"FTLAUNCH_NPROC": "1", "FTLAUNCH_FORK_SERVER": "0"}.items():  # torch-free
+        monkeypatch.setenv(name, value)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    code = main(["status", "--json", "--run-dir", "elsewhere"])
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    assert code == 0, capsys.readouterr()
+    assert json.loads((tmp_path / "argv.json").read_text()) == ["--json", "--run-dir", "elsewhere"]
+    assert [p.name for p in (tmp_path / "ftlaunch_runs").iterdir()][0].startswith("status")
+    assert not (tmp_path / "elsewhere").exists() and left == []

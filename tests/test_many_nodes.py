@@ -92,7 +92,7 @@ def _status_table(tmp_path, name) -> str:
 
 def _status_when(tmp_path, name, ready, timeout=30) -> dict:
     """``ftlaunch status --json`` once its live progress satisfies ``ready``; bounded."""
-    from launcher.status_cli import run_status
+    from launcher.cli.status import run_status
 
     deadline = time.monotonic() + timeout
     while True:

@@ -258,7 +258,7 @@ def test_a_run_json_whose_times_are_no_dates_is_damaged_for_status_and_a_launch(
 
 # A defect planted in `ftlaunch status` itself: drawing its table raises.
 _STATUS_DEFECT = """
-import launcher.status_cli as status_cli
+import launcher.cli.status as status_cli
 def _defect(report):
     raise RuntimeError("a defect planted by the test")
 status_cli._table = _defect
@@ -559,7 +559,7 @@ def _status(*args):
     import contextlib
     import io
 
-    from launcher.cli import main
+    from launcher.cli.main import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

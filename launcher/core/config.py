@@ -1,5 +1,5 @@
 """LaunchConfig: built once by the CLI, validated, frozen, passed down in sections
-(``launcher.preflight`` checks it against the world)."""
+(``launcher.cli.preflight`` checks it against the world)."""
 
 import dataclasses
 import enum

@@ -25,7 +25,7 @@ class SlurmStep:
     nnodes: int
     node_rank: int
     first_host: str  # node 0: it hosts the job's store (the node list's first, as read here)
-    nodelist: str = ""  # as SLURM wrote it; ``launcher.discover`` asks scontrol to name node 0
+    nodelist: str = ""  # as SLURM wrote it; ``launcher.cli.discover`` asks scontrol to name node 0
 
     @property
     def rdzv_endpoint(self) -> str:

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cli import config_from_options, options_of
+from launcher.cli.launch import options_of
+from launcher.cli.sections import config_from_options
 from launcher.core.config import EntryKind, default_run_name
 from launcher.grammar.errors import UsageError
 from worker_lib.checkpoint.directory import node_cache_root

@@ -1,4 +1,4 @@
-"""torchrun's PET_* environment, as Kubernetes' operators set it (launcher.environment): read
+"""torchrun's PET_* environment, as Kubernetes' operators set it (launcher.cli.environment): read
 below FTLAUNCH_* and the command line, torchrun's names mapped to ftlaunch's, and
 PET_MASTER_ADDR:PET_MASTER_PORT as where the nodes meet. The variables are those of the
 operators' own source:
@@ -20,8 +20,10 @@ import os
 import click
 import pytest
 
-from launcher.cli import config_from_options, main, options_of
-from launcher.environment import torchrun_defaults
+from launcher.cli.environment import torchrun_defaults
+from launcher.cli.launch import options_of
+from launcher.cli.main import main
+from launcher.cli.sections import config_from_options
 from launcher.grammar.errors import UsageError
 
 TRAINER_NODE_1 = {  # Kubeflow Trainer's five, for node 1 of a TrainJob named "mnist"

@@ -4,8 +4,8 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
+from launcher.cli.preflight import _check_outside_this_process
 from launcher.grammar.errors import UsageError
-from launcher.preflight import _check_outside_this_process
 
 
 class _Scratch(MemoryFileSystem):

@@ -1,6 +1,6 @@
 """docs/reference.md's tables against what the code declares: every option click knows is in the
 table and nothing else, with click's default and the variables that really set it (click's own
-FTLAUNCH_* resolution, launcher.environment's PET_* mapping); the exit codes are ExitCode's.
+FTLAUNCH_* resolution, launcher.cli.environment's PET_* mapping); the exit codes are ExitCode's.
 Help texts are not compared (the table says it in its own words), but for the one list both give:
 --rdzv-conf's settings."""
 
@@ -12,11 +12,13 @@ from typing import Dict, List, Set, Tuple
 import click
 import pytest
 
-from launcher import environment
-from launcher.cli import ENV_PREFIX, _torchrun_defaults, cli, main
-from launcher.environment import PET_PREFIX
+from launcher.cli import environment
+from launcher.cli.environment import PET_PREFIX
+from launcher.cli.launch import launch
+from launcher.cli.main import main
+from launcher.cli.options import ENV_PREFIX
+from launcher.cli.status import status
 from launcher.grammar.errors import ExitCode
-from launcher.status_cli import status_cli
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference.md"
 NONE = "—"
@@ -87,16 +89,16 @@ def _check_default(option: click.Option, context: click.Context, cell: str) -> N
 
 
 def test_every_ftlaunch_option_is_in_the_table_with_clicks_default():
-    context = click.Context(cli, info_name="ftlaunch", auto_envvar_prefix=ENV_PREFIX)
-    by_option = _check_names(cli, context, _table("`ftlaunch` options"))
-    for option in _options(cli, context):
+    context = click.Context(launch, info_name="ftlaunch", auto_envvar_prefix=ENV_PREFIX)
+    by_option = _check_names(launch, context, _table("`ftlaunch` options"))
+    for option in _options(launch, context):
         _check_default(option, context, by_option[option.opts[0]].default)
 
 
 def test_every_status_option_is_in_the_table_with_clicks_default():
-    context = click.Context(status_cli, info_name="ftlaunch status")
-    by_option = _check_names(status_cli, context, _table("`ftlaunch status` options"))
-    for option in _options(status_cli, context):
+    context = click.Context(status, info_name="ftlaunch status")
+    by_option = _check_names(status, context, _table("`ftlaunch status` options"))
+    for option in _options(status, context):
         _check_default(option, context, by_option[option.opts[0]].default)
 
 
@@ -120,13 +122,13 @@ def _ftlaunch_variables(option: click.Option, context: click.Context, candidates
 
 
 def _pet_variables(option: click.Option, candidates, env) -> Set[Tuple[str, ...]]:
-    """The PET_* names (or pairs) that the launch's own mapping (launcher.environment, for the
-    options cli.py hands it) puts onto ``option``, each tried alone."""
+    """The PET_* names (or pairs) that the launch's own mapping (launcher.cli.environment, for the
+    options launcher.cli hands it) puts onto ``option``, each tried alone."""
     found = set()
     for group in candidates:
         for name in group:
             env.setenv(name, "c10d")
-        if option.name in _torchrun_defaults():
+        if option.name in launch.torchrun_defaults():
             found.add(group)
         for name in group:
             env.delenv(name)
@@ -134,8 +136,8 @@ def _pet_variables(option: click.Option, candidates, env) -> Set[Tuple[str, ...]
 
 
 def test_the_tables_variables_are_the_ones_that_set_each_option(bare_environ):
-    context = click.Context(cli, info_name="ftlaunch", auto_envvar_prefix=ENV_PREFIX)
-    options = _options(cli, context)
+    context = click.Context(launch, info_name="ftlaunch", auto_envvar_prefix=ENV_PREFIX)
+    options = _options(launch, context)
     by_option = _rows_by_option(_table("`ftlaunch` options"))
     listed = {group for row in by_option.values() for group in row.variables}
     ours = {f"{ENV_PREFIX}_{p.name.upper()}" for p in options if p.name} | {
@@ -155,11 +157,11 @@ def test_the_tables_variables_are_the_ones_that_set_each_option(bare_environ):
 def test_the_status_tables_variables_are_the_ones_that_set_each_option(bare_environ):
     """As main() calls it. --run-dir reads what the launch's --run-dir reads (a SLURM script
     exports FTLAUNCH_RUN_DIR for both); --json, --plot and --help read nothing."""
-    context = click.Context(status_cli, info_name="ftlaunch status")
+    context = click.Context(status, info_name="ftlaunch status")
     by_option = _rows_by_option(_table("`ftlaunch status` options"))
-    names = [p.name.upper() for p in _options(status_cli, context) if p.name]
+    names = [p.name.upper() for p in _options(status, context) if p.name]
     candidates = sorted({f"{prefix}{name}" for prefix in (f"{ENV_PREFIX}_", PET_PREFIX) for name in names})
-    for option in _options(status_cli, context):
+    for option in _options(status, context):
         expected = _ftlaunch_variables(option, context, candidates, bare_environ)
         assert by_option[option.opts[0]].variables == expected, option.opts[-1]
     launch = _rows_by_option(_table("`ftlaunch` options"))["--run-dir"]
@@ -185,9 +187,9 @@ def test_status_looks_for_runs_where_the_launch_put_them(bare_environ, tmp_path,
 
 def test_rdzv_conf_names_every_setting_its_parser_takes_in_the_help_and_the_table():
     """--help left out heartbeat, which the parser takes."""
-    from launcher.cli import _RDZV_KEYS
+    from launcher.cli.sections import _RDZV_KEYS
 
-    (option,) = [p for p in cli.params if p.name == "rdzv_conf"]
+    (option,) = [p for p in launch.params if p.name == "rdzv_conf"]
     row = _rows_by_option(_table("`ftlaunch` options"))["--rdzv-conf"]
     for text in (option.help or "", row.meaning):
         assert re.search(r"\(([a-z_, ]+)\)", text)[1].split(", ") == list(_RDZV_KEYS), text

@@ -2,7 +2,8 @@
 
 import pytest
 
-from launcher.cli import config_from_options, options_of
+from launcher.cli.launch import options_of
+from launcher.cli.sections import config_from_options
 from launcher.grammar.errors import UsageError
 from launcher.grammar.slurm import expand_hostlist
 from launcher.grammar.slurm import read_slurm_step as slurm_step

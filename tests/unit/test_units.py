@@ -11,10 +11,10 @@ import pytest
 from helpers import dead_pid
 
 from launcher.agent.parts import worker_plan
+from launcher.cli.discover import resolve_backend
 from launcher.core.config import EntryKind, LaunchConfig
 from launcher.core.failures import ErrorRecord, ProcessFailure, describe_exit, read_error_file, root_cause
 from launcher.core.group_state import ALLOWED_TRANSITIONS, GroupState, GroupStateMachine, IllegalTransition
-from launcher.discover import resolve_backend
 from launcher.grammar.errors import UsageError
 from launcher.process.logs import _Stream
 from launcher.process.plan import plan_workers

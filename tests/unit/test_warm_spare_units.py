@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from launcher.cli import config_from_options, options_of
+from launcher.cli.launch import options_of
+from launcher.cli.sections import config_from_options
 from launcher.core.config import GroupSection
 from launcher.grammar.errors import UsageError
 from launcher.process.spare import misfit, warn_of_late_cuda_env

@@ -232,7 +232,7 @@ def _memory_class(protocol: str) -> bool:
 
     if protocol in registry:
         return issubclass(registry[protocol], MemoryFileSystem)
-    known = known_implementations.get(protocol, {}).get("class")
+    known: object = known_implementations.get(protocol, {}).get("class")
     return known == f"{MemoryFileSystem.__module__}.{MemoryFileSystem.__name__}"
 
 

@@ -14,24 +14,24 @@ from typing import Any, Dict, List, Optional
 
 import click
 
+from launcher.cli.environment import PET_PREFIX
 from launcher.core.beats import LiveProgress
 from launcher.core.config import join_run_url
 from launcher.core.failures import seconds
 from launcher.core.outcomes import AttemptOutcome, RunStatus
-from launcher.core.records import RunState
-from launcher.environment import PET_PREFIX
+from launcher.core.records import AttemptEntry, RunState
 from launcher.grammar.errors import UsageError
 from launcher.runs.checkpoints import CheckpointDir
 from launcher.runs.directory import Damaged, LockState, RunDir
 
-__all__ = ["status_cli", "run_status"]
+__all__ = ["status", "run_status"]
 
 # Where the launch's --run-dir is read from below the command line, in its order: status finds the
 # runs that a script's exported FTLAUNCH_RUN_DIR (scripts/ftlaunch_sbatch.sh) put there.
 RUN_DIR_VARIABLES = ("FTLAUNCH_RUN_DIR", f"{PET_PREFIX}RUN_DIR")
 
 
-@click.command(name="ftlaunch status")
+@click.command(name="status")
 @click.argument("run", required=False)
 @click.option(
     "--run-dir",
@@ -50,7 +50,7 @@ RUN_DIR_VARIABLES = ("FTLAUNCH_RUN_DIR", f"{PET_PREFIX}RUN_DIR")
     help="Also draw RUN's timeline into FILE: the step of every attempt over time, failures, downtime, "
     "goodput (needs matplotlib: pip install 'ftlaunch[plot]').",
 )
-def status_cli(run: Optional[str], run_dir: str, as_json: bool, plot: Optional[Path]) -> int:
+def status(run: Optional[str], run_dir: str, as_json: bool, plot: Optional[Path]) -> int:
     """Show RUN (a name under --run-dir, or a run's path or URL); without RUN, list the runs."""
     from worker_lib.core.storage import StorageError
 
@@ -249,7 +249,7 @@ def _table(report: Dict[str, Any]) -> List[str]:
     return lines
 
 
-def _nodes(attempt) -> str:
+def _nodes(attempt: AttemptEntry) -> str:
     """'0,2 (4)': the node ranks that held an attempt and its ranks in all."""
     nodes = ",".join(str(n["node"]) for n in attempt.nodes)
     return f"{nodes} ({attempt.world_size})" if attempt.world_size else nodes
