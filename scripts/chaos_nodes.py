@@ -134,7 +134,7 @@ class NodeJob:
         try:
             for child in psutil.Process(self.procs[node].pid).children(recursive=True):
                 cmdline = " ".join(child.cmdline())
-                if str(DDP) in cmdline and "launcher.process.zygote" not in cmdline:
+                if str(DDP) in cmdline and "launcher.forked.zygote" not in cmdline:
                     return child
         except psutil.Error:
             return None

@@ -31,7 +31,7 @@ def _probes(folder, attempt, nproc=2):
 
 def _zygote_of(launch) -> psutil.Process:
     children = psutil.Process(launch.proc.pid).children()
-    return next(p for p in children if "launcher.process.zygote" in " ".join(p.cmdline()))
+    return next(p for p in children if "launcher.forked.zygote" in " ".join(p.cmdline()))
 
 
 def test_a_forked_worker_sees_what_a_new_interpreter_sees(launcher, tmp_path):
@@ -584,7 +584,7 @@ def test_the_fork_server_backs_its_memory_with_huge_pages(launcher, tmp_path):
     import ctypes
     import mmap
 
-    from launcher.process.linux import collapse_to_huge_pages
+    from launcher.forked.linux import collapse_to_huge_pages
 
     probe = mmap.mmap(-1, 8 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     probe.write(b"x" * (8 << 20))

@@ -19,7 +19,7 @@ from helpers import frozen_at, wait_for_files
 from test_fork_server import _zygote_of
 
 from launcher.process.plan import WorkerSpec
-from launcher.process.spares import Spare, SpareFailed, SpareState, WarmSpares
+from launcher.process.warm_spares import Spare, SpareFailed, SpareState, WarmSpares
 
 # Rank r of attempt a writes its pid to <dir>/rank_<r>.attempt_<a>.pid, then waits (bounded) for
 # <dir>/go.<a>, and exits with the code that file holds.

@@ -12,7 +12,7 @@ _TAIL_BYTES = 1 << 20  # the dump is at the end of the log; do not read gigabyte
 # from the zygote's main) and runpy (``-m``, in the zygote and in a plain interpreter alike). The
 # dump (faulthandler's, written in a signal handler) holds them; what ftlaunch shows starts at the
 # script, as a plain ``python SCRIPT``'s dump does.
-_RUNNER = re.compile(r'^File "(?:<frozen runpy>|.*/runpy\.py|.*/launcher/process/zygote\.py)", line \d+ in ')
+_RUNNER = re.compile(r'^File "(?:<frozen runpy>|.*/runpy\.py|.*/launcher/forked/zygote\.py)", line \d+ in ')
 
 
 def last_stacks(log_file: Path) -> Dict[int, Tuple[str, ...]]:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from typing import IO, Dict, List, Optional, Set
 
-from launcher.process.linux import ignoring
+from launcher.forked.linux import ignoring
 from launcher.process.signals import NOTICE_SIGNALS
 
 __all__ = ["OrphanGuard"]

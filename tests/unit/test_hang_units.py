@@ -274,10 +274,10 @@ def _beat(watch: HangWatch, interval: float, beats: int, start: int = 0, t0: flo
     "runner",
     [
         (  # a script forked from the fork server: its zygote's frames, then runpy's (python -m zygote)
-            '  File "/w/launcher/process/zygote.py", line 451 in _run_script\n'
-            '  File "/w/launcher/process/zygote.py", line 423 in run_main\n'
-            '  File "/w/launcher/process/zygote.py", line 506 in main\n'
-            '  File "/w/launcher/process/zygote.py", line 513 in <module>\n'
+            '  File "/w/launcher/forked/zygote.py", line 451 in _run_script\n'
+            '  File "/w/launcher/forked/zygote.py", line 423 in run_main\n'
+            '  File "/w/launcher/forked/zygote.py", line 506 in main\n'
+            '  File "/w/launcher/forked/zygote.py", line 513 in <module>\n'
             '  File "<frozen runpy>", line 88 in _run_code\n'
             '  File "<frozen runpy>", line 198 in _run_module_as_main\n'
         ),
@@ -309,6 +309,6 @@ def test_a_dump_is_read_from_the_scripts_own_frames_down(tmp_path, runner):
 def test_a_dump_of_the_runner_alone_is_kept_whole(tmp_path):
     """Stopped before its script ran, a worker's frames are all the runner's: shown as they are."""
     log = tmp_path / "rank_0.log"
-    frame = '  File "/w/launcher/process/zygote.py", line 506 in main\n'
+    frame = '  File "/w/launcher/forked/zygote.py", line 506 in main\n'
     log.write_text("Current thread 0x00000000000000bb (most recent call first):\n" + frame)
     assert last_stacks(log)[0xBB] == (frame.strip(),)

@@ -18,7 +18,8 @@ _LAYERS: Tuple[Tuple[str, ...], ...] = (
     ("worker_lib.integrations",),  # framework adapters (nothing imports them)
     ("launcher.grammar",),  # what a user may write, and the errors that refuse it
     ("launcher.core",),  # the vocabulary: configuration, events, outcomes, failures, policy
-    ("launcher.process",),  # processes: spawn, signal, stop, logs, the fork server
+    ("launcher.forked",),  # what runs in the fork server and what it forks; Linux's process controls
+    ("launcher.process",),  # the supervisor's process mechanics: spawn, signal, stop, logs, its ends
     # the mechanisms of one node's watch and of many nodes' meeting
     ("launcher.runs", "launcher.observe", "launcher.hangs", "launcher.chaos", "launcher.cluster"),
     ("launcher.roles",),  # single node, node 0, follower: one loop over a Role

@@ -209,7 +209,7 @@ def test_a_store_left_to_the_supervisor_is_served_unless_a_signal_came_first():
 
     from torch.distributed import TCPStore
 
-    from launcher.process.store import AttemptStore, host_here, unless_stopping
+    from launcher.process.attempt_store import AttemptStore, host_here, unless_stopping
 
     served = AttemptStore("127.0.0.1", 0, unless_stopping(host_here, lambda: False))
     try:

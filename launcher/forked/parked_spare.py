@@ -1,6 +1,6 @@
 """A warm spare, from its own side: a process forked from the zygote for one local rank that makes
 ahead what its worker would make first, then parks until the supervisor hands it that rank's
-request (``spares.Spare.take``), or lets it go.
+request (``launcher.process.warm_spares.Spare.take``), or lets it go.
 
 What it makes, under nccl: the CUDA context on its GPU, the caching allocator's first block and
 the cuBLAS handle with its workspace (a 64×64 matmul): the one thing a fork cannot carry, and
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from launcher.process.linux import show_as
+from launcher.forked.linux import show_as
 from worker_lib.core import contract as c
 
 __all__ = ["device_memory_used", "misfit", "park", "warm_cuda", "warn_of_late_cuda_env"]
