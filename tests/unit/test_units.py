@@ -146,7 +146,7 @@ def test_console_buffer_stays_small_for_output_without_newlines():
 
 
 def test_the_orphan_guard_leaves_a_group_number_that_passed_to_a_stranger():
-    from launcher.process.orphan_guard import _reused, _started
+    from launcher.orphan_guard.guard import _reused, _started
 
     assert not _reused("100", "100")  # the listed leader, alive: its group is killed
     assert not _reused("100", None) and not _reused(None, None)  # leader gone: its members may not be
