@@ -20,6 +20,7 @@ from helpers import ACTOR, SCRIPTS, wait_for_files
 from test_stopping import _wait_dead
 
 from launcher.core.events import WorkerExit
+from launcher.forked.protocol import STORE_HOST_TITLE, ZYGOTE_MODULE
 
 PROBE = str(SCRIPTS / "probe.py")
 TRAIN = str(SCRIPTS / "ckpt_train.py")
@@ -31,7 +32,7 @@ def _probes(folder, attempt, nproc=2):
 
 def _zygote_of(launch) -> psutil.Process:
     children = psutil.Process(launch.proc.pid).children()
-    return next(p for p in children if "launcher.forked.zygote" in " ".join(p.cmdline()))
+    return next(p for p in children if ZYGOTE_MODULE in " ".join(p.cmdline()))
 
 
 def test_a_forked_worker_sees_what_a_new_interpreter_sees(launcher, tmp_path):
@@ -555,7 +556,7 @@ def _listening(process: psutil.Process) -> set:
 
 
 def _store_host_of(supervisor: psutil.Process) -> psutil.Process:
-    (host,) = [p for p in supervisor.children() if _command(p)[:1] == ["ftlaunch-store"]]
+    (host,) = [p for p in supervisor.children() if _command(p)[:1] == [STORE_HOST_TITLE]]
     return host
 
 

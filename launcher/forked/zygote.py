@@ -76,8 +76,6 @@ BASE_PRELOAD = (
 # it resolves (``url_to_fs``): found by listing what a restarted worker still imported after the
 # fork. Private modules, absent from some versions: best effort, like the storage's filesystem.
 LAZY_PRELOAD = ("torch.profiler._cupti_monitor", "fsspec.implementations.chained")
-# In the zygote only: libraries that start their thread pool at import would leave threads behind.
-SINGLE_THREADED = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 _MAX_MESSAGE = 1 << 20
 _MOST_COLLAPSED = 1 << 30  # to_huge_pages: bytes at most
 _RESIDENT_ENOUGH = 7 / 8  # to_huge_pages: a piece at least this much in memory

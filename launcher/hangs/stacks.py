@@ -4,6 +4,8 @@ import re
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+from launcher.forked.protocol import ZYGOTE_MODULE
+
 __all__ = ["last_stacks", "main_thread_stack"]
 
 _HEADER = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):$")
@@ -12,7 +14,8 @@ _TAIL_BYTES = 1 << 20  # the dump is at the end of the log; do not read gigabyte
 # from the zygote's main) and runpy (``-m``, in the zygote and in a plain interpreter alike). The
 # dump (faulthandler's, written in a signal handler) holds them; what ftlaunch shows starts at the
 # script, as a plain ``python SCRIPT``'s dump does.
-_RUNNER = re.compile(r'^File "(?:<frozen runpy>|.*/runpy\.py|.*/launcher/forked/zygote\.py)", line \d+ in ')
+_ZYGOTE_FILE = re.escape(ZYGOTE_MODULE.replace(".", "/")) + r"\.py"
+_RUNNER = re.compile(rf'^File "(?:<frozen runpy>|.*/runpy\.py|.*/{_ZYGOTE_FILE})", line \d+ in ')
 
 
 def last_stacks(log_file: Path) -> Dict[int, Tuple[str, ...]]:

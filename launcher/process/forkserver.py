@@ -21,6 +21,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from launcher.core.config import EntryKind, EntrySection
 from launcher.forked.linux import die_with_parent
+from launcher.forked.protocol import SINGLE_THREADED, ZYGOTE_MODULE, spare_job, store_job
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.plan import WorkerSpec
 from launcher.process.warm_spares import WarmSpares
@@ -166,14 +167,6 @@ class _Ahead:
     ours: List[socket.socket]
 
 
-def _spare_job(local_rank: int, cuda: bool, slots: Optional[dict]) -> dict:
-    return {
-        "argv": ["ftlaunch-spare", str(local_rank)],  # what ps shows
-        # the rank's env and cwd come with its request
-        "spare": {"local_rank": local_rank, "cuda": cuda, "slots": slots},
-    }
-
-
 def storage_modules(url: str) -> List[str]:
     """The modules of the fsspec filesystems that serve the checkpoint URL (``gcsfs`` for
     ``gs://``; every layer of a chained ``simplecache::gs://`` URL), named without importing
@@ -210,8 +203,6 @@ class ForkServer:
 
     def launch(self, env: dict) -> None:
         """Start the zygote without waiting for its imports (OSError if it cannot be started)."""
-        from launcher.forked.zygote import SINGLE_THREADED
-
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         module = self._entry.kind is EntryKind.MODULE
         spec = {
@@ -224,7 +215,7 @@ class ForkServer:
         }
         self._log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self._log_file, "ab") as out, theirs:
-            argv = [self._entry.python, "-u", "-m", "launcher.forked.zygote", str(theirs.fileno())]
+            argv = [self._entry.python, "-u", "-m", ZYGOTE_MODULE, str(theirs.fileno())]
             self._proc = subprocess.Popen(
                 [*argv, json.dumps(spec)],
                 env={**{k: v for k, v in env.items() if k not in _PER_WORKER}, **SINGLE_THREADED},
@@ -270,15 +261,14 @@ class ForkServer:
 
     def fork_store(self, timeout: float = ANSWER_S) -> Tuple[int, socket.socket]:
         """The store host (``launcher.forked.store_host``): its pid, and our end of its socket."""
-        job = {"argv": ["ftlaunch-store"], "env": dict(os.environ), "cwd": os.getcwd(), "store": True}
-        return self._fork_helper(job, timeout)
+        return self._fork_helper(store_job(), timeout)
 
     def fork_spare(
         self, local_rank: int, cuda: bool, slots: Optional[dict] = None, timeout: float = ANSWER_S
     ) -> Tuple[int, socket.socket]:
         """A warm spare for ``local_rank`` (``parked_spare``): its pid, and our end of the socket it is
         handed its rank through. ``slots``: the memory-tier slots it maps ahead (``parked_spare.park``)."""
-        return self._fork_helper(_spare_job(local_rank, cuda, slots), timeout)
+        return self._fork_helper(spare_job(local_rank, cuda, slots), timeout)
 
     def send_parked(self, local_ranks: List[int]) -> None:
         """Ask for a spare without CUDA per local rank, without waiting: the zygote forks them
@@ -289,7 +279,7 @@ class ForkServer:
         try:
             with open(self._log_file, "ab") as log:
                 fds = [[log.fileno(), log.fileno(), theirs.fileno()] for _, theirs in pairs]
-                self._send([_spare_job(rank, False, None) for rank in local_ranks], fds)
+                self._send([spare_job(rank, False, None) for rank in local_ranks], fds)
         except BaseException:
             for ours, _ in pairs:
                 ours.close()
