@@ -1,15 +1,20 @@
 """What the supervisor and the fork server's processes share: the names they run by and are found
-by (the launcher, the chaos scripts and the tests use these, never a copy), the zygote's
-environment, and the two jobs that are not a rank's worker (a spare, the store host).
-
-Defined once: a process that moved while a script still looked for its old name would no longer be
-found, and a chaos trial that kills it would silently kill nothing (``tests/unit/test_process_names.py``).
+by, defined once (a copy left behind by a move would find nothing, and a chaos trial would kill
+nothing: ``tests/unit/test_process_names.py``), the zygote's environment, the jobs that are not a
+rank's worker.
 """
 
 import os
 from typing import Optional
 
-__all__ = ["SINGLE_THREADED", "SPARE_TITLE", "STORE_HOST_TITLE", "ZYGOTE_MODULE", "spare_job", "store_job"]
+__all__ = [
+    "SINGLE_THREADED",
+    "SPARE_TITLE",
+    "STORE_HOST_TITLE",
+    "ZYGOTE_MODULE",
+    "spare_job",
+    "store_job",
+]
 
 ZYGOTE_MODULE = "launcher.forked.zygote"  # the fork server runs as ``python -m`` this
 SPARE_TITLE = "ftlaunch-spare"  # what ps shows of a parked spare: then its local rank and state

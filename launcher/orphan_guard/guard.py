@@ -1,6 +1,4 @@
-"""The orphan guard itself (its protocol: ``launcher.orphan_guard``): reads the supervisor's lines
-until EOF, then kills every group still listed and removes the folders.
-"""
+"""The orphan guard's process (its protocol: ``launcher.orphan_guard``)."""
 
 import os
 import shutil

@@ -1,5 +1,3 @@
-"""Process mechanics on the supervisor's side: plan, spawn, watch and stop worker groups; the
-supervisor's ends of the fork server, the warm spares, the store host and the orphan guard. No
-policy here. What runs in those other processes is ``launcher.forked`` and
-``launcher.orphan_guard``.
-"""
+"""Process mechanics on the supervisor's side, no policy: plan, spawn, watch and stop worker groups,
+and its ends of the fork server, the spares, the store host and the orphan guard (what runs in
+those: ``launcher.forked``, ``launcher.orphan_guard``)."""

@@ -1,7 +1,5 @@
-"""The supervisor's handle on the orphan guard (``launcher.orphan_guard``: the process that kills
-the workers' groups when the supervisor dies, and its protocol): start it, tell it each group and
-folder, replace it when it dies.
-"""
+"""The supervisor's handle on the orphan guard (``launcher.orphan_guard``): start it, tell it each
+group and folder, replace it when it dies."""
 
 import subprocess
 import sys
