@@ -233,7 +233,7 @@ def load(setup: Setup) -> List[Row]:
         return load_once
 
     from_memory = timed(restarted(LOADED_MEMORY), setup.repeats, before=close_loaded)
-    # What a warm spare does while parked (launcher/process/spare.py), untimed: the slots mapped
+    # What a warm spare does while parked (launcher/forked/parked_spare.py), untimed: the slots mapped
     # and registered by the process that then loads them.
     ahead = timed(
         restarted(LOADED_MEMORY),

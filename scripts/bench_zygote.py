@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _IMPORTS = textwrap.dedent(
     """
     import gc, sys
-    from launcher.process.zygote import BASE_PRELOAD, preload
+    from launcher.forked.zygote import BASE_PRELOAD, preload
     if sys.argv[1] == "off":
         gc.disable()
     preload(list(BASE_PRELOAD))
@@ -39,8 +39,8 @@ _IMPORTS = textwrap.dedent(
 _FORKED_EXIT = textwrap.dedent(
     """
     import gc, os, sys
-    from launcher.process.worker_exit import leave, remember_imported
-    from launcher.process.zygote import BASE_PRELOAD, preload
+    from launcher.forked.worker_exit import leave, remember_imported
+    from launcher.forked.zygote import BASE_PRELOAD, preload
     gc.disable()
     preload(list(BASE_PRELOAD))
     remember_imported()
@@ -61,7 +61,7 @@ _FORKED_EXIT = textwrap.dedent(
 _NEW_INTERPRETER = textwrap.dedent(
     """
     import resource, sys
-    from launcher.process.zygote import BASE_PRELOAD, preload
+    from launcher.forked.zygote import BASE_PRELOAD, preload
     preload(list(BASE_PRELOAD))
     usage = resource.getrusage(resource.RUSAGE_SELF)
     print(usage.ru_utime + usage.ru_stime, flush=True)

@@ -48,6 +48,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from launcher.orphan_guard import GUARD_MODULE  # noqa: E402 - what the guard runs as
 from worker_lib.checkpoint.manager import CheckpointManager, LocalChannel  # noqa: E402
 from worker_lib.checkpoint.marker import REPLICATED, committed_steps, read_verified, step_dir  # noqa: E402
 from worker_lib.core.storage import Storage  # noqa: E402
@@ -395,7 +396,7 @@ def kill_guard(subject: Subject, rng: random.Random, steps: int) -> Trial:
     """kill -9 of the orphan guard: the supervisor starts another; training goes on."""
     proc = subject.start()
     subject.wait_for_commit(_step(rng, steps), proc)
-    guards = [p for p in subject.processes() if "launcher.process.orphan_guard" in " ".join(p.cmdline())]
+    guards = [p for p in subject.processes() if GUARD_MODULE in " ".join(p.cmdline())]
     for guard in guards:
         guard.kill()
     code = wait(proc)

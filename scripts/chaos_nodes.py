@@ -34,6 +34,7 @@ from chaos_matrix import _chosen  # the same --faults parsing as the one-node ma
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from launcher.core import failpoints  # noqa: E402 - the names of the meeting's moments
+from launcher.forked.protocol import ZYGOTE_MODULE  # noqa: E402 - what the zygote runs as
 
 DDP = ROOT / "tests" / "scripts" / "ddp_plain.py"
 MARKER = "FTLAUNCH_CHAOS_NODES_MARKER"
@@ -134,7 +135,7 @@ class NodeJob:
         try:
             for child in psutil.Process(self.procs[node].pid).children(recursive=True):
                 cmdline = " ".join(child.cmdline())
-                if str(DDP) in cmdline and "launcher.process.zygote" not in cmdline:
+                if str(DDP) in cmdline and ZYGOTE_MODULE not in cmdline:
                     return child
         except psutil.Error:
             return None

@@ -20,6 +20,7 @@ from helpers import ACTOR, SCRIPTS, wait_for_files
 from test_stopping import _wait_dead
 
 from launcher.core.events import WorkerExit
+from launcher.forked.protocol import STORE_HOST_TITLE, ZYGOTE_MODULE
 
 PROBE = str(SCRIPTS / "probe.py")
 TRAIN = str(SCRIPTS / "ckpt_train.py")
@@ -31,7 +32,7 @@ def _probes(folder, attempt, nproc=2):
 
 def _zygote_of(launch) -> psutil.Process:
     children = psutil.Process(launch.proc.pid).children()
-    return next(p for p in children if "launcher.process.zygote" in " ".join(p.cmdline()))
+    return next(p for p in children if ZYGOTE_MODULE in " ".join(p.cmdline()))
 
 
 def test_a_forked_worker_sees_what_a_new_interpreter_sees(launcher, tmp_path):
@@ -555,7 +556,7 @@ def _listening(process: psutil.Process) -> set:
 
 
 def _store_host_of(supervisor: psutil.Process) -> psutil.Process:
-    (host,) = [p for p in supervisor.children() if _command(p)[:1] == ["ftlaunch-store"]]
+    (host,) = [p for p in supervisor.children() if _command(p)[:1] == [STORE_HOST_TITLE]]
     return host
 
 
@@ -584,7 +585,7 @@ def test_the_fork_server_backs_its_memory_with_huge_pages(launcher, tmp_path):
     import ctypes
     import mmap
 
-    from launcher.process.linux import collapse_to_huge_pages
+    from launcher.forked.linux import collapse_to_huge_pages
 
     probe = mmap.mmap(-1, 8 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     probe.write(b"x" * (8 << 20))

@@ -14,6 +14,7 @@ from helpers import ACTOR, memory_folders, wait_for_files
 from launcher.agent.parts import worker_plan
 from launcher.core.config import EntryKind, LaunchConfig
 from launcher.core.events import GroupsGuarded, GuardRestarted, Transition
+from launcher.orphan_guard import GUARD_MODULE
 from launcher.process.logs import LogPump
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.plan import plan_workers
@@ -105,7 +106,7 @@ def test_a_dead_orphan_guard_is_replaced_at_once(launcher, tmp_path):
 
 def _guard_of(launch) -> psutil.Process:
     children = psutil.Process(launch.proc.pid).children()
-    return next(p for p in children if "launcher.process.orphan_guard" in p.cmdline())
+    return next(p for p in children if GUARD_MODULE in p.cmdline())
 
 
 def _wait_dead(proc: psutil.Process, timeout: float = 5.0) -> None:

@@ -18,8 +18,9 @@ import pytest
 from helpers import frozen_at, wait_for_files
 from test_fork_server import _zygote_of
 
+from launcher.forked.protocol import SPARE_TITLE
 from launcher.process.plan import WorkerSpec
-from launcher.process.spares import Spare, SpareFailed, SpareState, WarmSpares
+from launcher.process.warm_spares import Spare, SpareFailed, SpareState, WarmSpares
 
 # Rank r of attempt a writes its pid to <dir>/rank_<r>.attempt_<a>.pid, then waits (bounded) for
 # <dir>/go.<a>, and exits with the code that file holds.
@@ -71,7 +72,7 @@ def _spares(launch, other_than=(), timeout: float = 60.0) -> Dict[int, int]:
                 shown = child.cmdline()
                 if (
                     child.status() != psutil.STATUS_ZOMBIE
-                    and shown[:1] == ["ftlaunch-spare"]
+                    and shown[:1] == [SPARE_TITLE]
                     and shown[2:3] == ["ready"]
                 ):
                     found[int(shown[1])] = child.pid
@@ -157,7 +158,7 @@ def test_spares_serve_after_the_fork_server_died_and_none_is_made_after(launcher
     spawned = _worker_pids(folder, 2)
     assert not set(spawned.values()) & set(spares.values())
     children = [p.cmdline()[:1] for p in psutil.Process(launch.proc.pid).children()]
-    assert ["ftlaunch-spare"] not in children
+    assert [SPARE_TITLE] not in children
     _go(folder, 2, 0)
     assert launch.wait(60) == 0, launch.stderr
     assert launch.stderr.count("fork server off") == 1
@@ -541,7 +542,7 @@ def _parked(launch) -> list:
     found = []
     for child in psutil.Process(launch.proc.pid).children():
         try:
-            if child.cmdline()[:1] == ["ftlaunch-spare"]:
+            if child.cmdline()[:1] == [SPARE_TITLE]:
                 found.append(child.pid)
         except psutil.NoSuchProcess:
             continue

@@ -18,15 +18,15 @@ from launcher.cluster.rendezvous import Rendezvous, host_job_store
 from launcher.core.config import LaunchConfig
 from launcher.core.events import EventLog, RunEnd, RunStart
 from launcher.core.results import RunResult
+from launcher.forked.linux import become_subreaper
 from launcher.grammar.errors import UsageError
 from launcher.hangs.monitor import HangMonitor
+from launcher.process.attempt_store import unless_stopping
 from launcher.process.forkserver import ForkServer, ForkServerSpawner
-from launcher.process.linux import become_subreaper
 from launcher.process.memory_tier import MemoryTier
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.signals import SignalInbox
-from launcher.process.spares import WarmSpares
-from launcher.process.store import unless_stopping
+from launcher.process.warm_spares import WarmSpares
 from launcher.process.workers import PopenSpawner, Spawner
 from launcher.roles.follower import Follower
 from launcher.roles.holder import RunHolder

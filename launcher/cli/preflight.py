@@ -136,7 +136,7 @@ def _check_node_0_can_host(nnodes: int, nproc: int) -> None:
 
 def _check_store_address(addr: str, port: int) -> None:
     """The workers' store can listen there: an address of this machine, a port that is free."""
-    from launcher.process.store import listen
+    from launcher.process.attempt_store import listen
 
     try:
         listen(addr, port).close()

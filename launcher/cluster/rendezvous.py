@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 from launcher.core.config import ClusterSection
 from launcher.grammar.errors import JobOver, JoinTimeout, UsageError
+from launcher.process.attempt_store import listen
 from launcher.process.quiet_torch import import_torch
 from launcher.process.signals import SignalInbox
-from launcher.process.store import listen
 from launcher.process.waiting import Wait
 
 if TYPE_CHECKING:

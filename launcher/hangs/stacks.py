@@ -4,13 +4,16 @@ import re
 from pathlib import Path
 from typing import Dict, List, Tuple
 
+from launcher.forked.protocol import ZYGOTE_MODULE
+
 __all__ = ["last_stacks", "main_thread_stack"]
 
 _HEADER = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):$")
 _TAIL_BYTES = 1 << 20  # the dump is at the end of the log; do not read gigabytes of it
 # The frames that run the script (the zygote, runpy): what ftlaunch shows starts below them, as a
 # plain ``python SCRIPT``'s dump does.
-_RUNNER = re.compile(r'^File "(?:<frozen runpy>|.*/runpy\.py|.*/launcher/process/zygote\.py)", line \d+ in ')
+_ZYGOTE_FILE = re.escape(ZYGOTE_MODULE.replace(".", "/")) + r"\.py"
+_RUNNER = re.compile(rf'^File "(?:<frozen runpy>|.*/runpy\.py|.*/{_ZYGOTE_FILE})", line \d+ in ')
 
 
 def last_stacks(log_file: Path) -> Dict[int, Tuple[str, ...]]:

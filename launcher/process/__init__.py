@@ -1,5 +1,3 @@
-"""Process mechanics: plan, spawn, watch and stop worker groups; no policy here.
-
-Kept free of imports, like ``launcher``: the orphan guard runs as ``python -m
-launcher.process.orphan_guard`` and must start fast.
-"""
+"""Process mechanics on the supervisor's side, no policy: plan, spawn, watch and stop worker groups,
+and its ends of the fork server, the spares, the store host and the orphan guard (what runs in
+those: ``launcher.forked``, ``launcher.orphan_guard``)."""

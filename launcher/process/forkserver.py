@@ -1,6 +1,6 @@
-"""The supervisor's side of the fork server (see ``zygote``): start it, ask it for workers (or take
-a rank's warm spare, see ``spares``), and fall back to plain spawning, with one line saying why,
-whenever it cannot serve.
+"""The supervisor's side of the fork server (see ``launcher.forked.zygote``): start it, ask it for
+workers (or take a rank's warm spare, see ``warm_spares``), and fall back to plain spawning, with
+one line saying why, whenever it cannot serve.
 
 A forked worker is the supervisor's own child (re-parented to it, a child subreaper), so it is
 waited for, signalled and stopped exactly like a spawned one: ``ForkedWorker.poll`` is waitpid.
@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from launcher.core.config import EntryKind, EntrySection
-from launcher.process.linux import die_with_parent
+from launcher.forked.linux import die_with_parent
+from launcher.forked.protocol import SINGLE_THREADED, ZYGOTE_MODULE, spare_job, store_job
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.plan import WorkerSpec
-from launcher.process.spares import WarmSpares
+from launcher.process.warm_spares import WarmSpares
 from launcher.process.workers import ForkedWorker, PopenSpawner, Spawned, Started
 from worker_lib.core import contract as c
 
@@ -89,7 +90,7 @@ class StoreHostFailed(Exception):
 
 
 class ForkedStoreHost:
-    """The store host forked from the zygote (``store_host``): our child (re-parented, like a
+    """The store host forked from the zygote (``launcher.forked.store_host``): our child (re-parented, like a
     forked worker) that serves the run's attempts' stores one after the other; killed and reaped
     when the run ends, or when it stops answering."""
 
@@ -166,14 +167,6 @@ class _Ahead:
     ours: List[socket.socket]
 
 
-def _spare_job(local_rank: int, cuda: bool, slots: Optional[dict]) -> dict:
-    return {
-        "argv": ["ftlaunch-spare", str(local_rank)],  # what ps shows
-        # the rank's env and cwd come with its request
-        "spare": {"local_rank": local_rank, "cuda": cuda, "slots": slots},
-    }
-
-
 def storage_modules(url: str) -> List[str]:
     """The modules of the fsspec filesystems that serve the checkpoint URL (``gcsfs`` for
     ``gs://``; every layer of a chained ``simplecache::gs://`` URL), named without importing
@@ -210,8 +203,6 @@ class ForkServer:
 
     def launch(self, env: dict) -> None:
         """Start the zygote without waiting for its imports (OSError if it cannot be started)."""
-        from launcher.process.zygote import SINGLE_THREADED
-
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         module = self._entry.kind is EntryKind.MODULE
         spec = {
@@ -224,7 +215,7 @@ class ForkServer:
         }
         self._log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self._log_file, "ab") as out, theirs:
-            argv = [self._entry.python, "-u", "-m", "launcher.process.zygote", str(theirs.fileno())]
+            argv = [self._entry.python, "-u", "-m", ZYGOTE_MODULE, str(theirs.fileno())]
             self._proc = subprocess.Popen(
                 [*argv, json.dumps(spec)],
                 env={**{k: v for k, v in env.items() if k not in _PER_WORKER}, **SINGLE_THREADED},
@@ -269,16 +260,15 @@ class ForkServer:
         return self._forked(jobs, [list(pair) for pair in pipes], timeout)
 
     def fork_store(self, timeout: float = ANSWER_S) -> Tuple[int, socket.socket]:
-        """The store host (``store_host``): its pid, and our end of its socket."""
-        job = {"argv": ["ftlaunch-store"], "env": dict(os.environ), "cwd": os.getcwd(), "store": True}
-        return self._fork_helper(job, timeout)
+        """The store host (``launcher.forked.store_host``): its pid, and our end of its socket."""
+        return self._fork_helper(store_job(), timeout)
 
     def fork_spare(
         self, local_rank: int, cuda: bool, slots: Optional[dict] = None, timeout: float = ANSWER_S
     ) -> Tuple[int, socket.socket]:
-        """A warm spare for ``local_rank`` (``spare``): its pid, and our end of the socket it is
-        handed its rank through. ``slots``: the memory-tier slots it maps ahead (``spare.park``)."""
-        return self._fork_helper(_spare_job(local_rank, cuda, slots), timeout)
+        """A warm spare for ``local_rank`` (``parked_spare``): its pid, and our end of the socket it is
+        handed its rank through. ``slots``: the memory-tier slots it maps ahead (``parked_spare.park``)."""
+        return self._fork_helper(spare_job(local_rank, cuda, slots), timeout)
 
     def send_parked(self, local_ranks: List[int]) -> None:
         """Ask for a spare without CUDA per local rank, without waiting: the zygote forks them
@@ -289,7 +279,7 @@ class ForkServer:
         try:
             with open(self._log_file, "ab") as log:
                 fds = [[log.fileno(), log.fileno(), theirs.fileno()] for _, theirs in pairs]
-                self._send([_spare_job(rank, False, None) for rank in local_ranks], fds)
+                self._send([spare_job(rank, False, None) for rank in local_ranks], fds)
         except BaseException:
             for ours, _ in pairs:
                 ours.close()

@@ -8,11 +8,11 @@ import time
 from typing import Callable, Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Set, Tuple
 
 from launcher.core import failpoints
-from launcher.process.linux import die_with_parent
+from launcher.forked.linux import die_with_parent
+from launcher.process.attempt_store import HostedStore
 from launcher.process.logs import LogPump
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.plan import WorkerSpec
-from launcher.process.store import HostedStore
 from launcher.process.tree import DescendantLook, StopReport, descendants, process_status, stop_tree
 
 # After the stack-dump signal, before SIGTERM: a pending SIGTERM would be delivered first (Linux

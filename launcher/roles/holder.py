@@ -11,8 +11,8 @@ from launcher.core.policy import RestartPolicy, Verdict
 from launcher.core.records import AttemptEntry
 from launcher.core.results import AttemptResult, RunResult, ended_by_signal, meeting_stopped
 from launcher.grammar.errors import ExitCode, FtlaunchError, SignalReceived, StartFailed
+from launcher.process.attempt_store import AttemptStore, StoreHost, host_here
 from launcher.process.signals import SignalInbox
-from launcher.process.store import AttemptStore, StoreHost, host_here
 from launcher.process.waiting import Wait
 from launcher.roles.role import Conclusion, NodeRole, in_attempt
 from launcher.runs.checkpoints import NewestCheckpoint

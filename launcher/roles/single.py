@@ -6,8 +6,8 @@ from launcher.core.events import EventLog, Say
 from launcher.core.layout import Layout
 from launcher.core.policy import RestartPolicy
 from launcher.core.results import AttemptResult
+from launcher.process.attempt_store import StoreHost
 from launcher.process.signals import SignalInbox
-from launcher.process.store import StoreHost
 from launcher.roles.holder import RunHolder
 from launcher.roles.link import SingleLink
 from launcher.roles.role import AttemptPlan, Conclusion, in_attempt

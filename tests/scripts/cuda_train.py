@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import worker_lib as ft
+from launcher.forked.protocol import SPARE_TITLE
 
 
 def seen_before_cuda() -> dict:
@@ -56,9 +57,7 @@ def spares_ready() -> bool:
     """Whether every local rank's warm spare for the restart is warm: this run's spares, the
     children of this worker's supervisor (another run's, beside it on the machine, do not count)."""
     shown = {tuple(_cmdline(pid)) for pid in _pids() if _parent(pid) == os.getppid()}
-    return all(
-        ("ftlaunch-spare", str(k), "ready") in shown for k in range(int(os.environ["LOCAL_WORLD_SIZE"]))
-    )
+    return all((SPARE_TITLE, str(k), "ready") in shown for k in range(int(os.environ["LOCAL_WORLD_SIZE"])))
 
 
 def slots_mapped_by_another(rank: int) -> bool:

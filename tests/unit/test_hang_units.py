@@ -1,6 +1,7 @@
 """Hang deadlines, stack-dump parsing and durations: pure logic with scripted clocks and slots."""
 
 import dataclasses
+import importlib.util
 import os
 import tempfile
 from pathlib import Path
@@ -10,12 +11,15 @@ from helpers import dead_pid
 
 from launcher.core.beats import BeatReading, Phase
 from launcher.core.failures import HangFailure, root_cause, short_frame
+from launcher.forked.protocol import ZYGOTE_MODULE
 from launcher.grammar.durations import parse_duration
 from launcher.grammar.errors import UsageError
 from launcher.hangs.board import HeartbeatBoard
 from launcher.hangs.deadlines import MIN_SAMPLES, HangLimits, HangWatch
 from launcher.hangs.stacks import last_stacks
 from worker_lib.core import contract as c
+
+_ZYGOTE = importlib.util.find_spec(ZYGOTE_MODULE).origin  # the fork server's file, as a dump names it
 
 
 def slot(beats=0, step=-1, at=0.0, paused=False, pauses=0) -> BeatReading:
@@ -274,10 +278,10 @@ def _beat(watch: HangWatch, interval: float, beats: int, start: int = 0, t0: flo
     "runner",
     [
         (  # a script forked from the fork server: its zygote's frames, then runpy's (python -m zygote)
-            '  File "/w/launcher/process/zygote.py", line 451 in _run_script\n'
-            '  File "/w/launcher/process/zygote.py", line 423 in run_main\n'
-            '  File "/w/launcher/process/zygote.py", line 506 in main\n'
-            '  File "/w/launcher/process/zygote.py", line 513 in <module>\n'
+            f'  File "{_ZYGOTE}", line 451 in _run_script\n'
+            f'  File "{_ZYGOTE}", line 423 in run_main\n'
+            f'  File "{_ZYGOTE}", line 506 in main\n'
+            f'  File "{_ZYGOTE}", line 513 in <module>\n'
             '  File "<frozen runpy>", line 88 in _run_code\n'
             '  File "<frozen runpy>", line 198 in _run_module_as_main\n'
         ),
@@ -309,6 +313,6 @@ def test_a_dump_is_read_from_the_scripts_own_frames_down(tmp_path, runner):
 def test_a_dump_of_the_runner_alone_is_kept_whole(tmp_path):
     """Stopped before its script ran, a worker's frames are all the runner's: shown as they are."""
     log = tmp_path / "rank_0.log"
-    frame = '  File "/w/launcher/process/zygote.py", line 506 in main\n'
+    frame = f'  File "{_ZYGOTE}", line 506 in main\n'
     log.write_text("Current thread 0x00000000000000bb (most recent call first):\n" + frame)
     assert last_stacks(log)[0xBB] == (frame.strip(),)

@@ -1,4 +1,4 @@
-"""The zygote's memory as huge-page pieces (launcher.process.linux): what a fork copies page table
+"""The zygote's memory as huge-page pieces (launcher.forked.linux): what a fork copies page table
 by page table, found in /proc/PID/maps."""
 
 import ctypes
@@ -6,7 +6,7 @@ import mmap
 
 import pytest
 
-from launcher.process.linux import anonymous_pieces, huge_pages_allowed, pieces_of, resident_share
+from launcher.forked.linux import anonymous_pieces, huge_pages_allowed, pieces_of, resident_share
 
 _HUGE = 2 << 20
 MAPS = """\
@@ -66,7 +66,7 @@ def test_the_zygote_collapses_memory_in_use_and_leaves_memory_hardly_written():
     """A preloaded module that reserved 64 MiB and wrote a byte every 2 MiB keeps 64 KiB of it in
     memory, not 64 MiB (found from outside: 512 MiB so made the zygote's 294 MB 807); 64 MiB
     written whole is collapsed."""
-    from launcher.process.zygote import to_huge_pages
+    from launcher.forked.zygote import to_huge_pages
 
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
     used, sparse = mmap.mmap(-1, 64 << 20, flags=flags), mmap.mmap(-1, 64 << 20, flags=flags)

@@ -18,7 +18,10 @@ _LAYERS: Tuple[Tuple[str, ...], ...] = (
     ("worker_lib.integrations",),  # framework adapters (nothing imports them)
     ("launcher.grammar",),  # what a user may write, and the errors that refuse it
     ("launcher.core",),  # the vocabulary: configuration, events, outcomes, failures, policy
-    ("launcher.process",),  # processes: spawn, signal, stop, logs, the fork server
+    # what runs in other processes: the fork server and what it forks (with Linux's process
+    # controls, both sides'), the orphan guard (with its protocol)
+    ("launcher.forked", "launcher.orphan_guard"),
+    ("launcher.process",),  # the supervisor's process mechanics: spawn, signal, stop, logs, its ends
     # the mechanisms of one node's watch and of many nodes' meeting
     ("launcher.runs", "launcher.observe", "launcher.hangs", "launcher.chaos", "launcher.cluster"),
     ("launcher.roles",),  # single node, node 0, follower: what the loop and the attempt ask of each

@@ -147,7 +147,7 @@ def test_console_buffer_stays_small_for_output_without_newlines():
 
 
 def test_the_orphan_guard_leaves_a_group_number_that_passed_to_a_stranger():
-    from launcher.process.orphan_guard import _reused, _started
+    from launcher.orphan_guard.guard import _reused, _started
 
     assert not _reused("100", "100")  # the listed leader, alive: its group is killed
     assert not _reused("100", None) and not _reused(None, None)  # leader gone: its members may not be
@@ -210,7 +210,7 @@ def test_a_store_left_to_the_supervisor_is_served_unless_a_signal_came_first():
 
     from torch.distributed import TCPStore
 
-    from launcher.process.store import AttemptStore, host_here, unless_stopping
+    from launcher.process.attempt_store import AttemptStore, host_here, unless_stopping
 
     served = AttemptStore("127.0.0.1", 0, unless_stopping(host_here, lambda: False))
     try:

@@ -8,9 +8,9 @@ import pytest
 from launcher.cli.launch import options_of
 from launcher.cli.sections import config_from_options
 from launcher.core.config import GroupSection
+from launcher.forked.parked_spare import misfit, warn_of_late_cuda_env
 from launcher.grammar.errors import UsageError
-from launcher.process.spare import misfit, warn_of_late_cuda_env
-from launcher.process.spares import cost_line
+from launcher.process.warm_spares import cost_line
 
 
 def _group(*flags: str) -> GroupSection:

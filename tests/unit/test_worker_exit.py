@@ -1,4 +1,4 @@
-"""A forked worker's exit (launcher/process/worker_exit.py): the status the interpreter gives
+"""A forked worker's exit (launcher/forked/worker_exit.py): the status the interpreter gives
 ``sys.exit(code)``, and its own modules cleared as the interpreter clears a module."""
 
 import sys
@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from launcher.process import worker_exit
+from launcher.forked import worker_exit
 
 
 @pytest.mark.parametrize(

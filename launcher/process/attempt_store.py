@@ -1,6 +1,6 @@
 """The per-attempt TCPStore the supervisor hosts for its workers (single node): served by the
-supervisor itself, or by a process forked from the fork server (``store_host``), which spares the
-supervisor importing torch.
+supervisor itself, or by a process forked from the fork server (``launcher.forked.store_host``),
+which spares the supervisor importing torch.
 
 A fresh store per attempt, bound by the supervisor before any worker starts, so there is no
 port race across restarts: the port is held from bind to the end of the attempt and handed to

@@ -1,6 +1,6 @@
 """A warm spare, from its own side: a process forked from the zygote for one local rank that makes
 ahead what its worker would make first, then parks until the supervisor hands it that rank's
-request (``spares.Spare.take``), or lets it go.
+request (``launcher.process.warm_spares.Spare.take``), or lets it go.
 
 What it makes, under nccl: the CUDA context on its GPU, the caching allocator's first block and
 the cuBLAS handle with its workspace (a 64×64 matmul): the one thing a fork cannot carry, and
@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from launcher.process.linux import show_as
+from launcher.forked.linux import show_as
+from launcher.forked.protocol import SPARE_TITLE
 from worker_lib.core import contract as c
 
 __all__ = ["device_memory_used", "misfit", "park", "warm_cuda", "warn_of_late_cuda_env"]
@@ -82,7 +83,7 @@ def _wait_for_rank(sock: socket.socket, slots: Optional[dict]) -> Tuple[bytes, L
             quiet = lambda: not select.select([sock], [], [], 0)[0]  # noqa: E731 - no request yet
             _premapped().look(Path(slots["folder"]), int(slots["rank"]), pin=True, go_on=quiet)
         except Exception as err:  # noqa: BLE001 - a spare that cannot map ahead still serves
-            print(f"ftlaunch-spare: slots not mapped ahead: {type(err).__name__}: {err}", file=sys.stderr)
+            print(f"{SPARE_TITLE}: slots not mapped ahead: {type(err).__name__}: {err}", file=sys.stderr)
             slots = None
     data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, 2)
     return data, fds
@@ -90,8 +91,8 @@ def _wait_for_rank(sock: socket.socket, slots: Optional[dict]) -> Tuple[bytes, L
 
 def _show(local_rank: int, state: str) -> None:
     show_as(
-        "ftlaunch-spare",
-        ["ftlaunch-spare", str(local_rank), state],
+        SPARE_TITLE,
+        [SPARE_TITLE, str(local_rank), state],
         [f"{k}={v}" for k, v in os.environ.items()],
     )
 

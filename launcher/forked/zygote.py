@@ -2,7 +2,7 @@
 and the checkpoint storage's filesystem, and forks one worker per rank on request, so a restart
 does not pay for a new interpreter importing torch.
 
-Run as ``python -u -m launcher.process.zygote FD SPEC`` by ``forkserver.ForkServer``; FD is its
+Run as ``python -u -m launcher.forked.zygote FD SPEC`` by ``forkserver.ForkServer``; FD is its
 end of a SOCK_SEQPACKET socket pair, SPEC a JSON object: the entry point (script or module),
 the supervisor's pid, the modules to import.
 
@@ -14,7 +14,7 @@ like for any child it spawned. The middle's fork and exit (page tables: with tor
 space, about 10 ms to fork and 10-20 ms to exit on a 2-core machine) are paid once per request,
 not once per rank.
 A job with ``"store"`` makes the store host (``store_host``), one with ``"spare"``
-a warm spare (``spare``): a worker forked ahead that waits for its rank's request.
+a warm spare (``parked_spare``): a worker forked ahead that waits for its rank's request.
 
 Rules the zygote keeps, each because it broke something when it was not kept:
 - No thread when it forks (a lock held by another thread stays locked forever in the child):
@@ -44,7 +44,7 @@ import traceback
 import weakref
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from launcher.process.linux import (
+from launcher.forked.linux import (
     anonymous_pieces,
     collapse_to_huge_pages,
     huge_pages_allowed,
@@ -52,9 +52,9 @@ from launcher.process.linux import (
     set_parent_death_signal,
     show_as,
 )
-from launcher.process.spare import park
-from launcher.process.store_host import serve_stores
-from launcher.process.worker_exit import leave, remember_imported
+from launcher.forked.parked_spare import park
+from launcher.forked.store_host import serve_stores
+from launcher.forked.worker_exit import leave, remember_imported
 
 # What every training script imports, directly or lazily at its first DDP step, process group,
 # torch.load or worker_lib call (ft.init() imports worker_lib's session and checkpoints, and its
@@ -76,8 +76,6 @@ BASE_PRELOAD = (
 # it resolves (``url_to_fs``): found by listing what a restarted worker still imported after the
 # fork. Private modules, absent from some versions: best effort, like the storage's filesystem.
 LAZY_PRELOAD = ("torch.profiler._cupti_monitor", "fsspec.implementations.chained")
-# In the zygote only: libraries that start their thread pool at import would leave threads behind.
-SINGLE_THREADED = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 _MAX_MESSAGE = 1 << 20
 _MOST_COLLAPSED = 1 << 30  # to_huge_pages: bytes at most
 _RESIDENT_ENOUGH = 7 / 8  # to_huge_pages: a piece at least this much in memory
@@ -500,7 +498,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     except BaseException:  # noqa: BLE001 - a worker that cannot be set up says why and leaves
         traceback.print_exc()
         os._exit(1)
-    if "store" in request:  # not a worker: the attempts' stores (launcher.process.store_host)
+    if "store" in request:  # not a worker: the attempts' stores (launcher.forked.store_host)
         serve_stores(fds[2])
     try:
         run_main(request["argv"])

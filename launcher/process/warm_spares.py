@@ -1,7 +1,7 @@
-"""Warm spares, from the supervisor's side (``spare`` is the spare's own): one parked process per
-local rank, forked from the zygote before a start; the rank's start takes it (the spare becomes
-the worker, its pid the worker's), and a new one is made once the group has started, its CUDA
-context in the background.
+"""Warm spares, from the supervisor's side (``launcher.forked.parked_spare`` is the spare's own):
+one parked process per local rank, forked from the zygote before a start; the rank's start takes
+it (the spare becomes the worker, its pid the worker's), and a new one is made once the group has
+started, its CUDA context in the background.
 
 A parked spare is the supervisor's child, in a session of its own, dying with the supervisor
 (PR_SET_PDEATHSIG, and the orphan guard watches its group, as a worker's). It is one of the
