@@ -7,7 +7,7 @@ import logging
 import time
 import traceback
 from pathlib import Path
-from typing import BinaryIO, Callable, Dict, List, Optional, Tuple
+from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
 
 from launcher.agent.group_stop import GroupStop, stopped_by_signal
 from launcher.agent.kit import NodeKit
@@ -253,7 +253,7 @@ class AttemptRunner:
             )
         )
 
-    def _publish_progress(self, attempt: int, group: WorkerGroup, slots) -> None:
+    def _publish_progress(self, attempt: int, group: WorkerGroup, slots: Dict[int, BeatReading]) -> None:
         """Every few seconds (the link says how often): the live ranks' steps, for `ftlaunch status`."""
         now = time.monotonic()
         if now < self._next_progress:
@@ -295,7 +295,9 @@ class AttemptRunner:
                 "the console (the ranks shown there), and the run goes on"
             )
 
-    def _on_transition(self, attempt: int, old: Optional[GroupState], new: GroupState, **details) -> None:
+    def _on_transition(
+        self, attempt: int, old: Optional[GroupState], new: GroupState, **details: Any
+    ) -> None:
         self._events.emit(Transition(attempt, old, new, **details))
         log.info("attempt %s: %s -> %s", attempt, old and old.value, new.value)
         if new is GroupState.RUNNING:

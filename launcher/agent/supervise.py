@@ -15,8 +15,8 @@ from launcher.agent.held import hold
 from launcher.agent.kit import NodeKit
 from launcher.agent.loop import run_attempts
 from launcher.cluster.rendezvous import Rendezvous, host_job_store
-from launcher.core.config import LaunchConfig
-from launcher.core.events import EventLog, RunEnd, RunStart
+from launcher.core.config import LaunchConfig, RunSection
+from launcher.core.events import EventLog, RunEnd, RunStart, Say
 from launcher.core.results import RunResult
 from launcher.forked.linux import become_subreaper
 from launcher.grammar.errors import UsageError
@@ -33,6 +33,7 @@ from launcher.roles.holder import RunHolder
 from launcher.roles.leader import Leader
 from launcher.roles.single import SingleNode
 from launcher.runs.directory import LockRecord, RunDir
+from launcher.runs.opening import RunTerms
 from launcher.runs.run import Run
 from launcher.runs.taking import take
 from worker_lib.core.storage import StorageError
@@ -40,6 +41,7 @@ from worker_lib.core.storage import StorageError
 __all__ = ["RunResult", "supervise"]
 
 Console = Tuple[BinaryIO, BinaryIO]
+OnEvents = Callable[[EventLog], None]
 
 
 def supervise(
@@ -81,7 +83,12 @@ def _spawner_for(config: LaunchConfig, say: Callable[[str], None]) -> Spawner:
 
 
 def _follow(
-    config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, console: Console, on_events
+    config: LaunchConfig,
+    signals: SignalInbox,
+    say: Say,
+    spawner: Spawner,
+    console: Console,
+    on_events: OnEvents,
 ) -> RunResult:
     """A node other than node 0: it holds nothing of the run."""
     become_subreaper()
@@ -105,14 +112,19 @@ def _follow(
 
 
 def _lead(
-    config: LaunchConfig, signals: SignalInbox, say, spawner: Spawner, console: Console, on_events
+    config: LaunchConfig,
+    signals: SignalInbox,
+    say: Say,
+    spawner: Spawner,
+    console: Console,
+    on_events: OnEvents,
 ) -> RunResult:
     """Node 0, or the only node: hold the run and supervise it."""
     job_store = (
         host_job_store(config.cluster) if config.cluster.many_nodes else None
     )  # the others may already wait
     directory = RunDir(config.run.url, retries=False)
-    taken_from = _acquire(directory, config, signals, say)  # before anything is written, logs included
+    taken_from = _acquire(directory, config.run, signals, say)  # before anything is written, logs included
     run: Optional[Run] = None
     try:
         become_subreaper()
@@ -121,7 +133,7 @@ def _lead(
             events.emit(RunStart(run_id=config.run.run_id, config=config.to_json(), pid=os.getpid()))
             kit = NodeKit(events, signals, say)
             with OrphanGuard() as guard, _memory_tier(guard) as memory:
-                run = _open(config, directory, events, say, signals, taken_from)
+                run = _open(parts.run_terms(config), directory, events, say, signals, taken_from)
                 store_at = (config.group.master_addr, config.group.master_port)
                 injectable = config.chaos.plan is not None
                 if job_store is None:
@@ -173,22 +185,27 @@ def _runner(config: LaunchConfig, kit: NodeKit, workers: Workers, hangs: HangMon
     return AttemptRunner(kit, workers, hangs, parts.chaos(config, kit.events, kit.say), node)
 
 
-def _acquire(directory: RunDir, config: LaunchConfig, signals: SignalInbox, say) -> Optional[LockRecord]:
+def _acquire(directory: RunDir, run: RunSection, signals: SignalInbox, say: Say) -> Optional[LockRecord]:
     """Hold the run; storage that fails here (a full disk, no answer) is one line, and nothing
     has started."""
     try:
-        return take(directory, config.run.lease, signals, say)
+        return take(directory, run.lease, signals, say)
     except StorageError as err:
-        raise UsageError(f"run dir {config.run.url} is not usable: {err}") from None
+        raise UsageError(f"run dir {run.url} is not usable: {err}") from None
 
 
 def _open(
-    config: LaunchConfig, directory: RunDir, events: EventLog, say, signals: SignalInbox, taken_from
+    terms: RunTerms,
+    directory: RunDir,
+    events: EventLog,
+    say: Say,
+    signals: SignalInbox,
+    taken_from: Optional[LockRecord],
 ) -> Run:
     try:
-        return Run(parts.run_terms(config), directory, events, say, signals, taken_from)
+        return Run(terms, directory, events, say, signals, taken_from)
     except StorageError as err:
-        raise UsageError(f"run dir {config.run.url} is not usable: {err}") from None
+        raise UsageError(f"run dir {terms.section.url} is not usable: {err}") from None
 
 
 @contextlib.contextmanager

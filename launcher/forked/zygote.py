@@ -221,22 +221,16 @@ def serve(sock: socket.socket, supervisor: int) -> Optional[Tuple[dict, List[int
 
 def to_huge_pages(most: int = _MOST_COLLAPSED) -> int:
     """Back the zygote's memory (about 200 MB: torch's and the preload's) with huge pages, once
-    imported: a fork then copies a page-table entry per 2 MiB instead of per 4 KiB, and a forked
-    process's exit tears down as few. Measured on 2 cores: a fork of the zygote 2 ms instead of
-    11, a child's exit 4.5 ms instead of 16 (a crash reaches the supervisor that much sooner), a
-    child touching its objects 46 ms instead of 66. Returns the bytes collapsed.
+    imported: a fork copies a page-table entry per 2 MiB instead of per 4 KiB (on 2 cores a fork
+    2 ms instead of 11, a child's exit 4.5 ms instead of 16). Returns the bytes collapsed.
 
-    - Only a 2 MiB piece that is at least 7/8 in memory: a huge page over memory reserved but
-      hardly written would make all of it resident (found from outside: a preloaded module
-      that wrote a byte every 2 MiB of 512 MiB made the zygote's 294 MB 807). Torch's memory:
-      96 MiB whole, 90 MiB at 7/8 or more, 72 MiB less and left as it is.
+    - Only a 2 MiB piece at least 7/8 in memory: a huge page over memory reserved but hardly
+      written would make all of it resident (a sparse 512 MiB preload made 294 MB 807).
     - At most ``most`` bytes (1 GiB): a --preload that holds gigabytes keeps its start short.
-    - Not where the administrator set THP to ``never`` (MADV_COLLAPSE would ignore it).
-    - Before it says it is ready, not while idle later: a page collapsed after a fork is the
-      zygote's own copy, and the store host and the first group's workers kept the old ones (180
-      MB more in all, measured).
-    - A child's first write to a huge page splits that mapping in the child and copies 4 KiB,
-      as before. Where the kernel cannot (before 6.1, no free huge page), a piece stays as is."""
+    - Not where THP is ``never``; before it says it is ready, not later: a page collapsed after
+      a fork is the zygote's own copy (180 MB more in all, measured).
+    - A child's first write to a huge page splits it and copies 4 KiB, as before; where the
+      kernel cannot collapse (before 6.1, no free huge page), a piece stays as is."""
     if not huge_pages_allowed():
         return 0
     done = 0
