@@ -13,7 +13,7 @@ from launcher.cluster.lobby import claimed_counters
 from launcher.cluster.rendezvous import WATCH_EVERY_S, RoundFailed
 from launcher.cluster.wire import Interrupt, JobVerdict, NodeInfo, NodeReport, RoundPlan
 from launcher.core.beats import NodeRow, ProgressRow, ProgressShare
-from launcher.core.failures import Failure, NodeLostFailure
+from launcher.core.failures import NodeLostFailure
 from launcher.grammar.errors import SignalReceived
 from launcher.process.signals import SignalInbox
 
@@ -95,7 +95,7 @@ class LeaderChannel(AttemptChannel):
         """Once every node announced itself: who runs this attempt, for run.json."""
         return [{"node": i.node, "host": i.host, "pid": i.pid} for _, i in sorted(self._infos.items())]
 
-    def lost_failures(self) -> List[Failure]:
+    def lost_failures(self) -> List[NodeLostFailure]:
         """The nodes declared lost, as failures; after this node's own stall (``left_by_all``) not
         those found silent since: they left node 0, the stall's doing (``own_stall``)."""
         after = self._beater.stalled_until if self.left_by_all else float("inf")
@@ -131,7 +131,7 @@ class LeaderChannel(AttemptChannel):
         self._seen = {n: (counter, max(since, until)) for n, (counter, since) in self._seen.items()}
         return super()._silences()
 
-    def own_stall(self) -> List[Failure]:
+    def own_stall(self) -> List[NodeLostFailure]:
         """This node, when its process did not run for --node-timeout: the blame is its own."""
         stalled = self._beater.stalled
         if stalled + self._beater.every < self.spec.node_timeout:  # its last bump came a beat before

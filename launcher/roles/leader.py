@@ -20,7 +20,7 @@ from launcher.cluster.wire import (
 )
 from launcher.core.beats import BeatSummary
 from launcher.core.events import EventLog, NodesMet, RoundAbandoned, Say
-from launcher.core.failures import root_cause
+from launcher.core.failures import NodeLostFailure, root_cause
 from launcher.core.layout import Layout
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.policy import RestartPolicy
@@ -277,7 +277,7 @@ class Leader(RunHolder):
 def _merge(
     local: AttemptResult,
     reports: List[NodeReport],
-    lost: list,
+    lost: List[NodeLostFailure],
     interrupt: Optional[Interrupt],
     layout: Layout,
     elastic: bool,
@@ -285,7 +285,11 @@ def _merge(
     """The job's attempt from every node's report. A lost node (a supervisor that died or froze,
     this one included) is not a failure of the workers: in an elastic job it is a change of the
     job's nodes, in a fixed one NODE_LOST; the failures it caused elsewhere (every peer's
-    collective breaks at once) are kept on record but not counted."""
+    collective breaks at once) are kept on record but not counted. A follower that reported and
+    then went silent (a signal while it waited for the verdict ends it) had ended its part of the
+    attempt: its silence is no loss of this attempt."""
+    reported = {r.node for r in reports}
+    lost = [f for f in lost if f.stalled or f.node not in reported]
     failures = _cause_first([f for r in reports for f in r.failures] + lost)
     if lost:  # a supervisor died or froze: its node's ranks and their peers' collectives with it
         outcome, signum = (AttemptOutcome.RESIZED if elastic else AttemptOutcome.NODE_LOST), None

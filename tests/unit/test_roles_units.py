@@ -269,3 +269,17 @@ def test_a_follower_signalled_while_node_0_decides_leaves_with_the_signals_exit_
     # The other nodes are stopped as by a signal during the attempt, not told this one left.
     (stop,) = channel.interrupts
     assert (stop.node, stop.kind.value, stop.signum) == (1, "stop", signal.SIGINT)
+
+
+def test_a_follower_silent_after_its_report_is_no_lost_node_of_the_attempt():
+    """Node 1 reported, sent a stop (SIGTERM while it waited for the verdict) and exited; node 0,
+    slow to stop its own ranks, found it silent for --node-timeout before it gathered the reports.
+    The attempt was stopped by the signal, as every node reported; node 0's own stall still counts."""
+    local = AttemptResult(0, AttemptOutcome.PREEMPTED)
+    gone = NodeLostFailure(node=1, host="b", pid=7, silent_for=3.0, observed_at=9.0)
+    stop = Interrupt(1, InterruptKind.STOP, "SIGTERM", signal.SIGTERM)
+    merged = _merge(local, [_report(0), _report(1)], [gone], stop, LAYOUT, elastic=False)
+    assert merged.outcome is AttemptOutcome.stopped_by(signal.SIGTERM) and merged.failures == []
+    stalled = NodeLostFailure(node=0, host="a", pid=3, silent_for=4.0, observed_at=9.0, stalled=True)
+    merged = _merge(local, [_report(0)], [stalled], None, LAYOUT, elastic=False)
+    assert merged.outcome is AttemptOutcome.NODE_LOST
