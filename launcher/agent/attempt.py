@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
 
 from launcher.agent.group_stop import GroupStop, stopped_by_signal
-from launcher.agent.kit import NodeKit
 from launcher.chaos.driver import NoChaos
 from launcher.cluster.wire import InterruptKind
 from launcher.core import failpoints
@@ -42,6 +41,7 @@ from launcher.hangs.deadlines import Overdue
 from launcher.hangs.monitor import HangMonitor, hang_failures, progress_rows
 from launcher.hangs.stacks import main_thread_stack
 from launcher.observe.slots import SlotObserver
+from launcher.process.kit import NodeKit
 from launcher.process.logs import LogPump, tail_lines
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.plan import WorkerPlan, plan_workers

@@ -5,7 +5,6 @@ and the kill after an error of the supervisor's own. The attempt runner decides 
 import signal
 from typing import Callable, List, Optional
 
-from launcher.agent.kit import NodeKit
 from launcher.cluster.wire import Interrupt, InterruptKind
 from launcher.core.events import PeerInterrupt, StopRequested
 from launcher.core.failures import Failure
@@ -14,6 +13,7 @@ from launcher.core.outcomes import AttemptOutcome
 from launcher.core.results import AttemptResult
 from launcher.core.stopping import CooperativeStop, StepRate
 from launcher.hangs.board import HeartbeatBoard
+from launcher.process.kit import NodeKit
 from launcher.process.waiting import LOOK_S
 from launcher.process.workers import Exit, WorkerGroup
 from launcher.roles.link import PeerLink

@@ -12,7 +12,6 @@ from typing import BinaryIO, Callable, Iterator, Optional, Tuple
 from launcher.agent import parts
 from launcher.agent.attempt import AttemptRunner, Workers
 from launcher.agent.held import hold
-from launcher.agent.kit import NodeKit
 from launcher.agent.loop import run_attempts
 from launcher.cluster.rendezvous import Rendezvous, host_job_store
 from launcher.core.config import LaunchConfig, RunSection
@@ -23,6 +22,7 @@ from launcher.grammar.errors import UsageError
 from launcher.hangs.monitor import HangMonitor
 from launcher.process.attempt_store import unless_stopping
 from launcher.process.forkserver import ForkServer, ForkServerSpawner
+from launcher.process.kit import NodeKit
 from launcher.process.memory_tier import MemoryTier
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.signals import SignalInbox
@@ -102,7 +102,7 @@ def _follow(
             runner = _runner(
                 config, kit, Workers(parts.worker_plan(config), spawner, guard, console, memory), hangs
             )
-            role = Follower(parts.membership(config), config.run, events, signals, say)
+            role = Follower(parts.membership(config), config.run, kit)
             try:
                 result = run_attempts(role, runner)
             finally:
@@ -133,7 +133,7 @@ def _lead(
             events.emit(RunStart(run_id=config.run.run_id, config=config.to_json(), pid=os.getpid()))
             kit = NodeKit(events, signals, say)
             with OrphanGuard() as guard, _memory_tier(guard) as memory:
-                run = _open(parts.run_terms(config), directory, events, say, signals, taken_from)
+                run = _open(parts.run_terms(config), directory, kit, taken_from)
                 store_at = (config.group.master_addr, config.group.master_port)
                 injectable = config.chaos.plan is not None
                 if job_store is None:
@@ -148,9 +148,7 @@ def _lead(
                     role: RunHolder = SingleNode(
                         config.group.nproc,
                         run,
-                        events,
-                        signals,
-                        say,
+                        kit,
                         config.restart,
                         store_at,
                         injectable,
@@ -161,9 +159,7 @@ def _lead(
                     role = Leader(
                         parts.membership(config),
                         run,
-                        events,
-                        signals,
-                        say,
+                        kit,
                         config.restart,
                         store_at,
                         injectable,
@@ -194,16 +190,9 @@ def _acquire(directory: RunDir, run: RunSection, signals: SignalInbox, say: Say)
         raise UsageError(f"run dir {run.url} is not usable: {err}") from None
 
 
-def _open(
-    terms: RunTerms,
-    directory: RunDir,
-    events: EventLog,
-    say: Say,
-    signals: SignalInbox,
-    taken_from: Optional[LockRecord],
-) -> Run:
+def _open(terms: RunTerms, directory: RunDir, kit: NodeKit, taken_from: Optional[LockRecord]) -> Run:
     try:
-        return Run(terms, directory, events, say, signals, taken_from)
+        return Run(terms, directory, kit, taken_from)
     except StorageError as err:
         raise UsageError(f"run dir {terms.section.url} is not usable: {err}") from None
 

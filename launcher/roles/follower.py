@@ -20,12 +20,12 @@ from launcher.cluster.wire import (
 )
 from launcher.core import failpoints
 from launcher.core.config import RunSection
-from launcher.core.events import EventLog, NodesMet, Say
+from launcher.core.events import NodesMet
 from launcher.core.layout import Layout
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.results import AttemptResult, RunResult, ended_by_signal, meeting_stopped
 from launcher.grammar.errors import FtlaunchError, SignalReceived, UsageError
-from launcher.process.signals import SignalInbox
+from launcher.process.kit import NodeKit
 from launcher.roles.leader import node_report
 from launcher.roles.link import FollowerLink
 from launcher.roles.membership import Membership
@@ -38,17 +38,13 @@ __all__ = ["Follower"]
 class Follower(NodeRole):
     """``run``: the run's section, for node 0's record of the job's end (shared storage)."""
 
-    def __init__(
-        self, job: Membership, run: RunSection, events: EventLog, signals: SignalInbox, say: Say
-    ) -> None:
+    def __init__(self, job: Membership, run: RunSection, kit: NodeKit) -> None:
         self.job = job
         self.run = run
         self.node = job.node
-        self._events = events
-        self._signals = signals
-        self._say = say
+        self._events, self._signals, self._say = kit.events, kit.signals, kit.say
         self._spec = ChannelSpec.of(job.cluster)
-        self._node0 = Node0Connection(job, run, signals, say)
+        self._node0 = Node0Connection(job, run, kit.signals, kit.say)
         self._kept: Optional[Round] = None  # node 0 said the next attempt keeps this round
         self._deadline: Optional[float] = None  # to reach node 0: set when the wait begins
         self._round: Optional[Round] = None  # the round of the attempt in progress

@@ -4,7 +4,7 @@ checkpoints), host the workers' store, and decide with the restart policy."""
 import time
 from typing import List, Optional, Tuple
 
-from launcher.core.events import Decision, EventLog, Say
+from launcher.core.events import Decision
 from launcher.core.failures import NodeLostFailure
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.policy import RestartPolicy, Verdict
@@ -12,7 +12,7 @@ from launcher.core.records import AttemptEntry
 from launcher.core.results import AttemptResult, RunResult, ended_by_signal, meeting_stopped
 from launcher.grammar.errors import ExitCode, FtlaunchError, SignalReceived, StartFailed
 from launcher.process.attempt_store import AttemptStore, StoreHost, host_here
-from launcher.process.signals import SignalInbox
+from launcher.process.kit import NodeKit
 from launcher.process.waiting import Wait
 from launcher.roles.role import Conclusion, NodeRole, in_attempt
 from launcher.runs.checkpoints import NewestCheckpoint
@@ -28,9 +28,7 @@ class RunHolder(NodeRole):
     def __init__(
         self,
         run: Run,
-        events: EventLog,
-        signals: SignalInbox,
-        say: Say,
+        kit: NodeKit,
         policy: RestartPolicy,
         store_at: Tuple[str, int],
         injectable: bool = False,
@@ -40,9 +38,7 @@ class RunHolder(NodeRole):
         self._injectable = injectable
         self._store_host = store_host
         self.run = run
-        self._events = events
-        self._signals = signals
-        self._say = say
+        self._events, self._signals, self._say = kit.events, kit.signals, kit.say
         self._policy = policy
         self._store: Optional[AttemptStore] = None
         self._entry: Optional[AttemptEntry] = None  # the attempt in progress, in run.json

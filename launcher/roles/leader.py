@@ -19,7 +19,7 @@ from launcher.cluster.wire import (
     plan_problem,
 )
 from launcher.core.beats import BeatSummary
-from launcher.core.events import EventLog, NodesMet, RoundAbandoned, Say
+from launcher.core.events import NodesMet, RoundAbandoned
 from launcher.core.failures import NodeLostFailure, root_cause
 from launcher.core.layout import Layout
 from launcher.core.outcomes import AttemptOutcome, RunStatus
@@ -33,7 +33,7 @@ from launcher.grammar.errors import (
     SignalReceived,
     UsageError,
 )
-from launcher.process.signals import SignalInbox
+from launcher.process.kit import NodeKit
 from launcher.process.waiting import Wait
 from launcher.roles.holder import RunHolder
 from launcher.roles.link import LeaderLink
@@ -57,15 +57,13 @@ class Leader(RunHolder):
         self,
         job: Membership,
         run: Run,
-        events: EventLog,
-        signals: SignalInbox,
-        say: Say,
+        kit: NodeKit,
         policy: RestartPolicy,
         store_at: Tuple[str, int],
         injectable: bool,
         rendezvous: Rendezvous,
     ) -> None:
-        super().__init__(run, events, signals, say, policy, store_at, injectable)
+        super().__init__(run, kit, policy, store_at, injectable)
         self.job = job
         self._rendezvous = rendezvous
         self._round: Optional[Round] = None  # the rendezvous round the next attempt may keep

@@ -2,12 +2,11 @@
 
 from typing import Optional, Tuple
 
-from launcher.core.events import EventLog, Say
 from launcher.core.layout import Layout
 from launcher.core.policy import RestartPolicy
 from launcher.core.results import AttemptResult
 from launcher.process.attempt_store import StoreHost
-from launcher.process.signals import SignalInbox
+from launcher.process.kit import NodeKit
 from launcher.roles.holder import RunHolder
 from launcher.roles.link import SingleLink
 from launcher.roles.role import AttemptPlan, Conclusion, in_attempt
@@ -21,15 +20,13 @@ class SingleNode(RunHolder):
         self,
         nproc: int,
         run: Run,
-        events: EventLog,
-        signals: SignalInbox,
-        say: Say,
+        kit: NodeKit,
         policy: RestartPolicy,
         store_at: Tuple[str, int],
         injectable: bool,
         store_host: StoreHost,
     ) -> None:
-        super().__init__(run, events, signals, say, policy, store_at, injectable, store_host)
+        super().__init__(run, kit, policy, store_at, injectable, store_host)
         self.nproc = nproc
         self._link: Optional[SingleLink] = None
 

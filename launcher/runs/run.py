@@ -13,13 +13,14 @@ import time
 from typing import Callable, Generic, List, Optional, TypeVar
 
 from launcher.core.beats import BeatSummary, LiveProgress, NodeRow, ProgressRow
-from launcher.core.events import EventLog, KeptTime
+from launcher.core.events import KeptTime
 from launcher.core.evidence import ProgressEvidence, judge_progress
 from launcher.core.failures import Failure, root_cause
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.records import AttemptEntry, FailureCause, FailureEntry, kept_seconds
 from launcher.grammar.errors import SignalReceived
-from launcher.process.waiting import Inbox, Wait
+from launcher.process.kit import NodeKit
+from launcher.process.waiting import Wait
 from launcher.runs.checkpoints import CheckpointDir, NewestCheckpoint, Uncommitted
 from launcher.runs.directory import (
     EVENTS_FILE,
@@ -59,26 +60,22 @@ class Run:
         self,
         terms: RunTerms,
         directory: RunDir,
-        events: EventLog,
-        say: Callable[[str], None],
-        signals: Inbox,
+        kit: NodeKit,
         taken_from: Optional[LockRecord] = None,
     ) -> None:
         self.terms = terms
         self.dir = directory
         self.checkpoints = CheckpointDir(terms.checkpoint_url, terms.world_size)
-        self._events = events
-        self._say = say
-        self._signals = signals
+        self._events, self._say, self._signals = kit.events, kit.say, kit.signals
         self._hurried = ""  # a signal that cut a wait on storage short: later ones are short
         self._stopping = StoppingTime(_STOPPING_S)  # storage's time once a signal came
         self._listing: Optional[_Listing[NewestCheckpoint]] = (
             None  # a look at the checkpoint dir still under way
         )
-        opening = RunOpening(terms, directory, events, say, self.newest_checkpoint)
+        opening = RunOpening(terms, directory, kit.events, kit.say, self.newest_checkpoint)
         # and what earlier supervisors of the run logged, kept in the run's events.jsonl
         self.state, self._earlier_events = opening.open(taken_from)
-        self._writer = RunDirWriter(directory, terms.section.lease, say)
+        self._writer = RunDirWriter(directory, terms.section.lease, kit.say)
 
     @property
     def already_succeeded(self) -> bool:

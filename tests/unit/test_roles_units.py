@@ -18,6 +18,7 @@ from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.policy import AttemptRecord, RestartPolicy
 from launcher.core.results import AttemptResult, RunResult
 from launcher.grammar.errors import ExitCode, FtlaunchError, JoinTimeout, SignalReceived
+from launcher.process.kit import NodeKit
 from launcher.process.signals import SignalInbox
 from launcher.roles.follower import Follower
 from launcher.roles.holder import RunHolder
@@ -139,7 +140,7 @@ def _holder(history: List[AttemptRecord], max_failures: int = 3) -> Tuple[RunHol
         meet = ended_waiting = pause = link = conclude = None
 
     Holder.__abstractmethods__ = frozenset()
-    holder = Holder(FakeRun(history), events, SignalInbox(), said.append, policy, ("127.0.0.1", 0))
+    holder = Holder(FakeRun(history), NodeKit(events, SignalInbox(), said.append), policy, ("127.0.0.1", 0))
     return holder, events, said
 
 
@@ -229,7 +230,7 @@ class FakeChannel:
 def _follower(channel: FakeChannel) -> Tuple[Follower, list]:
     config = LaunchConfig.of(entrypoint="x.py", nnodes=2, node_rank=1, rdzv_endpoint="127.0.0.1:1")
     said: list = []
-    follower = Follower(membership(config), config.run, Emitted(), SignalInbox(), said.append)
+    follower = Follower(membership(config), config.run, NodeKit(Emitted(), SignalInbox(), said.append))
     follower._channel = channel
     return follower, said
 
