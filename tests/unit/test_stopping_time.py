@@ -1,7 +1,7 @@
-"""The run's end's time on storage once a signal came (launcher/runs/run.py's StoppingTime): its
+"""The run's end's time on storage once a signal came (runs/storage_time.py, StoppingTime): its
 waits, each at its own limit, end by one deadline, whatever storage does."""
 
-from launcher.runs.run import StoppingTime
+from launcher.runs.storage_time import StoppingTime
 
 
 class Clock:
