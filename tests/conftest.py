@@ -7,6 +7,7 @@ import os
 # emulator never answers. Workers inherit it from here.
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
+import ctypes  # noqa: E402
 import dataclasses  # noqa: E402
 import uuid  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -15,6 +16,23 @@ from typing import Dict  # noqa: E402
 import pytest  # noqa: E402
 from helpers import Launcher  # noqa: E402
 from storage_servers import start_gcs, start_s3  # noqa: E402
+
+_PR_GET_CHILD_SUBREAPER = 37
+
+
+def _is_subreaper() -> bool:
+    flag = ctypes.c_int(0)
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)
+    return flag.value != 0
+
+
+@pytest.fixture(autouse=True)
+def _never_a_subreaper():
+    """A launch run in the test's own process (``main()`` past the usage checks) makes it a child
+    subreaper for the rest of the session: every orphan of a later test on that worker becomes
+    its child (a stranger's process counted as ours failed test_stopping once)."""
+    yield
+    assert not _is_subreaper(), "the test ran a launch in the test process: it became a child subreaper"
 
 
 @pytest.fixture

@@ -5,15 +5,17 @@ signal, a server it talks to) starts one."""
 
 import dataclasses
 import json
+import os
 import shutil
 import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import psutil
 import pytest
-from helpers import ACTOR, ROOT
+from helpers import ACTOR, MARKER, ROOT, processes_with_marker
 from storage_servers import start_s3_read_only
 
 from launcher.cli.main import main
@@ -409,20 +411,20 @@ def test_a_node_without_a_gpu_driver_counts_no_gpu_without_importing_torch():
     assert out.split() == ["0", "False"]
 
 
-def test_a_script_named_status_in_the_working_directory_is_launched(tmp_path, monkeypatch, capsys):
+def test_a_script_named_status_in_the_working_directory_is_launched(tmp_path):
     """``ftlaunch status ...`` beside a file named ``status`` runs that script, as ``ftlaunch
     ./status ...`` would, every word after it the script's (tests/unit/test_cli_commands.py has
-    the dispatch's other cases)."""
+    the dispatch's other cases). A process of its own: a launch makes its process a child
+    subreaper, which a test's process must never become."""
     (tmp_path / "status").write_text(
         "import json, sys\nfrom pathlib import Path\nPath('argv.json').write_text(json.dumps(sys.argv[1:]))\n"
     )
-    monkeypatch.chdir(tmp_path)
-    for name, value in {"FTLAUNCH_NPROC": "1", "FTLAUNCH_FORK_SERVER": "0"}.items():  # torch-free
-        monkeypatch.setenv(name, value)
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    code = main(["status", "--json", "--run-dir", "elsewhere"])
-    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-    assert code == 0, capsys.readouterr()
+    marker = uuid.uuid4().hex
+    env = {**os.environ, MARKER: marker, "PYTHONPATH": str(ROOT), "FTLAUNCH_NPROC": "1"}
+    env["FTLAUNCH_FORK_SERVER"] = "0"  # torch-free
+    argv = [sys.executable, "-m", "launcher", "status", "--json", "--run-dir", "elsewhere"]
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "argv.json").read_text()) == ["--json", "--run-dir", "elsewhere"]
     assert [p.name for p in (tmp_path / "ftlaunch_runs").iterdir()][0].startswith("status")
-    assert not (tmp_path / "elsewhere").exists() and left == []
+    assert not (tmp_path / "elsewhere").exists() and processes_with_marker(marker) == []
