@@ -7,7 +7,7 @@ import functools
 import os
 import sys
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator, Optional, Tuple
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Optional, Tuple
 
 from launcher.agent import parts
 from launcher.agent.attempt import AttemptRunner, Workers
@@ -37,6 +37,9 @@ from launcher.runs.opening import RunTerms
 from launcher.runs.run import Run
 from launcher.runs.taking import take
 from worker_lib.core.storage import StorageError
+
+if TYPE_CHECKING:
+    from torch.distributed import Store
 
 __all__ = ["RunResult", "supervise"]
 
@@ -120,9 +123,8 @@ def _lead(
     on_events: OnEvents,
 ) -> RunResult:
     """Node 0, or the only node: hold the run and supervise it."""
-    job_store = (
-        host_job_store(config.cluster) if config.cluster.many_nodes else None
-    )  # the others may already wait
+    # The job's store first: the other nodes may already wait for it.
+    job_store = host_job_store(config.cluster) if config.cluster.many_nodes else None
     directory = RunDir(config.run.url, retries=False)
     taken_from = _acquire(directory, config.run, signals, say)  # before anything is written, logs included
     run: Optional[Run] = None
@@ -134,37 +136,7 @@ def _lead(
             kit = NodeKit(events, signals, say)
             with OrphanGuard() as guard, _memory_tier(guard) as memory:
                 run = _open(parts.run_terms(config), directory, kit, taken_from)
-                store_at = (config.group.master_addr, config.group.master_port)
-                injectable = config.chaos.plan is not None
-                if job_store is None:
-                    # The workers' store in a process forked from the fork server, when it serves;
-                    # none once a signal came (the attempt will not start).
-                    def stopping() -> bool:
-                        return signals.first is not None
-
-                    host = unless_stopping(
-                        functools.partial(spawner.host_store, go_on=lambda: not stopping()), stopping
-                    )
-                    role: RunHolder = SingleNode(
-                        config.group.nproc,
-                        run,
-                        kit,
-                        config.restart,
-                        store_at,
-                        injectable,
-                        host,
-                    )
-                else:
-                    rendezvous = Rendezvous(config.cluster, config.run.run_id, job_store)
-                    role = Leader(
-                        parts.membership(config),
-                        run,
-                        kit,
-                        config.restart,
-                        store_at,
-                        injectable,
-                        rendezvous,
-                    )
+                role = _holder_role(config, run, kit, spawner, job_store)
                 beat_before = any(a.beat for a in run.state.attempts)  # e.g. before a kill -9 of ftlaunch
                 hangs = HangMonitor(config.hangs, events, say, run.mark_first_step, beat_before)
                 workers = Workers(parts.worker_plan(config), spawner, guard, console, memory)
@@ -174,6 +146,26 @@ def _lead(
             run.close()
         else:
             directory.release()
+
+
+def _holder_role(
+    config: LaunchConfig, run: Run, kit: NodeKit, spawner: Spawner, job_store: Optional["Store"]
+) -> RunHolder:
+    """The only node's role, or node 0's of many (``job_store``: the job's store it hosts)."""
+    store_at = (config.group.master_addr, config.group.master_port)
+    injectable = config.chaos.plan is not None
+    if job_store is not None:
+        rendezvous = Rendezvous(config.cluster, config.run.run_id, job_store)
+        membership = parts.membership(config)
+        return Leader(membership, run, kit, config.restart, store_at, injectable, rendezvous)
+
+    # The workers' store in a process forked from the fork server, when it serves; none once a
+    # signal came (the attempt will not start).
+    def stopping() -> bool:
+        return kit.signals.first is not None
+
+    host = unless_stopping(functools.partial(spawner.host_store, go_on=lambda: not stopping()), stopping)
+    return SingleNode(config.group.nproc, run, kit, config.restart, store_at, injectable, host)
 
 
 def _runner(config: LaunchConfig, kit: NodeKit, workers: Workers, hangs: HangMonitor) -> AttemptRunner:
