@@ -72,7 +72,7 @@ class DeadlineStore:
             if stopping is None and self._signals.received:
                 stopping = Wait(STOPPING_S, self._signals, since=0)
             if wait.expired or (stopping is not None and stopping.expired):
-                return self._given_up(wait.waited)
+                return self._given_up(min(wait.waited, self._timeout))  # the limit, not a late look
             try:
                 return answer.get(timeout=min(_LOOK_S, wait.left))
             except queue.Empty:
