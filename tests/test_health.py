@@ -1,0 +1,121 @@
+"""A node's health check before it joins and before each restart, with real processes: a failing
+--health-check (exit 8, its output, run.json), one that hangs past its timeout (killed with
+everything it started), SIGTERM during one, one that fails only before the restart, checkpoint
+and storage that broke between attempts."""
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+from helpers import ACTOR, until
+
+from launcher.core.events import HealthChecked
+
+# The check's rules hold however the workers start: torch-free ranks, started plainly.
+pytestmark = pytest.mark.exec_workers
+
+UNHEALTHY = 8
+
+
+def _checks(launch):
+    return [(e.before, e.healthy, e.failed) for e in launch.events(HealthChecked)]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_failing_check_on_the_only_node_exits_8_before_any_worker_starts(launcher, tmp_path):
+    check = 'echo "checking node $FTLAUNCH_NODE_RANK"; echo "GPU 3: 2 uncorrectable ECC errors" >&2; exit 3'
+    ready = tmp_path / "ready"
+    launch = launcher.run("--health-check", check, ACTOR, "--ready-dir", str(ready))
+
+    assert launch.proc.returncode == UNHEALTHY, launch.stderr
+    line = "node 0 is unhealthy: --health-check failed: exit 3; last output: checking node 0 | GPU 3: 2"
+    assert line in launch.stderr
+    assert "drain or replace it" in launch.stderr
+    assert not ready.exists()  # no rank ever started
+    state = launch.run_state()
+    assert (state.status, state.exit_code, state.attempts) == ("STOPPED", UNHEALTHY, [])
+    assert state.reason.startswith(line)
+    assert "GPU 3: 2 uncorrectable ECC errors" in (launch.log_dir / "health.log").read_text()
+    assert _checks(launch) == [("start", False, "--health-check")]
+
+
+def test_a_check_past_its_timeout_is_killed_with_all_it_started(launcher, tmp_path):
+    pids = tmp_path / "pids"
+    check = (
+        f"sleep 300 & echo $! >> {pids}; setsid sleep 300 & echo $! >> {pids}; "
+        f"echo $$ >> {pids}; echo looking; sleep 300"
+    )
+    started = time.monotonic()
+    launch = launcher.run("--health-check", check, "--health-check-timeout", "1s", ACTOR)
+
+    assert launch.proc.returncode == UNHEALTHY, launch.stderr
+    assert time.monotonic() - started < 60
+    assert "--health-check failed: no answer within 1 s (--health-check-timeout): killed" in launch.stderr
+    assert "last output: looking" in launch.stderr
+    started_by_check = [int(pid) for pid in pids.read_text().split()]
+    assert len(started_by_check) == 3  # its shell, a child in its group, one in a session of its own
+    assert [pid for pid in started_by_check if not _gone(pid)] == []
+
+
+def test_sigterm_during_a_long_check_ends_the_launch_at_once(launcher, tmp_path):
+    pid_file = tmp_path / "check.pid"
+    launch = launcher.start("--health-check", f"echo $$ > {pid_file}; exec sleep 300", ACTOR)
+    until(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=60)
+    check_pid = int(pid_file.read_text())
+    sent = time.monotonic()
+    os.kill(launch.proc.pid, signal.SIGTERM)
+    code = launch.wait(60)
+
+    assert code == 143, launch.stderr
+    assert time.monotonic() - sent < 5.0  # not the check's 300 s, nor its 60 s timeout
+    assert "interrupted by SIGTERM during this node's health check" in launch.stderr
+    assert _gone(check_pid)
+    assert _checks(launch) == []  # it never finished: no verdict
+
+
+def test_a_check_that_fails_only_before_the_restart(launcher, tmp_path):
+    ready = tmp_path / "ready"
+    crashed = ready / "rank_0.attempt_0.pid"  # the first attempt's rank leaves it, then crashes
+    check = f'test ! -e {crashed} || {{ echo "found {crashed.name}: GPU fell off the bus"; exit 1; }}'
+    launch = launcher.run(
+        "--health-check", check, ACTOR, "--fail", "exit", "--fail-rank", "0", "--ready-dir", str(ready)
+    )
+
+    assert launch.proc.returncode == UNHEALTHY, launch.stderr
+    assert "attempt 0 failed: rank 0" in launch.stderr
+    assert "node 0 is unhealthy: --health-check failed: exit 1; last output: found rank_0.attempt_0.pid" in (
+        launch.stderr
+    )
+    assert "(before a restart;" in launch.stderr
+    assert not (ready / "rank_0.attempt_1.pid").exists()  # the restart never started
+    assert _checks(launch) == [("start", True, ""), ("restart", False, "--health-check")]
+    state = launch.run_state()
+    assert (state.status, state.exit_code) == ("STOPPED", UNHEALTHY)
+    assert [a.outcome for a in state.attempts] == ["FAILED"]  # what ran is kept, the end recorded
+
+
+def test_checkpoint_storage_that_broke_between_attempts_makes_the_node_unhealthy(launcher, tmp_path):
+    """Storage unwritable for root too: the checkpoint folder's path now names a file (chmod would
+    not do: root writes through it)."""
+    ckpt = tmp_path / "ckpt"
+    breaks = (
+        f'if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then rm -rf {ckpt}; echo "not a folder" > {ckpt}; '
+        "exit 1; fi"
+    )
+    launch = launcher.run("--checkpoint-dir", str(ckpt), "--no-python", "/bin/sh", "-c", breaks)
+
+    assert launch.proc.returncode == UNHEALTHY, launch.stderr
+    assert (
+        "node 0 is unhealthy: checkpoint storage failed: checkpoint storage (--checkpoint-dir)"
+        in launch.stderr
+    )
+    assert _checks(launch) == [("start", True, ""), ("restart", False, "checkpoint storage")]
+    assert launch.run_state().attempts[0].outcome == "FAILED"
