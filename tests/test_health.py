@@ -1,17 +1,18 @@
 """A node's health check before it joins and before each restart, with real processes: a failing
 --health-check (exit 8, its output, run.json), one that hangs past its timeout (killed with
 everything it started), SIGTERM during one, one that fails only before the restart, checkpoint
-and storage that broke between attempts."""
+storage that broke between attempts, and a follower that fails its check on a 2-node job."""
 
 import os
 import signal
+import socket
 import time
 
 import psutil
 import pytest
-from helpers import ACTOR, until
+from helpers import ACTOR, read_logged, until
 
-from launcher.core.events import HealthChecked
+from launcher.core.events import HealthChecked, of_kind
 
 # The check's rules hold however the workers start: torch-free ranks, started plainly.
 pytestmark = pytest.mark.exec_workers
@@ -119,3 +120,49 @@ def test_checkpoint_storage_that_broke_between_attempts_makes_the_node_unhealthy
     )
     assert _checks(launch) == [("start", True, ""), ("restart", False, "checkpoint storage")]
     assert launch.run_state().attempts[0].outcome == "FAILED"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.timeout(300)
+def test_a_follower_that_fails_its_check_before_the_restart_leaves_and_node_0_says_why(launcher, tmp_path):
+    """Node 1's rank crashes in attempt 0; node 1's check then fails (the same command on both
+    nodes: FTLAUNCH_NODE_RANK tells them apart). Node 1 exits 8 and tells node 0, which says why
+    it misses node 1, waits --join-timeout for a node in its place, and stops (exit 5): resumable."""
+    ready = tmp_path / "ready"
+    crashed = ready / "rank_1.attempt_0.pid"
+    check = (
+        f'[ "$FTLAUNCH_NODE_RANK" = 0 ] || test ! -e {crashed} || {{ echo "ECC errors on GPU 2"; exit 1; }}'
+    )
+    endpoint = f"127.0.0.1:{_free_port()}"
+    nodes = []
+    for rank in (0, 1):
+        nodes.append(
+            launcher.start(
+                *("--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint),
+                *("--node-timeout", "2s", "--join-timeout", "5s", "--health-check", check),
+                *(ACTOR, "--fail", "exit", "--fail-rank", "1", "--ready-dir", str(ready)),
+                log_dir=tmp_path / f"logs{rank}",
+                env={"GLOO_SOCKET_IFNAME": "lo"},
+            )
+        )
+    node0, node1 = nodes
+    assert node1.wait(120) == UNHEALTHY, node1.stderr
+    assert node0.wait(120) == 5, node0.stderr
+
+    said = "node 1 is unhealthy: --health-check failed: exit 1; last output: ECC errors on GPU 2"
+    assert said in node1.stderr
+    assert "node 1 left the job: node 1 is unhealthy: --health-check failed" in node0.stderr
+    assert "within --join-timeout (5 s)" in node0.stderr  # its round, or the next, waited out
+    node1_checks = read_logged(tmp_path / "logs1" / "node1" / "events.jsonl")
+    assert [(e.event.before, e.event.healthy) for e in of_kind(node1_checks, HealthChecked)] == [
+        ("start", True),
+        ("restart", False),
+    ]
+    state = node0.run_state()
+    assert (state.status, state.exit_code) == ("STOPPED", 5)  # node 0's record: the job waits for a node
+    assert [a.outcome for a in state.attempts] == ["FAILED"]  # rank 1's crash, counted as any
