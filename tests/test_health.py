@@ -166,3 +166,31 @@ def test_a_follower_that_fails_its_check_before_the_restart_leaves_and_node_0_sa
     state = node0.run_state()
     assert (state.status, state.exit_code) == ("STOPPED", 5)  # node 0's record: the job waits for a node
     assert [a.outcome for a in state.attempts] == ["FAILED"]  # rank 1's crash, counted as any
+
+
+@pytest.mark.timeout(300)
+def test_an_unhealthy_node_0_leaves_the_job_open_for_its_relaunch(launcher, tmp_path):
+    """Node 0 fails its first check: exit 8, and its rendezvous is not closed, so node 1 waits for
+    node 0 as for a lost one (exit 5 at --join-timeout: resumable), not "the job had ended" (6)."""
+    check = '[ "$FTLAUNCH_NODE_RANK" != 0 ] || { echo "no InfiniBand link"; exit 1; }'
+    endpoint = f"127.0.0.1:{_free_port()}"
+    ready = tmp_path / "ready"
+    nodes = [
+        launcher.start(
+            *("--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint),
+            *("--node-timeout", "2s", "--join-timeout", "5s", "--health-check", check),
+            *(ACTOR, "--ready-dir", str(ready)),
+            log_dir=tmp_path / f"logs{rank}",
+            env={"GLOO_SOCKET_IFNAME": "lo"},
+        )
+        for rank in (0, 1)
+    ]
+    node0, node1 = nodes
+    assert node0.wait(120) == UNHEALTHY, node0.stderr
+    assert node1.wait(120) == 5, node1.stderr
+
+    said = "node 0 is unhealthy: --health-check failed: exit 1; last output: no InfiniBand link"
+    assert said in node0.stderr
+    assert "--join-timeout" in node1.stderr
+    assert not ready.exists()  # no rank started anywhere
+    assert node0.run_state().exit_code == UNHEALTHY
