@@ -73,6 +73,7 @@ class NodeHealth:
                 results += step(restart)
                 if results and results[-1].status is CheckStatus.FAILED:
                     break
+            self._kit.signals.raise_if_received()  # what a signal killed is no verdict on the node
         except SignalReceived as stop:
             raise CheckStopped(stop.signum, stop.said_as) from None
         report = HealthReport(tuple(results))

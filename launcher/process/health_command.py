@@ -11,7 +11,9 @@ from typing import List, Mapping, Optional, Sequence
 
 import psutil
 
+from launcher.forked.linux import ignoring
 from launcher.process.orphan_guard import OrphanGuard
+from launcher.process.signals import NOTICE_SIGNALS
 from launcher.process.waiting import Inbox, Wait
 
 __all__ = ["CommandEnd", "run_check"]
@@ -74,6 +76,7 @@ def run_check(
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=ignoring(NOTICE_SIGNALS),  # SLURM's notice to the whole step: ftlaunch's to answer
             )
         except OSError as err:
             return CommandEnd(None, [], 0.0, f"cannot start {argv[0]}: {err.strerror or err}")
