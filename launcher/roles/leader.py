@@ -77,6 +77,7 @@ class Leader(RunHolder):
         self._announced: Optional[Layout] = None  # the last layout said on the console
         self._unhealthy = False  # this node failed its health check: the job waits for node 0
         self._left = 0  # followers that left unhealthy, said so far
+        self._left_now: List[int] = []  # of those, the ones the round being met still counts on
 
     @property
     def channel(self) -> LeaderChannel:
@@ -108,7 +109,7 @@ class Leader(RunHolder):
             self._channel = channel
             channel.announce(self.job.info())
             try:
-                infos = channel.node_infos(meeting.size, self.job.announce_timeout, self._watch_lobby)
+                infos = channel.node_infos(meeting.size, self.job.announce_timeout, self._watch_round)
             except RoundFailed as failed:
                 self._meet_again(channel, meeting.size, str(failed), started)
                 continue
@@ -181,9 +182,19 @@ class Leader(RunHolder):
                 raise UsageError(reason)
             self._say(f"refused a node: {reason}")
 
+    def _watch_round(self) -> None:
+        """While the round's nodes announce themselves: a node that left it unhealthy never will,
+        so the round fails now instead of at the announcements' deadline (RoundFailed)."""
+        self._left_now = []
+        self._watch_lobby()
+        if self._left_now:
+            names = ", ".join(map(str, self._left_now))
+            raise RoundFailed(f"node(s) {names} left the job unhealthy, and the round counted on them")
+
     def _say_unhealthy_left(self) -> None:
         """A follower that failed its health check left: said once, with its reason."""
         left = read_unhealthy(self._rendezvous.store)
+        self._left_now += [node for node, _ in left[self._left :]]
         for node, why in left[self._left :]:
             self._say(
                 f"node {node} left the job: {why}; the job waits for a node in its place "
