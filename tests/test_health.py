@@ -12,7 +12,7 @@ import psutil
 import pytest
 from helpers import ACTOR, read_logged, until
 
-from launcher.core.events import HealthChecked, of_kind
+from launcher.core.events import HealthChecked, RoundAbandoned, of_kind
 
 # The check's rules hold however the workers start: torch-free ranks, started plainly.
 pytestmark = pytest.mark.exec_workers
@@ -130,10 +130,11 @@ def _free_port() -> int:
 
 @pytest.mark.timeout(300)
 def test_a_follower_that_fails_its_check_before_the_restart_leaves_and_node_0_says_why(launcher, tmp_path):
-    """(--join-timeout 15 s: node 0's start, torch's import for its store included, must fit in it
-    on a busy machine.) Node 1's rank crashes in attempt 0; node 1's check then fails (the same command on both
+    """Node 1's rank crashes in attempt 0; node 1's check then fails (the same command on both
     nodes: FTLAUNCH_NODE_RANK tells them apart). Node 1 exits 8 and tells node 0, which says why
-    it misses node 1, waits --join-timeout for a node in its place, and stops (exit 5): resumable."""
+    it misses node 1, waits --join-timeout for a node in its place, and stops (exit 5): resumable.
+    (--join-timeout 15 s: node 0's start, torch's import for its store included, fits on a busy
+    machine.)"""
     ready = tmp_path / "ready"
     crashed = ready / "rank_1.attempt_0.pid"
     check = (
@@ -152,6 +153,7 @@ def test_a_follower_that_fails_its_check_before_the_restart_leaves_and_node_0_sa
             )
         )
     node0, node1 = nodes
+    node0.log_dir = node0.log_dir / "node0"  # each node's logs under its own name
     assert node1.wait(120) == UNHEALTHY, node1.stderr
     assert node0.wait(120) == 5, node0.stderr
 
@@ -159,6 +161,8 @@ def test_a_follower_that_fails_its_check_before_the_restart_leaves_and_node_0_sa
     assert said in node1.stderr
     assert "node 1 left the job: node 1 is unhealthy: --health-check failed" in node0.stderr
     assert "within --join-timeout (15 s)" in node0.stderr  # its round, or the next, waited out
+    abandoned = [e.reason for e in node0.events(RoundAbandoned)]  # at the notice, not a deadline
+    assert abandoned[:1] == ["node(s) 1 left the job unhealthy, and the round counted on them"], abandoned
     node1_checks = read_logged(tmp_path / "logs1" / "node1" / "events.jsonl")
     assert [(e.event.before, e.event.healthy) for e in of_kind(node1_checks, HealthChecked)] == [
         ("start", True),
