@@ -86,9 +86,8 @@ def test_a_check_that_fails_only_before_the_restart(launcher, tmp_path):
     ready = tmp_path / "ready"
     crashed = ready / "rank_0.attempt_0.pid"  # the first attempt's rank leaves it, then crashes
     check = f'test ! -e {crashed} || {{ echo "found {crashed.name}: GPU fell off the bus"; exit 1; }}'
-    launch = launcher.run(
-        "--health-check", check, ACTOR, "--fail", "exit", "--fail-rank", "0", "--ready-dir", str(ready)
-    )
+    command = (ACTOR, "--fail", "exit", "--fail-rank", "0", "--ready-dir", str(ready))
+    launch = launcher.run("--health-check", check, *command)
 
     assert launch.proc.returncode == UNHEALTHY, launch.stderr
     assert "attempt 0 failed: rank 0" in launch.stderr
@@ -101,6 +100,12 @@ def test_a_check_that_fails_only_before_the_restart(launcher, tmp_path):
     state = launch.run_state()
     assert (state.status, state.exit_code) == ("STOPPED", UNHEALTHY)
     assert [a.outcome for a in state.attempts] == ["FAILED"]  # what ran is kept, the end recorded
+
+    # On a healthy node (here: a check that passes) the same command resumes the run.
+    again = launcher.run("--health-check", "true", *command)
+    assert again.proc.returncode == 0, again.stderr
+    assert "resuming (STOPPED, 1 attempt(s)" in again.stderr
+    assert [a.outcome for a in again.run_state().attempts] == ["FAILED", "SUCCEEDED"]
 
 
 def test_checkpoint_storage_that_broke_between_attempts_makes_the_node_unhealthy(launcher, tmp_path):
