@@ -204,3 +204,32 @@ def test_an_unhealthy_node_0_leaves_the_job_open_for_its_relaunch(launcher, tmp_
     assert "--join-timeout" in node1.stderr
     assert not ready.exists()  # no rank started anywhere
     assert node0.run_state().exit_code == UNHEALTHY
+
+
+@pytest.mark.timeout(300)
+def test_a_follower_that_fails_its_first_check_never_joins(launcher, tmp_path):
+    """Node 1 fails before it reaches node 0: it exits 8 without a claim, a hello or a round, and
+    node 0 waits for it as for any node that did not come (exit 5 at --join-timeout)."""
+    check = '[ "$FTLAUNCH_NODE_RANK" != 1 ] || { echo "/scratch is not mounted"; exit 1; }'
+    endpoint = f"127.0.0.1:{_free_port()}"
+    ready = tmp_path / "ready"
+    node0, node1 = [
+        launcher.start(
+            *("--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint),
+            *("--node-timeout", "2s", "--join-timeout", "6s", "--health-check", check),
+            *(ACTOR, "--ready-dir", str(ready)),
+            log_dir=tmp_path / f"logs{rank}",
+            env={"GLOO_SOCKET_IFNAME": "lo"},
+        )
+        for rank in (0, 1)
+    ]
+    assert node1.wait(120) == UNHEALTHY, node1.stderr
+    assert node0.wait(120) == 5, node0.stderr
+
+    assert "node 1 is unhealthy: --health-check failed: exit 1; last output: /scratch is not mounted" in (
+        node1.stderr
+    )
+    assert "(before its first attempt;" in node1.stderr
+    assert "waiting for node 0" not in node1.stderr  # it never tried to reach node 0
+    assert "left the job" not in node0.stderr  # nothing to tell: node 1 never came
+    assert not ready.exists()
