@@ -233,3 +233,15 @@ def test_a_follower_that_fails_its_first_check_never_joins(launcher, tmp_path):
     assert "waiting for node 0" not in node1.stderr  # it never tried to reach node 0
     assert "left the job" not in node0.stderr  # nothing to tell: node 1 never came
     assert not ready.exists()
+
+
+def test_a_check_outlives_no_kill_9_of_ftlaunch(launcher, tmp_path):
+    """The orphan guard watches the check's process group as it watches the workers'."""
+    pid_file = tmp_path / "check.pid"
+    launch = launcher.start("--health-check", f"echo $$ > {pid_file}; exec sleep 300", ACTOR)
+    until(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=60)
+    os.kill(launch.proc.pid, signal.SIGKILL)
+    launch.wait(30)
+
+    assert launch.survivors_after(timeout=10) == []
+    assert _gone(int(pid_file.read_text()))
