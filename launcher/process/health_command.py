@@ -11,7 +11,7 @@ from typing import List, Mapping, Optional, Sequence
 
 import psutil
 
-from launcher.forked.linux import ignoring
+from launcher.forked.linux import die_with_parent
 from launcher.process.orphan_guard import OrphanGuard
 from launcher.process.signals import NOTICE_SIGNALS
 from launcher.process.waiting import Inbox, Wait
@@ -76,12 +76,13 @@ def run_check(
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=ignoring(NOTICE_SIGNALS),  # SLURM's notice to the whole step: ftlaunch's to answer
+                # Dies with ftlaunch (the guard takes what it started); SLURM's notice is ftlaunch's.
+                preexec_fn=die_with_parent(ignore=NOTICE_SIGNALS),
             )
         except OSError as err:
             return CommandEnd(None, [], 0.0, f"cannot start {argv[0]}: {err.strerror or err}")
     if guard is not None:
-        guard.watch(proc.pid)  # a kill -9 of ftlaunch meanwhile: the guard kills the group
+        guard.watch(proc.pid)  # a kill -9 of ftlaunch meanwhile: the guard kills what it started
     try:
         timed_out = _waited_out(proc, wait)
     finally:
