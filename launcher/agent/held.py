@@ -4,7 +4,7 @@ import dataclasses
 import time
 from typing import Optional
 
-from launcher.agent.loop import Attempts, run_attempts
+from launcher.agent.loop import Attempts, Health, run_attempts
 from launcher.core.events import EventLog, RunEnd, Say
 from launcher.core.outcomes import RunStatus
 from launcher.core.policy import RestartPolicy
@@ -18,7 +18,13 @@ __all__ = ["hold"]
 
 
 def hold(
-    role: RunHolder, runner: Attempts, run: Run, events: EventLog, say: Say, policy: RestartPolicy
+    role: RunHolder,
+    runner: Attempts,
+    health: Health,
+    run: Run,
+    events: EventLog,
+    say: Say,
+    policy: RestartPolicy,
 ) -> RunResult:
     """A launch that starts no attempt leaves the run as it was: its record, its events, so its
     picture and its goodput."""
@@ -27,7 +33,7 @@ def hold(
         if refused is not None:
             events.emit(RunEnd(exit_code=int(refused.exit_code), reason=refused.reason))  # this node's log
             return refused
-        result = run_attempts(role, runner)
+        result = run_attempts(role, runner, health)
     finally:
         role.close()  # many nodes: a node that comes late learns at once that the job is over
     lost = _remove_uncommitted_parts(run, say)

@@ -3,11 +3,11 @@
 from typing import List, Protocol
 
 from launcher.core.results import AttemptResult, RunResult
-from launcher.grammar.errors import JoinTimeout, SignalReceived, StartFailed, UsageError
+from launcher.grammar.errors import JoinTimeout, NodeUnhealthy, SignalReceived, StartFailed, UsageError
 from launcher.roles.link import PeerLink
 from launcher.roles.role import AttemptPlan, NodeRole
 
-__all__ = ["Attempts", "run_attempts"]
+__all__ = ["Attempts", "Health", "run_attempts"]
 
 
 class Attempts(Protocol):
@@ -20,14 +20,30 @@ class Attempts(Protocol):
     def concluded(self, result: AttemptResult, restarting: bool) -> None: ...
 
 
-def run_attempts(role: NodeRole, runner: Attempts) -> RunResult:
-    """meet → run (start, watch, stop) → conclude → decide → announce → (pause, again | end)."""
+class Health(Protocol):
+    """What the loop asks of the node's health check (``agent.health.NodeHealth``)."""
+
+    def check(self, restart: bool) -> None: ...
+
+
+class _Unchecked:
+    def check(self, restart: bool) -> None:
+        pass
+
+
+UNCHECKED = _Unchecked()  # a loop without health checks (unit tests of the roles)
+
+
+def run_attempts(role: NodeRole, runner: Attempts, health: Health = UNCHECKED) -> RunResult:
+    """check → meet → run (start, watch, stop) → conclude → decide → announce → (pause, again |
+    end). An unhealthy node never joins the next attempt (NodeUnhealthy: exit 8)."""
     attempts: List[AttemptResult] = []
     runner.warm_up()
     while True:
         try:
+            health.check(restart=bool(attempts))
             plan = role.meet()
-        except (SignalReceived, JoinTimeout) as err:
+        except (SignalReceived, JoinTimeout, NodeUnhealthy) as err:
             return role.ended_waiting(err, attempts)
         try:
             local = runner.run(plan, role.link)

@@ -1,7 +1,10 @@
 """The launch's configuration turned into the parts of one node's agent, each given only its own
 sections: what the workers run, what the run records, what this node brings to a job of many,
-and the faults --chaos injects."""
+its health check, and the faults --chaos injects."""
 
+import os
+
+from launcher.agent.health import HealthTerms, ranks_gpus
 from launcher.chaos.driver import NoChaos, chaos_for
 from launcher.core.config import LaunchConfig
 from launcher.core.events import EventLog, Say
@@ -10,7 +13,7 @@ from launcher.process.plan import WorkerPlan
 from launcher.roles.membership import Membership
 from launcher.runs.opening import RunTerms
 
-__all__ = ["chaos", "every_node", "membership", "run_terms", "worker_plan"]
+__all__ = ["chaos", "every_node", "health_terms", "membership", "run_terms", "worker_plan"]
 
 
 def every_node(config: LaunchConfig) -> Layout:
@@ -53,3 +56,21 @@ def membership(config: LaunchConfig) -> Membership:
 
 def chaos(config: LaunchConfig, events: EventLog, say: Say) -> NoChaos:
     return chaos_for(config.chaos.plan, every_node(config), events, say)
+
+
+def health_terms(config: LaunchConfig) -> HealthTerms:
+    """The storage this node writes: the run dir where it holds the run, the checkpoints' always."""
+    storage = {}
+    if config.cluster.leads:
+        storage["run dir (--run-dir)"] = config.run.url
+    if config.group.checkpoint_url:
+        storage["checkpoint storage (--checkpoint-dir)"] = config.group.checkpoint_url
+    gpus = ranks_gpus(config.group.nproc, config.group.backend, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return HealthTerms(
+        section=config.health,
+        node=config.cluster.node_rank,
+        log_dir=config.group.log_dir,
+        storage=storage,
+        storage_timeout=config.run.storage_timeout,
+        gpus=gpus,
+    )

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Optional, Tuple
 
 from launcher.agent import parts
 from launcher.agent.attempt import AttemptRunner, Workers
+from launcher.agent.health import NodeHealth
 from launcher.agent.held import hold
 from launcher.agent.loop import run_attempts
 from launcher.cluster.rendezvous import Rendezvous, host_job_store
@@ -106,8 +107,9 @@ def _follow(
                 config, kit, Workers(parts.worker_plan(config), spawner, guard, console, memory), hangs
             )
             role = Follower(parts.membership(config), config.run, kit)
+            health = NodeHealth(parts.health_terms(config), kit, guard, memory)
             try:
-                result = run_attempts(role, runner)
+                result = run_attempts(role, runner, health)
             finally:
                 role.close()
             events.emit(RunEnd(exit_code=int(result.exit_code), reason=result.reason))
@@ -140,7 +142,9 @@ def _lead(
                 beat_before = any(a.beat for a in run.state.attempts)  # e.g. before a kill -9 of ftlaunch
                 hangs = HangMonitor(config.hangs, events, say, run.mark_first_step, beat_before)
                 workers = Workers(parts.worker_plan(config), spawner, guard, console, memory)
-                return hold(role, _runner(config, kit, workers, hangs), run, events, say, config.restart)
+                health = NodeHealth(parts.health_terms(config), kit, guard, memory)
+                runner = _runner(config, kit, workers, hangs)
+                return hold(role, runner, health, run, events, say, config.restart)
     finally:
         if run is not None:
             run.close()

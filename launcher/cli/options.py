@@ -291,6 +291,20 @@ LAUNCH_OPTIONS: Tuple[click.Option, ...] = (
         "wait for it to come back. At most 7 days.",
     ),
     click.Option(
+        ["--health-check"],
+        default=None,
+        metavar="CMD",
+        help="A command (run by /bin/sh -c) that must exit 0 on this node before it joins and before each "
+        "restart, beside the built-in checks; it gets FTLAUNCH_NODE_RANK and the ranks' GPUs. A node that "
+        "fails exits 8  [default: none]",
+    ),
+    click.Option(
+        ["--health-check-timeout"],
+        default="60s",
+        metavar="DURATION",
+        help="How long --health-check may take before it is killed (a failure).",
+    ),
+    click.Option(
         ["--chaos"],
         default=None,
         metavar="SPEC",

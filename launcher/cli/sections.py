@@ -15,6 +15,7 @@ from launcher.core.config import (
     EntrySection,
     GroupSection,
     HangSection,
+    HealthSection,
     LaunchConfig,
     MetricsSection,
     RunSection,
@@ -105,6 +106,9 @@ def config_from_options(
         ),
         chaos=ChaosSection(_parse_chaos(o["chaos"], at.run_id, at.nnodes) if o["chaos"] else None),
         metrics=MetricsSection(o["metrics_port"], o["metrics_addr"], o["metrics_file"]),
+        health=HealthSection(
+            o["health_check"] or "", _seconds(o, "health_check_timeout", "--health-check-timeout")
+        ),
     )
 
 

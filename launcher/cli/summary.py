@@ -6,13 +6,21 @@ from launcher.core.failures import Failure, HangFailure, NodeLostFailure
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.recovery import Recovery
 from launcher.core.results import RunResult
+from launcher.grammar.errors import ExitCode
 
 __all__ = ["summary_lines"]
 
 
+_UNHEALTHY = (
+    "  exit 8: this node is unhealthy: drain or replace it; the same command on a healthy node "
+    "resumes the run"
+)
+
+
 def summary_lines(result: RunResult) -> List[str]:
+    unhealthy = [_UNHEALTHY] if result.exit_code == ExitCode.UNHEALTHY else []
     if not result.attempts:  # nothing ran: the run had already succeeded, or may not go on
-        return [result.reason]
+        return [result.reason] + unhealthy
     failed = [a for a in result.attempts if a.outcome is AttemptOutcome.FAILED]
     lines = [
         f"{result.status.value} after {len(result.attempts)} attempt(s), "
@@ -45,7 +53,7 @@ def summary_lines(result: RunResult) -> List[str]:
         )
     if failed and result.status is RunStatus.FAILED and failed[-1].root_cause is not None:
         lines += _root_cause_detail(failed[-1].root_cause)
-    return lines
+    return lines + unhealthy
 
 
 def _phases(r: Recovery) -> str:

@@ -6,13 +6,14 @@ once, not after --join-timeout; and a signal on any node while they meet stops e
                          counter, also its liveness in attempts
     lobby/hello/<n>      who it is and which job it came for; lobby/hellos lists them ("n,")
     lobby/refused/<n>    node 0's refusal, lobby/read/<n> its ack
-    lobby/stopped        which node got which signal; lobby/stop-read/<n> each follower's ack"""
+    lobby/stopped        which node got which signal; lobby/stop-read/<n> each follower's ack
+    lobby/unhealthy      "<n> <why>" lines: followers that failed their health check and left"""
 
 import dataclasses
 import json
 import os
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from launcher.cluster.alive import AliveCounter, beat_every
 from launcher.core.owned import pid_space
@@ -26,7 +27,9 @@ __all__ = [
     "StopNotice",
     "claimed_counters",
     "read_stop",
+    "read_unhealthy",
     "say_stop",
+    "say_unhealthy",
     "stop_read",
 ]
 
@@ -73,6 +76,22 @@ def stop_read(store, node: int) -> None:
     """A follower has the notice (node 0 waits for this before its store goes away)."""
     if node != 0:
         store.set(f"lobby/stop-read/{node}", "1")
+
+
+_UNHEALTHY = "lobby/unhealthy"
+
+
+def say_unhealthy(store, node: int, why: str) -> None:
+    """A follower leaves the job unhealthy: node 0 says why, instead of only missing it."""
+    store.append(_UNHEALTHY, f"{node} {' '.join(why.split())}\n")
+
+
+def read_unhealthy(store) -> List[Tuple[int, str]]:
+    """Every follower that left unhealthy so far, in order: (node, why)."""
+    if not store.check([_UNHEALTHY]):
+        return []
+    lines = [line.split(" ", 1) for line in _text(store.get(_UNHEALTHY)).splitlines() if " " in line]
+    return [(int(node), why) for node, why in lines]
 
 
 class NodeClaim:

@@ -25,6 +25,7 @@ __all__ = [
     "EntrySection",
     "GroupSection",
     "HangSection",
+    "HealthSection",
     "LaunchConfig",
     "MetricsSection",
     "RunSection",
@@ -311,6 +312,24 @@ class ClusterSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class HealthSection:
+    """The node's health check before each attempt (``agent.health``): a user's command, run by
+    /bin/sh -c, beside the built-in checks that always run."""
+
+    command: str = ""  # --health-check; "": only the built-in checks
+    timeout: float = 60.0  # seconds the command may take before it is killed (a failure)
+
+    def __post_init__(self) -> None:
+        _finite(self.timeout, "--health-check-timeout")
+        if self.command and not self.command.strip():
+            raise UsageError("--health-check must name a command, got only spaces")
+        if not 0 < self.timeout <= MAX_CLUSTER_WAIT_S:
+            raise UsageError(
+                f"--health-check-timeout must be more than 0 seconds and at most 7d, got {self.timeout:g} s"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
 class ChaosSection:
     plan: Optional[ChaosPlan] = None  # faults to inject into the run (--chaos); None: none
 
@@ -366,6 +385,8 @@ _FLAT = {
     "metrics_port": ("metrics", "port"),
     "metrics_addr": ("metrics", "addr"),
     "metrics_file": ("metrics", "file"),
+    "health_check": ("health", "command"),
+    "health_check_timeout": ("health", "timeout"),
 }
 _SECTIONS = {
     "entry": EntrySection,
@@ -376,6 +397,7 @@ _SECTIONS = {
     "cluster": ClusterSection,
     "chaos": ChaosSection,
     "metrics": MetricsSection,
+    "health": HealthSection,
 }
 
 
@@ -392,6 +414,7 @@ class LaunchConfig:
     cluster: ClusterSection = ClusterSection()
     chaos: ChaosSection = ChaosSection()
     metrics: MetricsSection = MetricsSection()
+    health: HealthSection = HealthSection()
 
     def __post_init__(self) -> None:
         ranks = self.group.console_ranks

@@ -51,6 +51,7 @@ __all__ = [
     "GroupsGuarded",
     "GuardRestarted",
     "Hang",
+    "HealthChecked",
     "HeartbeatDeadline",
     "InternalError",
     "KeptTime",
@@ -328,6 +329,21 @@ class KeptTime:
 
 
 @dataclasses.dataclass(frozen=True)
+class HealthChecked:
+    """This node's health check before an attempt (``agent.health``): which checks passed, which
+    could not be known here, and the one that failed (the node then leaves: exit 8)."""
+
+    KIND: ClassVar[str] = "health_checked"
+    before: str  # "start" (the node's first attempt) or "restart"
+    healthy: bool
+    passed: List[str]
+    unknown: List[str]
+    failed: str = ""  # the check that failed ("--health-check", "checkpoint storage", "gpu 0"...)
+    detail: str = ""  # why, with the command's last lines of output
+    seconds: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class InternalError:
     """A defect in ftlaunch itself stopped the attempt: written before anything else is cleaned
     up, so the run dir keeps the evidence even if the rest of the way out goes wrong."""
@@ -369,6 +385,7 @@ Event = Union[
     CheckpointTotals,
     AttemptEnded,
     KeptTime,
+    HealthChecked,
     InternalError,
     RunEnd,
 ]

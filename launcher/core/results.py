@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, List, Optional
 from launcher.core.beats import BeatSummary
 from launcher.core.failures import Failure, root_cause
 from launcher.core.outcomes import AttemptOutcome, RunStatus
-from launcher.grammar.errors import PeerStopped, SignalReceived, exit_code_for_signal
+from launcher.grammar.errors import CheckStopped, PeerStopped, SignalReceived, exit_code_for_signal
 
 if TYPE_CHECKING:  # the records are filled in by the loop; recovery sits above this module
     from launcher.core.recovery import Recovery
@@ -50,6 +50,8 @@ class RunResult:
 
 def meeting_stopped(error: SignalReceived) -> str:
     """Where a signal that came while the nodes met stopped the job: here, or on another node."""
+    if isinstance(error, CheckStopped):
+        return "during this node's health check"
     where = f"on node {error.node} " if isinstance(error, PeerStopped) else ""
     return f"{where}while the nodes were meeting"
 

@@ -5,11 +5,13 @@ import signal
 
 __all__ = [
     "ExitCode",
+    "CheckStopped",
     "FtlaunchError",
     "SignalReceived",
     "JobOver",
     "PeerStopped",
     "JoinTimeout",
+    "NodeUnhealthy",
     "RunBusy",
     "RunLost",
     "StartFailed",
@@ -30,6 +32,7 @@ class ExitCode(enum.IntEnum):
     JOIN_TIMEOUT = 5  # many nodes: not every node joined within --join-timeout; relaunch to resume
     JOB_OVER = 6  # many nodes: this node came to a job that had already ended (rendezvous closed)
     STORAGE_LOST = 7  # the run dir answered nothing for longer than the lease: its workers were stopped
+    UNHEALTHY = 8  # this node failed its health check (or is excluded): drain or replace it
     INTERNAL = 70  # a defect in ftlaunch (EX_SOFTWARE): the traceback says where; workers were stopped
     INTERRUPTED_SIGHUP = 128 + signal.SIGHUP  # 129
     INTERRUPTED_SIGINT = 128 + signal.SIGINT  # 130
@@ -79,6 +82,12 @@ class JoinTimeout(FtlaunchError):
     exit_code = ExitCode.JOIN_TIMEOUT
 
 
+class NodeUnhealthy(FtlaunchError):
+    """This node failed its health check before an attempt: it does not join (or restart)."""
+
+    exit_code = ExitCode.UNHEALTHY
+
+
 class JobOver(FtlaunchError):
     """Many nodes: the job this node came to has ended (its leader closed the rendezvous)."""
 
@@ -95,6 +104,10 @@ class SignalReceived(FtlaunchError):
         super().__init__(f"interrupted by {self.said_as} before any worker started")
         self.exit_code = exit_code_for_signal(signum)
         self.signum = signum
+
+
+class CheckStopped(SignalReceived):
+    """A signal came while this node's health check ran (the check was killed)."""
 
 
 class PeerStopped(SignalReceived):

@@ -4,14 +4,17 @@ supervisor starts, removed when it ends, and by its orphan guard when it is kill
 supervisor on the node removes any that no live supervisor holds (the guard killed too:
 launcher.core.owned, whose lock holds across PID namespaces)."""
 
+import json
 import os
+import re
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import Dict, List, Optional
 
+from launcher.core.health import CheckResult, tier_room_needed
 from launcher.core.owned import owned_folder, remove_unowned
 
-__all__ = ["MemoryTier"]
+__all__ = ["MemoryTier", "room_for_tier"]
 
 _KIND = "ftlaunch-memory-"  # then owned-, the supervisor's pid and a random suffix
 _SHM = Path("/dev/shm")
@@ -37,3 +40,43 @@ class MemoryTier:
             shutil.rmtree(self.folder, ignore_errors=True)  # still locked: no cleaner races it
             os.close(self._lock)
             self.folder = None
+
+
+_RECORD = re.compile(r"rank_(\d+)\.(\d+)\.json")  # worker_lib.checkpoint.memory_slots' slot record
+
+
+def room_for_tier(folder: Optional[Path]) -> CheckResult:
+    """/dev/shm can still take what the tier would hold: two snapshots a rank at the sizes its
+    slots show (data and index; the slots made are reserved and stay). Before any snapshot the
+    size is not known: unknown, never "room"."""
+    name = "memory tier room"
+    if folder is None:
+        return CheckResult.unknown(name, "no memory tier on this node (no writable /dev/shm)")
+    need = tier_room_needed(_slot_sizes(folder))
+    if need is None:
+        return CheckResult.unknown(name, "no snapshot in the tier yet: its size is not known")
+    stat = os.statvfs(folder)
+    free = stat.f_bavail * stat.f_frsize
+    mib = 2**20
+    if free < need:
+        return CheckResult.failed(
+            name,
+            f"{folder.parent} has {free / mib:.0f} MiB free, the tier's next snapshots need "
+            f"{need / mib:.0f} MiB",
+        )
+    return CheckResult.passed(name, f"{free / mib:.0f} MiB free, {need / mib:.0f} MiB needed")
+
+
+def _slot_sizes(folder: Path) -> Dict[int, List[int]]:
+    """Each rank's whole slots (a record read back), by size; a slot being written is not counted."""
+    sizes: Dict[int, List[int]] = {}
+    for path in folder.glob("rank_*.json"):
+        found = _RECORD.fullmatch(path.name)
+        try:
+            record = json.loads(path.read_text()) if found else None
+            size = int(record["size"]) + int(record["index_size"]) if record else None
+        except (OSError, ValueError, KeyError, TypeError):
+            size = None
+        if found and size is not None:
+            sizes.setdefault(int(found.group(1)), []).append(size)
+    return sizes

@@ -24,7 +24,7 @@ from launcher.core.events import NodesMet
 from launcher.core.layout import Layout
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.results import AttemptResult, RunResult, ended_by_signal, meeting_stopped
-from launcher.grammar.errors import FtlaunchError, SignalReceived, UsageError
+from launcher.grammar.errors import FtlaunchError, NodeUnhealthy, SignalReceived, UsageError
 from launcher.process.kit import NodeKit
 from launcher.roles.leader import node_report
 from launcher.roles.link import FollowerLink
@@ -176,6 +176,8 @@ class Follower(NodeRole):
             self._node0.pass_on_stop(error)
             while_ = meeting_stopped(error)
             return ended_by_signal(error.signum, attempts, while_, holds_run=False, said_as=error.said_as)
+        if isinstance(error, NodeUnhealthy):  # it leaves, as a lost node: the others go on without it
+            self._node0.leave_unhealthy(str(error))
         return RunResult(error.exit_code, RunStatus.STOPPED, attempts, str(error), holds_run=False)
 
     def _stop_every_node(self, stopped: SignalReceived) -> None:

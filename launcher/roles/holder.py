@@ -146,7 +146,8 @@ class RunHolder(NodeRole):
     def ended_waiting(self, error: FtlaunchError, attempts: List[AttemptResult]) -> RunResult:
         if isinstance(error, SignalReceived):
             return ended_by_signal(error.signum, attempts, meeting_stopped(error), said_as=error.said_as)
-        return RunResult(ExitCode.JOIN_TIMEOUT, RunStatus.STOPPED, attempts, str(error))
+        # --join-timeout, or this node unhealthy: nothing is lost, the same command resumes the run
+        return RunResult(ExitCode(error.exit_code), RunStatus.STOPPED, attempts, str(error))
 
     def pause(self, seconds: float) -> None:
         """Wait between attempts, keeping the run's lease; a signal ends the wait."""

@@ -7,7 +7,7 @@ from typing import Dict, List, Optional, Tuple
 
 from launcher.cluster.channel import ChannelSpec
 from launcher.cluster.leader_channel import LeaderChannel
-from launcher.cluster.lobby import Lobby, StopNotice, read_stop, say_stop
+from launcher.cluster.lobby import Lobby, StopNotice, read_stop, read_unhealthy, say_stop
 from launcher.cluster.rendezvous import Rendezvous, Round, RoundFailed
 from launcher.cluster.wire import (
     Interrupt,
@@ -29,6 +29,7 @@ from launcher.grammar.errors import (
     ExitCode,
     FtlaunchError,
     JoinTimeout,
+    NodeUnhealthy,
     PeerStopped,
     SignalReceived,
     UsageError,
@@ -74,6 +75,9 @@ class Leader(RunHolder):
         self._planned = 0  # attempts this launch has planned
         self._layout: Optional[Layout] = None  # the attempt's, from meet on
         self._announced: Optional[Layout] = None  # the last layout said on the console
+        self._unhealthy = False  # this node failed its health check: the job waits for node 0
+        self._left = 0  # followers that left unhealthy, said so far
+        self._left_now: List[int] = []  # of those, the ones the round being met still counts on
 
     @property
     def channel(self) -> LeaderChannel:
@@ -105,7 +109,7 @@ class Leader(RunHolder):
             self._channel = channel
             channel.announce(self.job.info())
             try:
-                infos = channel.node_infos(meeting.size, self.job.announce_timeout, self._watch_lobby)
+                infos = channel.node_infos(meeting.size, self.job.announce_timeout, self._watch_round)
             except RoundFailed as failed:
                 self._meet_again(channel, meeting.size, str(failed), started)
                 continue
@@ -171,15 +175,38 @@ class Leader(RunHolder):
         stop = read_stop(self._rendezvous.store, 0)
         if stop is not None:
             raise PeerStopped(stop.node, stop.signum, stop.said_as)
+        self._say_unhealthy_left()
         for hello in self._lobby.strangers():
             reason = self._lobby.refuse(hello, self._signals)
             if not self._planned:
                 raise UsageError(reason)
             self._say(f"refused a node: {reason}")
 
+    def _watch_round(self) -> None:
+        """While the round's nodes announce themselves: a node that left it unhealthy never will,
+        so the round fails now instead of at the announcements' deadline (RoundFailed)."""
+        self._left_now = []
+        self._watch_lobby()
+        if self._left_now:
+            names = ", ".join(map(str, self._left_now))
+            raise RoundFailed(f"node(s) {names} left the job unhealthy, and the round counted on them")
+
+    def _say_unhealthy_left(self) -> None:
+        """A follower that failed its health check left: said once, with its reason."""
+        left = read_unhealthy(self._rendezvous.store)
+        self._left_now += [node for node, _ in left[self._left :]]
+        for node, why in left[self._left :]:
+            self._say(
+                f"node {node} left the job: {why}; the job waits for a node in its place "
+                f"(the same command on a healthy machine), up to --join-timeout "
+                f"{self.job.cluster.join_timeout:g} s"
+            )
+        self._left = len(left)
+
     def ended_waiting(self, error: FtlaunchError, attempts: List[AttemptResult]) -> RunResult:
         if isinstance(error, SignalReceived):
             self._pass_on_stop(error)
+        self._unhealthy = isinstance(error, NodeUnhealthy)
         return super().ended_waiting(error, attempts)
 
     def _pass_on_stop(self, error: SignalReceived) -> None:
@@ -247,8 +274,11 @@ class Leader(RunHolder):
             self._tell_nodes(JobVerdict.end(ExitCode.FAILED, RunStatus.FAILED, str(error), failed, []))
 
     def close(self) -> None:
-        """The job is over: a node that comes now learns it at once instead of waiting."""
-        self._rendezvous.close()
+        """The job is over: a node that comes now learns it at once instead of waiting. Unless
+        node 0 is unhealthy: the others wait for it as for a lost node 0 (relaunched on a
+        healthy machine, it resumes the job)."""
+        if not self._unhealthy:
+            self._rendezvous.close()
 
     def _tell_nodes(self, verdict: JobVerdict) -> None:
         """Node 0's decision goes to every node; the store stays up until each has read it. A

@@ -9,7 +9,15 @@ from typing import Callable, Optional, TypeVar
 
 from launcher.cluster.alive import AliveCounter
 from launcher.cluster.deadline_store import DeadlineStore
-from launcher.cluster.lobby import Hello, NodeClaim, StopNotice, read_stop, say_stop, stop_read
+from launcher.cluster.lobby import (
+    Hello,
+    NodeClaim,
+    StopNotice,
+    read_stop,
+    say_stop,
+    say_unhealthy,
+    stop_read,
+)
 from launcher.cluster.rendezvous import LeaderUnreachable, Rendezvous, connect_job_store
 from launcher.cluster.store_errors import leader_gone, what_failed
 from launcher.core import failpoints
@@ -99,6 +107,18 @@ class Node0Connection:
                 stop_read(store, self.job.node)
             else:
                 say_stop(store, StopNotice(self.job.node, error.signum, error.said_as))
+        except Exception as err:
+            if not leader_gone(err):
+                raise
+
+    def leave_unhealthy(self, why: str) -> None:
+        """This node failed its health check and leaves: node 0 is told why (best effort: a node 0
+        that does not answer learns nothing, and misses this node as it would a lost one)."""
+        store = self._store
+        if store is None:  # never reached node 0 (the check before the first attempt)
+            return
+        try:
+            say_unhealthy(store, self.job.node, why)
         except Exception as err:
             if not leader_gone(err):
                 raise

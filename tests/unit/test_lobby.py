@@ -9,7 +9,7 @@ from helpers import dead_pid
 from torch.distributed import HashStore
 
 from launcher.cluster.alive import AliveCounter
-from launcher.cluster.lobby import Hello, Lobby, NodeClaim
+from launcher.cluster.lobby import Hello, Lobby, NodeClaim, read_unhealthy, say_unhealthy
 from launcher.core.owned import pid_space
 from launcher.grammar.errors import UsageError
 
@@ -92,3 +92,14 @@ def test_node_0_refuses_a_node_that_came_for_another_job():
     assert stranger.refusal(store) == reason and friend.refusal(store) == ""
     assert lobby.strangers() == []  # refused once
     stranger.release(), friend.release()
+
+
+def test_followers_that_left_unhealthy_are_read_back_in_order_each_on_one_line():
+    store = HashStore()
+    assert read_unhealthy(store) == []
+    say_unhealthy(store, 2, "node 2 is unhealthy: --health-check failed: exit 1; last output: a | b")
+    say_unhealthy(store, 1, "node 1 is unhealthy: gpu 0 failed: CUDA error:\nan illegal memory access")
+    assert read_unhealthy(store) == [
+        (2, "node 2 is unhealthy: --health-check failed: exit 1; last output: a | b"),
+        (1, "node 1 is unhealthy: gpu 0 failed: CUDA error: an illegal memory access"),
+    ]

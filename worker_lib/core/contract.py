@@ -23,6 +23,7 @@ __all__ = [
     "ERROR_FILE",
     "NCCL_ASYNC_ERROR_HANDLING",
     "FT_ATTEMPT",
+    "FT_NODE_RANK",
     "FT_BACKEND",
     "FT_CHECKPOINT_URL",
     "FT_HEARTBEAT_FILE",
@@ -83,6 +84,7 @@ ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 
 # ftlaunch's own.
+FT_NODE_RANK = "FTLAUNCH_NODE_RANK"  # the node's rank, in --health-check's environment (not the ranks')
 FT_ATTEMPT = "FTLAUNCH_ATTEMPT"  # 0 for the first group of a run, +1 per restart
 FT_BACKEND = "FTLAUNCH_BACKEND"  # "nccl" or "gloo", chosen once by the supervisor
 FT_CHECKPOINT_URL = "FTLAUNCH_CHECKPOINT_URL"  # fsspec URL of the checkpoint root (--checkpoint-dir)
