@@ -7,7 +7,6 @@ from typing import Dict, List, Optional, Tuple
 
 from launcher.cluster.channel import ChannelSpec
 from launcher.cluster.leader_channel import LeaderChannel
-from launcher.cluster.lobby import Lobby, StopNotice, read_stop, read_unhealthy, say_stop
 from launcher.cluster.rendezvous import Rendezvous, Round, RoundFailed
 from launcher.cluster.wire import (
     Interrupt,
@@ -30,14 +29,13 @@ from launcher.grammar.errors import (
     FtlaunchError,
     JoinTimeout,
     NodeUnhealthy,
-    PeerStopped,
     SignalReceived,
     UsageError,
 )
 from launcher.process.kit import NodeKit
-from launcher.process.waiting import Wait
 from launcher.roles.holder import RunHolder
 from launcher.roles.link import LeaderLink
+from launcher.roles.lobby_host import LobbyHost
 from launcher.roles.membership import Membership
 from launcher.roles.role import AttemptPlan, Conclusion, in_attempt
 from launcher.runs.run import Run
@@ -71,13 +69,10 @@ class Leader(RunHolder):
         self._channel: Optional[LeaderChannel] = None  # the attempt's, from meet to decide
         self._link: Optional[LeaderLink] = None  # the attempt's, from its plan on
         self._spec = ChannelSpec.of(job.cluster)
-        self._lobby = Lobby(rendezvous.store, job.rdzv_id, job.command, job.cluster.node_timeout)
-        self._planned = 0  # attempts this launch has planned
+        self._lobby = LobbyHost(job, rendezvous.store, kit.signals, kit.say)
         self._layout: Optional[Layout] = None  # the attempt's, from meet on
         self._announced: Optional[Layout] = None  # the last layout said on the console
         self._unhealthy = False  # this node failed its health check: the job waits for node 0
-        self._left = 0  # followers that left unhealthy, said so far
-        self._left_now: List[int] = []  # of those, the ones the round being met still counts on
 
     @property
     def channel(self) -> LeaderChannel:
@@ -101,7 +96,7 @@ class Leader(RunHolder):
         while True:
             new_round = self._round is None
             if self._round is None:
-                self._round = self._rendezvous.next_round(self._signals, self._say, watch=self._watch_lobby)
+                self._round = self._rendezvous.next_round(self._signals, self._say, watch=self._lobby.watch)
             meeting = self._round
             channel = LeaderChannel(
                 meeting.next_attempt_store(), self._spec, self._signals, job_store=self._rendezvous.store
@@ -109,7 +104,7 @@ class Leader(RunHolder):
             self._channel = channel
             channel.announce(self.job.info())
             try:
-                infos = channel.node_infos(meeting.size, self.job.announce_timeout, self._watch_round)
+                infos = channel.node_infos(meeting.size, self.job.announce_timeout, self._lobby.watch_round)
             except RoundFailed as failed:
                 self._meet_again(channel, meeting.size, str(failed), started)
                 continue
@@ -146,7 +141,7 @@ class Leader(RunHolder):
         self._layout = layout
         number = self._open_attempt(channel.members(), layout.world_size)
         self._announce_size(layout)
-        self._planned += 1
+        self._lobby.planned += 1
         waited = round(time.monotonic() - started, 3)
         self._events.emit(NodesMet(number, len(layout.nodes), waited, new_round, list(layout.nodes)))
         address, port = self._store_at[0], self.store.port
@@ -167,61 +162,11 @@ class Leader(RunHolder):
             f"the job runs on {layout.describe()} of --nnodes {cluster.fewest}:{cluster.nnodes}{resize}"
         )
 
-    def _watch_lobby(self) -> None:
-        """While the nodes meet: a follower that got a signal stops the job (PeerStopped), and a
-        node that came with another command (another rendezvous id) is refused at once. Before
-        this launch's first attempt, node 0 stops with it (the job was started wrong); later,
-        it goes on waiting for the right node."""
-        stop = read_stop(self._rendezvous.store, 0)
-        if stop is not None:
-            raise PeerStopped(stop.node, stop.signum, stop.said_as)
-        self._say_unhealthy_left()
-        for hello in self._lobby.strangers():
-            reason = self._lobby.refuse(hello, self._signals)
-            if not self._planned:
-                raise UsageError(reason)
-            self._say(f"refused a node: {reason}")
-
-    def _watch_round(self) -> None:
-        """While the round's nodes announce themselves: a node that left it unhealthy never will,
-        so the round fails now instead of at the announcements' deadline (RoundFailed)."""
-        self._left_now = []
-        self._watch_lobby()
-        if self._left_now:
-            names = ", ".join(map(str, self._left_now))
-            raise RoundFailed(f"node(s) {names} left the job unhealthy, and the round counted on them")
-
-    def _say_unhealthy_left(self) -> None:
-        """A follower that failed its health check left: said once, with its reason."""
-        left = read_unhealthy(self._rendezvous.store)
-        self._left_now += [node for node, _ in left[self._left :]]
-        for node, why in left[self._left :]:
-            self._say(
-                f"node {node} left the job: {why}; the job waits for a node in its place "
-                f"(the same command on a healthy machine), up to --join-timeout "
-                f"{self.job.cluster.join_timeout:g} s"
-            )
-        self._left = len(left)
-
     def ended_waiting(self, error: FtlaunchError, attempts: List[AttemptResult]) -> RunResult:
         if isinstance(error, SignalReceived):
-            self._pass_on_stop(error)
+            self._lobby.pass_on_stop(error)
         self._unhealthy = isinstance(error, NodeUnhealthy)
         return super().ended_waiting(error, attempts)
-
-    def _pass_on_stop(self, error: SignalReceived) -> None:
-        """A signal on any node while the nodes meet stops every node, as during an attempt. The
-        notice lives in this node's store, which goes away with it: node 0 waits until every
-        follower that came has read it (each looks every half second while it meets), within
-        --node-timeout (a follower that never looks is dead or frozen); a second signal ends
-        the wait."""
-        store = self._rendezvous.store
-        try:
-            if not isinstance(error, PeerStopped):
-                say_stop(store, StopNotice(0, error.signum, error.said_as))
-            self._lobby.await_stop_read(Wait(self.job.cluster.node_timeout, self._signals), self._say)
-        except (SignalReceived, RuntimeError):  # a second signal; torch's store errors
-            pass
 
     def conclude(self, local: AttemptResult) -> Conclusion:
         """The job's attempt: every node's report (this one's included) and every lost node."""
