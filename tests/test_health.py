@@ -48,6 +48,21 @@ def test_a_failing_check_on_the_only_node_exits_8_before_any_worker_starts(launc
     assert _checks(launch) == [("start", False, "--health-check")]
 
 
+def test_a_failing_check_leaves_nothing_it_started_behind_exit_8(launcher, tmp_path):
+    """A check that fails with a child still running: exit 8 leaves no process, as a check past
+    its timeout leaves none (its background child outlived ftlaunch, reparented to init)."""
+    pids = tmp_path / "pids"
+    check = f"sleep 300 & echo $! >> {pids}; setsid sleep 300 & echo $! >> {pids}; exit 1"
+    launch = launcher.run("--health-check", check, ACTOR)
+
+    assert launch.proc.returncode == UNHEALTHY, launch.stderr
+    assert "--health-check failed: exit 1" in launch.stderr
+    started_by_check = [int(pid) for pid in pids.read_text().split()]
+    assert len(started_by_check) == 2  # a child in its group, one in a session of its own
+    assert launch.survivors_after(timeout=10) == []
+    assert [pid for pid in started_by_check if not _gone(pid)] == []
+
+
 def test_a_check_past_its_timeout_is_killed_with_all_it_started(launcher, tmp_path):
     pids = tmp_path / "pids"
     check = (
