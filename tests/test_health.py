@@ -123,9 +123,11 @@ def test_a_check_that_fails_only_before_the_restart(launcher, tmp_path):
     assert [a.outcome for a in again.run_state().attempts] == ["FAILED", "SUCCEEDED"]
 
 
-def test_checkpoint_storage_that_broke_between_attempts_makes_the_node_unhealthy(launcher, tmp_path):
+def test_checkpoint_storage_that_broke_between_attempts_is_said_and_left_to_the_lease(launcher, tmp_path):
     """Storage unwritable for root too: the checkpoint folder's path now names a file (chmod would
-    not do: root writes through it)."""
+    not do: root writes through it). A failed write before a restart is no verdict on the node
+    (shared storage that stopped answering fails every node alike; a blip is not a death): it is
+    said, the restart goes on, and storage's loss stays the run dir lease's to judge (exit 7)."""
     ckpt = tmp_path / "ckpt"
     breaks = (
         f'if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then rm -rf {ckpt}; echo "not a folder" > {ckpt}; '
@@ -133,13 +135,12 @@ def test_checkpoint_storage_that_broke_between_attempts_makes_the_node_unhealthy
     )
     launch = launcher.run("--checkpoint-dir", str(ckpt), "--no-python", "/bin/sh", "-c", breaks)
 
-    assert launch.proc.returncode == UNHEALTHY, launch.stderr
-    assert (
-        "node 0 is unhealthy: checkpoint storage failed: checkpoint storage (--checkpoint-dir)"
-        in launch.stderr
-    )
-    assert _checks(launch) == [("start", True, ""), ("restart", False, "checkpoint storage")]
-    assert launch.run_state().attempts[0].outcome == "FAILED"
+    assert launch.proc.returncode == 0, launch.stderr
+    assert "before the restart: checkpoint storage (--checkpoint-dir)" in launch.stderr
+    assert _checks(launch) == [("start", True, ""), ("restart", True, "")]
+    [restart] = [e for e in launch.events(HealthChecked) if e.before == "restart"]
+    assert "checkpoint storage" in restart.unknown
+    assert [a.outcome for a in launch.run_state().attempts] == ["FAILED", "SUCCEEDED"]
 
 
 def _free_port() -> int:

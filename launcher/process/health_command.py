@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence
 
@@ -19,6 +20,7 @@ from launcher.process.waiting import Inbox, Wait
 __all__ = ["CommandEnd", "run_check"]
 
 TAIL_LINES = 5  # the output lines a failure shows
+_MARK = "FTLAUNCH_HEALTH_CHECK_ID"  # in the check's environment, inherited by all it starts
 _LINE_CHARS = 200  # of each
 
 
@@ -66,12 +68,13 @@ def run_check(
     wait = Wait(timeout, signals, since=0)
     wait.check_signals()
     start = time.monotonic()
+    mark = uuid.uuid4().hex
     with open(log, "ab") as out:
         offset = out.tell()
         try:
             proc = subprocess.Popen(
                 list(argv),
-                env=dict(env),
+                env={**env, _MARK: mark},
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -84,34 +87,35 @@ def run_check(
     if guard is not None:
         guard.watch(proc.pid)  # a kill -9 of ftlaunch meanwhile: the guard kills what it started
     try:
-        timed_out = _waited_out(proc, wait)
+        timed_out = _waited_out(proc, wait, mark)
     finally:
-        if proc.returncode is None:  # a signal, or a defect: it does not outlive the wait
-            _kill_group(proc)
+        _kill_group(proc, mark)  # what it started never outlives it, whatever its end
         if guard is not None:
             guard.forget(proc.pid)
     code = None if timed_out else proc.returncode
     return CommandEnd(code, _lines(log, offset), time.monotonic() - start)
 
 
-def _waited_out(proc: "subprocess.Popen[bytes]", wait: Wait) -> bool:
+def _waited_out(proc: "subprocess.Popen[bytes]", wait: Wait, mark: str) -> bool:
     """Until it exits (SIGCHLD wakes the inbox: False), or its deadline (killed: True); a signal
     raises SignalReceived (the caller kills it)."""
     while proc.poll() is None:
         if wait.expired:
-            _kill_group(proc)
+            _kill_group(proc, mark)
             return True
         wait.pause()
     return False
 
 
-def _kill_group(proc: "subprocess.Popen[bytes]") -> None:
+def _kill_group(proc: "subprocess.Popen[bytes]", mark: str) -> None:
     """SIGKILL to the check's group and to every descendant found (one that made a session of its
-    own too), then reap them: they are ours, as the supervisor is a subreaper."""
+    own too; once the check has exited, its orphans are the supervisor's, a subreaper, found by
+    the mark in their environment), then reap them."""
     try:
         others = psutil.Process(proc.pid).children(recursive=True)
     except psutil.Error:
         others = []
+    others += [p for p in psutil.Process().children(recursive=True) if _marked(p, mark) and p not in others]
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -123,6 +127,13 @@ def _kill_group(proc: "subprocess.Popen[bytes]") -> None:
             pass
     proc.wait()
     psutil.wait_procs(others, timeout=2.0)
+
+
+def _marked(process: psutil.Process, mark: str) -> bool:
+    try:
+        return process.environ().get(_MARK) == mark
+    except psutil.Error:
+        return False
 
 
 def _lines(log: Path, offset: int) -> List[str]:
