@@ -95,25 +95,18 @@ def _follow(
     on_events: OnEvents,
 ) -> RunResult:
     """A node other than node 0: it holds nothing of the run."""
-    become_subreaper()
-    with EventLog(config.group.log_dir / "events.jsonl") as events:
-        on_events(events)
-        events.emit(RunStart(run_id=config.run.run_id, config=config.to_json(), pid=os.getpid()))
-        kit = NodeKit(events, signals, say)
-        with OrphanGuard() as guard, _memory_tier(guard) as memory:
-            # Whether the script beats is node 0's knowledge (run.json); here it is learned afresh.
-            hangs = HangMonitor(config.hangs, events, say, lambda: None, False)
-            runner = _runner(
-                config, kit, Workers(parts.worker_plan(config), spawner, guard, console, memory), hangs
-            )
-            role = Follower(parts.membership(config), config.run, kit)
-            health = NodeHealth(parts.health_terms(config), kit, guard, memory)
-            try:
-                result = run_attempts(role, runner, health)
-            finally:
-                role.close()
-            events.emit(RunEnd(exit_code=int(result.exit_code), reason=result.reason))
-            return result
+    with _node(config, signals, say, on_events) as (kit, guard, memory):
+        # Whether the script beats is node 0's knowledge (run.json); here it is learned afresh.
+        hangs = HangMonitor(config.hangs, kit.events, say, lambda: None, False)
+        workers = Workers(parts.worker_plan(config), spawner, guard, console, memory)
+        role = Follower(parts.membership(config), config.run, kit)
+        health = NodeHealth(parts.health_terms(config), kit, guard, memory)
+        try:
+            result = run_attempts(role, _runner(config, kit, workers, hangs), health)
+        finally:
+            role.close()
+        kit.events.emit(RunEnd(exit_code=int(result.exit_code), reason=result.reason))
+        return result
 
 
 def _lead(
@@ -131,20 +124,15 @@ def _lead(
     taken_from = _acquire(directory, config.run, signals, say)  # before anything is written, logs included
     run: Optional[Run] = None
     try:
-        become_subreaper()
-        with EventLog(config.group.log_dir / "events.jsonl") as events:
-            on_events(events)
-            events.emit(RunStart(run_id=config.run.run_id, config=config.to_json(), pid=os.getpid()))
-            kit = NodeKit(events, signals, say)
-            with OrphanGuard() as guard, _memory_tier(guard) as memory:
-                run = _open(parts.run_terms(config), directory, kit, taken_from)
-                role = _holder_role(config, run, kit, spawner, job_store)
-                beat_before = any(a.beat for a in run.state.attempts)  # e.g. before a kill -9 of ftlaunch
-                hangs = HangMonitor(config.hangs, events, say, run.mark_first_step, beat_before)
-                workers = Workers(parts.worker_plan(config), spawner, guard, console, memory)
-                health = NodeHealth(parts.health_terms(config), kit, guard, memory)
-                runner = _runner(config, kit, workers, hangs)
-                return hold(role, runner, health, run, events, say, config.restart)
+        with _node(config, signals, say, on_events) as (kit, guard, memory):
+            run = _open(parts.run_terms(config), directory, kit, taken_from)
+            role = _holder_role(config, run, kit, spawner, job_store)
+            beat_before = any(a.beat for a in run.state.attempts)  # e.g. before a kill -9 of ftlaunch
+            hangs = HangMonitor(config.hangs, kit.events, say, run.mark_first_step, beat_before)
+            workers = Workers(parts.worker_plan(config), spawner, guard, console, memory)
+            health = NodeHealth(parts.health_terms(config), kit, guard, memory)
+            runner = _runner(config, kit, workers, hangs)
+            return hold(role, runner, health, run, kit.events, say, config.restart)
     finally:
         if run is not None:
             run.close()
@@ -191,6 +179,21 @@ def _open(terms: RunTerms, directory: RunDir, kit: NodeKit, taken_from: Optional
         return Run(terms, directory, kit, taken_from)
     except StorageError as err:
         raise UsageError(f"run dir {terms.section.url} is not usable: {err}") from None
+
+
+@contextlib.contextmanager
+def _node(
+    config: LaunchConfig, signals: SignalInbox, say: Say, on_events: OnEvents
+) -> Iterator[Tuple[NodeKit, OrphanGuard, Optional[Path]]]:
+    """What every node's supervisor holds for its life, whatever its role: its descendants
+    (a subreaper), its event log (handed to ``on_events``, opened by RunStart), the orphan guard
+    and the memory tier."""
+    become_subreaper()
+    with EventLog(config.group.log_dir / "events.jsonl") as events:
+        on_events(events)
+        events.emit(RunStart(run_id=config.run.run_id, config=config.to_json(), pid=os.getpid()))
+        with OrphanGuard() as guard, _memory_tier(guard) as memory:
+            yield NodeKit(events, signals, say), guard, memory
 
 
 @contextlib.contextmanager
