@@ -112,6 +112,8 @@ class AttemptRunner:
 
     def run(self, plan: AttemptPlan, link: PeerLink) -> AttemptResult:
         self._link = link
+        if not plan.layout.trains:
+            return self._stand_by(plan, link)
         attempt = plan.attempt
         machine = GroupStateMachine(attempt, self._on_transition)
         layout = plan.layout
@@ -158,6 +160,24 @@ class AttemptRunner:
             board.close()
         result = _with_log_tails(result)
         return dataclasses.replace(result, failures=self._chaos.mark(result.failures))
+
+    def _stand_by(self, plan: AttemptPlan, link: PeerLink) -> AttemptResult:
+        """A standby node's attempt (--standby-nodes): no rank, its fork server warm; it watches
+        the other nodes until the attempt ends (another node's interrupt, node 0's verdict) or a
+        signal comes, which stops the job as on any node."""
+        attempt, layout = plan.attempt, plan.layout
+        self._events.emit(AttemptPlanned(attempt, layout.world_size, list(layout.nodes), []))
+        while True:
+            if self._signals.first is not None:
+                signum = self._signals.first
+                name = self._signals.name_of(signum)
+                self._signals.answer_first()
+                link.interrupt(InterruptKind.STOP, name, signum)
+                return stopped_by_signal(attempt, signum, name)
+            if link.tick() is not None or link.decided():
+                return AttemptResult(attempt, AttemptOutcome.SUCCEEDED)  # nothing of its own ran
+            link.keep_alive()
+            self._signals.wait(_MONITOR_TIMEOUT_S)
 
     def _start_and_watch(
         self, machine: GroupStateMachine, group: WorkerGroup, board: HeartbeatBoard

@@ -3,7 +3,14 @@
 from typing import List, Protocol
 
 from launcher.core.results import AttemptResult, RunResult
-from launcher.grammar.errors import JoinTimeout, NodeUnhealthy, SignalReceived, StartFailed, UsageError
+from launcher.grammar.errors import (
+    JoinTimeout,
+    NodeUnhealthy,
+    SignalReceived,
+    StandbyReleased,
+    StartFailed,
+    UsageError,
+)
 from launcher.roles.link import PeerLink
 from launcher.roles.role import AttemptPlan, NodeRole
 
@@ -43,7 +50,7 @@ def run_attempts(role: NodeRole, runner: Attempts, health: Health = UNCHECKED) -
         try:
             health.check(restart=bool(attempts))
             plan = role.meet()
-        except (SignalReceived, JoinTimeout, NodeUnhealthy) as err:
+        except (SignalReceived, JoinTimeout, NodeUnhealthy, StandbyReleased) as err:
             return role.ended_waiting(err, attempts)
         try:
             local = runner.run(plan, role.link)

@@ -62,14 +62,17 @@ def place(
     rdzv_endpoint: Optional[str] = None,
     master_addr: Optional[str] = None,
     slurm: Optional[SlurmStep] = None,
+    standby: int = 0,
 ) -> Placement:
     """Each argument left None is derived; flags always win over SLURM's environment.
-    ``nnodes``: (MIN, MAX), MIN 0 for a fixed count."""
-    fewest, nodes = nnodes if nnodes is not None else (0, slurm.nnodes if slurm else 1)
+    ``nnodes``: (MIN, MAX), MIN 0 for a fixed count; under srun, the step's nodes less the
+    ``standby`` nodes (--standby-nodes)."""
+    fewest, nodes = nnodes if nnodes is not None else (0, _slurm_nodes(slurm, standby))
+    many = nodes + standby > 1
     if node_rank is None:
-        node_rank = slurm.node_rank if slurm and nodes > 1 else 0
+        node_rank = slurm.node_rank if slurm and many else 0
     if rdzv_endpoint is None:
-        rdzv_endpoint = slurm.rdzv_endpoint if slurm and nodes > 1 else ""
+        rdzv_endpoint = slurm.rdzv_endpoint if slurm and many else ""
     rdzv_endpoint = with_default_port(rdzv_endpoint)
     if run_name is None and slurm is not None:  # the job id survives requeues; the command may not
         run_name = f"{entry.default_run_name.rsplit('-', 1)[0]}-job{slurm.job_id}"
@@ -79,12 +82,24 @@ def place(
     run_id = run_id or f"{name}-{hashlib.sha1(run_url.encode()).hexdigest()[:8]}"
     if log_dir is None:  # logs are written by this node: on the run dir only when it is local
         log_dir = Path(run_url.replace("file://", "")) / "logs" if local else Path("ftlaunch_logs") / name
-    if nodes > 1:  # each node's logs and events under its own name
+    if many:  # each node's logs and events under its own name
         log_dir = log_dir / f"node{node_rank}"
     if master_addr is None:
-        master_addr = rdzv_endpoint.rpartition(":")[0].strip("[]") if nodes > 1 else "127.0.0.1"
-    endpoint = rdzv_endpoint if nodes > 1 else ""
+        master_addr = rdzv_endpoint.rpartition(":")[0].strip("[]") if many else "127.0.0.1"
+    endpoint = rdzv_endpoint if many else ""
     return Placement(name, run_url, run_id, log_dir, nodes, fewest, node_rank, endpoint, master_addr)
+
+
+def _slurm_nodes(slurm: Optional[SlurmStep], standby: int) -> int:
+    """--nnodes left out: the srun step's nodes, less the standby nodes among them."""
+    if slurm is None:
+        return 1
+    if slurm.nnodes - standby < 1:
+        raise UsageError(
+            f"--standby-nodes {standby} leaves no training node of the step's {slurm.nnodes} node(s) "
+            "(SLURM_NNODES): allocate --nnodes plus the standby nodes"
+        )
+    return slurm.nnodes - standby
 
 
 # torchrun's c10d rendezvous listens here when --rdzv-endpoint names only a host

@@ -245,6 +245,15 @@ LAUNCH_OPTIONS: Tuple[click.Option, ...] = (
         "nodes in up to MAX as they come and go  [default: 1; under srun: the step's node count]",
     ),
     click.Option(
+        ["--standby-nodes"],
+        type=WHOLE,
+        default=0,
+        metavar="K",
+        help="Nodes beyond --nnodes that join and stand by, warm, running no rank: one takes a lost "
+        "node's place (its GROUP_RANK and RANKs) at once, not counted as a failure. Node ranks run to "
+        "N+K-1; node 0 always trains  [under srun: --nnodes defaults to the step's nodes minus K]",
+    ),
+    click.Option(
         ["--node-rank"],
         type=WHOLE,
         default=None,

@@ -54,6 +54,7 @@ def config_from_options(
         rdzv_endpoint=o["rdzv_endpoint"],
         master_addr=o["master_addr"],
         slurm=slurm_step(os.environ if environ is None else environ),
+        standby=o["standby_nodes"],
     )
     return LaunchConfig(
         entry=entry,
@@ -103,6 +104,7 @@ def config_from_options(
             rdzv_conf=_parse_rdzv_conf(o["rdzv_conf"]),
             join_timeout=_seconds(o, "join_timeout", "--join-timeout"),
             node_timeout=_seconds(o, "node_timeout", "--node-timeout"),
+            standby=o["standby_nodes"],
         ),
         chaos=ChaosSection(_parse_chaos(o["chaos"], at.run_id, at.nnodes) if o["chaos"] else None),
         metrics=MetricsSection(o["metrics_port"], o["metrics_addr"], o["metrics_file"]),

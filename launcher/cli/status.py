@@ -235,6 +235,10 @@ def _table(report: Dict[str, Any]) -> List[str]:
     resized = [a for a in attempts if a.resize]
     if resized:
         lines += ["", "resizes (--nnodes MIN:MAX):"] + [f"  attempt {a.attempt}: {a.resize}" for a in resized]
+    replaced = [a for a in attempts if a.replaced]
+    if replaced:
+        lines += ["", "standby nodes that took a place:"]
+        lines += [f"  attempt {a.attempt}: {a.replaced}" for a in replaced]
     live: Optional[LiveProgress] = report.get("progress")
     if attempts and attempts[-1].nodes and not (live and live.nodes):
         lines += [

@@ -29,6 +29,8 @@ def summary_lines(result: RunResult) -> List[str]:
     for attempt in result.attempts:
         if attempt.resize:  # an elastic job ran this attempt on another number of nodes: why
             lines.append(f"  attempt {attempt.attempt}: resized, {attempt.resize}")
+        if attempt.replaced:  # --standby-nodes: which standby took which lost node's place
+            lines.append(f"  attempt {attempt.attempt}: {attempt.replaced}")
         if attempt.outcome is AttemptOutcome.RESIZED:  # an elastic job's nodes changed: why
             lines.append(f"  attempt {attempt.attempt}: the job's nodes changed ({attempt.cause})")
         elif attempt.outcome is AttemptOutcome.NODE_LOST:

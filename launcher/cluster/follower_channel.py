@@ -21,6 +21,8 @@ __all__ = ["FollowerChannel"]
 _LATE_BEATS = 1.5
 # This loop not run for this long (stopped, or busy stopping ranks): no judgement for _SETTLE_S.
 _AWAY_S, _SETTLE_S = 2.0, 1.0
+# A standby looks for node 0's verdict this often (a restart's comes after an interrupt it sees at once).
+_VERDICT_LOOK_S = 0.5
 
 
 class FollowerChannel(AttemptChannel):
@@ -34,6 +36,7 @@ class FollowerChannel(AttemptChannel):
         self._heard = 0.0  # node 0's last answer to a look of this loop's (its beat's: the beater's)
         self._said: Tuple[tuple, ...] = ()  # the rows of the last share, as ``_as_said`` puts them
         self.broken = ""  # why node 0 cannot be reached, once it cannot
+        self._next_verdict_look = 0.0
 
     def _silences(self) -> Dict[int, float]:
         """Node 0 is heard through the answers to this node's beats. Its silence counts from the
@@ -109,6 +112,18 @@ class FollowerChannel(AttemptChannel):
             self._said = said
         except LeaderUnreachable:
             pass  # the next tick says so and ends the attempt
+
+    def decided(self) -> bool:
+        """Whether node 0's verdict is out (looked at every ``_VERDICT_LOOK_S``): a standby's
+        attempt ends there, since no failure or interrupt need come before a success."""
+        now = time.monotonic()
+        if now < self._next_verdict_look:
+            return False
+        self._next_verdict_look = now + _VERDICT_LOOK_S
+        try:
+            return self._has("verdict")
+        except LeaderUnreachable:
+            return True  # the next call says so: conclude() finds node 0 gone
 
     def await_verdict(self, limit: float) -> JobVerdict:
         """Node 0's decision: LeaderUnreachable when node 0 is silent or decides nothing within

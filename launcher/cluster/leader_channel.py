@@ -5,7 +5,7 @@ import dataclasses
 import json
 import logging
 import time
-from typing import Callable, Dict, List, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from launcher.cluster.alive import AliveCounter, beat_every, look_every
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
@@ -38,6 +38,8 @@ class LeaderChannel(AttemptChannel):
         self._lost_at: Dict[int, float] = {}  # node → when it was declared lost (monotonic)
         self._unreported: Dict[int, float] = {}  # node → the report deadline it beat through
         self._garbled: Set[int] = set()  # nodes whose progress share was damaged (said once)
+        self._standby: Tuple[int, ...] = ()  # the attempt's standby nodes: watched, never waited for
+        self.standbys_lost: Dict[int, str] = {}  # standby → why it was found lost (the attempt goes on)
 
     def node_infos(
         self, count: int, limit: float, watch: Callable[[], None] = lambda: None
@@ -67,6 +69,27 @@ class LeaderChannel(AttemptChannel):
         now = time.monotonic()
         self._seen = {n: (-1, now) for n in watched}
         return self._infos
+
+    def set_standby(self, standby: Tuple[int, ...]) -> None:
+        """The plan's standby nodes: no rank of theirs is waited for (a report, a stop step), and
+        one found lost ends nothing; each still reads the verdict before this store goes away."""
+        self._standby = tuple(standby)
+        self.set_nodes([n for n in self._nodes if n not in standby])
+
+    @property
+    def standby(self) -> Tuple[int, ...]:
+        return self._standby
+
+    def _look_for_lost_nodes(self) -> Optional[Interrupt]:
+        """As every node looks, but a standby found silent is only noted (``standbys_lost``)."""
+        for node, silent in self._silences().items():
+            if silent < self.spec.node_timeout:
+                continue
+            if node not in self._standby:
+                return self._declare_lost(node, f"silent for {silent:.1f} s")
+            del self._seen[node]
+            self.standbys_lost[node] = f"standby node {node} silent for {silent:.1f} s"
+        return None
 
     def _make_beater(self, store, spec: ChannelSpec) -> AliveCounter:
         """Node 0's witness of its own process only: followers hear node 0 through their beats'
@@ -215,7 +238,8 @@ class LeaderChannel(AttemptChannel):
         counter stands still is not waited for; a signal ends the wait."""
         if self.left_by_all:
             return
-        waiting = {n for n in self._nodes if n != self.node and n not in self._lost}
+        every = [*self._nodes, *(n for n in self._standby if n not in self.standbys_lost)]
+        waiting = {n for n in every if n != self.node and n not in self._lost}
         wait = self._wait(self.spec.node_timeout)
         try:
             while waiting and not wait.expired:

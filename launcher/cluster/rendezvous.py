@@ -32,6 +32,10 @@ _DROPPED: list = []
 # --nnodes MIN:MAX: how long a round with MIN nodes waits for more (torch's 30 s is too long for a
 # shrink's restart); --rdzv-conf last_call_timeout=N overrides it.
 LAST_CALL_S = 5
+# With --standby-nodes a round that has every training position filled waits this long for more:
+# a standby that is late joins the next round (it stands by outside this one meanwhile), and a
+# lost node's replacement is not held up by the nodes that will never come.
+STANDBY_LAST_CALL_S = 1
 
 
 class LeaderUnreachable(Exception):
@@ -200,7 +204,9 @@ class Rendezvous:
             "keep_alive_interval": _keep_alive_interval(cluster.node_timeout),
             "keep_alive_max_attempt": 3,
             # Within the join's time: else --nnodes 1:2 --join-timeout 5s times out node 0 alone.
-            "last_call_timeout": min(LAST_CALL_S, max(1, int(cluster.join_timeout / 2))),
+            "last_call_timeout": min(
+                STANDBY_LAST_CALL_S if cluster.standby else LAST_CALL_S, max(1, int(cluster.join_timeout / 2))
+            ),
             **dict(cluster.rdzv_conf),
         }
 
@@ -209,13 +215,17 @@ class Rendezvous:
             endpoint=cluster.rdzv_endpoint,
             run_id=run_id,
             min_nodes=cluster.fewest,
-            max_nodes=cluster.nnodes,
+            max_nodes=cluster.members,
             **conf,
         )
         try:
             self._handler = create_handler(store, C10dRendezvousBackend(store, run_id), params)
         except (ValueError, TypeError) as err:
             raise UsageError(f"--rdzv-conf: {err}") from None
+        # A handler of its own for a look while this node's join runs on another thread: torch's
+        # handlers are not made to be called from two threads at once.
+        self._peek = lambda: create_handler(store, C10dRendezvousBackend(store, run_id), params)
+        self._peeker: Any = None
 
     def next_round(
         self, signals: SignalInbox, say: Callable[[str], None], watch: Callable[[], None] = lambda: None
@@ -249,7 +259,8 @@ class Rendezvous:
                 watch()
             if wait.due(_SAY_EVERY_S, first=10.0):
                 say(
-                    f"waiting for {'at least ' if self.cluster.elastic else ''}{self._who()} to join "
+                    f"waiting for {'at least ' if self.cluster.fewest < self.cluster.members else ''}"
+                    f"{self._who()} to join "
                     f"({wait.waited:.0f} s of "
                     f"--join-timeout {self.cluster.join_timeout:g} s)"
                 )
@@ -258,7 +269,8 @@ class Rendezvous:
         if isinstance(error, (RendezvousClosedError, RendezvousGracefulExitError)):
             raise JobOver("the job has ended: its rendezvous is closed (node 0 finished or gave up)")
         if isinstance(error, RendezvousTimeoutError):
-            short = f"fewer than {self._who()}" if self.cluster.elastic else f"not every one of the {n} nodes"
+            some = self.cluster.fewest < self.cluster.members
+            short = f"fewer than {self._who()}" if some else f"not every one of the {n} nodes"
             raise JoinTimeout(
                 f"{short} joined within --join-timeout "
                 f"({self.cluster.join_timeout:g} s); the same command relaunched on every node resumes "
@@ -271,6 +283,8 @@ class Rendezvous:
 
     def _who(self) -> str:
         cluster = self.cluster
+        if cluster.standby:
+            return f"{cluster.fewest} of the {cluster.members} nodes (--standby-nodes {cluster.standby})"
         if cluster.elastic:
             return (
                 f"{cluster.fewest} of the {cluster.nnodes} nodes (--nnodes {cluster.fewest}:{cluster.nnodes})"
@@ -281,6 +295,13 @@ class Rendezvous:
         """Nodes that came to join after the round closed (e.g. a relaunched one): they need a
         new round. Node 0 only (its store is in this process)."""
         return self._handler.num_nodes_waiting()
+
+    def waiting_while_joining(self) -> int:
+        """``nodes_waiting`` for a node whose own join is under way (its wait for the next round
+        included): read through a handler of its own."""
+        if self._peeker is None:
+            self._peeker = self._peek()
+        return self._peeker.num_nodes_waiting()
 
     def close(self) -> None:
         """The job is over: a node that comes now learns it at once instead of waiting."""

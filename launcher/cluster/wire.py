@@ -88,21 +88,29 @@ class RoundPlan:
     attempt: int
     master_addr: str
     master_port: int
-    nodes: List[int] = dataclasses.field(default_factory=list)  # the node ranks that hold the attempt
+    nodes: List[int] = dataclasses.field(default_factory=list)  # the training nodes, in position order
     refused: str = ""  # node 0 refuses the round (nodes disagree): the reason, for every node
     world_size: int = 0  # every rank's WORLD_SIZE: each node checks it before it starts a rank
     round_failed: str = ""  # a node of the round never announced itself: why; every node meets again
+    standby: List[int] = dataclasses.field(default_factory=list)  # the round's nodes that stand by
 
 
-def plan_problem(plan: RoundPlan, node: int, nproc: int, fewest: int, nnodes: int) -> str:
-    """Why ``node`` must not start a rank on ``plan`` ('' when it may), checked by every node
-    before any worker starts: a job never trains at a size it was not asked for."""
-    nodes = list(plan.nodes)
+def plan_problem(plan: RoundPlan, node: int, nproc: int, fewest: int, nnodes: int, standby: int = 0) -> str:
+    """Why ``node`` must not start a rank on (or stand by in) ``plan`` ('' when it may), checked by
+    every node before any worker starts: a job never trains at a size it was not asked for."""
+    nodes, spare = list(plan.nodes), list(plan.standby)
     asked = f"--nnodes {fewest}:{nnodes}" if fewest < nnodes else f"--nnodes {nnodes}"
-    if node not in nodes:
+    if standby:
+        asked += f" --standby-nodes {standby}"
+    if node not in nodes + spare:
         return f"node 0's plan for attempt {plan.attempt} leaves out node {node}: nodes {nodes}"
-    if len(set(nodes)) != len(nodes) or not all(0 <= n < nnodes for n in nodes):
-        return f"node 0's plan for attempt {plan.attempt} names impossible nodes {nodes} ({asked})"
+    every = nodes + spare
+    if len(set(every)) != len(every) or not all(0 <= n < nnodes + standby for n in every):
+        return f"node 0's plan for attempt {plan.attempt} names impossible nodes {every} ({asked})"
+    if (spare and not standby) or (standby and nodes[:1] != [0]):  # node 0 leads: position 0
+        return f"node 0's plan for attempt {plan.attempt} names impossible nodes {every} ({asked})"
+    if len(nodes) > nnodes or (spare and len(nodes) < nnodes):  # a standby idles while a place is free
+        return f"node 0 planned attempt {plan.attempt} on nodes {nodes}, standing by {spare}: {asked}"
     if len(nodes) < fewest:
         return f"node 0 planned attempt {plan.attempt} on {len(nodes)} node(s) {nodes}: {asked} asks for more"
     if plan.world_size != len(nodes) * nproc:

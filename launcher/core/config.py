@@ -233,6 +233,7 @@ class ClusterSection:
     rdzv_conf: Tuple[Tuple[str, str], ...] = ()  # extra RendezvousParameters, as torchrun's --rdzv-conf
     join_timeout: float = 600.0  # seconds every node has to (re)join before the job gives up
     node_timeout: float = 15.0  # seconds of silence after which a node's supervisor counts as lost
+    standby: int = 0  # --standby-nodes: nodes beyond nnodes (node ranks nnodes.. ) that stand by
 
     def __post_init__(self) -> None:
         _finite(self.join_timeout, "--join-timeout")
@@ -248,8 +249,18 @@ class ClusterSection:
             raise UsageError(
                 f"--nnodes {self.min_nodes}:{self.nnodes}: MIN must be at least 1 and at most MAX"
             )
-        if not 0 <= self.node_rank < self.nnodes:
-            raise UsageError(f"--node-rank must be in 0..{self.nnodes - 1}, got {self.node_rank}")
+        if self.standby < 0 or self.nnodes + self.standby > MAX_NODES:
+            raise UsageError(
+                f"--standby-nodes {self.standby}: 0 or more, and at most {MAX_NODES} nodes in all"
+            )
+        if self.standby and self.nnodes < 2:
+            raise UsageError(
+                f"--standby-nodes {self.standby} needs --nnodes 2 or more: node 0 always trains and "
+                "cannot be replaced, so a standby can only take another training node's place"
+            )
+        if not 0 <= self.node_rank < self.members:
+            also = f" (--nnodes {self.nnodes_given} + --standby-nodes {self.standby})" if self.standby else ""
+            raise UsageError(f"--node-rank must be in 0..{self.members - 1}{also}, got {self.node_rank}")
         if self.join_timeout <= 0 or self.node_timeout <= 0:
             raise UsageError("--join-timeout and --node-timeout must be more than 0 seconds")
         for value, option in ((self.join_timeout, "--join-timeout"), (self.node_timeout, "--node-timeout")):
@@ -281,6 +292,11 @@ class ClusterSection:
     @property
     def many_nodes(self) -> bool:
         return self.nnodes > 1
+
+    @property
+    def members(self) -> int:
+        """Every node that meets: the training nodes (at most) and the standby nodes."""
+        return self.nnodes + self.standby
 
     @property
     def nnodes_given(self) -> str:

@@ -57,6 +57,7 @@ __all__ = [
     "KeptTime",
     "Laggard",
     "Logged",
+    "NodeReplaced",
     "NodesMet",
     "RoundAbandoned",
     "PeerInterrupt",
@@ -116,7 +117,7 @@ class Decision:
 
     KIND: ClassVar[str] = "decision"
     attempt: int
-    verdict: str  # a policy.Verdict value, "resize" (an elastic job's nodes changed) or "node_lost"
+    verdict: str  # a policy.Verdict value, "resize" (elastic: the nodes changed), "node_lost", "replace"
     reason: str
     delay: float
 
@@ -220,7 +221,20 @@ class NodesMet:
     nnodes: int
     waited: float  # seconds in the rendezvous
     new_round: bool = True  # False: a restart of the same nodes kept the previous round
-    nodes: Optional[List[int]] = None  # the node ranks that hold the attempt (node 0 knows them)
+    nodes: Optional[List[int]] = None  # the training nodes, in position order
+    standby: Optional[List[int]] = None  # --standby-nodes: the round's nodes that stand by
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeReplaced:
+    """--standby-nodes, node 0: a standby took a lost node's position (its GROUP_RANK and RANKs)."""
+
+    KIND: ClassVar[str] = "node_replaced"
+    attempt: int  # the attempt the standby trains in
+    position: int  # GROUP_RANK
+    node: int  # the node that took it
+    replaced: int  # the node that held it
+    why: str  # why that node left
 
 
 @dataclasses.dataclass(frozen=True)
@@ -377,6 +391,7 @@ Event = Union[
     GuardRestarted,
     GroupsGuarded,
     NodesMet,
+    NodeReplaced,
     RoundAbandoned,
     PeerInterrupt,
     ChaosInjected,

@@ -73,6 +73,7 @@ class AttemptEntry:
     injected: bool = False  # its root cause was a fault --chaos injected
     world_size: Optional[int] = None  # its ranks, every node's (None: written before it was kept)
     resize: str = ""  # --nnodes MIN:MAX: it runs on other nodes than the attempt before, and why
+    replaced: str = ""  # --standby-nodes: which standby took which lost node's place, and why
 
     @property
     def committed_new(self) -> bool:
@@ -195,6 +196,8 @@ class _NodeEntry:
     node: int
     host: str
     pid: int
+    position: Optional[int] = None  # --standby-nodes: its GROUP_RANK (None: it stood by, or older)
+    standby: bool = False  # --standby-nodes: it stood by in the attempt, running no rank
 
 
 def _check_fields(cls: type, data: Any) -> None:

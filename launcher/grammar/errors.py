@@ -9,6 +9,7 @@ __all__ = [
     "FtlaunchError",
     "SignalReceived",
     "JobOver",
+    "StandbyReleased",
     "PeerStopped",
     "JoinTimeout",
     "NodeUnhealthy",
@@ -92,6 +93,13 @@ class JobOver(FtlaunchError):
     """Many nodes: the job this node came to has ended (its leader closed the rendezvous)."""
 
     exit_code = ExitCode.JOB_OVER
+
+
+class StandbyReleased(FtlaunchError):
+    """--standby-nodes: the job ended while this node waited outside its round (a late standby, a
+    lost node relaunched): it ends as the job did not need it, exit 0; srun's code is node 0's."""
+
+    exit_code = ExitCode.SUCCESS
 
 
 class SignalReceived(FtlaunchError):

@@ -24,7 +24,15 @@ from launcher.core.events import NodesMet
 from launcher.core.layout import Layout
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.results import AttemptResult, RunResult, ended_by_signal, meeting_stopped
-from launcher.grammar.errors import FtlaunchError, NodeUnhealthy, SignalReceived, UsageError
+from launcher.grammar.errors import (
+    FtlaunchError,
+    JobOver,
+    JoinTimeout,
+    NodeUnhealthy,
+    SignalReceived,
+    StandbyReleased,
+    UsageError,
+)
 from launcher.process.kit import NodeKit
 from launcher.roles.leader import node_report
 from launcher.roles.link import FollowerLink
@@ -33,6 +41,9 @@ from launcher.roles.node0 import Node0Connection
 from launcher.roles.role import AttemptPlan, Conclusion, NodeRole, in_attempt
 
 __all__ = ["Follower"]
+
+# --standby-nodes: while a node joins, how often it asks whether it waits outside a running round.
+_OUTSIDE_LOOK_S = 2.0
 
 
 class Follower(NodeRole):
@@ -50,6 +61,9 @@ class Follower(NodeRole):
         self._round: Optional[Round] = None  # the round of the attempt in progress
         self._channel: Optional[FollowerChannel] = None
         self._link: Optional[FollowerLink] = None
+        self._place: Optional[int] = -1  # --standby-nodes: GROUP_RANK said last (None: standing by)
+        self._outside_said = False  # this node said it waits outside a round the job trains in
+        self._next_outside_look = 0.0
 
     @property
     def channel(self) -> FollowerChannel:
@@ -73,13 +87,26 @@ class Follower(NodeRole):
             except RoundFailed as failed:
                 self._say(f"node 0: {failed}; meeting again in a new round")
                 self._kept = None
+            except JoinTimeout as timeout:
+                if not self.job.cluster.standby:
+                    raise
+                self._stand_by_outside(timeout)
+            except JobOver as over:
+                if not self._outside_said:
+                    raise
+                raise StandbyReleased(
+                    f"the job ended while node {self.node} stood by outside its round ({over}); "
+                    "nothing ran here"
+                ) from None
 
     def _check(self, plan: RoundPlan) -> None:
         """Before any rank starts: node 0's plan is a whole job this node can run its part of.
         One it cannot (another version of ftlaunch on node 0, say) stops the attempt on every
         node with the reason (UsageError here, the same reason in node 0's verdict)."""
         cluster = self.job.cluster
-        problem = plan_problem(plan, self.node, self.job.nproc, cluster.fewest, cluster.nnodes)
+        problem = plan_problem(
+            plan, self.node, self.job.nproc, cluster.fewest, cluster.nnodes, cluster.standby
+        )
         if not problem:
             return
         problem = f"node {self.node} refused node 0's plan: {problem}"
@@ -99,7 +126,7 @@ class Follower(NodeRole):
             self._node0.connect(self._deadline)
         if self._kept is None:
             failpoints.reached("before-round")
-        watch = self._node0.watch
+        watch = self._watch_outside if self.job.cluster.standby else self._node0.watch
         round_ = self._kept or self._node0.rendezvous.next_round(self._signals, self._say, watch=watch)
         self._kept = None
         failpoints.reached("round-joined")
@@ -123,10 +150,55 @@ class Follower(NodeRole):
         self._check(plan)
         nodes = tuple(plan.nodes)
         waited = round(time.monotonic() - started, 3)
-        self._events.emit(NodesMet(plan.attempt, len(nodes), waited, new_round, list(nodes)))
-        layout = Layout(nodes, self.node, self.job.nproc)
+        standby = list(plan.standby) if self.job.cluster.standby else None
+        self._events.emit(NodesMet(plan.attempt, len(nodes), waited, new_round, list(nodes), standby))
+        layout = Layout(nodes, self.node, self.job.nproc, tuple(plan.standby))
+        self._say_place(layout)
         self._link = FollowerLink(self.node, self.channel)
         return AttemptPlan(plan.attempt, plan.master_addr, plan.master_port, layout)
+
+    def _say_place(self, layout: Layout) -> None:
+        """--standby-nodes: this node's part, said when it changes (it stands by, or trains where)."""
+        place = layout.group_rank if layout.trains else None
+        if not self.job.cluster.standby or place == self._place:
+            return
+        self._place = place
+        if place is None:
+            self._say(f"node {self.node} stands by, warm, running no rank; the job: {layout.describe()}")
+        else:
+            self._say(f"node {self.node} trains at GROUP_RANK {place} ({layout.describe()})")
+
+    def _watch_outside(self) -> None:
+        """While it joins (--standby-nodes): node 0's word, and whether this node waits for the
+        next round while the job trains without it (the round it came to was complete)."""
+        self._node0.watch()
+        now = time.monotonic()
+        if self._outside_said or now < self._next_outside_look:
+            return
+        self._next_outside_look = now + _OUTSIDE_LOOK_S
+        if self._node0.call(self._node0.rendezvous.waiting_while_joining):
+            self._say_outside()
+
+    def _say_outside(self) -> None:
+        if not self._outside_said:
+            self._outside_said = True
+            self._say(
+                f"node {self.node} came while the job trains without it: it waits to stand by from "
+                "the next round (it disturbs no running attempt)"
+            )
+
+    def _stand_by_outside(self, timeout: JoinTimeout) -> None:
+        """--standby-nodes: a node that came while the job trains waits outside its round (a late
+        standby, a lost node relaunched) until the next one, however long the attempt runs. Its
+        join timing out is no reason to leave while node 0 answers: it joins again. JoinTimeout
+        when node 0 does not answer."""
+        if not self._node0.connected:  # node 0 never answered
+            raise timeout
+        try:
+            self._node0.watch()
+        except LeaderUnreachable:
+            raise timeout from None
+        self._say_outside()
 
     def conclude(self, local: AttemptResult) -> Conclusion:
         """Report to node 0 and take its verdict: the job's outcome of the attempt. Node 0 lost

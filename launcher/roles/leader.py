@@ -18,9 +18,9 @@ from launcher.cluster.wire import (
     plan_problem,
 )
 from launcher.core.beats import BeatSummary
-from launcher.core.events import NodesMet, RoundAbandoned
+from launcher.core.events import Decision, NodeReplaced, NodesMet, RoundAbandoned
 from launcher.core.failures import NodeLostFailure, root_cause
-from launcher.core.layout import Layout
+from launcher.core.layout import Layout, Placed, place_nodes
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.policy import RestartPolicy
 from launcher.core.results import AttemptResult, RunResult
@@ -73,6 +73,11 @@ class Leader(RunHolder):
         self._layout: Optional[Layout] = None  # the attempt's, from meet on
         self._announced: Optional[Layout] = None  # the last layout said on the console
         self._unhealthy = False  # this node failed its health check: the job waits for node 0
+        # --standby-nodes: node → position in the last attempt (kept across a relaunch of node 0),
+        # and why each node lost in it left: what a standby taking its place is told
+        self._positions: Dict[int, int] = _positions_of(run) if job.cluster.standby else {}
+        self._left: Dict[int, str] = {}
+        self._standbys: Optional[int] = None  # standby nodes in the last plan (None: no plan yet)
 
     @property
     def channel(self) -> LeaderChannel:
@@ -128,10 +133,13 @@ class Leader(RunHolder):
     ) -> AttemptPlan:
         """Plan the attempt on the nodes that announced themselves, checked as every node checks it."""
         cluster, nproc = self.job.cluster, self.job.nproc
-        layout = Layout(tuple(sorted(infos)), 0, nproc)
-        draft = RoundPlan(-1, "", 0, list(layout.nodes), world_size=layout.world_size)
+        placed = place_nodes(infos, self._positions, min(len(infos), cluster.nnodes))
+        layout = Layout(placed.nodes, 0, nproc, placed.standby)
+        draft = RoundPlan(
+            -1, "", 0, list(layout.nodes), world_size=layout.world_size, standby=list(layout.standby)
+        )
         problem = self.job.disagreement(infos) or plan_problem(
-            draft, 0, nproc, cluster.fewest, cluster.nnodes
+            draft, 0, nproc, cluster.fewest, cluster.nnodes, cluster.standby
         )
         if problem:
             channel.publish_plan(RoundPlan(0, "", 0, refused=problem))
@@ -139,17 +147,48 @@ class Leader(RunHolder):
             channel.close()
             raise UsageError(problem)
         self._layout = layout
-        number = self._open_attempt(channel.members(), layout.world_size)
+        members = _members(channel.members(), layout) if cluster.standby else channel.members()
+        number = self._open_attempt(members, layout.world_size)
         self._announce_size(layout)
         self._lobby.planned += 1
         waited = round(time.monotonic() - started, 3)
-        self._events.emit(NodesMet(number, len(layout.nodes), waited, new_round, list(layout.nodes)))
+        standby = list(layout.standby) if cluster.standby else None
+        self._events.emit(NodesMet(number, len(layout.nodes), waited, new_round, list(layout.nodes), standby))
+        if cluster.standby:
+            self._take_places(number, placed, layout)
         address, port = self._store_at[0], self.store.port
         plan = dataclasses.replace(draft, attempt=number, master_addr=address, master_port=port)
         grows = cluster.elastic and len(layout.nodes) < cluster.nnodes
-        self._link = LeaderLink(self.run, self.may_restart, channel, self._rendezvous, grows)
+        self._link = LeaderLink(self.run, self.may_restart, channel, self._rendezvous, grows, self._say)
+        channel.set_standby(layout.standby)
         channel.publish_plan(plan)
         return AttemptPlan(number, address, port, layout)
+
+    def _take_places(self, number: int, placed: Placed, layout: Layout) -> None:
+        """--standby-nodes: record and say which standby took which lost node's place, and when
+        the last standby is gone."""
+        nproc = self.job.nproc
+        said = []
+        for position, node, before in placed.took:
+            why = self._left.get(before, f"node {before} did not come to the round")
+            self._events.emit(NodeReplaced(number, position, node, before, why))
+            ranks = (
+                f"RANK {position * nproc}"
+                if nproc == 1
+                else (f"RANKs {position * nproc}-{position * nproc + nproc - 1}")
+            )
+            said.append(f"node {node} took node {before}'s place (GROUP_RANK {position}, {ranks}): {why}")
+        if said:
+            self.entry.replaced = "; ".join(said)
+            for line in said:
+                self._say(f"{line} (a standby: not a failure)")
+        if not layout.standby and self._standbys:
+            self._say(
+                f"no standby node is left (--standby-nodes {self.job.cluster.standby}): a lost node is "
+                "waited for until it is relaunched (it rejoins as a standby)"
+            )
+        self._standbys = len(layout.standby)
+        self._positions, self._left = layout.positions(), {}
 
     def _announce_size(self, layout: Layout) -> None:
         """An elastic job says on which nodes each attempt runs, when that changes."""
@@ -182,7 +221,8 @@ class Leader(RunHolder):
             self.layout,
             self.job.cluster.elastic,
         )
-        result = dataclasses.replace(result, resize=self.entry.resize)
+        result = dataclasses.replace(result, resize=self.entry.resize, replaced=self.entry.replaced)
+        self._left.update((f.node, f.describe()) for f in channel.lost_failures())
         self._record_end(result)
         return Conclusion(result)
 
@@ -192,6 +232,16 @@ class Leader(RunHolder):
         refused = self.channel.interrupted_by
         if refused is not None and refused.kind is InterruptKind.REFUSED:  # nodes disagree: no retry
             return RunResult(ExitCode.USAGE, RunStatus.FAILED, attempts, refused.detail), 0.0
+        result = concluded.result
+        standing_by = [n for n in self.layout.standby if n not in self.channel.standbys_lost]
+        if result.outcome is AttemptOutcome.NODE_LOST and standing_by and self._signals.first is None:
+            self._events.emit(Decision(result.attempt, "replace", result.cause, 0.0))
+            self._say(
+                f"attempt {result.attempt} ended: {result.cause}; a standby node takes its place "
+                f"(standing by: node(s) {', '.join(map(str, standing_by))}); not a failure, not counted "
+                "against --max-failures"
+            )
+            return None, 0.0
         return super().decide(concluded, attempts)
 
     def announce(self, concluded: Conclusion, ended: Optional[RunResult], delay: float) -> None:
@@ -293,3 +343,21 @@ def _cause_first(failures: list) -> list:
         return failures
     first = root_cause(failures)
     return [first] + [f for f in failures if f is not first]
+
+
+def _members(members: List[dict], layout: Layout) -> List[dict]:
+    """Who holds the attempt, for run.json, with standby nodes: each node's position or that it
+    stands by (without them a node's position is its place in node-rank order)."""
+    positions = layout.positions()
+    return [
+        {**m, "position": positions[m["node"]]} if m["node"] in positions else {**m, "standby": True}
+        for m in members
+    ]
+
+
+def _positions_of(run: Run) -> Dict[int, int]:
+    """The positions of the run's last attempt (a relaunched node 0 keeps them): node → position."""
+    attempts = run.state.attempts
+    if not attempts:
+        return {}
+    return {m["node"]: m["position"] for m in attempts[-1].nodes if m.get("position") is not None}

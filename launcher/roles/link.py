@@ -37,6 +37,10 @@ class PeerLink(abc.ABC):
         """Another node's interrupt (or a lost node's), once there is one."""
         return None
 
+    def decided(self) -> bool:
+        """Node 0 has decided how the attempt ends (a standby's attempt ends with it)."""
+        return False
+
     @abc.abstractmethod
     def agree_stop_step(self, reading: Optional[StopReading]) -> int:
         """The step every rank stops at, from this node's ranks' ``reading`` (None: it has no
@@ -91,18 +95,26 @@ class LeaderLink(_HolderLink):
         channel: LeaderChannel,
         rendezvous: Rendezvous,
         grows: bool,
+        say: Callable[[str], None],
     ) -> None:
         super().__init__(run, may_restart)
         self.channel = channel
         self._rendezvous = rendezvous
         self._grows = grows  # an elastic job below its full size
+        self._say = say
         self._next_joiners_look = 0.0
+        self._standbys_said = 0  # standbys found lost and said so
 
     def interrupt(self, kind: InterruptKind, detail: str, signum: Optional[int] = None) -> None:
         self.channel.interrupt(Interrupt(0, kind, detail, signum))
 
     def tick(self) -> Optional[Interrupt]:
         interrupt = self.channel.tick()
+        lost = list(self.channel.standbys_lost.values())
+        left = len(self.channel.standby) - len(lost)
+        for why in lost[self._standbys_said :]:  # a standby lost disturbs nothing: said once
+            self._say(f"{why}: lost; the attempt goes on (it ran no rank); {left} standby node(s) left")
+        self._standbys_said = len(lost)
         if interrupt is None and self._joiners_wait():
             detail = "a node waits to join (--nnodes MIN:MAX): the job grows"
             interrupt = self.channel.interrupt(Interrupt(0, InterruptKind.RESIZE, detail))
@@ -140,6 +152,9 @@ class FollowerLink(PeerLink):
 
     def tick(self) -> Optional[Interrupt]:
         return self.channel.tick()
+
+    def decided(self) -> bool:
+        return self.channel.decided()
 
     def agree_stop_step(self, reading: Optional[StopReading]) -> int:
         return self.channel.agree_stop_step(reading)

@@ -212,8 +212,8 @@ class Run:
 def _resize(previous: Optional[AttemptEntry], nodes: List[dict]) -> str:
     """Why an attempt of many nodes runs on another number of nodes than the one before it ('':
     the same number): the nodes lost in that attempt, or the ones that did not come to the round."""
-    before = [n["node"] for n in previous.nodes] if previous is not None else []
-    now = [n["node"] for n in nodes]
+    before = [n["node"] for n in previous.nodes if not n.get("standby")] if previous is not None else []
+    now = [n["node"] for n in nodes if not n.get("standby")]
     if previous is None or not before or not now or len(before) == len(now):
         return ""
     if len(now) > len(before):

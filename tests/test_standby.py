@@ -1,0 +1,97 @@
+"""Standby nodes (--standby-nodes, issue 50): N + K ftlaunch processes on loopback meet, N train
+and K stand by; a training node's whole tree killed is replaced by a standby at its position, with
+its GROUP_RANK and RANKs, not counted as a failure (--max-failures 0 holds throughout)."""
+
+import re
+
+import psutil
+import pytest
+from helpers import SCRIPTS, run_state, wait_for_files
+from test_many_nodes import Job, _status_table
+
+from launcher.core.events import Decision, NodeReplaced, NodesMet
+from launcher.core.outcomes import AttemptOutcome
+
+# Four supervisors and their workers on two cores; the limit is a hang guard, not a measure of speed.
+pytestmark = pytest.mark.timeout(300)
+
+TRAIN = str(SCRIPTS / "ckpt_train.py")
+
+
+def _standby_job(launcher, tmp_path, name: str, *script_args: str) -> Job:
+    """3 training nodes of one rank each and 1 standby, failing at the first failure (so that a
+    replacement counted as one would show)."""
+    options = ["--standby-nodes", "1", "--nproc", "1", "--max-failures", "0", "--run-name", name]
+    return Job(launcher, tmp_path, 3, *options, TRAIN, *script_args, node_timeout="3s")
+
+
+def _start(job: Job, members: int = 4) -> Job:
+    """The followers first, each until it polls for node 0, then node 0: they join its first round
+    together (the lowest node ranks train)."""
+    for rank in range(1, members):
+        job.start(rank)
+    for rank in range(1, members):
+        job.nodes[rank].read_console_until(lambda line: "waiting for node 0 at" in line, 120, stream="stderr")
+    job.start(0)
+    return job
+
+
+def _kill_tree(launch) -> None:
+    """A node lost for good: its supervisor and every process it started, at once."""
+    procs = [psutil.Process(launch.proc.pid), *launch.survivors()]
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    launch.wait(30)
+
+
+def _lines(stdout: str, pattern: str) -> dict:
+    return {tuple(map(int, m[:-1])): int(m[-1]) for m in re.findall(pattern, stdout)}
+
+
+def test_a_standby_takes_a_lost_nodes_place_with_its_ranks_and_the_node_back_stands_by(launcher, tmp_path):
+    out = tmp_path / "out.pt"
+    args = ["--steps", "120", "--step-time", "0.05", "--save-every", "10", "--out", str(out)]
+    job = _standby_job(launcher, tmp_path, "standby", *args, "--until-attempt", "1")
+    node0 = _start(job).nodes[0]
+    first = node0.wait_for_event(NodesMet, lambda e: e.attempt == 0, timeout=120)
+    assert first.nodes[0] == 0 and len(first.nodes) == 3 and len(first.standby) == 1, first
+    (standby,) = first.standby
+    lost = first.nodes[2]  # the node at position 2 (GROUP_RANK 2, RANK 2)
+    job.nodes[standby].read_console_until(lambda line: "stands by" in line, 60, stream="stderr")
+    wait_for_files(tmp_path / "runs" / "standby" / "checkpoints", "step_*/COMMITTED", 1, timeout=90)
+
+    _kill_tree(job.nodes[lost])
+    replaced = node0.wait_for_event(NodesMet, lambda e: e.attempt == 1, timeout=120)
+    assert replaced.nodes == [first.nodes[0], first.nodes[1], standby], replaced
+    assert replaced.standby == [], replaced
+
+    # The lost node relaunched while the job trains: it waits outside the round, disturbing nothing.
+    back = job.start(lost)
+    back.read_console_until(lambda line: "came while the job trains without it" in line, 120, stream="stderr")
+    codes = {rank: job.nodes[rank].wait(180) for rank in (0, first.nodes[1], standby, lost)}
+    assert codes == {0: 0, first.nodes[1]: 0, standby: 0, lost: 0}, (node0.stderr, back.stderr)
+    assert [e.attempt for e in node0.events(NodesMet)] == [0, 1]  # the node back started no attempt
+
+    # The standby ran rank 2 (GROUP_RANK 2) at WORLD_SIZE 3, from the per-rank checkpoint of rank 2.
+    standby_out = job.nodes[standby].stdout
+    assert "rank 2 attempt 1 has WORLD_SIZE 3" in standby_out, standby_out
+    starts = _lines(standby_out, r"rank (\d+) attempt (\d+) starts at step (\d+)")
+    assert starts[(2, 1)] >= 10, starts
+
+    # Not a failure (--max-failures 0 held), and every record says who took whose place and why.
+    assert [d.verdict for d in node0.events(Decision)] == ["replace"]
+    (event,) = node0.events(NodeReplaced)
+    assert (event.attempt, event.position, event.node, event.replaced) == (1, 2, standby, lost), event
+    state = run_state(tmp_path / "runs" / "standby")
+    assert [a.outcome for a in state.attempts] == [AttemptOutcome.NODE_LOST, AttemptOutcome.SUCCEEDED]
+    took = f"node {standby} took node {lost}'s place (GROUP_RANK 2, RANK 2): node {lost} ("
+    assert state.attempts[1].replaced.startswith(took), state.attempts[1].replaced
+    positions = {n["node"]: n.get("position") for n in state.attempts[1].nodes}
+    assert positions == {0: 0, first.nodes[1]: 1, standby: 2}, state.attempts[1].nodes
+    assert {n["node"]: n.get("standby") for n in state.attempts[0].nodes}[standby] is True
+    assert took in node0.stderr and "a standby node takes its place" in node0.stderr
+    assert f"attempt 1: {took}" in _status_table(tmp_path, "standby")
+    assert job.survivors() == []
