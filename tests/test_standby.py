@@ -66,7 +66,7 @@ def test_a_standby_takes_a_lost_nodes_place_with_its_ranks_and_the_node_back_sta
     _kill_tree(job.nodes[lost])
     replaced = node0.wait_for_event(NodesMet, lambda e: e.attempt == 1, timeout=120)
     assert replaced.nodes == [first.nodes[0], first.nodes[1], standby], replaced
-    assert replaced.standby == [], replaced
+    assert replaced.standby == [] and not replaced.new_round, replaced  # the round's standby, at once
 
     # The lost node relaunched while the job trains: it waits outside the round, disturbing nothing.
     back = job.start(lost)
@@ -88,6 +88,7 @@ def test_a_standby_takes_a_lost_nodes_place_with_its_ranks_and_the_node_back_sta
     state = run_state(tmp_path / "runs" / "standby")
     assert [a.outcome for a in state.attempts] == [AttemptOutcome.NODE_LOST, AttemptOutcome.SUCCEEDED]
     took = f"node {standby} took node {lost}'s place (GROUP_RANK 2, RANK 2): node {lost} ("
+    assert "lost: its supervisor is gone (its connection to node 0 closed" in event.why, event.why
     assert state.attempts[1].replaced.startswith(took), state.attempts[1].replaced
     positions = {n["node"]: n.get("position") for n in state.attempts[1].nodes}
     assert positions == {0: 0, first.nodes[1]: 1, standby: 2}, state.attempts[1].nodes

@@ -69,10 +69,11 @@ class AttemptChannel:
         self._watch = KeyWatch(store, "interrupt", signals.wake)
         self._watch.start()
 
-    def close(self) -> None:
+    def close(self, quietly: bool = False) -> None:
         """Done with the attempt: raises an interrupt if none is in force, so that a node still
-        running learns at once that this one left."""
-        if self._interrupt is None and not self._watch.fired:
+        running learns at once that this one left; ``quietly``: a node the attempt was planned
+        without leaves it as it found it."""
+        if not quietly and self._interrupt is None and not self._watch.fired:
             try:
                 self.interrupt(Interrupt(self.node, InterruptKind.LOST, f"node {self.node} left the attempt"))
             except Exception:  # noqa: BLE001 - a store that is gone: the others find this node silent

@@ -63,8 +63,8 @@ class FollowerChannel(AttemptChannel):
         """Node 0's store, each call with a deadline: --node-timeout, shorter once a signal came."""
         return DeadlineStore(store, spec.node_timeout, self._signals)
 
-    def close(self) -> None:
-        super().close()
+    def close(self, quietly: bool = False) -> None:
+        super().close(quietly)
         self._store.close()
 
     def _call(self, method: str, *args):

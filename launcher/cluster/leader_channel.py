@@ -9,7 +9,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from launcher.cluster.alive import AliveCounter, beat_every, look_every
 from launcher.cluster.channel import AttemptChannel, ChannelSpec
-from launcher.cluster.lobby import claimed_counters
+from launcher.cluster.lobby import ALIVE_PREFIX, claimed_counters
 from launcher.cluster.rendezvous import WATCH_EVERY_S, RoundFailed
 from launcher.cluster.wire import Interrupt, JobVerdict, NodeInfo, NodeReport, RoundPlan
 from launcher.core.beats import NodeRow, ProgressRow, ProgressShare
@@ -19,6 +19,8 @@ from launcher.process.signals import SignalInbox
 
 __all__ = ["LeaderChannel"]
 
+Gone = Callable[[str], Optional[float]]
+
 # A node whose liveness counter has not moved for this many of its beats is not waited for to read
 # the verdict (its supervisor died), even within --node-timeout.
 _GONE_BEATS = 3
@@ -27,9 +29,12 @@ log = logging.getLogger(__name__)
 
 
 class LeaderChannel(AttemptChannel):
-    def __init__(self, store, spec: ChannelSpec, signals: SignalInbox, job_store=None) -> None:
+    def __init__(
+        self, store, spec: ChannelSpec, signals: SignalInbox, job_store=None, gone: Gone = lambda _: None
+    ) -> None:
         """``job_store``: the lobby's store, where a follower's claim counter is the one watched
-        (None: ``alive/<n>`` here)."""
+        (None: ``alive/<n>`` here); ``gone``: when the connection of a claim's token to node 0
+        ended (``cluster.gone``; None: open)."""
         # No node is watched before it announces itself: nothing here is sized by --nnodes MAX.
         super().__init__(store, spec, signals, watched=[])
         self._job_store = job_store
@@ -40,6 +45,8 @@ class LeaderChannel(AttemptChannel):
         self._garbled: Set[int] = set()  # nodes whose progress share was damaged (said once)
         self._standby: Tuple[int, ...] = ()  # the attempt's standby nodes: watched, never waited for
         self.standbys_lost: Dict[int, str] = {}  # standby → why it was found lost (the attempt goes on)
+        self._gone = gone
+        self._closed: Set[int] = set()  # nodes found lost by their connection's end
 
     def node_infos(
         self, count: int, limit: float, watch: Callable[[], None] = lambda: None
@@ -81,15 +88,24 @@ class LeaderChannel(AttemptChannel):
         return self._standby
 
     def _look_for_lost_nodes(self) -> Optional[Interrupt]:
-        """As every node looks, but a standby found silent is only noted (``standbys_lost``)."""
+        """As every node looks, and at once for a node whose supervisor's connection ended; a
+        standby found lost is only noted (``standbys_lost``)."""
         for node, silent in self._silences().items():
-            if silent < self.spec.node_timeout:
+            closed = self._closed_at(node) is not None
+            if silent < self.spec.node_timeout and not closed:
                 continue
+            why = "gone (its connection to node 0 closed)" if closed else f"silent for {silent:.1f} s"
             if node not in self._standby:
-                return self._declare_lost(node, f"silent for {silent:.1f} s")
+                if closed:
+                    self._closed.add(node)
+                return self._declare_lost(node, why)
             del self._seen[node]
-            self.standbys_lost[node] = f"standby node {node} silent for {silent:.1f} s"
+            self.standbys_lost[node] = f"standby node {node} {why}"
         return None
+
+    def _closed_at(self, node: int) -> Optional[float]:
+        counter = self._claim_counters.get(node, "")
+        return self._gone(counter[len(ALIVE_PREFIX) :]) if counter.startswith(ALIVE_PREFIX) else None
 
     def _make_beater(self, store, spec: ChannelSpec) -> AliveCounter:
         """Node 0's witness of its own process only: followers hear node 0 through their beats'
@@ -130,6 +146,7 @@ class LeaderChannel(AttemptChannel):
                 silent_for=self._silent_for(n),
                 observed_at=time.monotonic(),
                 unreported=self._unreported.get(n, 0.0),
+                closed=n in self._closed,
             )
             for n in sorted(self._lost)
             if self._lost_at.get(n, 0.0) < after

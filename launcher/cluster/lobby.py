@@ -25,6 +25,7 @@ __all__ = [
     "Lobby",
     "NodeClaim",
     "StopNotice",
+    "ALIVE_PREFIX",
     "claimed_counters",
     "read_stop",
     "read_unhealthy",
@@ -34,6 +35,7 @@ __all__ = [
 ]
 
 _STOPPED = "lobby/stopped"
+ALIVE_PREFIX = "lobby/alive/"  # + a claim's token: its supervisor's beat counter
 
 # How many of a claimant's beats its counter is watched for before it is judged gone.
 _JUDGE_BEATS = 3
@@ -172,13 +174,16 @@ class Lobby:
         hellos = [Hello(**json.loads(_text(text))) for text in texts]
         return [hello for hello in hellos if hello.rdzv_id != self._rdzv_id]
 
-    def await_stop_read(self, wait: Wait, say: Callable[[str], None]) -> None:
+    def await_stop_read(
+        self, wait: Wait, say: Callable[[str], None], gone: Callable[[int], bool] = lambda _: False
+    ) -> None:
         """Node 0 stops while the nodes meet: wait (``wait``'s limit at most) until every follower
-        read the notice, which goes away with this node's store."""
+        read the notice, which goes away with this node's store; one whose supervisor is
+        ``gone`` never will."""
         said = self._store.get("lobby/hellos") if self._store.check(["lobby/hellos"]) else b""
         nodes, told = {int(n) for n in _text(said).split(",") if n}, False
         while not wait.expired:
-            nodes = {n for n in nodes if not self._store.check([f"lobby/stop-read/{n}"])}
+            nodes = {n for n in nodes if not self._store.check([f"lobby/stop-read/{n}"]) and not gone(n)}
             if not nodes:
                 return
             if not told and wait.waited >= 1.0:
@@ -211,7 +216,7 @@ def claimed_counters(store, nodes: List[int]) -> Dict[int, str]:
     keys = [f"lobby/claim/{n}" for n in nodes]
     held = [n for n, ok in zip(nodes, [store.check([key]) for key in keys]) if ok]
     tokens = store.multi_get([f"lobby/claim/{n}" for n in held]) if held else []
-    return {n: f"lobby/alive/{_text(token)}" for n, token in zip(held, tokens)}
+    return {n: f"{ALIVE_PREFIX}{_text(token)}" for n, token in zip(held, tokens)}
 
 
 def _alive(

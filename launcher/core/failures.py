@@ -136,8 +136,14 @@ class NodeLostFailure:
     rank: int = -1  # no one rank: every rank of that node is gone with it
     stalled: bool = False  # found by the node itself: its supervisor's process did not run
     unreported: float = 0.0  # it still beat, but sent no report within this many seconds
+    closed: bool = False  # its supervisor's connection to node 0 closed: the process is gone
 
     def describe(self) -> str:
+        if self.closed:
+            return (
+                f"node {self.node} ({self.host}, supervisor pid {self.pid}): lost: its supervisor is "
+                f"gone (its connection to node 0 closed {self.silent_for:.1f} s after its last beat)"
+            )
         if self.unreported:
             return (
                 f"node {self.node} ({self.host}, supervisor pid {self.pid}): lost: no report within "

@@ -147,6 +147,12 @@ class Follower(NodeRole):
         if plan.round_failed:
             self.channel.close()
             raise RoundFailed(plan.round_failed)
+        if self.job.cluster.standby and self.node not in [*plan.nodes, *plan.standby]:
+            self.channel.close(quietly=True)  # its attempt goes on without this node
+            raise RoundFailed(
+                f"it planned attempt {plan.attempt} without node {self.node}, found lost before (a "
+                "standby took its place); this node stands by from the next round"
+            )
         self._check(plan)
         nodes = tuple(plan.nodes)
         waited = round(time.monotonic() - started, 3)

@@ -3,7 +3,7 @@ a rendezvous round, plans the attempt, merges every node's report and tells them
 
 import dataclasses
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from launcher.cluster.channel import ChannelSpec
 from launcher.cluster.leader_channel import LeaderChannel
@@ -78,6 +78,7 @@ class Leader(RunHolder):
         self._positions: Dict[int, int] = _positions_of(run) if job.cluster.standby else {}
         self._left: Dict[int, str] = {}
         self._standbys: Optional[int] = None  # standby nodes in the last plan (None: no plan yet)
+        self._gone: Set[int] = set()  # nodes of the kept round found lost: not waited for again
 
     @property
     def channel(self) -> LeaderChannel:
@@ -102,14 +103,20 @@ class Leader(RunHolder):
             new_round = self._round is None
             if self._round is None:
                 self._round = self._rendezvous.next_round(self._signals, self._say, watch=self._lobby.watch)
+                self._gone = set()
             meeting = self._round
             channel = LeaderChannel(
-                meeting.next_attempt_store(), self._spec, self._signals, job_store=self._rendezvous.store
+                meeting.next_attempt_store(),
+                self._spec,
+                self._signals,
+                job_store=self._rendezvous.store,
+                gone=self._lobby.gone.gone,
             )
             self._channel = channel
             channel.announce(self.job.info())
+            count = meeting.size - len(self._gone)
             try:
-                infos = channel.node_infos(meeting.size, self.job.announce_timeout, self._lobby.watch_round)
+                infos = channel.node_infos(count, self.job.announce_timeout, self._lobby.watch_round)
             except RoundFailed as failed:
                 self._meet_again(channel, meeting.size, str(failed), started)
                 continue
@@ -274,6 +281,7 @@ class Leader(RunHolder):
         healthy machine, it resumes the job)."""
         if not self._unhealthy:
             self._rendezvous.close()
+        self._lobby.gone.close()
 
     def _tell_nodes(self, verdict: JobVerdict) -> None:
         """Node 0's decision goes to every node; the store stays up until each has read it. A
@@ -288,13 +296,24 @@ class Leader(RunHolder):
         channel.close()
 
     def _same_nodes_again(self) -> bool:
-        """The next attempt may keep this round when no node was lost and none waits to join."""
-        if self.channel.lost_failures() or self.channel.left_by_all:  # the others meet anew
+        """The next attempt may keep this round when none waits to join and no node was lost, or
+        (--standby-nodes) each lost training node has a standby of the round to take its place:
+        a new round would wait for torch to give up on the lost node (its keep-alive) first."""
+        channel = self.channel
+        lost = {f.node for f in channel.lost_failures()}
+        if channel.left_by_all or (lost and not self._replaceable(lost)):  # the others meet anew
             return False
         try:
-            return self._rendezvous.nodes_waiting() == 0
+            waiting = self._rendezvous.nodes_waiting()
         except Exception:  # noqa: BLE001 - in doubt, a new round finds out who is there
             return False
+        if waiting == 0:
+            self._gone |= lost | set(channel.standbys_lost)
+        return waiting == 0
+
+    def _replaceable(self, lost: Set[int]) -> bool:
+        standing_by = [n for n in self.layout.standby if n not in self.channel.standbys_lost]
+        return lost <= set(self.layout.nodes) and len(standing_by) >= len(lost)
 
 
 def _merge(

@@ -4,7 +4,17 @@ for another job (refused), and followers that left unhealthy. The notices live i
 
 from typing import TYPE_CHECKING, List
 
-from launcher.cluster.lobby import Lobby, StopNotice, read_stop, read_unhealthy, say_stop
+from launcher.cluster.gone import KEY as GONE_KEY
+from launcher.cluster.gone import GoneWatch
+from launcher.cluster.lobby import (
+    ALIVE_PREFIX,
+    Lobby,
+    StopNotice,
+    claimed_counters,
+    read_stop,
+    read_unhealthy,
+    say_stop,
+)
 from launcher.cluster.rendezvous import RoundFailed
 from launcher.core.events import Say
 from launcher.grammar.errors import PeerStopped, SignalReceived, UsageError
@@ -25,6 +35,8 @@ class LobbyHost:
         self._signals = signals
         self._say = say
         self._lobby = Lobby(store, job.rdzv_id, job.command, job.cluster.node_timeout)
+        self.gone = GoneWatch(job.cluster.rdzv_host)  # followers' processes that ended
+        store.set(GONE_KEY, self.gone.address)
         self.planned = 0  # attempts this launch has planned
         self._left = 0  # followers that left unhealthy, said so far
         self._left_now: List[int] = []  # of those, the ones the round being met still counts on
@@ -65,6 +77,11 @@ class LobbyHost:
             )
         self._left = len(left)
 
+    def _gone(self, node: int) -> bool:
+        """Whether the supervisor holding ``node``'s claim is gone (its connection ended)."""
+        counter = claimed_counters(self._store, [node]).get(node, "")
+        return bool(counter) and self.gone.gone(counter[len(ALIVE_PREFIX) :]) is not None
+
     def pass_on_stop(self, error: SignalReceived) -> None:
         """A signal on any node while the nodes meet stops every node, as during an attempt. The
         notice lives in this node's store, which goes away with it: node 0 waits until every
@@ -74,6 +91,7 @@ class LobbyHost:
         try:
             if not isinstance(error, PeerStopped):
                 say_stop(self._store, StopNotice(0, error.signum, error.said_as))
-            self._lobby.await_stop_read(Wait(self.job.cluster.node_timeout, self._signals), self._say)
+            wait = Wait(self.job.cluster.node_timeout, self._signals)
+            self._lobby.await_stop_read(wait, self._say, gone=self._gone)
         except (SignalReceived, RuntimeError):  # a second signal; torch's store errors
             pass

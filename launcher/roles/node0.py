@@ -9,6 +9,8 @@ from typing import Callable, Optional, TypeVar
 
 from launcher.cluster.alive import AliveCounter
 from launcher.cluster.deadline_store import DeadlineStore
+from launcher.cluster.gone import KEY as GONE_KEY
+from launcher.cluster.gone import hold_open
 from launcher.cluster.lobby import (
     Hello,
     NodeClaim,
@@ -47,6 +49,7 @@ class Node0Connection:
         self._claim = NodeClaim(job.node, hello, job.cluster.node_timeout)
         self._store: Optional[DeadlineStore] = None  # node 0's store, each call with a deadline
         self._rendezvous: Optional[Rendezvous] = None
+        self._held: Optional[socket.socket] = None  # node 0 reads its end as this process's (gone.py)
 
     @property
     def rendezvous(self) -> Rendezvous:
@@ -69,6 +72,8 @@ class Node0Connection:
         lobby = self._store
         self.call(lambda: self._claim.take(lobby, store, self._signals))
         failpoints.reached("claimed")
+        if self._held is None and self.call(lambda: lobby.check([GONE_KEY])):
+            self._held = hold_open(self.call(lambda: lobby.get(GONE_KEY)).decode(), self._claim.token)
         # c10d's backend writes to node 0's store as it is made: node 0 may be gone by then.
         self._rendezvous = self.call(lambda: Rendezvous(self.job.cluster, self.job.run_id, store))
         return self._rendezvous
@@ -130,6 +135,7 @@ class Node0Connection:
             self._rendezvous.drop()
         self._rendezvous = None
         self._claim.release(patient=False)  # its beat may be stuck on the lost node 0 too
+        self._let_go()
         if self._store is not None:
             self._store.close()  # its thread ends once free (it may be stuck in a call)
             self._store = None
@@ -137,6 +143,12 @@ class Node0Connection:
     def close(self) -> None:
         """The job's rendezvous is node 0's: only this node's claim goes."""
         self._claim.release(patient=self._store is None or not self._store.stuck)
+        self._let_go()
+
+    def _let_go(self) -> None:
+        if self._held is not None:
+            self._held.close()
+            self._held = None
 
     def _job_ended(self) -> str:
         """Node 0 does not answer: if the run dir (shared storage, as under SLURM) says the run
