@@ -64,6 +64,7 @@ __all__ = [
     "Resume",
     "RunEnd",
     "RunStart",
+    "StandbyLost",
     "Steps",
     "StopRequested",
     "Takeover",
@@ -238,6 +239,17 @@ class NodeReplaced:
 
 
 @dataclasses.dataclass(frozen=True)
+class StandbyLost:
+    """--standby-nodes, node 0: a standby node was found lost during an attempt (which goes on)."""
+
+    KIND: ClassVar[str] = "standby_lost"
+    attempt: int
+    node: int
+    why: str
+    left: int  # standby nodes still there
+
+
+@dataclasses.dataclass(frozen=True)
 class RoundAbandoned:
     """Many nodes, node 0: a node of the rendezvous round never announced itself (its supervisor
     died on the way); no attempt ran on the round, every node met again."""
@@ -392,6 +404,7 @@ Event = Union[
     GroupsGuarded,
     NodesMet,
     NodeReplaced,
+    StandbyLost,
     RoundAbandoned,
     PeerInterrupt,
     ChaosInjected,

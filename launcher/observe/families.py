@@ -79,6 +79,19 @@ def families(metrics: RunMetrics, now: float, now_wall: float) -> List[Family]:
             "ftlaunch_resizes", "counter", "Attempts ended because the job's nodes changed.", metrics.resizes
         ),
         Family.one(
+            "ftlaunch_standby_nodes",
+            "gauge",
+            "Standby nodes in the job's round, warm and running no rank (NaN: no --standby-nodes, or "
+            "not node 0's or a follower's to tell yet).",
+            metrics.standby_nodes,
+        ),
+        Family.one(
+            "ftlaunch_replacements",
+            "counter",
+            "Lost nodes whose place a standby node took (node 0).",
+            metrics.replacements,
+        ),
+        Family.one(
             "ftlaunch_hangs_detected", "counter", "Ranks found past their heartbeat deadline.", metrics.hangs
         ),
         Family.one("ftlaunch_chaos_injected", "counter", "Faults --chaos injected.", metrics.injected),

@@ -20,6 +20,9 @@ from launcher.core.events import (
     Hang,
     KeptTime,
     Logged,
+    NodeReplaced,
+    NodesMet,
+    StandbyLost,
     Steps,
     Transition,
 )
@@ -44,6 +47,8 @@ class RunMetrics:
         self.restarts = self.preemptions = self.resizes = self.hangs = self.injected = 0
         self.world_size: Optional[int] = None
         self.nodes: Optional[int] = None
+        self.standby_nodes = _UNKNOWN  # --standby-nodes: standing by in the round (NaN: none asked)
+        self.replacements = 0  # a standby took a lost node's place
         self.downtime = 0.0
         self._phases: List[Logged[Event]] = []  # what recoveries() reads: transitions, loads, first steps
         self._steps: List[Steps] = []  # the newest attempt's last two: its pace
@@ -76,6 +81,12 @@ class RunMetrics:
             self.hangs += type(event) is Hang
         elif isinstance(event, ChaosInjected):
             self.injected += 1
+        elif isinstance(event, NodesMet) and event.standby is not None:
+            self.standby_nodes = float(len(event.standby))
+        elif isinstance(event, StandbyLost):
+            self.standby_nodes = float(event.left)
+        elif isinstance(event, NodeReplaced):
+            self.replacements += 1
 
     def _transition(self, logged: Logged[Event], event: Transition) -> None:
         if event.old is None:

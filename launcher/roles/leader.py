@@ -18,9 +18,9 @@ from launcher.cluster.wire import (
     plan_problem,
 )
 from launcher.core.beats import BeatSummary
-from launcher.core.events import Decision, NodeReplaced, NodesMet, RoundAbandoned
+from launcher.core.events import Decision, NodesMet, RoundAbandoned
 from launcher.core.failures import NodeLostFailure, root_cause
-from launcher.core.layout import Layout, Placed, place_nodes
+from launcher.core.layout import Layout
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.policy import RestartPolicy
 from launcher.core.results import AttemptResult, RunResult
@@ -37,6 +37,7 @@ from launcher.roles.holder import RunHolder
 from launcher.roles.link import LeaderLink
 from launcher.roles.lobby_host import LobbyHost
 from launcher.roles.membership import Membership
+from launcher.roles.places import Places
 from launcher.roles.role import AttemptPlan, Conclusion, in_attempt
 from launcher.runs.run import Run
 
@@ -64,6 +65,7 @@ class Leader(RunHolder):
     ) -> None:
         super().__init__(run, kit, policy, store_at, injectable)
         self.job = job
+        self._kit = kit
         self._rendezvous = rendezvous
         self._round: Optional[Round] = None  # the rendezvous round the next attempt may keep
         self._channel: Optional[LeaderChannel] = None  # the attempt's, from meet to decide
@@ -73,11 +75,7 @@ class Leader(RunHolder):
         self._layout: Optional[Layout] = None  # the attempt's, from meet on
         self._announced: Optional[Layout] = None  # the last layout said on the console
         self._unhealthy = False  # this node failed its health check: the job waits for node 0
-        # --standby-nodes: node → position in the last attempt (kept across a relaunch of node 0),
-        # and why each node lost in it left: what a standby taking its place is told
-        self._positions: Dict[int, int] = _positions_of(run) if job.cluster.standby else {}
-        self._left: Dict[int, str] = {}
-        self._standbys: Optional[int] = None  # standby nodes in the last plan (None: no plan yet)
+        self._places = Places(job.cluster, job.nproc, run, kit)  # who trains where (--standby-nodes)
         self._gone: Set[int] = set()  # nodes of the kept round found lost: not waited for again
 
     @property
@@ -140,7 +138,7 @@ class Leader(RunHolder):
     ) -> AttemptPlan:
         """Plan the attempt on the nodes that announced themselves, checked as every node checks it."""
         cluster, nproc = self.job.cluster, self.job.nproc
-        placed = place_nodes(infos, self._positions, min(len(infos), cluster.nnodes))
+        placed = self._places.place(infos)
         layout = Layout(placed.nodes, 0, nproc, placed.standby)
         draft = RoundPlan(
             -1, "", 0, list(layout.nodes), world_size=layout.world_size, standby=list(layout.standby)
@@ -154,48 +152,22 @@ class Leader(RunHolder):
             channel.close()
             raise UsageError(problem)
         self._layout = layout
-        members = _members(channel.members(), layout) if cluster.standby else channel.members()
-        number = self._open_attempt(members, layout.world_size)
+        number = self._open_attempt(self._places.members(channel.members(), layout), layout.world_size)
         self._announce_size(layout)
         self._lobby.planned += 1
         waited = round(time.monotonic() - started, 3)
         standby = list(layout.standby) if cluster.standby else None
         self._events.emit(NodesMet(number, len(layout.nodes), waited, new_round, list(layout.nodes), standby))
-        if cluster.standby:
-            self._take_places(number, placed, layout)
+        self._places.planned(number, placed, layout, self.entry)
         address, port = self._store_at[0], self.store.port
         plan = dataclasses.replace(draft, attempt=number, master_addr=address, master_port=port)
         grows = cluster.elastic and len(layout.nodes) < cluster.nnodes
-        self._link = LeaderLink(self.run, self.may_restart, channel, self._rendezvous, grows, self._say)
+        self._link = LeaderLink(
+            self.run, self.may_restart, channel, self._rendezvous, grows, self._kit, number
+        )
         channel.set_standby(layout.standby)
         channel.publish_plan(plan)
         return AttemptPlan(number, address, port, layout)
-
-    def _take_places(self, number: int, placed: Placed, layout: Layout) -> None:
-        """--standby-nodes: record and say which standby took which lost node's place, and when
-        the last standby is gone."""
-        nproc = self.job.nproc
-        said = []
-        for position, node, before in placed.took:
-            why = self._left.get(before, f"node {before} did not come to the round")
-            self._events.emit(NodeReplaced(number, position, node, before, why))
-            ranks = (
-                f"RANK {position * nproc}"
-                if nproc == 1
-                else (f"RANKs {position * nproc}-{position * nproc + nproc - 1}")
-            )
-            said.append(f"node {node} took node {before}'s place (GROUP_RANK {position}, {ranks}): {why}")
-        if said:
-            self.entry.replaced = "; ".join(said)
-            for line in said:
-                self._say(f"{line} (a standby: not a failure)")
-        if not layout.standby and self._standbys:
-            self._say(
-                f"no standby node is left (--standby-nodes {self.job.cluster.standby}): a lost node is "
-                "waited for until it is relaunched (it rejoins as a standby)"
-            )
-        self._standbys = len(layout.standby)
-        self._positions, self._left = layout.positions(), {}
 
     def _announce_size(self, layout: Layout) -> None:
         """An elastic job says on which nodes each attempt runs, when that changes."""
@@ -229,7 +201,7 @@ class Leader(RunHolder):
             self.job.cluster.elastic,
         )
         result = dataclasses.replace(result, resize=self.entry.resize, replaced=self.entry.replaced)
-        self._left.update((f.node, f.describe()) for f in channel.lost_failures())
+        self._places.left(channel.lost_failures())
         self._record_end(result)
         return Conclusion(result)
 
@@ -362,21 +334,3 @@ def _cause_first(failures: list) -> list:
         return failures
     first = root_cause(failures)
     return [first] + [f for f in failures if f is not first]
-
-
-def _members(members: List[dict], layout: Layout) -> List[dict]:
-    """Who holds the attempt, for run.json, with standby nodes: each node's position or that it
-    stands by (without them a node's position is its place in node-rank order)."""
-    positions = layout.positions()
-    return [
-        {**m, "position": positions[m["node"]]} if m["node"] in positions else {**m, "standby": True}
-        for m in members
-    ]
-
-
-def _positions_of(run: Run) -> Dict[int, int]:
-    """The positions of the run's last attempt (a relaunched node 0 keeps them): node → position."""
-    attempts = run.state.attempts
-    if not attempts:
-        return {}
-    return {m["node"]: m["position"] for m in attempts[-1].nodes if m.get("position") is not None}

@@ -11,8 +11,10 @@ from launcher.cluster.leader_channel import LeaderChannel
 from launcher.cluster.rendezvous import Rendezvous
 from launcher.cluster.wire import Interrupt, InterruptKind
 from launcher.core.beats import ProgressRow
+from launcher.core.events import StandbyLost
 from launcher.core.results import AttemptResult
 from launcher.core.stopping import StopReading, local_stop_step
+from launcher.process.kit import NodeKit
 from launcher.runs.run import Run
 
 __all__ = ["FollowerLink", "LeaderLink", "PeerLink", "SingleLink"]
@@ -95,13 +97,14 @@ class LeaderLink(_HolderLink):
         channel: LeaderChannel,
         rendezvous: Rendezvous,
         grows: bool,
-        say: Callable[[str], None],
+        kit: NodeKit,
+        attempt: int,
     ) -> None:
         super().__init__(run, may_restart)
         self.channel = channel
         self._rendezvous = rendezvous
         self._grows = grows  # an elastic job below its full size
-        self._say = say
+        self._kit, self._attempt = kit, attempt
         self._next_joiners_look = 0.0
         self._standbys_said = 0  # standbys found lost and said so
 
@@ -110,10 +113,11 @@ class LeaderLink(_HolderLink):
 
     def tick(self) -> Optional[Interrupt]:
         interrupt = self.channel.tick()
-        lost = list(self.channel.standbys_lost.values())
+        lost = list(self.channel.standbys_lost.items())
         left = len(self.channel.standby) - len(lost)
-        for why in lost[self._standbys_said :]:  # a standby lost disturbs nothing: said once
-            self._say(f"{why}: lost; the attempt goes on (it ran no rank); {left} standby node(s) left")
+        for node, why in lost[self._standbys_said :]:  # a standby lost disturbs nothing: said once
+            self._kit.events.emit(StandbyLost(self._attempt, node, why, left))
+            self._kit.say(f"{why}: lost; the attempt goes on (it ran no rank); {left} standby node(s) left")
         self._standbys_said = len(lost)
         if interrupt is None and self._joiners_wait():
             detail = "a node waits to join (--nnodes MIN:MAX): the job grows"
