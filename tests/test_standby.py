@@ -3,6 +3,7 @@ and K stand by; a training node's whole tree killed is replaced by a standby at 
 its GROUP_RANK and RANKs, not counted as a failure (--max-failures 0 holds throughout)."""
 
 import re
+import signal
 
 import psutil
 import pytest
@@ -95,4 +96,120 @@ def test_a_standby_takes_a_lost_nodes_place_with_its_ranks_and_the_node_back_sta
     assert {n["node"]: n.get("standby") for n in state.attempts[0].nodes}[standby] is True
     assert took in node0.stderr and "a standby node takes its place" in node0.stderr
     assert f"attempt 1: {took}" in _status_table(tmp_path, "standby")
+    assert job.survivors() == []
+
+
+def test_a_training_node_and_the_standby_lost_at_once_wait_for_a_node_to_come(launcher, tmp_path):
+    """No standby left to take the place: the fixed job waits, as without standby nodes, and the
+    node relaunched in the lost standby's stead takes the free position."""
+    out = tmp_path / "out.pt"
+    args = ["--steps", "80", "--step-time", "0.05", "--save-every", "10", "--out", str(out)]
+    job = _standby_job(launcher, tmp_path, "both", *args, "--until-attempt", "1", "--join-timeout", "120s")
+    node0 = _start(job).nodes[0]
+    first = node0.wait_for_event(NodesMet, lambda e: e.attempt == 0, timeout=120)
+    (standby,) = first.standby
+    lost = first.nodes[2]
+    wait_for_files(tmp_path / "runs" / "both" / "checkpoints", "step_*/COMMITTED", 1, timeout=90)
+    _kill_tree(job.nodes[lost])
+    _kill_tree(job.nodes[standby])
+    node0.read_console_until(lambda line: "once every node is back in the rendezvous" in line, 60, "stderr")
+    job.start(standby)  # a node in the standby's stead: the only one to fill position 2
+    again = node0.wait_for_event(NodesMet, lambda e: e.attempt == 1, timeout=120)
+    assert again.nodes == [0, first.nodes[1], standby] and again.standby == [], again
+    codes = {rank: job.nodes[rank].wait(180) for rank in (0, first.nodes[1], standby)}
+    assert codes == {0: 0, first.nodes[1]: 0, standby: 0}, node0.stderr
+    assert [d.verdict for d in node0.events(Decision)] == ["node_lost"]
+    assert "no standby node is left (--standby-nodes 1)" in node0.stderr
+    assert "rank 2 attempt 1 has WORLD_SIZE 3" in job.nodes[standby].stdout
+    assert job.survivors() == []
+
+
+def test_two_lost_with_one_standby_an_elastic_job_takes_the_standby_and_shrinks(launcher, tmp_path):
+    out = tmp_path / "out.pt"
+    args = ["--steps", "80", "--step-time", "0.05", "--save-every", "10", "--replicated", "--out", str(out)]
+    options = ["--standby-nodes", "1", "--nproc", "1", "--max-failures", "0", "--run-name", "shrink"]
+    job = Job(
+        launcher, tmp_path, 3, *options, TRAIN, *args, "--until-attempt", "1", fewest=2, node_timeout="3s"
+    )
+    node0 = _start(job).nodes[0]
+    first = node0.wait_for_event(NodesMet, lambda e: e.attempt == 0, timeout=120)
+    (standby,) = first.standby
+    wait_for_files(tmp_path / "runs" / "shrink" / "checkpoints", "step_*/COMMITTED", 1, timeout=90)
+    _kill_tree(job.nodes[first.nodes[1]])
+    _kill_tree(job.nodes[first.nodes[2]])
+    shrunk = node0.wait_for_event(NodesMet, lambda e: e.attempt == 1, timeout=120)
+    assert shrunk.nodes == [0, standby] and shrunk.standby == [], shrunk  # position 1: the standby's
+    codes = {rank: job.nodes[rank].wait(180) for rank in (0, standby)}
+    assert codes == {0: 0, standby: 0}, node0.stderr
+    assert "rank 1 attempt 1 has WORLD_SIZE 2" in job.nodes[standby].stdout
+    assert [d.verdict for d in node0.events(Decision)] == ["resize"]
+    assert job.survivors() == []
+
+
+def test_a_standby_that_comes_late_stands_by_and_takes_the_next_lost_place(launcher, tmp_path):
+    out = tmp_path / "out.pt"
+    args = ["--steps", "100", "--step-time", "0.05", "--save-every", "10", "--out", str(out)]
+    job = _standby_job(launcher, tmp_path, "late", *args, "--until-attempt", "1")
+    node0 = _start(job, members=3).nodes[0]  # nodes 0-2: the job starts without its standby
+    first = node0.wait_for_event(NodesMet, lambda e: e.attempt == 0, timeout=120)
+    assert first.nodes == [0, 1, 2] and first.standby == [], first
+    late = job.start(3)
+    late.read_console_until(lambda line: "came while the job trains without it" in line, 120, "stderr")
+    wait_for_files(tmp_path / "runs" / "late" / "checkpoints", "step_*/COMMITTED", 1, timeout=90)
+    _kill_tree(job.nodes[1])
+    again = node0.wait_for_event(NodesMet, lambda e: e.attempt == 1, timeout=120)
+    assert again.nodes == [0, 3, 2] and again.new_round, again  # torch's next round, with the late node
+    codes = {rank: job.nodes[rank].wait(180) for rank in (0, 2, 3)}
+    assert codes == {0: 0, 2: 0, 3: 0}, (node0.stderr, late.stderr)
+    assert "rank 1 attempt 1 has WORLD_SIZE 3" in late.stdout
+    assert [d.verdict for d in node0.events(Decision)] == ["node_lost"]  # no standby in its round
+    assert job.survivors() == []
+
+
+def test_a_standby_frozen_when_it_is_called_is_waited_for_and_takes_the_place_when_it_wakes(
+    launcher, tmp_path
+):
+    out = tmp_path / "out.pt"
+    args = ["--steps", "80", "--step-time", "0.05", "--save-every", "10", "--out", str(out)]
+    job = _standby_job(launcher, tmp_path, "frozen", *args, "--until-attempt", "1", "--join-timeout", "120s")
+    node0 = _start(job).nodes[0]
+    first = node0.wait_for_event(NodesMet, lambda e: e.attempt == 0, timeout=120)
+    (standby,) = first.standby
+    lost = first.nodes[2]
+    wait_for_files(tmp_path / "runs" / "frozen" / "checkpoints", "step_*/COMMITTED", 1, timeout=90)
+    job.nodes[standby].proc.send_signal(signal.SIGSTOP)
+    try:
+        _kill_tree(job.nodes[lost])
+        # Called while frozen: the round it was to take the place in fails, and node 0 meets anew.
+        node0.read_console_until(lambda line: "the nodes meet again in a new round" in line, 90, "stderr")
+    finally:
+        job.nodes[standby].proc.send_signal(signal.SIGCONT)
+    again = node0.wait_for_event(NodesMet, lambda e: e.attempt == 1, timeout=120)
+    assert again.nodes == [0, first.nodes[1], standby], again
+    codes = {rank: job.nodes[rank].wait(180) for rank in (0, first.nodes[1], standby)}
+    assert codes == {0: 0, first.nodes[1]: 0, standby: 0}, (node0.stderr, job.nodes[standby].stderr)
+    assert "rank 2 attempt 1 has WORLD_SIZE 3" in job.nodes[standby].stdout
+    assert "failed" not in {d.verdict for d in node0.events(Decision)}
+    assert job.survivors() == []
+
+
+@pytest.mark.parametrize("signalled", ["standby", "node 0"])
+def test_sigterm_on_any_node_while_a_standby_waits_stops_every_node_at_one_step(
+    launcher, tmp_path, signalled
+):
+    out = tmp_path / "out.pt"
+    args = ["--steps", "400", "--step-time", "0.05", "--save-every", "50", "--stop-aware", "--out", str(out)]
+    job = _standby_job(launcher, tmp_path, "term", *args)
+    node0 = _start(job).nodes[0]
+    first = node0.wait_for_event(NodesMet, lambda e: e.attempt == 0, timeout=120)
+    (standby,) = first.standby
+    node0.read_console_until(lambda line: "rank 0 attempt 0 starts at step 0" in line, 90)
+    job.nodes[standby].read_console_until(lambda line: "stands by" in line, 60, stream="stderr")
+    target = job.nodes[standby] if signalled == "standby" else node0
+    target.proc.send_signal(signal.SIGTERM)
+    codes = job.wait(120)
+    assert codes == {rank: 143 for rank in range(4)}, (node0.stderr, job.nodes[standby].stderr)
+    stops = set(re.findall(r"stops at step (\d+)", "".join(job.nodes[r].stdout for r in first.nodes)))
+    assert len(stops) == 1, stops  # every rank saved one agreed step
+    assert run_state(tmp_path / "runs" / "term").attempts[-1].outcome is AttemptOutcome.PREEMPTED
     assert job.survivors() == []

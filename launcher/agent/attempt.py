@@ -167,7 +167,9 @@ class AttemptRunner:
         signal comes, which stops the job as on any node."""
         attempt, layout = plan.attempt, plan.layout
         self._events.emit(AttemptPlanned(attempt, layout.world_size, list(layout.nodes), []))
+        self._spawner.fork_ahead()  # what taking a place would start from, made while it waits
         while True:
+            self._spawner.settle_ahead()
             if self._signals.first is not None:
                 signum = self._signals.first
                 name = self._signals.name_of(signum)
