@@ -3,11 +3,12 @@ and K stand by; a training node's whole tree killed is replaced by a standby at 
 its GROUP_RANK and RANKs, not counted as a failure (--max-failures 0 holds throughout)."""
 
 import re
+import shutil
 import signal
 
 import psutil
 import pytest
-from helpers import SCRIPTS, run_state, wait_for_files
+from helpers import SCRIPTS, memory_folders, run_state, wait_for_files
 from test_many_nodes import Job, _status_table
 
 from launcher.core.events import Decision, NodeReplaced, NodesMet
@@ -19,11 +20,11 @@ pytestmark = pytest.mark.timeout(300)
 TRAIN = str(SCRIPTS / "ckpt_train.py")
 
 
-def _standby_job(launcher, tmp_path, name: str, *script_args: str) -> Job:
+def _standby_job(launcher, tmp_path, name: str, *script_args: str, options=(), fewest=None) -> Job:
     """3 training nodes of one rank each and 1 standby, failing at the first failure (so that a
     replacement counted as one would show)."""
-    options = ["--standby-nodes", "1", "--nproc", "1", "--max-failures", "0", "--run-name", name]
-    return Job(launcher, tmp_path, 3, *options, TRAIN, *script_args, node_timeout="3s")
+    ours = ["--standby-nodes", "1", "--nproc", "1", "--max-failures", "0", "--run-name", name, *options]
+    return Job(launcher, tmp_path, 3, *ours, TRAIN, *script_args, node_timeout="3s", fewest=fewest)
 
 
 def _start(job: Job, members: int = 4) -> Job:
@@ -37,15 +38,19 @@ def _start(job: Job, members: int = 4) -> Job:
     return job
 
 
-def _kill_tree(launch) -> None:
-    """A node lost for good: its supervisor and every process it started, at once."""
-    procs = [psutil.Process(launch.proc.pid), *launch.survivors()]
+def _kill_tree(*launches) -> None:
+    """Nodes lost for good, at once: each supervisor and every process it started, and its memory
+    in /dev/shm with it (its orphan guard, killed too, would have removed it)."""
+    procs = [p for launch in launches for p in (psutil.Process(launch.proc.pid), *launch.survivors())]
     for proc in procs:
         try:
             proc.kill()
         except psutil.NoSuchProcess:
             pass
-    launch.wait(30)
+    for launch in launches:
+        launch.wait(30)
+        for folder in memory_folders(launch.proc.pid):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _lines(stdout: str, pattern: str) -> dict:
@@ -104,21 +109,22 @@ def test_a_training_node_and_the_standby_lost_at_once_wait_for_a_node_to_come(la
     node relaunched in the lost standby's stead takes the free position."""
     out = tmp_path / "out.pt"
     args = ["--steps", "80", "--step-time", "0.05", "--save-every", "10", "--out", str(out)]
-    job = _standby_job(launcher, tmp_path, "both", *args, "--until-attempt", "1", "--join-timeout", "120s")
+    wait = ["--join-timeout", "120s"]
+    job = _standby_job(launcher, tmp_path, "both", *args, "--until-attempt", "1", options=wait)
     node0 = _start(job).nodes[0]
     first = node0.wait_for_event(NodesMet, lambda e: e.attempt == 0, timeout=120)
     (standby,) = first.standby
     lost = first.nodes[2]
     wait_for_files(tmp_path / "runs" / "both" / "checkpoints", "step_*/COMMITTED", 1, timeout=90)
-    _kill_tree(job.nodes[lost])
-    _kill_tree(job.nodes[standby])
-    node0.read_console_until(lambda line: "once every node is back in the rendezvous" in line, 60, "stderr")
+    _kill_tree(job.nodes[lost], job.nodes[standby])
+    # Node 0 waits in a new round (at once, or after the round it called the standby to fails).
+    node0.read_console_until(lambda line: "waiting for at least 3 of the 4 nodes" in line, 90, "stderr")
     job.start(standby)  # a node in the standby's stead: the only one to fill position 2
     again = node0.wait_for_event(NodesMet, lambda e: e.attempt == 1, timeout=120)
     assert again.nodes == [0, first.nodes[1], standby] and again.standby == [], again
     codes = {rank: job.nodes[rank].wait(180) for rank in (0, first.nodes[1], standby)}
     assert codes == {0: 0, first.nodes[1]: 0, standby: 0}, node0.stderr
-    assert [d.verdict for d in node0.events(Decision)] == ["node_lost"]
+    assert {d.verdict for d in node0.events(Decision)} <= {"node_lost", "replace"}  # not a failure
     assert "no standby node is left (--standby-nodes 1)" in node0.stderr
     assert "rank 2 attempt 1 has WORLD_SIZE 3" in job.nodes[standby].stdout
     assert job.survivors() == []
@@ -127,16 +133,12 @@ def test_a_training_node_and_the_standby_lost_at_once_wait_for_a_node_to_come(la
 def test_two_lost_with_one_standby_an_elastic_job_takes_the_standby_and_shrinks(launcher, tmp_path):
     out = tmp_path / "out.pt"
     args = ["--steps", "80", "--step-time", "0.05", "--save-every", "10", "--replicated", "--out", str(out)]
-    options = ["--standby-nodes", "1", "--nproc", "1", "--max-failures", "0", "--run-name", "shrink"]
-    job = Job(
-        launcher, tmp_path, 3, *options, TRAIN, *args, "--until-attempt", "1", fewest=2, node_timeout="3s"
-    )
+    job = _standby_job(launcher, tmp_path, "shrink", *args, "--until-attempt", "1", fewest=2)
     node0 = _start(job).nodes[0]
     first = node0.wait_for_event(NodesMet, lambda e: e.attempt == 0, timeout=120)
     (standby,) = first.standby
     wait_for_files(tmp_path / "runs" / "shrink" / "checkpoints", "step_*/COMMITTED", 1, timeout=90)
-    _kill_tree(job.nodes[first.nodes[1]])
-    _kill_tree(job.nodes[first.nodes[2]])
+    _kill_tree(job.nodes[first.nodes[1]], job.nodes[first.nodes[2]])
     shrunk = node0.wait_for_event(NodesMet, lambda e: e.attempt == 1, timeout=120)
     assert shrunk.nodes == [0, standby] and shrunk.standby == [], shrunk  # position 1: the standby's
     codes = {rank: job.nodes[rank].wait(180) for rank in (0, standby)}
@@ -171,7 +173,8 @@ def test_a_standby_frozen_when_it_is_called_is_waited_for_and_takes_the_place_wh
 ):
     out = tmp_path / "out.pt"
     args = ["--steps", "80", "--step-time", "0.05", "--save-every", "10", "--out", str(out)]
-    job = _standby_job(launcher, tmp_path, "frozen", *args, "--until-attempt", "1", "--join-timeout", "120s")
+    wait = ["--join-timeout", "120s"]
+    job = _standby_job(launcher, tmp_path, "frozen", *args, "--until-attempt", "1", options=wait)
     node0 = _start(job).nodes[0]
     first = node0.wait_for_event(NodesMet, lambda e: e.attempt == 0, timeout=120)
     (standby,) = first.standby
@@ -198,18 +201,18 @@ def test_sigterm_on_any_node_while_a_standby_waits_stops_every_node_at_one_step(
     launcher, tmp_path, signalled
 ):
     out = tmp_path / "out.pt"
-    args = ["--steps", "400", "--step-time", "0.05", "--save-every", "50", "--stop-aware", "--out", str(out)]
+    args = ["--steps", "400", "--step-time", "0.05", "--save-every", "10", "--stop-aware", "--out", str(out)]
     job = _standby_job(launcher, tmp_path, "term", *args)
     node0 = _start(job).nodes[0]
     first = node0.wait_for_event(NodesMet, lambda e: e.attempt == 0, timeout=120)
     (standby,) = first.standby
-    node0.read_console_until(lambda line: "rank 0 attempt 0 starts at step 0" in line, 90)
+    wait_for_files(tmp_path / "runs" / "term" / "checkpoints", "step_*/COMMITTED", 1, timeout=90)
     job.nodes[standby].read_console_until(lambda line: "stands by" in line, 60, stream="stderr")
     target = job.nodes[standby] if signalled == "standby" else node0
     target.proc.send_signal(signal.SIGTERM)
     codes = job.wait(120)
     assert codes == {rank: 143 for rank in range(4)}, (node0.stderr, job.nodes[standby].stderr)
     stops = set(re.findall(r"stops at step (\d+)", "".join(job.nodes[r].stdout for r in first.nodes)))
-    assert len(stops) == 1, stops  # every rank saved one agreed step
+    assert len(stops) == 1, (stops, node0.stdout, node0.stderr)  # every rank saved one agreed step
     assert run_state(tmp_path / "runs" / "term").attempts[-1].outcome is AttemptOutcome.PREEMPTED
     assert job.survivors() == []
