@@ -38,10 +38,11 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional
+from typing import Callable, Dict, List, Mapping, Optional, TypeVar
 
 import psutil
 
+T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "scripts" / "bench_standby_worker.py"
 NODE_ENV = "BENCH_NODE"  # which launcher a worker runs under: the worker names its stamps by it
@@ -94,8 +95,8 @@ def read_stamps(out: Path) -> List[Stamp]:
     for path in out.iterdir():
         match = _STAMP.match(path.name)
         if match:
-            numbers = (int(match[k]) for k in ("rank", "group", "pid", "node"))
-            found.append(Stamp(match["what"], *numbers, float(path.read_text())))
+            rank, group, pid, node = (int(match[k]) for k in ("rank", "group", "pid", "node"))
+            found.append(Stamp(match["what"], rank, group, pid, node, float(path.read_text())))
     return found
 
 
@@ -113,8 +114,8 @@ def first_after(stamps: List[Stamp], kill: float, rank: int) -> Optional[Stamp]:
     return min(after, key=lambda s: s.t) if after else None
 
 
-def until(look: Callable[[], object], timeout: float, every: float = 0.05) -> object:
-    """``look()``'s first true answer, or None past ``timeout`` (monotonic)."""
+def until(look: Callable[[], T], timeout: float, every: float = 0.05) -> T:
+    """``look()``'s first true answer, or its last one past ``timeout`` (monotonic)."""
     deadline = time.monotonic() + timeout
     while True:
         answer = look()

@@ -29,7 +29,7 @@ def _run(arm: str, tmp_path) -> bench.Run:
 def _phases_add_up(run: bench.Run) -> None:
     """Every phase logged, none negative, together the whole figure."""
     assert list(run.phases) == bench.PHASES and min(run.phases.values()) >= 0, run.phases
-    assert abs(sum(run.phases.values()) - run.total) < 1e-6, run
+    assert run.total is not None and abs(sum(run.phases.values()) - run.total) < 1e-6, run
 
 
 def test_no_standby_is_back_at_full_size_only_after_the_relaunch(tmp_path):
