@@ -50,6 +50,7 @@ demo: install
 bench: install
 	$(PY) scripts/bench_recovery.py
 	$(PY) scripts/bench_recovery_nodes.py
+	$(PY) scripts/bench_standby.py
 	$(PY) scripts/bench_scale.py
 	$(PY) scripts/bench_fork_server.py
 	$(PY) scripts/bench_zygote.py
