@@ -216,3 +216,42 @@ def test_sigterm_on_any_node_while_a_standby_waits_stops_every_node_at_one_step(
     assert len(stops) == 1, (stops, node0.stdout, node0.stderr)  # every rank saved one agreed step
     assert run_state(tmp_path / "runs" / "term").attempts[-1].outcome is AttemptOutcome.PREEMPTED
     assert job.survivors() == []
+
+
+def test_a_bad_node_is_excluded_after_two_failures_and_a_standby_takes_its_place(launcher, tmp_path):
+    """Node 2's ranks die in every attempt (a failing GPU): surely blamed twice, it exits 8 and the
+    standby trains in its place; the failures count (--max-failures 2 is just enough)."""
+    out = tmp_path / "out.pt"
+    args = [
+        "--steps",
+        "40",
+        "--step-time",
+        "0.05",
+        "--save-every",
+        "10",
+        "--bad-node-step",
+        "3",
+        "--out",
+        str(out),
+    ]
+    job = _standby_job(launcher, tmp_path, "bad", *args, options=["--max-failures", "2"])
+    for rank in (1, 3, 2):
+        job.start(rank, env={"BAD_NODE": "1"} if rank == 2 else None)
+        job.nodes[rank].read_console_until(lambda line: "waiting for node 0 at" in line, 120, stream="stderr")
+    node0 = job.start(0)
+    codes = job.wait(240)
+    assert codes == {0: 0, 1: 0, 2: 8, 3: 0}, (node0.stderr, job.nodes[2].stderr)
+    state = run_state(tmp_path / "runs" / "bad")
+    outcomes = [(a.outcome, a.blamed_node) for a in state.attempts]
+    assert outcomes == [
+        (AttemptOutcome.FAILED, 2),
+        (AttemptOutcome.FAILED, 2),
+        (AttemptOutcome.SUCCEEDED, None),
+    ], outcomes
+    assert "was the root cause of 2 failures (--exclude-after 2): excluded" in node0.stderr
+    assert state.attempts[2].replaced.startswith(
+        "node 3 took node 2's place (GROUP_RANK 2, RANK 2): excluded"
+    )
+    assert "this node is excluded: node 2 (" in job.nodes[2].stderr
+    assert "rank 2 attempt 2 has WORLD_SIZE 3" in job.nodes[3].stdout
+    assert job.survivors() == []

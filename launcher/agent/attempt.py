@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
 
 from launcher.agent.group_stop import GroupStop, stopped_by_signal
+from launcher.agent.standing_by import stand_by
 from launcher.chaos.driver import NoChaos
 from launcher.cluster.wire import InterruptKind
 from launcher.core import failpoints
@@ -80,6 +81,7 @@ class AttemptRunner:
     def __init__(
         self, kit: NodeKit, workers: Workers, hangs: HangMonitor, chaos: NoChaos, node: Optional[int]
     ) -> None:
+        self._kit = kit
         self._events, self._signals, self._say = kit.events, kit.signals, kit.say
         self._group = workers.plan.group
         self._plan = workers.plan
@@ -113,7 +115,7 @@ class AttemptRunner:
     def run(self, plan: AttemptPlan, link: PeerLink) -> AttemptResult:
         self._link = link
         if not plan.layout.trains:
-            return self._stand_by(plan, link)
+            return stand_by(plan, link, self._kit, self._spawner)
         attempt = plan.attempt
         machine = GroupStateMachine(attempt, self._on_transition)
         layout = plan.layout
@@ -160,26 +162,6 @@ class AttemptRunner:
             board.close()
         result = _with_log_tails(result)
         return dataclasses.replace(result, failures=self._chaos.mark(result.failures))
-
-    def _stand_by(self, plan: AttemptPlan, link: PeerLink) -> AttemptResult:
-        """A standby node's attempt (--standby-nodes): no rank, its fork server warm; it watches
-        the other nodes until the attempt ends (another node's interrupt, node 0's verdict) or a
-        signal comes, which stops the job as on any node."""
-        attempt, layout = plan.attempt, plan.layout
-        self._events.emit(AttemptPlanned(attempt, layout.world_size, list(layout.nodes), []))
-        self._spawner.fork_ahead()  # what taking a place would start from, made while it waits
-        while True:
-            self._spawner.settle_ahead()
-            if self._signals.first is not None:
-                signum = self._signals.first
-                name = self._signals.name_of(signum)
-                self._signals.answer_first()
-                link.interrupt(InterruptKind.STOP, name, signum)
-                return stopped_by_signal(attempt, signum, name)
-            if link.tick() is not None or link.decided():
-                return AttemptResult(attempt, AttemptOutcome.SUCCEEDED)  # nothing of its own ran
-            link.keep_alive()
-            self._signals.wait(_MONITOR_TIMEOUT_S)
 
     def _start_and_watch(
         self, machine: GroupStateMachine, group: WorkerGroup, board: HeartbeatBoard

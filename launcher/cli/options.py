@@ -254,6 +254,15 @@ LAUNCH_OPTIONS: Tuple[click.Option, ...] = (
         "N+K-1; node 0 always trains  [under srun: --nnodes defaults to the step's nodes minus K]",
     ),
     click.Option(
+        ["--exclude-after"],
+        type=WHOLE,
+        default=None,
+        metavar="K",
+        help="With standby nodes: a node that is the root cause of K failures within --failure-window "
+        "(blamed surely) leaves the job, exit 8, and a standby takes its place; the failures still "
+        "count. 0: never  [default: 2 with --standby-nodes, else 0]",
+    ),
+    click.Option(
         ["--node-rank"],
         type=WHOLE,
         default=None,

@@ -80,6 +80,7 @@ def config_from_options(
             backoff_cap=_seconds(o, "max_backoff", "--max-backoff"),
             count_injected=o["chaos_counts"],
             max_preemptions=o["max_preemptions"],
+            exclude_after=_exclude_after(o["exclude_after"], o["standby_nodes"]),
         ),
         hangs=HangSection(
             init_timeout=_seconds(o, "init_timeout", "--init-timeout"),
@@ -112,6 +113,14 @@ def config_from_options(
             o["health_check"] or "", _seconds(o, "health_check_timeout", "--health-check-timeout")
         ),
     )
+
+
+def _exclude_after(given: Optional[int], standby: int) -> int:
+    """A bad node is excluded only where a standby can take its place: by default 2 with standby
+    nodes, never without (an exclusion would only stop or shrink the job)."""
+    if given is not None:
+        return given
+    return 2 if standby else 0
 
 
 def _warm_spare(choice: str, fork_server: bool, backend: str) -> bool:

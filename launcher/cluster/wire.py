@@ -19,7 +19,7 @@ import json
 import os
 import socket
 import time
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from launcher.core.failures import Failure, failure_from_json, failure_to_json
 from launcher.core.outcomes import AttemptOutcome, RunStatus
@@ -152,16 +152,27 @@ class JobVerdict:
     failures: List[Failure]  # every node's
     same_round: bool = False  # restart: the same nodes hold the next attempt on this round
     cause: str = ""  # why the attempt ended, in the job's words (node 0's)
+    excluded: List[int] = dataclasses.field(default_factory=list)  # restart: nodes that must leave (exit 8)
+    excluded_why: str = ""
 
     @classmethod
     def restart(
-        cls, outcome: AttemptOutcome, failures: List[Failure], *, same_round: bool, cause: str = ""
+        cls,
+        outcome: AttemptOutcome,
+        failures: List[Failure],
+        *,
+        same_round: bool,
+        cause: str = "",
+        excluded: Sequence[int] = (),
+        excluded_why: str = "",
     ) -> "JobVerdict":
-        """The job goes on: ``same_round``, on the same nodes at once, without a new round."""
+        """The job goes on: ``same_round``, on the same nodes at once, without a new round; the
+        ``excluded`` nodes (--exclude-after) leave it, unhealthy."""
         status = RunStatus.RUNNING.value
         return cls(
             restarts=True, exit_code=0, status=status, reason="restart", outcome=outcome.value,
-            failures=failures, same_round=same_round, cause=cause,
+            failures=failures, same_round=same_round, cause=cause, excluded=list(excluded),
+            excluded_why=excluded_why,
         )  # fmt: skip
 
     @classmethod

@@ -20,6 +20,7 @@ __all__ = [
     "failure_to_json",
     "read_error_file",
     "root_cause",
+    "sure_blame",
 ]
 
 
@@ -203,6 +204,20 @@ def root_cause(failures: Sequence[Failure]) -> Failure:
     return min(
         failures, key=lambda f: (not getattr(f, "injected", False), _KIND_ORDER[type(f)], f.blame_order)
     )
+
+
+def sure_blame(failures: Sequence[Failure], first_to_tell: Optional[int]) -> Optional[int]:
+    """The node of a failed attempt's root cause, where the evidence agrees: the root cause (by
+    the nodes' wall clocks) and the first interrupt in node 0's store (raised by the first
+    supervisor that saw a failure: an order without clocks) name the same node. None when they
+    disagree (the clocks drifted further apart than the failure was ahead of the first one it
+    caused elsewhere), when a node was lost, or when no node is named."""
+    if not failures:
+        return None
+    cause = root_cause(failures)
+    if isinstance(cause, NodeLostFailure) or cause.node is None or cause.node != first_to_tell:
+        return None
+    return cause.node
 
 
 _KINDS = {cls.__name__: cls for cls in _KIND_ORDER}

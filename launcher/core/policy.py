@@ -15,7 +15,7 @@
 import dataclasses
 import enum
 import math
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 from launcher.core.outcomes import AttemptOutcome
 from launcher.grammar.errors import UsageError
@@ -32,6 +32,7 @@ class AttemptRecord:
     ended_at: float  # seconds, on the clock ``now`` is read from
     progressed: Optional[bool] = None  # None: unknown (no evidence either way)
     injected: bool = False  # its root cause was a fault --chaos injected
+    blamed_node: Optional[int] = None  # many nodes: its root cause's node, where the blame is sure
 
 
 class Verdict(str, enum.Enum):
@@ -63,6 +64,7 @@ class RestartPolicy:
     backoff_cap: float = 60.0
     count_injected: bool = False  # --chaos-counts: injected failures spend the budget
     max_preemptions: int = -1  # preempted attempts a run may resume from; -1: unlimited
+    exclude_after: int = 0  # --exclude-after: a node blamed for this many failures goes; 0: never
 
     def __post_init__(self) -> None:
         for value, option in (
@@ -76,6 +78,8 @@ class RestartPolicy:
             raise UsageError(f"--max-failures must be -1 (unlimited) or more, got {self.max_failures}")
         if self.max_preemptions < -1:
             raise UsageError(f"--max-preemptions must be -1 (unlimited) or more, got {self.max_preemptions}")
+        if self.exclude_after < 0:
+            raise UsageError(f"--exclude-after must be 0 (never) or more, got {self.exclude_after}")
         if self.crash_loop < 0:
             raise UsageError(f"--crash-loop must be 0 (off) or more, got {self.crash_loop}")
         if self.failure_window is not None and self.failure_window <= 0:
@@ -120,6 +124,22 @@ class RestartPolicy:
             and (self.count_injected or not a.injected)
             and (self.failure_window is None or now - a.ended_at <= self.failure_window)
         )
+
+    def node_to_exclude(self, history: Sequence[AttemptRecord], now: float) -> Optional[Tuple[int, int]]:
+        """(node, failures): the node surely blamed for the failure that just ended ``history``,
+        once it is the root cause of ``exclude_after`` failures within the window (injected ones
+        too: --chaos rehearses exactly this); None: no node to exclude."""
+        if self.exclude_after <= 0 or not history or history[-1].blamed_node is None:
+            return None
+        node = history[-1].blamed_node
+        blamed = sum(
+            1
+            for a in history
+            if a.outcome is AttemptOutcome.FAILED
+            and a.blamed_node == node
+            and (self.failure_window is None or now - a.ended_at <= self.failure_window)
+        )
+        return (node, blamed) if blamed >= self.exclude_after else None
 
     def delay(self, failures_in_a_row: int) -> float:
         if failures_in_a_row <= 1:

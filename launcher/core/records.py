@@ -74,6 +74,7 @@ class AttemptEntry:
     world_size: Optional[int] = None  # its ranks, every node's (None: written before it was kept)
     resize: str = ""  # --nnodes MIN:MAX: it runs on other nodes than the attempt before, and why
     replaced: str = ""  # --standby-nodes: which standby took which lost node's place, and why
+    blamed_node: Optional[int] = None  # many nodes: the root cause's node, where the blame is sure
 
     @property
     def committed_new(self) -> bool:
@@ -82,7 +83,9 @@ class AttemptEntry:
 
     def record(self) -> AttemptRecord:
         progressed = {Progress.MADE: True, Progress.NONE: False}.get(self.progress)
-        return AttemptRecord(self.attempt, self.outcome, self.ended_at or 0.0, progressed, self.injected)
+        return AttemptRecord(
+            self.attempt, self.outcome, self.ended_at or 0.0, progressed, self.injected, self.blamed_node
+        )
 
     def kept(self, now: float) -> float:
         """Wall seconds of it spent stepping towards what was kept: a succeeded (or running)

@@ -25,6 +25,7 @@ from launcher.core.layout import Layout
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.results import AttemptResult, RunResult, ended_by_signal, meeting_stopped
 from launcher.grammar.errors import (
+    ExitCode,
     FtlaunchError,
     JobOver,
     JoinTimeout,
@@ -238,6 +239,9 @@ class Follower(NodeRole):
     ) -> Tuple[Optional[RunResult], float]:
         """Node 0's verdict, as this node's decision."""
         verdict = concluded.verdict
+        if verdict is not None and self.node in verdict.excluded:  # --exclude-after: it leaves
+            reason = f"this node is {verdict.excluded_why}"
+            return RunResult(ExitCode.UNHEALTHY, RunStatus.STOPPED, attempts, reason, holds_run=False), 0.0
         if verdict is None or verdict.restarts:
             return None, 0.0
         ended = RunResult(

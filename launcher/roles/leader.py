@@ -19,7 +19,7 @@ from launcher.cluster.wire import (
 )
 from launcher.core.beats import BeatSummary
 from launcher.core.events import Decision, NodesMet, RoundAbandoned
-from launcher.core.failures import NodeLostFailure, root_cause
+from launcher.core.failures import NodeLostFailure, root_cause, sure_blame
 from launcher.core.layout import Layout
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.policy import RestartPolicy
@@ -33,6 +33,7 @@ from launcher.grammar.errors import (
     UsageError,
 )
 from launcher.process.kit import NodeKit
+from launcher.roles.exclusion import Exclusion
 from launcher.roles.holder import RunHolder
 from launcher.roles.link import LeaderLink
 from launcher.roles.lobby_host import LobbyHost
@@ -76,6 +77,8 @@ class Leader(RunHolder):
         self._announced: Optional[Layout] = None  # the last layout said on the console
         self._unhealthy = False  # this node failed its health check: the job waits for node 0
         self._places = Places(job.cluster, job.nproc, run, kit)  # who trains where (--standby-nodes)
+        self._exclusion = Exclusion(policy, run, kit)
+        self._excluding: Dict[int, str] = {}  # decided after the attempt: nodes that must leave, why
         self._gone: Set[int] = set()  # nodes of the kept round found lost: not waited for again
 
     @property
@@ -201,7 +204,11 @@ class Leader(RunHolder):
             self.job.cluster.elastic,
         )
         result = dataclasses.replace(result, resize=self.entry.resize, replaced=self.entry.replaced)
-        self._places.left(channel.lost_failures())
+        self._places.left({f.node: f.describe() for f in channel.lost_failures()})
+        told = channel.interrupted_by
+        first = told.node if told is not None and told.kind is InterruptKind.FAILURE else None
+        if result.outcome is AttemptOutcome.FAILED:
+            self.entry.blamed_node = sure_blame(result.failures, first)
         self._record_end(result)
         return Conclusion(result)
 
@@ -221,7 +228,12 @@ class Leader(RunHolder):
                 "against --max-failures"
             )
             return None, 0.0
-        return super().decide(concluded, attempts)
+        ended, delay = super().decide(concluded, attempts)
+        self._excluding = {}
+        if result.outcome is AttemptOutcome.FAILED:
+            self._excluding, ended = self._exclusion.after_failure(ended, standing_by, self.entry.nodes)
+            self._places.left(self._excluding)
+        return ended, delay
 
     def announce(self, concluded: Conclusion, ended: Optional[RunResult], delay: float) -> None:
         result = concluded.result
@@ -237,7 +249,12 @@ class Leader(RunHolder):
         else:
             same_round = delay == 0 and self._same_nodes_again()
             verdict = JobVerdict.restart(
-                result.outcome, result.failures, same_round=same_round, cause=result.cause
+                result.outcome,
+                result.failures,
+                same_round=same_round,
+                cause=result.cause,
+                excluded=list(self._excluding),
+                excluded_why="; ".join(self._excluding.values()),
             )
         self._tell_nodes(verdict)
 
@@ -272,7 +289,7 @@ class Leader(RunHolder):
         (--standby-nodes) each lost training node has a standby of the round to take its place:
         a new round would wait for torch to give up on the lost node (its keep-alive) first."""
         channel = self.channel
-        lost = {f.node for f in channel.lost_failures()}
+        lost = {f.node for f in channel.lost_failures()} | set(self._excluding)
         if channel.left_by_all or (lost and not self._replaceable(lost)):  # the others meet anew
             return False
         try:

@@ -6,7 +6,6 @@ from typing import Dict, List, Mapping, Optional
 
 from launcher.core.config import ClusterSection
 from launcher.core.events import NodeReplaced
-from launcher.core.failures import NodeLostFailure
 from launcher.core.layout import Layout, Placed, place_nodes
 from launcher.core.records import AttemptEntry
 from launcher.process.kit import NodeKit
@@ -38,9 +37,10 @@ class Places:
             for m in members
         ]
 
-    def left(self, lost: List[NodeLostFailure]) -> None:
-        """The nodes lost in the attempt that ended, and why: what the next plan says of them."""
-        self._left.update((f.node, f.describe()) for f in lost)
+    def left(self, why: Mapping[int, str]) -> None:
+        """The nodes that left in the attempt that ended (lost, excluded), and why: what the next
+        plan says of them."""
+        self._left.update(why)
 
     def planned(self, number: int, placed: Placed, layout: Layout, entry: AttemptEntry) -> None:
         """Record and say which standby took which lost node's place, and when the last standby

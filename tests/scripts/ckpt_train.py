@@ -42,6 +42,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--stop-aware", action="store_true", help="save and leave at ft.should_stop's step")
     p.add_argument("--memory-every", type=int, default=0, help="steps between memory snapshots (0: none)")
     p.add_argument("--die-mid-snapshot", type=int, help="rank 1 dies half-way through this memory snapshot")
+    p.add_argument(
+        "--bad-node-step", type=int, help="with BAD_NODE=1 in its environment, a rank dies this many steps in"
+    )
     p.add_argument("--out", required=True)
     add_option(p)
     return p.parse_args()
@@ -119,6 +122,13 @@ def main() -> None:
     ddp = DDP(model)
     for step in steps(start, args.steps, info.attempt, args.until_attempt):
         crash = (step, info.attempt) in crashes and info.rank == args.crash_rank
+        if (
+            args.bad_node_step is not None
+            and os.environ.get("BAD_NODE") == "1"
+            and step == start + args.bad_node_step
+        ):
+            print(f"rank {info.rank}: dies on a bad node at step {step}", flush=True)
+            die()  # a failing GPU: every attempt that runs here
         if crash and not args.crash_after_backward:
             print(f"rank {info.rank}: crash at step {step}", flush=True)
             die()
