@@ -6,7 +6,10 @@ from test_slurm_units import STEP, _options
 
 from launcher.cli.sections import config_from_options
 from launcher.cluster.wire import RoundPlan, plan_problem
+from launcher.core.failures import NodeLostFailure, ProcessFailure, sure_blame
 from launcher.core.layout import Layout, place_nodes
+from launcher.core.outcomes import AttemptOutcome
+from launcher.core.policy import AttemptRecord, RestartPolicy
 from launcher.grammar.errors import UsageError
 
 
@@ -98,3 +101,49 @@ def test_every_node_checks_the_positions_and_standbys_of_node_0s_plan(plan, node
 def test_without_standby_nodes_a_plan_with_a_standby_is_refused():
     plan = RoundPlan(3, "a", 1, [0, 1], world_size=2, standby=[2])
     assert "names impossible nodes" in plan_problem(plan, node=1, nproc=1, fewest=2, nnodes=2)
+
+
+def _crash(node: int, at: float, signalled: bool = False) -> ProcessFailure:
+    return ProcessFailure(
+        rank=node, local_rank=0, pid=node, exitcode=-9 if signalled else 1, observed_at=at, node=node
+    )
+
+
+def test_a_blame_is_sure_when_the_clocks_and_node_0s_store_name_one_node():
+    died, broken = _crash(2, 10.0, signalled=True), _crash(0, 10.02)
+    assert sure_blame([died, broken], first_to_tell=2) == 2
+    # The clocks say node 2, node 0's store says node 0 told first: clocks drifted, unsure.
+    assert sure_blame([died, broken], first_to_tell=0) is None
+    assert sure_blame([died, broken], first_to_tell=None) is None  # no failure interrupt at all
+    lost = NodeLostFailure(node=1, host="h", pid=1, silent_for=5.0, observed_at=9.0)
+    assert sure_blame([lost, died], first_to_tell=1) is None  # a lost node is no bad node
+    assert sure_blame([], first_to_tell=2) is None
+
+
+def _failed(attempt: int, at: float, node) -> AttemptRecord:
+    return AttemptRecord(attempt, AttemptOutcome.FAILED, at, blamed_node=node)
+
+
+def test_a_node_is_excluded_once_surely_blamed_for_k_failures_in_the_window():
+    policy = RestartPolicy(max_failures=-1, failure_window=100.0, exclude_after=2)
+    once = [_failed(0, 10.0, 2)]
+    assert policy.node_to_exclude(once, now=11.0) is None
+    twice = once + [_failed(1, 20.0, 2)]
+    assert policy.node_to_exclude(twice, now=21.0) == (2, 2)
+    assert policy.node_to_exclude(twice, now=115.0) is None  # the first one fell out of the window
+    unsure = twice[:1] + [_failed(1, 20.0, None)]
+    assert policy.node_to_exclude(unsure, now=21.0) is None  # never on an unsure blame
+    other = once + [_failed(1, 20.0, 1)]
+    assert policy.node_to_exclude(other, now=21.0) is None
+    assert RestartPolicy(exclude_after=0).node_to_exclude(twice, now=21.0) is None  # never
+    with pytest.raises(UsageError, match="--exclude-after must be 0"):
+        RestartPolicy(exclude_after=-1)
+
+
+def test_exclude_after_defaults_to_two_with_standby_nodes_and_to_never_without():
+    def policy(*flags):
+        return config_from_options(_options(*flags, "--rdzv-endpoint", "h:1"), environ={}).restart
+
+    assert policy("--nnodes", "3", "--standby-nodes", "1").exclude_after == 2
+    assert policy("--nnodes", "3").exclude_after == 0
+    assert policy("--nnodes", "3", "--exclude-after", "5").exclude_after == 5
