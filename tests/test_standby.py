@@ -13,6 +13,8 @@ from test_many_nodes import Job, _status_table
 
 from launcher.core.events import Decision, NodeReplaced, NodesMet
 from launcher.core.outcomes import AttemptOutcome
+from launcher.observe.plot import draw_run, node_events
+from launcher.runs.directory import RunDir
 
 # Four supervisors and their workers on two cores; the limit is a hang guard, not a measure of speed.
 pytestmark = pytest.mark.timeout(300)
@@ -101,6 +103,9 @@ def test_a_standby_takes_a_lost_nodes_place_with_its_ranks_and_the_node_back_sta
     assert {n["node"]: n.get("standby") for n in state.attempts[0].nodes}[standby] is True
     assert took in node0.stderr and "a standby node takes its place" in node0.stderr
     assert f"attempt 1: {took}" in _status_table(tmp_path, "standby")
+    events = RunDir(str(tmp_path / "runs" / "standby")).read_events()
+    axes = draw_run("standby", node_events(events, None)).axes[0]
+    assert [line.get_gid() for line in axes.get_lines() if line.get_gid() == "replaced/attempt1"]
     assert job.survivors() == []
 
 

@@ -16,6 +16,7 @@ from launcher.core.events import (
     Event,
     FirstStep,
     Logged,
+    NodeReplaced,
     RunStart,
     Steps,
     Transition,
@@ -112,6 +113,13 @@ def _draw_node(axes, n: NodeEvents, t0: float, colour: str, many: bool) -> None:
     last_step = _last_steps(n.events)
     for ended in of_kind(n.events, AttemptEnded):
         _mark_end(axes, ended, last_step.get(ended.event.attempt, 0), t0)
+    for took in of_kind(n.events, NodeReplaced):  # --standby-nodes: which node took whose place
+        e, x, y = took.event, took.t_wall - t0, last_step.get(took.event.attempt - 1, 0)
+        axes.plot([x], [y], "^", color="tab:blue", ms=8, gid=f"replaced/attempt{e.attempt}", label="standby")
+        words = f"node {e.node} took node {e.replaced}'s place"
+        axes.annotate(
+            words, (x, y), textcoords="offset points", xytext=(4, -12), fontsize="small", color="tab:blue"
+        )
     for loaded in (e for e in of_kind(n.events, CheckpointLoaded) if e.event.tier):
         axes.annotate(
             f"step {loaded.event.step} from {loaded.event.tier}",
