@@ -201,9 +201,12 @@ def test_a_standby_frozen_when_it_is_called_is_waited_for_and_takes_the_place_wh
     assert job.survivors() == []
 
 
-@pytest.mark.parametrize("signalled", ["standby", "node 0"])
-def test_sigterm_on_any_node_while_a_standby_waits_stops_every_node_at_one_step(
-    launcher, tmp_path, signalled
+@pytest.mark.parametrize(
+    "signalled, signum",
+    [("standby", signal.SIGTERM), ("node 0", signal.SIGTERM), ("standby", signal.SIGUSR1)],
+)
+def test_a_preemption_on_any_node_while_a_standby_waits_stops_every_node_at_one_step(
+    launcher, tmp_path, signalled, signum
 ):
     out = tmp_path / "out.pt"
     args = ["--steps", "400", "--step-time", "0.05", "--save-every", "10", "--stop-aware", "--out", str(out)]
@@ -214,7 +217,7 @@ def test_sigterm_on_any_node_while_a_standby_waits_stops_every_node_at_one_step(
     wait_for_files(tmp_path / "runs" / "term" / "checkpoints", "step_*/COMMITTED", 1, timeout=90)
     job.nodes[standby].read_console_until(lambda line: "stands by" in line, 60, stream="stderr")
     target = job.nodes[standby] if signalled == "standby" else node0
-    target.proc.send_signal(signal.SIGTERM)
+    target.proc.send_signal(signum)  # SIGUSR1: the preemption notice (--preempt-signal)
     codes = job.wait(120)
     assert codes == {rank: 143 for rank in range(4)}, (node0.stderr, job.nodes[standby].stderr)
     stops = set(re.findall(r"stops at step (\d+)", "".join(job.nodes[r].stdout for r in first.nodes)))
