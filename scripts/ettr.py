@@ -35,7 +35,9 @@ restart_s              0.61    s         benchmarks.md "Recovery and store traff
                                          a crash to every node's new workers, 16 loopback nodes
 gpu_start_s            0.28    s         benchmarks.md "Warm spares" / "On a GPU": 400 MB, a warm spare's
                                          ready 0.04 + loaded 0.04 + first step 0.20 (H100)
-replace_s              8       s         bound (item 3), not yet measured: --node-timeout 5 s + 3 s
+replace_s              5.35    s         benchmarks.md "A node lost: standby replacement": 0.49 to full
+                                         size, less 0.14 to see the loss, plus --node-timeout 5 s (a
+                                         machine gone closes no connection: its silence is waited out)
 storage_load_s         0.18    s         benchmarks.md "GPU staging": a load from storage, 400 MB (H200)
 hang_timeout_s         120     s         ftlaunch's --heartbeat-floor, auto's least deadline (a setting)
 hang_after_s           0.57    s         benchmarks.md "Heartbeats and hang detection": to a new group
