@@ -11,7 +11,7 @@ import pytest
 from helpers import SCRIPTS, memory_folders, run_state, wait_for_files
 from test_many_nodes import Job, _status_table
 
-from launcher.core.events import Decision, NodeReplaced, NodesMet
+from launcher.core.events import Decision, NodeReplaced, NodesMet, StandbyLost
 from launcher.core.outcomes import AttemptOutcome
 from launcher.observe.plot import draw_run, node_events
 from launcher.runs.directory import RunDir
@@ -29,14 +29,14 @@ def _standby_job(launcher, tmp_path, name: str, *script_args: str, options=(), f
     return Job(launcher, tmp_path, 3, *ours, TRAIN, *script_args, node_timeout="3s", fewest=fewest)
 
 
-def _start(job: Job, members: int = 4) -> Job:
-    """The followers first, each until it polls for node 0, then node 0: they join its first round
-    together (the lowest node ranks train)."""
+def _start(job: Job, members: int = 4, node0: tuple = ()) -> Job:
+    """The followers first, each until it polls for node 0, then node 0 (with ``node0``'s own
+    options): they join its first round together (the lowest node ranks train)."""
     for rank in range(1, members):
         job.start(rank)
     for rank in range(1, members):
         job.nodes[rank].read_console_until(lambda line: "waiting for node 0 at" in line, 120, stream="stderr")
-    job.start(0)
+    job.start(0, *node0)
     return job
 
 
@@ -63,7 +63,8 @@ def test_a_standby_takes_a_lost_nodes_place_with_its_ranks_and_the_node_back_sta
     out = tmp_path / "out.pt"
     args = ["--steps", "120", "--step-time", "0.05", "--save-every", "10", "--out", str(out)]
     job = _standby_job(launcher, tmp_path, "standby", *args, "--until-attempt", "1")
-    node0 = _start(job).nodes[0]
+    metrics = tmp_path / "node0.prom"
+    node0 = _start(job, node0=("--metrics-file", str(metrics))).nodes[0]
     first = node0.wait_for_event(NodesMet, lambda e: e.attempt == 0, timeout=120)
     assert first.nodes[0] == 0 and len(first.nodes) == 3 and len(first.standby) == 1, first
     (standby,) = first.standby
@@ -106,6 +107,9 @@ def test_a_standby_takes_a_lost_nodes_place_with_its_ranks_and_the_node_back_sta
     events = RunDir(str(tmp_path / "runs" / "standby")).read_events()
     axes = draw_run("standby", node_events(events, None)).axes[0]
     assert [line.get_gid() for line in axes.get_lines() if line.get_gid() == "replaced/attempt1"]
+    final = metrics.read_text()
+    assert re.search(r"^ftlaunch_replacements_total\{[^}]*\} 1\.0$", final, re.M), final
+    assert re.search(r"^ftlaunch_standby_nodes\{[^}]*\} 0\.0$", final, re.M), final
     assert job.survivors() == []
 
 
@@ -262,4 +266,28 @@ def test_a_bad_node_is_excluded_after_two_failures_and_a_standby_takes_its_place
     )
     assert "this node is excluded: node 2 (" in job.nodes[2].stderr
     assert "rank 2 attempt 2 has WORLD_SIZE 3" in job.nodes[3].stdout
+    assert job.survivors() == []
+
+
+def test_a_lost_standby_disturbs_nothing_and_the_last_one_gone_is_said_and_shown(launcher, tmp_path):
+    out, metrics = tmp_path / "out.pt", tmp_path / "node0.prom"
+    args = ["--steps", "80", "--step-time", "0.05", "--save-every", "10", "--out", str(out)]
+    job = _standby_job(launcher, tmp_path, "spare", *args)
+    node0 = _start(job, node0=("--metrics-file", str(metrics))).nodes[0]
+    first = node0.wait_for_event(NodesMet, lambda e: e.attempt == 0, timeout=120)
+    (standby,) = first.standby
+    wait_for_files(tmp_path / "runs" / "spare" / "checkpoints", "step_*/COMMITTED", 1, timeout=90)
+    _kill_tree(job.nodes[standby])
+    lost = node0.wait_for_event(StandbyLost, timeout=60)
+    assert (lost.attempt, lost.node, lost.left) == (0, standby, 0), lost
+    codes = {rank: job.nodes[rank].wait(180) for rank in first.nodes}
+    assert codes == {rank: 0 for rank in first.nodes}, node0.stderr
+    assert [e.attempt for e in node0.events(NodesMet)] == [0]  # the attempt went on, alone
+    assert f"standby node {standby} gone (its connection to node 0 closed): lost; the attempt goes on" in (
+        node0.stderr
+    )
+    assert "0 standby node(s) left" in node0.stderr
+    final = metrics.read_text()
+    assert re.search(r"^ftlaunch_standby_nodes\{[^}]*\} 0\.0$", final, re.M), final
+    assert re.search(r"^ftlaunch_replacements_total\{[^}]*\} 0\.0$", final, re.M), final
     assert job.survivors() == []
