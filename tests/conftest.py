@@ -106,6 +106,7 @@ _SLOWEST_FIRST = (
     "test_chaos_nodes.py",
     "test_integrations.py",
     "test_many_nodes.py",
+    "test_standby.py",
     "test_slurm.py",
     "test_meeting_faults.py",
     "test_node_faults.py",
