@@ -7,7 +7,9 @@ once, not after --join-timeout; and a signal on any node while they meet stops e
     lobby/hello/<n>      who it is and which job it came for; lobby/hellos lists them ("n,")
     lobby/refused/<n>    node 0's refusal, lobby/read/<n> its ack
     lobby/stopped        which node got which signal; lobby/stop-read/<n> each follower's ack
-    lobby/unhealthy      "<n> <why>" lines: followers that failed their health check and left"""
+    lobby/unhealthy      "<n> <why>" lines: followers that failed their health check and left
+    lobby/training       the attempt running ("" between attempts): a node that joins meanwhile
+                         waits outside its round"""
 
 import dataclasses
 import json
@@ -30,11 +32,14 @@ __all__ = [
     "read_stop",
     "read_unhealthy",
     "say_stop",
+    "say_training",
+    "training",
     "say_unhealthy",
     "stop_read",
 ]
 
 _STOPPED = "lobby/stopped"
+_TRAINING = "lobby/training"
 ALIVE_PREFIX = "lobby/alive/"  # + a claim's token: its supervisor's beat counter
 
 # How many of a claimant's beats its counter is watched for before it is judged gone.
@@ -72,6 +77,16 @@ def read_stop(store, node: int) -> Optional[StopNotice]:
         return None
     notice = StopNotice(**json.loads(_text(store.get(_STOPPED))))
     return notice if notice.node != node else None
+
+
+def say_training(store, attempt: Optional[int]) -> None:
+    """Node 0: an attempt runs (its number), or none (None)."""
+    store.set(_TRAINING, "" if attempt is None else str(attempt))
+
+
+def training(store) -> bool:
+    """Whether an attempt runs: a node that joins the rendezvous now waits outside its round."""
+    return bool(store.check([_TRAINING])) and bool(_text(store.get(_TRAINING)))
 
 
 def stop_read(store, node: int) -> None:

@@ -222,10 +222,6 @@ class Rendezvous:
             self._handler = create_handler(store, C10dRendezvousBackend(store, run_id), params)
         except (ValueError, TypeError) as err:
             raise UsageError(f"--rdzv-conf: {err}") from None
-        # A handler of its own for a look while this node's join runs on another thread: torch's
-        # handlers are not made to be called from two threads at once.
-        self._peek = lambda: create_handler(store, C10dRendezvousBackend(store, run_id), params)
-        self._peeker: Any = None
 
     def next_round(
         self, signals: SignalInbox, say: Callable[[str], None], watch: Callable[[], None] = lambda: None
@@ -295,13 +291,6 @@ class Rendezvous:
         """Nodes that came to join after the round closed (e.g. a relaunched one): they need a
         new round. Node 0 only (its store is in this process)."""
         return self._handler.num_nodes_waiting()
-
-    def waiting_while_joining(self) -> int:
-        """``nodes_waiting`` for a node whose own join is under way (its wait for the next round
-        included): read through a handler of its own."""
-        if self._peeker is None:
-            self._peeker = self._peek()
-        return self._peeker.num_nodes_waiting()
 
     def close(self) -> None:
         """The job is over: a node that comes now learns it at once instead of waiting."""

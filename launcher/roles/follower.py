@@ -183,7 +183,7 @@ class Follower(NodeRole):
         if self._outside_said or now < self._next_outside_look:
             return
         self._next_outside_look = now + _OUTSIDE_LOOK_S
-        if self._node0.call(self._node0.rendezvous.waiting_while_joining):
+        if self._node0.training():  # nodes that are in the attempt's round do not join
             self._say_outside()
 
     def _say_outside(self) -> None:

@@ -7,6 +7,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from launcher.cluster.channel import ChannelSpec
 from launcher.cluster.leader_channel import LeaderChannel
+from launcher.cluster.lobby import say_training
 from launcher.cluster.rendezvous import Rendezvous, Round, RoundFailed
 from launcher.cluster.wire import (
     Interrupt,
@@ -169,6 +170,7 @@ class Leader(RunHolder):
             self.run, self.may_restart, channel, self._rendezvous, grows, self._kit, number
         )
         channel.set_standby(layout.standby)
+        say_training(self._rendezvous.store, number)
         channel.publish_plan(plan)
         return AttemptPlan(number, address, port, layout)
 
@@ -279,6 +281,7 @@ class Leader(RunHolder):
         channel, self._channel = self.channel, None
         if not verdict.same_round:
             self._round = None
+        say_training(self._rendezvous.store, None)
         channel.publish_verdict(verdict)
         if not verdict.restarts:
             channel.await_acks()
@@ -290,7 +293,7 @@ class Leader(RunHolder):
         a new round would wait for torch to give up on the lost node (its keep-alive) first."""
         channel = self.channel
         lost = {f.node for f in channel.lost_failures()} | set(self._excluding)
-        if channel.left_by_all or (lost and not self._replaceable(lost)):  # the others meet anew
+        if channel.left_by_all or (lost and not _replaceable(lost, self.layout, channel)):  # meet anew
             return False
         try:
             waiting = self._rendezvous.nodes_waiting()
@@ -300,9 +303,11 @@ class Leader(RunHolder):
             self._gone |= lost | set(channel.standbys_lost)
         return waiting == 0
 
-    def _replaceable(self, lost: Set[int]) -> bool:
-        standing_by = [n for n in self.layout.standby if n not in self.channel.standbys_lost]
-        return lost <= set(self.layout.nodes) and len(standing_by) >= len(lost)
+
+def _replaceable(lost: Set[int], layout: Layout, channel: LeaderChannel) -> bool:
+    """Each lost node trained, and a standby of the round still there can take each one's place."""
+    standing_by = [n for n in layout.standby if n not in channel.standbys_lost]
+    return lost <= set(layout.nodes) and len(standing_by) >= len(lost)
 
 
 def _merge(

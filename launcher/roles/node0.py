@@ -19,6 +19,7 @@ from launcher.cluster.lobby import (
     say_stop,
     say_unhealthy,
     stop_read,
+    training,
 )
 from launcher.cluster.rendezvous import LeaderUnreachable, Rendezvous, connect_job_store
 from launcher.cluster.store_errors import leader_gone, what_failed
@@ -99,6 +100,11 @@ class Node0Connection:
                 raise
             where = self.job.cluster.rdzv_endpoint
             raise LeaderUnreachable(f"node 0's store at {where}: {what_failed(err)}") from None
+
+    def training(self) -> bool:
+        """Whether node 0 runs an attempt now (LeaderUnreachable: node 0 lost)."""
+        store = self._store
+        return self.call(lambda: training(store))
 
     def pass_on_stop(self, error: SignalReceived) -> None:
         """A signal here while the nodes meet stops every node: said in node 0's store, where
