@@ -66,11 +66,22 @@ code=$?
 echo "ftlaunch_sbatch: node ${SLURM_PROCID} (${SLURMD_NODENAME:-$(hostname -s)}) exited ${code}" >&2
 exit "$code"'
 
-# srun's stderr (its own lines, every node's ftlaunch's) goes on to the job's output through a copy
-# read at the end. tee ignores the signals meant for ftlaunch: killed, it would take srun with it.
-copy=$(mktemp "${TMPDIR:-/tmp}/ftlaunch_sbatch.XXXXXX") || exit 1
-trap 'rm -f "$copy"' EXIT
-exec 3> >(trap '' INT TERM USR1 USR2; exec tee -a "$copy" >&2)
+# srun's stderr (its own lines, every node's ftlaunch's and workers') goes on to the job's output;
+# the lines read at the end (how each node ended, why one is unhealthy) are also kept aside, and
+# only they: a day of a chatty job's output would fill the batch node's /tmp. A carriage return
+# ends a line there (a progress bar's output has no other). The copy ignores the signals meant for
+# ftlaunch: killed, it would take srun with it (SIGPIPE).
+work=$(mktemp -d "${TMPDIR:-/tmp}/ftlaunch_sbatch.XXXXXX") || exit 1
+trap 'rm -rf "$work"' EXIT
+mkfifo "$work/all" || exit 1
+copy="$work/kept"
+keep='ftlaunch_sbatch: node |node [0-9]+ is (unhealthy|excluded)'
+exec 3> >(
+    trap '' INT TERM USR1 USR2
+    tr '\r' '\n' <"$work/all" | grep -E "$keep" >"$copy" &
+    tee -p "$work/all" >&2
+    wait # for the copy's last lines
+)
 copy_pid=$!
 
 # srun in the background: bash runs a trap only between commands or during `wait`, never while a
@@ -96,7 +107,7 @@ while :; do
     code=$?
     [ "$forwarded" = 0 ] && break
 done
-for _ in $(seq 100); do # tee ends at srun's end; up to 10 s for the last lines of a loaded node
+for _ in $(seq 100); do # the copy ends at srun's end; up to 10 s for its last lines on a loaded node
     kill -0 "$copy_pid" 2>/dev/null || break
     sleep 0.1
 done
