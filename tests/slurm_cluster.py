@@ -1,9 +1,10 @@
-"""A real two-node SLURM cluster on this one machine, for the tests that run the sbatch wrapper.
+"""A real three-node SLURM cluster on this one machine, for the tests that run the sbatch wrapper.
 
 Debian's munge, slurmctld and slurmd (installed with apt when missing), started by hand in a
-temporary directory: one munged, one slurmctld, two slurmd (node1, node2) on 127.0.0.1, each on
-its own free port, and stopped by PID. Root only: slurmd starts jobs as their user, and the node
-names must resolve (``127.0.0.1 node1 node2`` is added to /etc/hosts, and taken out again).
+temporary directory: one munged, one slurmctld, three slurmd (node1 to node3) on 127.0.0.1, each
+on its own free port, and stopped by PID (two train and one stands by in the standby tests; the
+others ask for two). Root only: slurmd starts jobs as their user, and the node names must resolve
+(``127.0.0.1 node1 node2 node3`` is added to /etc/hosts, and taken out again).
 """
 
 import contextlib
@@ -21,8 +22,7 @@ from typing import Dict, Iterator, List, Optional
 import psutil
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
-NODES = ("node1", "node2")
-_HOSTS_LINE = "127.0.0.1 " + " ".join(NODES) + "  # ftlaunch tests"
+NODES = ("node1", "node2", "node3")
 _RDZV_BASE = 29400  # ftlaunch's endpoint under SLURM: first host, 29400 + job id % 1000
 _LOCK = Path(tempfile.gettempdir()) / "ftlaunch-tests-slurm.lock"
 
@@ -86,7 +86,7 @@ class SlurmCluster:
         self.root = root
         self.conf = root / "slurm.conf"
         self._procs: List[subprocess.Popen] = []
-        self._added_hosts_line = False
+        self._hosts_line = ""  # the line this cluster added to /etc/hosts ("": none)
         self._started_at = time.time()
 
     @property
@@ -117,7 +117,7 @@ class SlurmCluster:
         self._spawn("slurmctld", "-D", "-i", "-f", str(self.conf))
         for node in NODES:
             self._spawn("slurmd", "-D", "-N", node, "-f", str(self.conf))
-        self._wait_for(self._nodes_idle, "both nodes idle in sinfo", timeout=60)
+        self._wait_for(self._nodes_idle, "every node idle in sinfo", timeout=60)
 
     def stop(self) -> None:
         """Every job cancelled, then the daemons, newest first, by PID, then any slurmstepd
@@ -159,7 +159,7 @@ class SlurmCluster:
 
     def _config(self) -> str:
         host = socket.gethostname().split(".")[0]
-        ports = [free_port() for _ in range(3)]
+        ports = [free_port() for _ in range(1 + len(NODES))]  # slurmctld, then each slurmd
         # Job ids start where ftlaunch's rendezvous port (29400 + id % 1000) is free.
         first_job = next(
             job
@@ -202,6 +202,10 @@ JobAcctGatherType=jobacct_gather/none
 SwitchType=switch/none
 FirstJobId={first_job}
 KillWait=30
+# Two settings a site may have that end a step when one task ends (default: off): the wrapper turns
+# both off for its step, so that a node that exits early (8: unhealthy) leaves the others training.
+KillOnBadExit=1
+WaitTime=2
 {nodes}
 PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
 """
@@ -217,7 +221,7 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
 
     def _nodes_idle(self) -> bool:
         states = self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False).split("\n")
-        return sorted(line.split()[1] for line in states if line.strip()) == ["idle", "idle"]
+        return sorted(line.split()[1] for line in states if line.strip()) == ["idle"] * len(NODES)
 
     def _wait_for(self, ready, what: str, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
@@ -231,17 +235,19 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
         hosts = Path("/etc/hosts")
         known = hosts.read_text()
         names = {name for line in known.splitlines() for name in line.split("#")[0].split()[1:]}
-        if names.intersection(NODES):  # already there (ours, or a host of that name: never shadowed)
+        # Only the names not there (ours from an earlier cluster, or a host's: never shadowed).
+        missing = [node for node in NODES if node not in names]
+        if not missing:
             return
+        self._hosts_line = "127.0.0.1 " + " ".join(missing) + "  # ftlaunch tests"
         with hosts.open("a") as out:
-            out.write(("" if known.endswith("\n") else "\n") + _HOSTS_LINE + "\n")
-        self._added_hosts_line = True
+            out.write(("" if known.endswith("\n") else "\n") + self._hosts_line + "\n")
 
     def _remove_hosts_line(self) -> None:
-        if self._added_hosts_line:
+        if self._hosts_line:
             hosts = Path("/etc/hosts")
             lines = hosts.read_text().splitlines(keepends=True)
-            hosts.write_text("".join(line for line in lines if line.rstrip("\n") != _HOSTS_LINE))
+            hosts.write_text("".join(line for line in lines if line.rstrip("\n") != self._hosts_line))
 
 
 def start_cluster() -> SlurmCluster:
