@@ -73,3 +73,31 @@ def test_bad_node_crashes_the_named_nodes_ranks_in_every_attempt_until_the_budge
     causes = [f for a in state.attempts for f in a.failures if f.injected]
     assert [(f.rank, f.node) for f in causes] == [(1, 1)] * 2, causes
     assert job.survivors() == []
+
+
+def test_bad_node_with_a_standby_is_excluded_and_the_standby_trains_in_its_place(launcher, tmp_path):
+    """--exclude-after's default with a standby (2): node 1, blamed for its two injected crashes,
+    exits 8 and the standby takes GROUP_RANK 1; injected failures spend no budget (--max-failures 0)."""
+    out = tmp_path / "out.pt"
+    spec = "bad-node:node=1,at=step:3"
+    args = ["--steps", "30", "--step-time", "0.05", "--save-every", "10", "--out", str(out)]
+    ours = ["--standby-nodes", "1", "--nproc", "1", "--max-failures", "0", "--run-name", "excluded"]
+    job = Job(launcher, tmp_path, 2, *ours, "--chaos", spec, TRAIN, *args)
+    node0 = _start(job, members=3).nodes[0]
+    codes = job.wait(240)
+    assert codes == {0: 0, 1: 8, 2: 0}, (node0.stderr, job.nodes[1].stderr)
+    assert "this node is excluded: node 1 (" in job.nodes[1].stderr
+    assert [e.attempt for e in job.nodes[1].events(ChaosInjected)] == [0, 1]
+    assert not job.nodes[2].events(ChaosInjected)  # in node 1's place, not node 1
+    state = run_state(tmp_path / "runs" / "excluded")
+    outcomes = [(a.outcome, a.blamed_node, a.injected) for a in state.attempts]
+    assert outcomes == [
+        (AttemptOutcome.FAILED, 1, True),
+        (AttemptOutcome.FAILED, 1, True),
+        (AttemptOutcome.SUCCEEDED, None, False),
+    ], outcomes
+    assert state.attempts[2].replaced.startswith(
+        "node 2 took node 1's place (GROUP_RANK 1, RANK 1): excluded"
+    )
+    assert "rank 1 attempt 2 has WORLD_SIZE 2" in job.nodes[2].stdout
+    assert out.exists() and job.survivors() == []
