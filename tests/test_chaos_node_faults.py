@@ -3,7 +3,7 @@ node's whole tree SIGKILLed, for good; a standby takes its place) and bad-node (
 ranks killed in every attempt; without a standby the budget is spent as for any crash)."""
 
 import pytest
-from helpers import SCRIPTS, memory_folders, run_state, wait_for_files
+from helpers import SCRIPTS, memory_folders, run_state
 from test_many_nodes import Job
 from test_standby import _start
 
