@@ -1,7 +1,9 @@
 """The reliability matrix on many nodes: a node's supervisor killed or stopped at any moment of the
-protocol, on loopback, while every rank is in real DDP collectives.
+protocol, on loopback, while every rank is in real DDP collectives; with a standby node (``3+1``:
+3 train, 1 stands by), a training node lost for good or bad in every attempt (--chaos kill-node,
+bad-node), whose place the standby takes.
 
-    python scripts/chaos_nodes.py [--trials 10] [--seed N] [--nodes 2,3] [--faults follower-kill,...]
+    python scripts/chaos_nodes.py [--trials 10] [--seed N] [--nodes 2,3,3+1] [--faults follower-kill,...]
 
 The subject is tests/scripts/ddp_plain.py (no worker_lib: what a torchrun user brings), one rank
 per node, each step a real all-reduce over gloo, its own torch.save checkpoint every 10 steps;
@@ -9,11 +11,15 @@ one ftlaunch per node, --node-timeout 3 s. Each trial draws its moment from the 
 from the launch (the nodes still meeting) to well into the training. A trial passes when every
 node exits 0 (after the relaunch the fault calls for), the final weights equal a fault-free run's
 bit for bit, and no process is left. A trial that does not end within its time is stopped with
-SIGTERM, and the table says whether every node answered it (``deaf``: one did not).
+SIGTERM, and the table says whether every node answered it (``deaf``: one did not). A standby
+fault's trial relaunches nothing: it passes when the named node ends as the fault has it (-9, lost;
+8, excluded), every other node exits 0 and the last attempt ran at full size with the standby in
+the named node's place (``replaced``).
 """
 
 import argparse
 import dataclasses
+import json
 import os
 import random
 import re
@@ -26,7 +32,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import psutil
 from chaos_matrix import _chosen  # the same --faults parsing as the one-node matrix
@@ -35,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from launcher.core import failpoints  # noqa: E402 - the names of the meeting's moments
 from launcher.forked.protocol import ZYGOTE_MODULE  # noqa: E402 - what the zygote runs as
+from launcher.runs.directory import RunDir  # noqa: E402 - run.json, as ftlaunch reads it
 
 DDP = ROOT / "tests" / "scripts" / "ddp_plain.py"
 MARKER = "FTLAUNCH_CHAOS_NODES_MARKER"
@@ -51,6 +58,7 @@ class Trial:
     identical: bool = False  # the final weights equal the fault-free run's
     left: int = 0  # processes of the trial alive after it
     deaf: int = 0  # nodes that did not end on SIGTERM (only asked when the trial did not end)
+    replaced: Optional[bool] = None  # a standby fault's: the standby finished in the node's place
     note: str = ""
 
 
@@ -61,16 +69,29 @@ def _free_port() -> int:
 
 
 class NodeJob:
-    """One job: ``nnodes`` ftlaunch processes on loopback, each in a session of its own."""
+    """One job: ``nnodes`` training ftlaunch processes and ``standby`` more on loopback, each in a
+    session of its own."""
 
-    def __init__(self, work: Path, nnodes: int) -> None:
-        self.work, self.nnodes = work, nnodes
+    def __init__(self, work: Path, nnodes: int, standby: int = 0) -> None:
+        self.work, self.nnodes, self.standby = work, nnodes, standby
         self.work.mkdir(parents=True)
         self.endpoint = f"127.0.0.1:{_free_port()}"
         self.marker = uuid.uuid4().hex
         self.procs: Dict[int, subprocess.Popen] = {}
+        self.logs: Dict[int, Path] = {}  # node → its last launch's console
+        self.log_dirs: Dict[int, Path] = {}  # node → its last launch's --log-dir
         self.launches = 0
         self.armed: Dict[int, str] = {}  # node → the failpoint its first launch freezes at
+        self.chaos = ""  # --chaos on every node (a standby fault's)
+        self.expected: Dict[int, int] = {}  # node → its exit code when not 0 (a standby fault's)
+
+    @property
+    def members(self) -> int:
+        return self.nnodes + self.standby
+
+    @property
+    def run_dir(self) -> Path:
+        return self.work / "runs" / "job"
 
     @property
     def out(self) -> Path:
@@ -78,19 +99,23 @@ class NodeJob:
 
     def start(self, node: int) -> subprocess.Popen:
         self.launches += 1
+        self.log_dirs[node] = self.work / f"logs_{self.launches}"
+        ours = ["--standby-nodes", str(self.standby)] if self.standby else []
+        ours += ["--chaos", self.chaos] if self.chaos else []
         argv = [
-            sys.executable, "-m", "launcher", "--nproc", "1", "--nnodes", str(self.nnodes),
+            sys.executable, "-m", "launcher", "--nproc", "1", "--nnodes", str(self.nnodes), *ours,
             "--node-rank", str(node), "--rdzv-endpoint", self.endpoint,
             "--node-timeout", f"{NODE_TIMEOUT_S:g}s", "--max-failures", "10",
             "--run-dir", str(self.work / "runs"), "--run-name", "job",
-            "--log-dir", str(self.work / f"logs_{self.launches}"),
+            "--log-dir", str(self.log_dirs[node]),
             str(DDP), "--steps", str(STEPS), "--step-time", "0.03", "--ckpt", str(self.work / "own.ckpt"),
             "--out", str(self.out),
         ]  # fmt: skip
         env = {**os.environ, MARKER: self.marker, "PYTHONPATH": str(ROOT)}
-        if node in self.armed and self.launches <= self.nnodes:  # only the node's first launch
+        if node in self.armed and self.launches <= self.members:  # only the node's first launch
             env["FTLAUNCH_FAILPOINT"] = self.armed[node]
-        with open(self.work / f"node{node}_{self.launches}.log", "w") as log:
+        self.logs[node] = self.work / f"node{node}_{self.launches}.log"
+        with open(self.logs[node], "w") as log:
             proc = subprocess.Popen(
                 argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
@@ -98,9 +123,28 @@ class NodeJob:
         return proc
 
     def start_all(self) -> "NodeJob":
-        for node in range(self.nnodes):
+        if not self.standby:
+            for node in range(self.nnodes):
+                self.start(node)
+            return self
+        # The lowest node ranks train only when every node joins node 0's first round: the
+        # followers first, each until it waits for node 0 (a late one would stand by instead).
+        for node in range(1, self.members):
             self.start(node)
+        deadline = time.monotonic() + _TRIAL_TIMEOUT_S / 2
+        for node in range(1, self.members):
+            while "waiting for node 0 at" not in self.logs[node].read_text(errors="replace"):
+                if time.monotonic() > deadline or self.procs[node].poll() is not None:
+                    raise RuntimeError(f"node {node} never waited for node 0; see {self.logs[node]}")
+                time.sleep(0.05)
+        self.start(0)
         return self
+
+    def events(self, node: int, kind: str) -> List[dict]:
+        """``kind`` events of ``node``'s last launch (its events.jsonl)."""
+        path = self.log_dirs[node] / f"node{node}" / "events.jsonl"
+        lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+        return [e for e in map(_json_or_none, lines) if e is not None and e.get("event") == kind]
 
     def wait(self, deadline: float) -> Dict[int, Optional[int]]:
         """Each node's exit code; None for one still running at ``deadline`` (monotonic)."""
@@ -159,6 +203,13 @@ class NodeJob:
             except psutil.Error:
                 pass
         return found
+
+
+def _json_or_none(line: str) -> Optional[dict]:
+    try:
+        return json.loads(line)
+    except ValueError:  # a line cut by the kill
+        return None
 
 
 # -- the faults: each acts on a running job and says whether it landed ----------------------------
@@ -265,11 +316,54 @@ def _late(rng: random.Random) -> float:
     return rng.uniform(2.0, 4.0) * NODE_TIMEOUT_S  # long after the others found it lost
 
 
+# -- with a standby: faults --chaos injects (the job's own, nothing from outside) ----------------
+
+
+def _node_chaos(kind: str, moment: Callable[[random.Random], str], code: int):
+    """``--chaos kind:node=R,at=...`` on every node, R a training follower drawn from the seed;
+    node R is to end with ``code``."""
+
+    def arm(job: NodeJob, rng: random.Random) -> None:
+        node = rng.randrange(1, job.nnodes)
+        job.chaos, job.expected = f"{kind}:node={node},at={moment(rng)}", {node: code}
+
+    return arm
+
+
+def _lost_at(rng: random.Random) -> str:
+    return f"{_moment(rng):.2f}s"  # from ftlaunch's start: while the nodes meet, it comes at the first step
+
+
+def _bad_after(rng: random.Random) -> str:
+    return f"{rng.uniform(0.5, 6.0):.2f}s"  # after each attempt's start: before or in the training
+
+
+def _nothing_from_outside(job: NodeJob, rng: random.Random) -> Trial:
+    return Trial()
+
+
+def _judge_standby(job: NodeJob, trial: Trial) -> None:
+    """The fault landed on the named node (kill-node once, bad-node in the two attempts that
+    exclude it) and the job ended at full size with the standby in that node's place."""
+    ((named, _),) = job.expected.items()
+    sent = job.events(named, "chaos_injected")
+    trial.landed = len(sent) == (1 if job.chaos.startswith("kill-node") else 2)
+    state = RunDir(str(job.run_dir)).read_state()
+    last = state.attempts[-1].nodes if state is not None and state.attempts else []
+    positions = {n["node"]: n.get("position") for n in last if n.get("position") is not None}
+    trial.replaced = len(positions) == job.nnodes and positions.get(job.nnodes) == named  # lowest train
+    if job.launches != job.members:
+        trial.replaced, trial.note = False, f"{job.launches - job.members} node(s) relaunched"
+    elif not trial.replaced:
+        trial.note = f"the last attempt's positions: {positions}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Fault:
     words: str
     trial: Callable[[NodeJob, random.Random], Trial]
     arm: Optional[Callable[[NodeJob, random.Random], None]] = None  # before the nodes start
+    standby: bool = False  # a job with a standby node's fault (only those run at N+K)
 
 
 FAULTS = {
@@ -304,20 +398,32 @@ FAULTS = {
         _kill_while_meeting(_late),
         _arm_a_follower,
     ),
+    "node-lost": Fault(
+        "a training node lost for good (--chaos kill-node), the standby in its place",
+        _nothing_from_outside,
+        _node_chaos("kill-node", _lost_at, -signal.SIGKILL),
+        standby=True,
+    ),
+    "bad-node": Fault(
+        "a training node whose rank dies in every attempt (--chaos bad-node), excluded",
+        _nothing_from_outside,
+        _node_chaos("bad-node", _bad_after, 8),
+        standby=True,
+    ),
 }
 
 
 class Matrix:
-    """The trials of one job size: its fault-free run, its folder."""
+    """The trials of one job size (``standby`` nodes beyond ``nnodes``): its fault-free run, its folder."""
 
-    def __init__(self, nnodes: int, work: Path) -> None:
-        self.nnodes = nnodes
-        self.work = work / f"{nnodes}-nodes"
+    def __init__(self, nnodes: int, work: Path, standby: int = 0) -> None:
+        self.nnodes, self.standby = nnodes, standby
+        self.work = work / f"{size_name(nnodes, standby)}-nodes"
 
     def __enter__(self) -> "Matrix":
         import torch
 
-        reference = NodeJob(self.work / "reference", self.nnodes).start_all()
+        reference = NodeJob(self.work / "reference", self.nnodes, self.standby).start_all()
         codes = reference.wait(time.monotonic() + _TRIAL_TIMEOUT_S)
         deaf = reference.stop_the_rest()
         left = reference.left_after()
@@ -334,17 +440,17 @@ class Matrix:
     def run_fault(self, fault: str, trials: int, seed: int, say=print) -> List[Trial]:
         import torch
 
-        rng = random.Random(f"{seed}/{self.nnodes}/{fault}")
+        rng = random.Random(f"{seed}/{size_name(self.nnodes, self.standby)}/{fault}")
         results = []
         for number in range(trials):
-            job = NodeJob(self.work / f"{fault}_{number}", self.nnodes)
+            job = NodeJob(self.work / f"{fault}_{number}", self.nnodes, self.standby)
             if FAULTS[fault].arm is not None:
                 FAULTS[fault].arm(job, rng)
             job.start_all()
             try:
                 trial = FAULTS[fault].trial(job, rng)
                 codes = job.wait(time.monotonic() + _TRIAL_TIMEOUT_S)
-                trial.recovered = all(code == 0 for code in codes.values())
+                trial.recovered = all(code == job.expected.get(node, 0) for node, code in codes.items())
                 if None in codes.values():
                     trial.note = (
                         trial.note + "; " if trial.note else ""
@@ -352,6 +458,8 @@ class Matrix:
             finally:
                 trial.deaf = job.stop_the_rest()
                 trial.left = job.left_after()
+            if FAULTS[fault].standby:
+                _judge_standby(job, trial)
             if trial.recovered and job.out.exists():
                 got = torch.load(job.out)
                 trial.identical = same_weights(got, self.expected)
@@ -389,31 +497,50 @@ def _logs(job: NodeJob) -> str:
 
 
 def passed(trials: List[Trial]) -> bool:
-    return all(t.landed and t.recovered and t.identical and t.left == 0 and t.deaf == 0 for t in trials)
+    return all(
+        t.landed and t.recovered and t.identical and t.replaced is not False and t.left == 0 and t.deaf == 0
+        for t in trials
+    )
 
 
 def table(results: Dict[str, List[Trial]]) -> List[str]:
+    """``replaced`` only where a standby takes a place (``-`` elsewhere)."""
     lines = [
-        "| fault | trials | landed | recovered | identical | left | deaf |",
-        "|---|---|---|---|---|---|---|",
+        "| fault | trials | landed | recovered | identical | replaced | left | deaf |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, trials in results.items():
         n = len(trials)
         recovered, identical = (
             100 * sum(getattr(t, k) for t in trials) // n for k in ("recovered", "identical")
         )
+        judged = [t.replaced for t in trials if t.replaced is not None]
+        replaced = f"{100 * sum(judged) // len(judged)}%" if judged else "-"
         lines.append(
-            f"| {name} | {n} | {sum(t.landed for t in trials)} | {recovered}% | {identical}% | "
+            f"| {name} | {n} | {sum(t.landed for t in trials)} | {recovered}% | {identical}% | {replaced} | "
             f"{sum(t.left for t in trials)} | {sum(t.deaf for t in trials)} |"
         )
     return lines
+
+
+def size_name(nnodes: int, standby: int) -> str:
+    return f"{nnodes}+{standby}" if standby else str(nnodes)
+
+
+def parse_sizes(text: str) -> List[Tuple[int, int]]:
+    """``2,3,3+1`` → [(2, 0), (3, 0), (3, 1)]: training nodes and standby nodes."""
+    sizes = []
+    for size in filter(None, (s.strip() for s in text.split(","))):
+        nnodes, _, standby = size.partition("+")
+        sizes.append((int(nnodes), int(standby or 0)))
+    return sizes
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=10)
     p.add_argument("--seed", type=int, default=None, help="default: a random one (printed)")
-    p.add_argument("--nodes", default="2,3", help="job sizes, comma-separated")
+    p.add_argument("--nodes", default="2,3,3+1", help="job sizes, comma-separated; N+K: K standby nodes")
     p.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {','.join(FAULTS)}")
     args = p.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(2**31)
@@ -422,18 +549,21 @@ def main() -> int:
     print(f"chaos matrix on many nodes: seed {seed}, {trials}, ddp_plain.py --steps {STEPS}")
     work = Path(tempfile.mkdtemp(prefix="ftlaunch-chaos-nodes-"))
     ok = True
-    for nnodes in (int(n) for n in args.nodes.split(",")):
-        started, results = time.monotonic(), {}
-        print(f"\n## {nnodes} nodes x 1 rank, tests/scripts/ddp_plain.py on loopback", flush=True)
-        with Matrix(nnodes, work) as matrix:
-            for fault in faults:
+    for nnodes, standby in parse_sizes(args.nodes):
+        started, results, name = time.monotonic(), {}, size_name(nnodes, standby)
+        these = [f for f in faults if FAULTS[f].standby == bool(standby)]
+        if not these:
+            continue
+        print(f"\n## {name} nodes x 1 rank, tests/scripts/ddp_plain.py on loopback", flush=True)
+        with Matrix(nnodes, work, standby) as matrix:
+            for fault in these:
                 results[FAULTS[fault].words] = trials = matrix.run_fault(fault, args.trials, seed)
                 print(
                     f"{FAULTS[fault].words}: {sum(passed([t]) for t in trials)}/{args.trials} passed",
                     flush=True,
                 )
         took = time.monotonic() - started
-        print(f"\n{time.strftime('%Y-%m-%d')}, seed {seed}, {nnodes} nodes, {took:.0f} s\n")
+        print(f"\n{time.strftime('%Y-%m-%d')}, seed {seed}, {name} nodes, {took:.0f} s\n")
         print("\n".join(table(results)), flush=True)
         ok = ok and all(passed(t) for t in results.values())
     if ok:

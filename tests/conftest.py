@@ -110,6 +110,7 @@ _SLOWEST_FIRST = (
     "test_slurm.py",
     "test_meeting_faults.py",
     "test_node_faults.py",
+    "test_chaos_node_faults.py",
     "test_elastic.py",
     "test_bench_standby.py",
     "test_checkpoint_e2e.py",

@@ -1,7 +1,8 @@
 """The many-node reliability matrix's short version (`make chaos` runs the long one, 10 trials):
-each fault once on 2 nodes, and a follower's supervisor killed on 3, at moments drawn from a seed
-that a failure names; each run's final weights compared bit for bit with a fault-free run's,
-every node's exit 0, no process left, every node answering SIGTERM if a trial did not end."""
+each fault once on 2 nodes, a follower's supervisor killed on 3, and the standby faults (a node
+lost for good, a bad node) on 3 + 1, at moments drawn from a seed that a failure names; each run's
+final weights compared bit for bit with a fault-free run's, every node's exit 0 (the named node's
+-9 or 8), no process left, every node answering SIGTERM if a trial did not end."""
 
 import os
 import random
@@ -19,7 +20,9 @@ pytestmark = pytest.mark.timeout(600)
 
 # CHAOS_SEED=<the seed a failure names> replays its draws.
 SEED = int(os.environ.get("CHAOS_SEED") or random.randrange(2**31))
-CASES = [(2, fault) for fault in matrix.FAULTS] + [(3, "follower-kill")]
+PLAIN = [f for f, fault in matrix.FAULTS.items() if not fault.standby]
+WITH_STANDBY = [f for f, fault in matrix.FAULTS.items() if fault.standby]
+CASES = [(2, 0, f) for f in PLAIN] + [(3, 0, "follower-kill")] + [(3, 1, f) for f in WITH_STANDBY]
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +32,10 @@ def matrices(tmp_path_factory):
     entered = {}
     with ExitStack() as stack:
 
-        def get(nnodes: int) -> matrix.Matrix:
-            if nnodes not in entered:
-                entered[nnodes] = stack.enter_context(matrix.Matrix(nnodes, work))
-            return entered[nnodes]
+        def get(nnodes: int, standby: int) -> matrix.Matrix:
+            if (nnodes, standby) not in entered:
+                entered[nnodes, standby] = stack.enter_context(matrix.Matrix(nnodes, work, standby))
+            return entered[nnodes, standby]
 
         yield get
 
@@ -40,14 +43,20 @@ def matrices(tmp_path_factory):
 # A job size's cases run on one test worker: its fault-free run is made once, not once on each
 # worker that draws one of its cases (a launch of every node).
 @pytest.mark.parametrize(
-    "nnodes, fault",
+    "nnodes, standby, fault",
     [
-        pytest.param(n, f, id=f"{n}-nodes:{f}", marks=pytest.mark.xdist_group(f"chaos-nodes-{n}"))
-        for n, f in CASES
+        pytest.param(
+            n,
+            k,
+            f,
+            id=f"{matrix.size_name(n, k)}-nodes:{f}",
+            marks=pytest.mark.xdist_group(f"chaos-nodes-{n}+{k}"),
+        )
+        for n, k, f in CASES
     ],
 )
-def test_a_node_fault_is_survived_with_nothing_lost_or_left(nnodes, fault, matrices):
-    trials = matrices(nnodes).run_fault(fault, 1, SEED)
+def test_a_node_fault_is_survived_with_nothing_lost_or_left(nnodes, standby, fault, matrices):
+    trials = matrices(nnodes, standby).run_fault(fault, 1, SEED)
     assert matrix.passed(trials), f"seed {SEED} (CHAOS_SEED={SEED} replays it): " + "; ".join(
         map(str, trials)
     )

@@ -10,7 +10,8 @@ from launcher.chaos.injector import ChaosInjector, Injection, mark_injected, not
 from launcher.core.events import ChaosInjected, EventLog
 from launcher.core.failures import Failure
 from launcher.core.layout import Layout
-from launcher.grammar.chaos import ChaosPlan
+from launcher.grammar.chaos import ChaosPlan, FaultKind
+from launcher.process.node_loss import lose_this_node
 
 __all__ = ["ChaosDriver", "NoChaos", "chaos_for"]
 
@@ -41,6 +42,8 @@ class ChaosDriver(NoChaos):
         """Send the faults that are due, or leave them in the slot for worker_lib (the next turns
         of the monitor loop see what they did)."""
         for fault in self._injector.look(time.monotonic(), group.running(), slots):
+            if fault.kind == FaultKind.KILL_NODE.value:
+                self._lose_node(attempt, fault, slots)
             slot = slots.get(fault.rank)
             step = slot.step if slot is not None and slot.beats > 0 and slot.step >= 0 else None
             what = signal.Signals(fault.signum).name if fault.signum else fault.kind
@@ -60,6 +63,20 @@ class ChaosDriver(NoChaos):
             except ProcessLookupError:
                 continue  # it died on its own first: then its failure is its own
             self._injected.append(fault)
+
+    def _lose_node(self, attempt: int, fault: Injection, slots) -> None:
+        """kill-node: said and recorded here first (nothing of this node will speak after), then
+        its whole tree and this supervisor SIGKILLed: never returns."""
+        steps = [s.step for s in slots.values() if s.beats > 0 and s.step >= 0]
+        step = max(steps) if steps else None
+        pid = os.getpid()
+        self._events.emit(ChaosInjected(attempt, fault.fault, "SIGKILL", -1, pid, step, "signal"))
+        where = f" at step {step}" if step is not None else ""
+        self._say(
+            f"chaos: this node is lost for good{where}: SIGKILL to its supervisor (pid {pid}) and every "
+            f"process it started ({fault.fault})"
+        )
+        lose_this_node()
 
     def mark(self, failures: List[Failure]) -> List[Failure]:
         """The attempt is over: its failures that were this fault's doing are marked, and a request
@@ -85,9 +102,10 @@ def chaos_for(
     plan: Optional[ChaosPlan], every_node: Layout, events: EventLog, say: Callable[[str], None]
 ) -> NoChaos:
     """``every_node``: this node's ranks with every node present (an elastic job's smaller
-    attempts number them otherwise; --chaos names ranks of the full job)."""
+    attempts number them otherwise; --chaos names ranks of the full job), and its node rank,
+    which a node's fault names."""
     if plan is None:
         return NoChaos()
     local = {every_node.rank(i) for i in range(every_node.nproc)}
-    injector = ChaosInjector(plan, every_node.world_size, local, time.monotonic())
+    injector = ChaosInjector(plan, every_node.world_size, local, time.monotonic(), every_node.node)
     return ChaosDriver(injector, events, say)

@@ -1,7 +1,8 @@
 """When each fault of a --chaos plan fires, and at whom: decisions only (tests script the clock and
 the slots); the attempt runner sends the signals. A target rank is drawn from the seed when its
 fault is armed, so one seed picks the same ranks in order. Every node runs the same plan and
-injects only into its own ranks."""
+injects only into its own ranks; a node's fault (kill-node, bad-node) acts only on the node it
+names, on whatever ranks that node runs then (a standby in its place is another node)."""
 
 import dataclasses
 import random
@@ -44,16 +45,35 @@ class _Armed:
     due: float = 0.0  # EVERY: running seconds at which it fires next
 
 
+@dataclasses.dataclass
+class _NodeArmed:
+    """A fault of this node: kill-node fires once; bad-node once in each attempt."""
+
+    fault: Fault
+    fired: int = 0  # attempts it acted in
+    this_attempt: bool = False
+
+
 class ChaosInjector:
-    def __init__(self, plan: ChaosPlan, world_size: int, local: AbstractSet[int], started: float) -> None:
+    def __init__(
+        self,
+        plan: ChaosPlan,
+        world_size: int,
+        local: AbstractSet[int],
+        started: float,
+        node: Optional[int] = None,
+    ) -> None:
         self._world = world_size
         self._local = local  # the global ranks this node runs
         self._rng = random.Random(plan.seed)
         self._started = started  # monotonic: when the supervisor started (at= counts from it)
         self._running_s = 0.0  # how long workers have run, over every attempt
         self._last_look: Optional[float] = None
+        self._attempt_from: Optional[float] = None  # the attempt's first look with workers running
         self._requests = 0  # slot requests so far: each gets a new sequence number
-        self._armed = [self._arm(_Armed(fault, 0)) for fault in plan.faults]
+        # Node faults draw no rank: the rank faults' draws are those of a plan without them.
+        self._armed = [self._arm(_Armed(fault, 0)) for fault in plan.faults if not fault.kind.of_a_node]
+        self._own = [_NodeArmed(f) for f in plan.faults if f.kind.of_a_node and f.node == node]
 
     def _arm(self, armed: _Armed) -> _Armed:
         fault = armed.fault
@@ -66,6 +86,9 @@ class ChaosInjector:
     def attempt_started(self) -> None:
         """The time since the last look was not running time (the group was down)."""
         self._last_look = None
+        self._attempt_from = None
+        for armed in self._own:
+            armed.this_attempt = False
 
     def look(
         self, now: float, running: Mapping[int, int], slots: Mapping[int, BeatReading]
@@ -75,6 +98,14 @@ class ChaosInjector:
         if self._last_look is not None and running:
             self._running_s += min(now - self._last_look, _MAX_TICK_S)
         self._last_look = now
+        if running and self._attempt_from is None:
+            self._attempt_from = now
+        due = self._rank_faults(now, running, slots)
+        return due + [i for armed in self._own for i in self._node_fault(armed, now, running, slots)]
+
+    def _rank_faults(
+        self, now: float, running: Mapping[int, int], slots: Mapping[int, BeatReading]
+    ) -> List[Injection]:
         due = []
         for armed in self._armed:
             fault = armed.fault
@@ -94,6 +125,34 @@ class ChaosInjector:
             armed.fired += 1
             self._arm(armed)
         return due
+
+    def _node_fault(
+        self, armed: _NodeArmed, now: float, running: Mapping[int, int], slots: Mapping[int, BeatReading]
+    ) -> List[Injection]:
+        """This node's fault, due now: every running rank of it (kill-node: the node, rank -1)."""
+        fault = armed.fault
+        spent = fault.times is not None and armed.fired >= fault.times
+        if spent or armed.this_attempt or not running or not self._node_fires(fault, now, running, slots):
+            return []
+        armed.fired, armed.this_attempt = armed.fired + 1, True
+        if fault.kind is FaultKind.KILL_NODE:
+            return [Injection(str(fault), fault.kind.value, fault.kind.signum, -1, 0)]
+        return [
+            Injection(str(fault), fault.kind.value, fault.kind.signum, rank, pid)
+            for rank, pid in sorted(running.items())
+        ]
+
+    def _node_fires(
+        self, fault: Fault, now: float, running: Mapping[int, int], slots: Mapping[int, BeatReading]
+    ) -> bool:
+        """kill-node's at= counts from the supervisor's start, bad-node's from each attempt's; a
+        step is the furthest any rank of the node has beaten to."""
+        trigger = fault.trigger
+        if trigger.kind is TriggerKind.STEP:
+            steps = [s.step for r, s in slots.items() if r in running and s.beats > 0]
+            return bool(steps) and max(steps) >= trigger.at
+        since = self._started if fault.kind is FaultKind.KILL_NODE else self._attempt_from
+        return since is not None and now - since >= trigger.at
 
     def ask_again(self, injection: Injection) -> None:
         """A request worker_lib never carried out (its rank was stopped first, e.g. by a peer's

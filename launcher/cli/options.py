@@ -327,8 +327,9 @@ LAUNCH_OPTIONS: Tuple[click.Option, ...] = (
         default=None,
         metavar="SPEC",
         help="Inject faults into this run to rehearse them, e.g. "
-        "'kill:rank=random,every=30s;hang:at=step:500;seed=7' (kill, segv, hang; "
-        "at=DURATION|step:N|save, every=, jitter=, rank=, times=; see docs/reliability.md).",
+        "'kill:rank=random,every=30s;hang:at=step:500;seed=7' (kill, segv, hang, raise, sleep; "
+        "at=DURATION|step:N|save|commit, every=, jitter=, rank=, times=; with many nodes "
+        "kill-node:node=N,at=... and bad-node:node=N,at=...; see docs/chaos.md).",
     ),
     click.Option(
         ["--chaos-counts"],

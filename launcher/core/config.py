@@ -440,6 +440,7 @@ class LaunchConfig:
                 raise UsageError(f"--console-ranks names ranks {outside} outside 0..{self.world_size - 1}")
         if self.chaos.plan is not None:
             self.chaos.plan.check_ranks(self.world_size)
+            self.chaos.plan.check_nodes(self.cluster.members, _nodes_given(self.cluster))
         _check_ports_apart(self.listens_on)
 
     @classmethod
@@ -489,6 +490,11 @@ class LaunchConfig:
         data["chaos"] = str(self.chaos.plan) if self.chaos.plan is not None else None
         data["metrics_file"] = str(self.metrics.file) if self.metrics.file is not None else None
         return data
+
+
+def _nodes_given(cluster: ClusterSection) -> str:
+    standby = f" + --standby-nodes {cluster.standby}" if cluster.standby else ""
+    return f"--nnodes {cluster.nnodes_given}{standby}"
 
 
 def _check_ports_apart(ports: Sequence[Tuple[str, int]]) -> None:

@@ -5,7 +5,12 @@
     FAULT  = "kill" (SIGKILL) | "segv" (SIGSEGV) | "hang" (SIGSTOP: the rank stops, a hang)
            | "raise" (an exception in the training thread, at its next heartbeat)
            | "sleep" (the training thread sleeps for good, at its next heartbeat: a live hang)
+           | "kill-node" (node=: its whole process tree SIGKILLed, once, for good: a machine lost)
+           | "bad-node" (node=: its ranks SIGKILLed in every attempt, at= after the attempt's
+                         start or at its step: a bad GPU)
     PARAM  = "rank=" (INT | "random")          which rank (default: random)
+           | "node=" INT                       kill-node and bad-node: which node (a node rank,
+                                               not 0: node 0 cannot be replaced)
            | "at=" DURATION                    once, this long after ftlaunch started
            | "at=step:" INT                    once, when a rank's heartbeat reaches the step
            | "at=save"                         once, half-way through writing the rank's next
@@ -17,7 +22,8 @@
            | "times=" INT                      at most this many (default: 1 for at=, no limit for every=)
 
 kill, segv and hang at a time or a step are the supervisor's signals (any script); the others
-are worker_lib's, asked through the heartbeat slot.
+are worker_lib's, asked through the heartbeat slot. kill-node and bad-node take node= and at=
+(DURATION or step:N) only, bad-node also times= (at most that many attempts; default: every one).
 
 Example: ``kill:rank=random,every=30s,jitter=10s;hang:at=step:500;seed=7``.
 """
@@ -42,11 +48,27 @@ class FaultKind(str, enum.Enum):
     HANG = "hang"
     RAISE = "raise"
     SLEEP = "sleep"
+    KILL_NODE = "kill-node"  # a node's whole tree, once and for good
+    BAD_NODE = "bad-node"  # a node's ranks, in every attempt
 
     @property
     def signum(self) -> int:
         """The signal the rank dies or stops of; 0: it does not (an exception, a sleep)."""
-        return {"kill": signal.SIGKILL, "segv": signal.SIGSEGV, "hang": signal.SIGSTOP}.get(self.value, 0)
+        return _SIGNALS.get(self.value, 0)
+
+    @property
+    def of_a_node(self) -> bool:
+        """It names a node (node=), not a rank."""
+        return self in (FaultKind.KILL_NODE, FaultKind.BAD_NODE)
+
+
+_SIGNALS = {
+    "kill": signal.SIGKILL,
+    "segv": signal.SIGSEGV,
+    "hang": signal.SIGSTOP,
+    "kill-node": signal.SIGKILL,
+    "bad-node": signal.SIGKILL,
+}
 
 
 class TriggerKind(str, enum.Enum):
@@ -79,11 +101,16 @@ class Fault:
     trigger: Trigger
     rank: Optional[int] = None  # None: a random rank each time
     times: Optional[int] = 1  # None: no limit
+    node: Optional[int] = None  # kill-node, bad-node: the node rank they act on
 
     def __str__(self) -> str:
-        rank = "random" if self.rank is None else str(self.rank)
-        times = "" if self.times == _default_times(self.trigger) else f",times={self.times}"
-        return f"{self.kind.value}:rank={rank},{self.trigger}{times}"
+        who = f"node={self.node}" if self.kind.of_a_node else f"rank={_rank_text(self.rank)}"
+        times = "" if self.times == _default_times(self.kind, self.trigger) else f",times={self.times}"
+        return f"{self.kind.value}:{who},{self.trigger}{times}"
+
+
+def _rank_text(rank: Optional[int]) -> str:
+    return "random" if rank is None else str(rank)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +126,21 @@ class ChaosPlan:
             if fault.rank is not None and not 0 <= fault.rank < world_size:
                 raise UsageError(
                     f"{_OPTION}: {fault.kind.value} names rank {fault.rank}, outside 0..{world_size - 1}"
+                )
+
+    def check_nodes(self, members: int, given: str) -> None:
+        """``members``: the job's node ranks (training and standby), as ``given`` on the command line."""
+        for fault in self.faults:
+            if fault.node is None:
+                continue
+            if members < 2:
+                raise UsageError(
+                    f"{_OPTION}: {fault.kind.value} needs a job of many nodes (--nnodes 2 or more)"
+                )
+            if fault.node >= members:
+                raise UsageError(
+                    f"{_OPTION}: {fault.kind.value} names node {fault.node}, "
+                    f"outside 1..{members - 1} ({given})"
                 )
 
 
@@ -131,13 +173,19 @@ def _fault(clause: str) -> Fault:
     for param in filter(None, (p.strip() for p in params.split(","))):
         key, sep, value = param.partition("=")
         key = key.strip().lower()
-        if not sep or key not in ("rank", "at", "every", "jitter", "times"):
+        if not sep or key not in ("rank", "node", "at", "every", "jitter", "times"):
             raise UsageError(
-                f"{_OPTION}: {param!r} in {clause!r} is not rank=, at=, every=, jitter= or times="
+                f"{_OPTION}: {param!r} in {clause!r} is not rank=, node=, at=, every=, jitter= or times="
             )
         if key in values:
             raise UsageError(f"{_OPTION}: {key}= given twice in {clause!r}")
         values[key] = value.strip()
+    if kind.of_a_node:
+        return _node_fault(kind, values, clause)
+    if "node" in values:
+        raise UsageError(
+            f"{_OPTION}: node= goes with kill-node and bad-node (a rank fault takes rank=), in {clause!r}"
+        )
     trigger = _trigger(values, clause)
     if trigger.kind in (TriggerKind.SAVE, TriggerKind.COMMIT) and not kind.signum:
         raise UsageError(
@@ -146,10 +194,46 @@ def _fault(clause: str) -> Fault:
         )
     rank_text = values.get("rank", "random")
     rank = None if rank_text.lower() == "random" else _integer(rank_text, "rank", minimum=0)
-    times = _default_times(trigger)
+    times = _default_times(kind, trigger)
     if "times" in values:
         times = _integer(values["times"], "times", minimum=1)
     return Fault(kind, trigger, rank, times)
+
+
+# What a node fault refuses, and why (a node is lost once; each attempt starts the clock anew).
+_NOT_FOR_NODES = {
+    "rank": "names a node (node=), not a rank",
+    "every": "takes at= (kill-node: once; bad-node: in every attempt)",
+    "jitter": "takes at= (kill-node: once; bad-node: in every attempt)",
+}
+
+
+def _node_fault(kind: FaultKind, values: dict, clause: str) -> Fault:
+    for key, why in _NOT_FOR_NODES.items():
+        if key in values:
+            raise UsageError(f"{_OPTION}: {kind.value} {why}, not {key}=, in {clause!r}")
+    if "node" not in values:
+        raise UsageError(f"{_OPTION}: {kind.value} needs node=N (a node rank of 1 or more), in {clause!r}")
+    node = _integer(values["node"], "node", minimum=0)
+    if node == 0:
+        raise UsageError(
+            f"{_OPTION}: {kind.value} cannot name node 0: it leads (it hosts the stores and holds the run) "
+            f"and cannot be replaced; name a node rank of 1 or more, in {clause!r}"
+        )
+    if kind is FaultKind.KILL_NODE and "times" in values:
+        raise UsageError(f"{_OPTION}: kill-node loses its node once and for good: no times=, in {clause!r}")
+    if "at" not in values:
+        raise UsageError(f"{_OPTION}: {kind.value} needs at=DURATION or at=step:N, in {clause!r}")
+    trigger = _trigger(values, clause)
+    if trigger.kind in (TriggerKind.SAVE, TriggerKind.COMMIT):
+        raise UsageError(
+            f"{_OPTION}: {kind.value} takes at=DURATION or at=step:N, not at={trigger.kind.value}, "
+            f"in {clause!r}"
+        )
+    times = (
+        _integer(values["times"], "times", minimum=1) if "times" in values else _default_times(kind, trigger)
+    )
+    return Fault(kind, trigger, None, times, node)
 
 
 def _trigger(values: dict, clause: str) -> Trigger:
@@ -171,9 +255,9 @@ def _trigger(values: dict, clause: str) -> Trigger:
     return Trigger(TriggerKind.TIME, parse_duration(at, f"{_OPTION} at="))
 
 
-def _default_times(trigger: Trigger) -> Optional[int]:
-    """at= fires once; every= has no limit."""
-    return None if trigger.kind is TriggerKind.EVERY else 1
+def _default_times(kind: FaultKind, trigger: Trigger) -> Optional[int]:
+    """at= fires once; every= and bad-node (each attempt) have no limit."""
+    return None if trigger.kind is TriggerKind.EVERY or kind is FaultKind.BAD_NODE else 1
 
 
 def _integer(text: str, what: str, minimum: int) -> int:

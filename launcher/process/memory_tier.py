@@ -14,7 +14,7 @@ from typing import Dict, List, Optional
 from launcher.core.health import CheckResult, tier_room_needed
 from launcher.core.owned import owned_folder, remove_unowned
 
-__all__ = ["MemoryTier", "room_for_tier"]
+__all__ = ["MemoryTier", "drop_own_tiers", "room_for_tier"]
 
 _KIND = "ftlaunch-memory-"  # then owned-, the supervisor's pid and a random suffix
 _SHM = Path("/dev/shm")
@@ -40,6 +40,13 @@ class MemoryTier:
             shutil.rmtree(self.folder, ignore_errors=True)  # still locked: no cleaner races it
             os.close(self._lock)
             self.folder = None
+
+
+def drop_own_tiers(shm: Path = _SHM) -> None:
+    """This supervisor's tier folders gone with no goodbye, as a machine's death takes them
+    (--chaos kill-node: the orphan guard that would remove them is killed too)."""
+    for folder in shm.glob(f"{_KIND}owned-{os.getpid()}-*"):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 _RECORD = re.compile(r"rank_(\d+)\.(\d+)\.json")  # worker_lib.checkpoint.memory_slots' slot record
