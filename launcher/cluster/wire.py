@@ -74,10 +74,11 @@ class NodeInfo:
     pid: int
     nproc: int
     command: List[str]
+    standby: int = 0  # its --standby-nodes: every node must agree on who may stand by
 
     @classmethod
-    def here(cls, node: int, nproc: int, command) -> "NodeInfo":
-        return cls(node, socket.gethostname(), os.getpid(), nproc, list(command))
+    def here(cls, node: int, nproc: int, command, standby: int = 0) -> "NodeInfo":
+        return cls(node, socket.gethostname(), os.getpid(), nproc, list(command), standby)
 
 
 @dataclasses.dataclass(frozen=True)

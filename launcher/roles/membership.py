@@ -34,7 +34,7 @@ class Membership:
 
     def info(self) -> NodeInfo:
         """This node as it announces itself to node 0."""
-        return NodeInfo.here(self.node, self.nproc, self.command)
+        return NodeInfo.here(self.node, self.nproc, self.command, self.cluster.standby)
 
     @property
     def announce_timeout(self) -> float:
@@ -56,6 +56,11 @@ class Membership:
             where = f"node {node} ({info.host})"
             if info.nproc != self.nproc:
                 return f"{where} runs --nproc {info.nproc}, node 0 runs --nproc {self.nproc}"
+            if info.standby != self.cluster.standby:
+                return (
+                    f"{where} runs --standby-nodes {info.standby}, node 0 runs --standby-nodes "
+                    f"{self.cluster.standby}"
+                )
             if tuple(info.command) != self.command:
                 return f"{where} runs another command than node 0: {' '.join(info.command[1:])}"
         return ""

@@ -5,12 +5,14 @@ import pytest
 from test_slurm_units import STEP, _options
 
 from launcher.cli.sections import config_from_options
-from launcher.cluster.wire import RoundPlan, plan_problem
+from launcher.cluster.wire import NodeInfo, RoundPlan, plan_problem
+from launcher.core.config import ClusterSection
 from launcher.core.failures import NodeLostFailure, ProcessFailure, sure_blame
 from launcher.core.layout import Layout, place_nodes
 from launcher.core.outcomes import AttemptOutcome
 from launcher.core.policy import AttemptRecord, RestartPolicy
 from launcher.grammar.errors import UsageError
+from launcher.roles.membership import Membership
 
 
 def _cluster(*flags: str, environ=None):
@@ -147,3 +149,14 @@ def test_exclude_after_defaults_to_two_with_standby_nodes_and_to_never_without()
     assert policy("--nnodes", "3", "--standby-nodes", "1").exclude_after == 2
     assert policy("--nnodes", "3").exclude_after == 0
     assert policy("--nnodes", "3", "--exclude-after", "5").exclude_after == 5
+
+
+def test_a_node_started_with_other_standby_nodes_is_refused():
+    cluster = ClusterSection(nnodes=3, standby=1, rdzv_endpoint="h:1")
+    job = Membership(cluster, nproc=1, command=("python", "train.py"), run_id="r", grace_period=5.0)
+    same = NodeInfo(1, "host", 7, 1, ["python", "train.py"], standby=1)
+    other = NodeInfo(2, "host", 8, 1, ["python", "train.py"], standby=0)
+    assert job.disagreement({1: same}) == ""
+    assert job.disagreement({1: same, 2: other}) == (
+        "node 2 (host) runs --standby-nodes 0, node 0 runs --standby-nodes 1"
+    )
