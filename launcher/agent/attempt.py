@@ -140,7 +140,7 @@ class AttemptRunner:
         failpoints.reached("planned")
         group.prepare(self._spawning_may_go_on)
         started = time.monotonic()
-        self._chaos.attempt_started()
+        self._chaos.attempt_started(layout)
         try:
             result = self._start_and_watch(machine, group, board)
             lived = time.monotonic() - started

@@ -55,7 +55,8 @@ def membership(config: LaunchConfig) -> Membership:
 
 
 def chaos(config: LaunchConfig, events: EventLog, say: Say) -> NoChaos:
-    return chaos_for(config.chaos.plan, every_node(config), events, say)
+    positions = config.cluster.standby > 0  # a rank's node changes when a standby takes its place
+    return chaos_for(config.chaos.plan, every_node(config), events, say, positions)
 
 
 def health_terms(config: LaunchConfig) -> HealthTerms:

@@ -17,7 +17,7 @@ __all__ = ["ChaosDriver", "NoChaos", "chaos_for"]
 
 
 class NoChaos:
-    def attempt_started(self) -> None:
+    def attempt_started(self, layout: Layout) -> None:
         pass
 
     def inject(self, attempt: int, group, board, slots) -> None:
@@ -28,15 +28,21 @@ class NoChaos:
 
 
 class ChaosDriver(NoChaos):
-    def __init__(self, injector: ChaosInjector, events: EventLog, say: Callable[[str], None]) -> None:
+    def __init__(
+        self, injector: ChaosInjector, events: EventLog, say: Callable[[str], None], positions: bool = False
+    ) -> None:
         self._injector = injector
+        self._positions = positions  # --standby-nodes: a node's ranks are its position's, which moves
         self._events = events
         self._say = say
         self._injected: List[Injection] = []  # this attempt's
 
-    def attempt_started(self) -> None:
+    def attempt_started(self, layout: Layout) -> None:
+        """``layout``: the attempt's; with standby nodes the faults naming a rank follow the rank
+        to the node that runs it now (without them, a node's ranks are its own: every_node's)."""
         self._injected = []
-        self._injector.attempt_started()
+        moved = {layout.rank(i) for i in range(layout.nproc)} if self._positions and layout.trains else None
+        self._injector.attempt_started(moved)
 
     def inject(self, attempt: int, group, board, slots) -> None:
         """Send the faults that are due, or leave them in the slot for worker_lib (the next turns
@@ -99,7 +105,11 @@ class ChaosDriver(NoChaos):
 
 
 def chaos_for(
-    plan: Optional[ChaosPlan], every_node: Layout, events: EventLog, say: Callable[[str], None]
+    plan: Optional[ChaosPlan],
+    every_node: Layout,
+    events: EventLog,
+    say: Callable[[str], None],
+    positions: bool = False,
 ) -> NoChaos:
     """``every_node``: this node's ranks with every node present (an elastic job's smaller
     attempts number them otherwise; --chaos names ranks of the full job), and its node rank,
@@ -108,4 +118,4 @@ def chaos_for(
         return NoChaos()
     local = {every_node.rank(i) for i in range(every_node.nproc)}
     injector = ChaosInjector(plan, every_node.world_size, local, time.monotonic(), every_node.node)
-    return ChaosDriver(injector, events, say)
+    return ChaosDriver(injector, events, say, positions)

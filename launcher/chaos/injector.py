@@ -83,8 +83,11 @@ class ChaosInjector:
             armed.due = self._running_s + fault.trigger.at + self._rng.uniform(-spread, spread)
         return armed
 
-    def attempt_started(self) -> None:
-        """The time since the last look was not running time (the group was down)."""
+    def attempt_started(self, local: Optional[AbstractSet[int]] = None) -> None:
+        """The time since the last look was not running time (the group was down). ``local``:
+        the global ranks this node runs from now on, where they moved (a standby's new place)."""
+        if local is not None:
+            self._local = local
         self._last_look = None
         self._attempt_from = None
         for armed in self._own:

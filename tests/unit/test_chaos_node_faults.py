@@ -135,3 +135,26 @@ def test_node_faults_leave_the_rank_faults_draws_as_they_were():
     alone = ranks("kill:every=10s;seed=3")
     assert ranks("bad-node:node=1,at=1s;kill:every=10s;seed=3") == alone
     assert len(set(alone)) > 1
+
+
+def test_with_standby_nodes_a_rank_fault_follows_the_rank_to_the_node_that_takes_its_place(tmp_path):
+    """Node 3 stands by, then takes position 1: --chaos naming rank 1 fires there (node 3 warmed up
+    as the last position, rank 2); without standby nodes a node's ranks are its own, whatever the
+    attempt."""
+    from launcher.chaos.driver import chaos_for
+    from launcher.core.events import EventLog
+    from launcher.core.layout import Layout
+
+    plan = parse_chaos("kill:rank=1,at=step:5", default_seed=1)
+    said = []
+    events = EventLog(tmp_path / "events.jsonl")
+    driver = chaos_for(plan, Layout.every_node(3, 3, 1), events, said.append, positions=True)
+    driver.attempt_started(Layout((0, 1, 2), 3, 1, standby=(3,)))
+    took = Layout((0, 3, 2), 3, 1)
+    driver.attempt_started(took)
+    due = driver._injector.look(1.0, {1: 4242}, {1: slot(step=5, beats=6)})
+    assert [(i.rank, i.pid) for i in due] == [(1, 4242)]
+    fixed = chaos_for(plan, Layout.every_node(3, 1, 1), events, said.append)
+    fixed.attempt_started(Layout((0, 2, 1), 1, 1))  # another place: its ranks stay node 1's
+    assert [i.rank for i in fixed._injector.look(1.0, {1: 7}, {1: slot(step=5, beats=6)})] == [1]
+    events.close()
