@@ -291,3 +291,21 @@ def test_a_lost_standby_disturbs_nothing_and_the_last_one_gone_is_said_and_shown
     assert re.search(r"^ftlaunch_standby_nodes\{[^}]*\} 0\.0$", final, re.M), final
     assert re.search(r"^ftlaunch_replacements_total\{[^}]*\} 0\.0$", final, re.M), final
     assert job.survivors() == []
+
+
+def test_a_node_that_cannot_join_the_running_job_leaves_alone_and_the_job_goes_on(launcher, tmp_path):
+    """Another --nproc on a standby that comes late: once in a round it would stop the job (every
+    node refuses a plan with it); it checks itself against node 0 on arrival and leaves, exit 2."""
+    out = tmp_path / "out.pt"
+    args = ["--steps", "60", "--step-time", "0.05", "--save-every", "10", "--out", str(out)]
+    job = _standby_job(launcher, tmp_path, "misfit", *args)
+    node0 = _start(job, members=3).nodes[0]
+    node0.wait_for_event(NodesMet, lambda e: e.attempt == 0, timeout=120)
+    other = _standby_job(launcher, tmp_path, "misfit", *args, options=["--nproc", "2"])
+    other.endpoint = job.endpoint
+    misfit = other.start(3)
+    assert misfit.wait(120) == 2, misfit.stderr
+    assert "runs --nproc 1, node 3 runs --nproc 2: this node cannot join the running job" in misfit.stderr
+    codes = {rank: job.nodes[rank].wait(180) for rank in range(3)}
+    assert codes == {0: 0, 1: 0, 2: 0}, node0.stderr
+    assert job.survivors() == [] and other.survivors() == []

@@ -9,7 +9,9 @@ once, not after --join-timeout; and a signal on any node while they meet stops e
     lobby/stopped        which node got which signal; lobby/stop-read/<n> each follower's ack
     lobby/unhealthy      "<n> <why>" lines: followers that failed their health check and left
     lobby/training       the attempt running ("" between attempts): a node that joins meanwhile
-                         waits outside its round"""
+                         waits outside its round; lobby/started: node 0 has planned an attempt
+    lobby/leader         node 0 as it announces itself: a node that comes once the job started
+                         checks itself against it, and leaves alone when it cannot join"""
 
 import dataclasses
 import json
@@ -32,7 +34,9 @@ __all__ = [
     "read_stop",
     "read_unhealthy",
     "say_stop",
+    "say_leader",
     "say_training",
+    "leader_once_started",
     "training",
     "say_unhealthy",
     "stop_read",
@@ -40,6 +44,8 @@ __all__ = [
 
 _STOPPED = "lobby/stopped"
 _TRAINING = "lobby/training"
+_STARTED = "lobby/started"
+_LEADER = "lobby/leader"
 ALIVE_PREFIX = "lobby/alive/"  # + a claim's token: its supervisor's beat counter
 
 # How many of a claimant's beats its counter is watched for before it is judged gone.
@@ -82,6 +88,20 @@ def read_stop(store, node: int) -> Optional[StopNotice]:
 def say_training(store, attempt: Optional[int]) -> None:
     """Node 0: an attempt runs (its number), or none (None)."""
     store.set(_TRAINING, "" if attempt is None else str(attempt))
+    if attempt is not None:
+        store.set(_STARTED, "1")
+
+
+def say_leader(store, info: dict) -> None:
+    """Node 0, once: itself, as the nodes of a round announce themselves."""
+    store.set(_LEADER, json.dumps(info))
+
+
+def leader_once_started(store) -> Optional[dict]:
+    """Node 0's announcement, once it has planned an attempt (None before, or an older node 0)."""
+    if not store.check([_STARTED]) or not store.check([_LEADER]):
+        return None
+    return json.loads(_text(store.get(_LEADER)))
 
 
 def training(store) -> bool:

@@ -2,6 +2,7 @@
 for another job (refused), and followers that left unhealthy. The notices live in node 0's store
 (``cluster.lobby``)."""
 
+import dataclasses
 from typing import TYPE_CHECKING, List
 
 from launcher.cluster.gone import KEY as GONE_KEY
@@ -13,6 +14,7 @@ from launcher.cluster.lobby import (
     claimed_counters,
     read_stop,
     read_unhealthy,
+    say_leader,
     say_stop,
 )
 from launcher.cluster.rendezvous import RoundFailed
@@ -37,6 +39,7 @@ class LobbyHost:
         self._lobby = Lobby(store, job.rdzv_id, job.command, job.cluster.node_timeout)
         self.gone = GoneWatch(job.cluster.rdzv_host)  # followers' processes that ended
         store.set(GONE_KEY, self.gone.address)
+        say_leader(store, dataclasses.asdict(job.info()))
         self.planned = 0  # attempts this launch has planned
         self._left = 0  # followers that left unhealthy, said so far
         self._left_now: List[int] = []  # of those, the ones the round being met still counts on

@@ -53,14 +53,18 @@ class Membership:
     def disagreement(self, infos: Dict[int, NodeInfo]) -> str:
         """Nodes started with other commands or other --nproc cannot form one job."""
         for node, info in sorted(infos.items()):
-            where = f"node {node} ({info.host})"
-            if info.nproc != self.nproc:
-                return f"{where} runs --nproc {info.nproc}, node 0 runs --nproc {self.nproc}"
-            if info.standby != self.cluster.standby:
-                return (
-                    f"{where} runs --standby-nodes {info.standby}, node 0 runs --standby-nodes "
-                    f"{self.cluster.standby}"
-                )
-            if tuple(info.command) != self.command:
-                return f"{where} runs another command than node 0: {' '.join(info.command[1:])}"
+            differs = self.differs(info, f"node {node} ({info.host})", "node 0")
+            if differs:
+                return differs
+        return ""
+
+    def differs(self, info: NodeInfo, theirs: str, ours: str) -> str:
+        """How ``info``'s node (named ``theirs``) would not form one job with this one (``ours``)."""
+        if info.nproc != self.nproc:
+            return f"{theirs} runs --nproc {info.nproc}, {ours} runs --nproc {self.nproc}"
+        if info.standby != self.cluster.standby:
+            standby = self.cluster.standby
+            return f"{theirs} runs --standby-nodes {info.standby}, {ours} runs --standby-nodes {standby}"
+        if tuple(info.command) != self.command:
+            return f"{theirs} runs another command than {ours}: {' '.join(info.command[1:])}"
         return ""

@@ -15,6 +15,7 @@ from launcher.cluster.lobby import (
     Hello,
     NodeClaim,
     StopNotice,
+    leader_once_started,
     read_stop,
     say_stop,
     say_unhealthy,
@@ -23,6 +24,7 @@ from launcher.cluster.lobby import (
 )
 from launcher.cluster.rendezvous import LeaderUnreachable, Rendezvous, connect_job_store
 from launcher.cluster.store_errors import leader_gone, what_failed
+from launcher.cluster.wire import NodeInfo
 from launcher.core import failpoints
 from launcher.core.config import RunSection
 from launcher.core.events import Say
@@ -73,11 +75,23 @@ class Node0Connection:
         lobby = self._store
         self.call(lambda: self._claim.take(lobby, store, self._signals))
         failpoints.reached("claimed")
+        self._fits(self.call(lambda: leader_once_started(lobby)))
         if self._held is None and self.call(lambda: lobby.check([GONE_KEY])):
             self._held = hold_open(self.call(lambda: lobby.get(GONE_KEY)).decode(), self._claim.token)
         # c10d's backend writes to node 0's store as it is made: node 0 may be gone by then.
         self._rendezvous = self.call(lambda: Rendezvous(self.job.cluster, self.job.run_id, store))
         return self._rendezvous
+
+    def _fits(self, leader: Optional[dict]) -> None:
+        """A node that comes once the job has started and cannot join it (another command, other
+        --nproc or --standby-nodes) leaves alone, exit 2: in a round it would stop the job."""
+        if leader is None:
+            return
+        theirs = NodeInfo(**leader)
+        differs = self.job.differs(theirs, f"node 0 ({theirs.host})", f"node {self.job.node}")
+        if differs:
+            self._claim.release(patient=False)
+            raise UsageError(f"{differs}: this node cannot join the running job, which goes on without it")
 
     def watch(self) -> None:
         """While the nodes meet: node 0 may have refused this node (another command), or a node
