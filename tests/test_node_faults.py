@@ -119,6 +119,9 @@ def test_node_0_stopped_past_the_node_timeout_is_waited_for_and_the_job_resumes(
     # nothing needs relaunching (it did, after a 5 s freeze: "node 1 ... lost: no sign of life").
     assert {f.node for f in state.attempts[0].failures} == {0}, state.attempts[0].failures
     assert "must be relaunched" not in job.nodes[0].stderr
+    # Node 1 let go of node 0 while it waited, not of its own process: node 0, running again,
+    # must not read that as node 1 gone (it did, and said so, before issue 50's fix).
+    assert "connection to node 0 closed" not in job.nodes[0].stderr
     assert job.survivors() == []
 
 

@@ -72,7 +72,7 @@ class Placed:
 
     nodes: Tuple[int, ...]  # position order
     standby: Tuple[int, ...]  # ascending
-    took: Tuple[Tuple[int, int, int], ...] = ()  # (position, node now, node before), each change
+    took: Tuple[Tuple[int, int, int], ...] = ()  # (position, standby now, node before): a replacement
 
 
 def place_nodes(present: Iterable[int], before: Mapping[int, int], size: int) -> Placed:
@@ -97,7 +97,9 @@ def place_nodes(present: Iterable[int], before: Mapping[int, int], size: int) ->
     if nodes[0] != 0:
         raise ValueError(f"node 0 must hold position 0 (it leads), got nodes {list(nodes)}")
     previous = {position: node for node, position in before.items()}
-    took = tuple(
-        (p, node, previous[p]) for p, node in enumerate(nodes) if p in previous and previous[p] != node
+    took = tuple(  # a node that trained before and only moved (an elastic job shrank) took no place
+        (p, node, previous[p])
+        for p, node in enumerate(nodes)
+        if p in previous and previous[p] != node and node not in before
     )
     return Placed(nodes, tuple(waiting), took)

@@ -222,7 +222,11 @@ class Leader(RunHolder):
             return RunResult(ExitCode.USAGE, RunStatus.FAILED, attempts, refused.detail), 0.0
         result = concluded.result
         standing_by = [n for n in self.layout.standby if n not in self.channel.standbys_lost]
-        if result.outcome is AttemptOutcome.NODE_LOST and standing_by and self._signals.first is None:
+        lost = {f.node for f in result.failures if isinstance(f, NodeLostFailure)}
+        replaced = result.outcome is AttemptOutcome.NODE_LOST and _replaceable(
+            lost, self.layout, self.channel
+        )
+        if replaced and self._signals.first is None:
             self._events.emit(Decision(result.attempt, "replace", result.cause, 0.0))
             self._say(
                 f"attempt {result.attempt} ended: {result.cause}; a standby node takes its place "
@@ -305,9 +309,10 @@ class Leader(RunHolder):
 
 
 def _replaceable(lost: Set[int], layout: Layout, channel: LeaderChannel) -> bool:
-    """Each lost node trained, and a standby of the round still there can take each one's place."""
+    """Each lost node trained (and is not node 0, which cannot be replaced), and a standby of the
+    round still there can take each one's place."""
     standing_by = [n for n in layout.standby if n not in channel.standbys_lost]
-    return lost <= set(layout.nodes) and len(standing_by) >= len(lost)
+    return 0 not in lost and lost <= set(layout.nodes) and len(standing_by) >= len(lost)
 
 
 def _merge(

@@ -53,6 +53,7 @@ class Node0Connection:
         self._store: Optional[DeadlineStore] = None  # node 0's store, each call with a deadline
         self._rendezvous: Optional[Rendezvous] = None
         self._held: Optional[socket.socket] = None  # node 0 reads its end as this process's (gone.py)
+        self._held_at = ""  # the address of node 0's watch it is held to
 
     @property
     def rendezvous(self) -> Rendezvous:
@@ -76,8 +77,10 @@ class Node0Connection:
         self.call(lambda: self._claim.take(lobby, store, self._signals))
         failpoints.reached("claimed")
         self._fits(self.call(lambda: leader_once_started(lobby)))
-        if self._held is None and self.call(lambda: lobby.check([GONE_KEY])):
-            self._held = hold_open(self.call(lambda: lobby.get(GONE_KEY)).decode(), self._claim.token)
+        address = self.call(lambda: lobby.get(GONE_KEY).decode() if lobby.check([GONE_KEY]) else "")
+        if address != self._held_at:  # node 0 anew (relaunched): hold on to its watch instead
+            self._let_go()
+            self._held, self._held_at = hold_open(address, self._claim.token) if address else None, address
         # c10d's backend writes to node 0's store as it is made: node 0 may be gone by then.
         self._rendezvous = self.call(lambda: Rendezvous(self.job.cluster, self.job.run_id, store))
         return self._rendezvous
@@ -155,7 +158,8 @@ class Node0Connection:
             self._rendezvous.drop()
         self._rendezvous = None
         self._claim.release(patient=False)  # its beat may be stuck on the lost node 0 too
-        self._let_go()
+        # The connection to node 0's watch stays: its end would tell a node 0 that was only
+        # stopped, once it runs again, that this node is gone.
         if self._store is not None:
             self._store.close()  # its thread ends once free (it may be stuck in a call)
             self._store = None
@@ -168,7 +172,7 @@ class Node0Connection:
     def _let_go(self) -> None:
         if self._held is not None:
             self._held.close()
-            self._held = None
+        self._held, self._held_at = None, ""
 
     def _job_ended(self) -> str:
         """Node 0 does not answer: if the run dir (shared storage, as under SLURM) says the run

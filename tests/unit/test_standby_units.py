@@ -70,7 +70,7 @@ def test_two_lost_with_one_standby_fill_the_lowest_free_position_first():
     placed = place_nodes([0, 3, 4], {0: 0, 1: 1, 2: 2}, 3)  # an elastic job could not shrink here
     assert placed.nodes == (0, 3, 4) and placed.took == ((1, 3, 1), (2, 4, 2))
     shrunk = place_nodes([0, 2], {0: 0, 1: 1, 2: 2}, 2)  # elastic, no standby left: it shrinks
-    assert (shrunk.nodes, shrunk.standby) == ((0, 2), ())
+    assert (shrunk.nodes, shrunk.standby, shrunk.took) == ((0, 2), (), ())  # node 2 moved, took nothing
 
 
 def test_a_standby_has_no_rank():
