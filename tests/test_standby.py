@@ -309,3 +309,22 @@ def test_a_node_that_cannot_join_the_running_job_leaves_alone_and_the_job_goes_o
     codes = {rank: job.nodes[rank].wait(180) for rank in range(3)}
     assert codes == {0: 0, 1: 0, 2: 0}, node0.stderr
     assert job.survivors() == [] and other.survivors() == []
+
+
+def test_a_preemption_ends_a_node_that_waits_outside_the_round_too(launcher, tmp_path):
+    """A node relaunched (or a standby late) waits outside the running attempt's round: when the job
+    is preempted it ends with the others, 143, instead of waiting for node 0 to come back (it did,
+    up to --join-timeout, and then took its node rank from the requeued job's own node)."""
+    out = tmp_path / "out.pt"
+    args = ["--steps", "400", "--step-time", "0.05", "--save-every", "10", "--stop-aware", "--out", str(out)]
+    job = _standby_job(launcher, tmp_path, "outside", *args)
+    node0 = _start(job, members=3).nodes[0]
+    node0.wait_for_event(NodesMet, lambda e: e.attempt == 0, timeout=120)
+    late = job.start(3)
+    late.read_console_until(lambda line: "came while the job trains without it" in line, 120, "stderr")
+    node0.proc.send_signal(signal.SIGUSR1)
+    codes = job.wait(120)
+    assert codes == {0: 143, 1: 143, 2: 143, 3: 143}, (node0.stderr, late.stderr)
+    assert "the job ended while node 3 stood by outside its round (node 0: " in late.stderr
+    assert "waiting for node 0 to come back" not in late.stderr
+    assert job.survivors() == []

@@ -11,13 +11,15 @@ once, not after --join-timeout; and a signal on any node while they meet stops e
     lobby/training       the attempt running ("" between attempts): a node that joins meanwhile
                          waits outside its round; lobby/started: node 0 has planned an attempt
     lobby/leader         node 0 as it announces itself: a node that comes once the job started
-                         checks itself against it, and leaves alone when it cannot join"""
+                         checks itself against it, and leaves alone when it cannot join
+    lobby/ended          the job's end (exit code, reason), for the nodes outside its round;
+                         lobby/ended-read/<n> each one's ack"""
 
 import dataclasses
 import json
 import os
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from launcher.cluster.alive import AliveCounter, beat_every
 from launcher.core.owned import pid_space
@@ -34,6 +36,8 @@ __all__ = [
     "read_stop",
     "read_unhealthy",
     "say_stop",
+    "read_ended",
+    "say_ended",
     "say_leader",
     "say_training",
     "leader_once_started",
@@ -46,6 +50,7 @@ _STOPPED = "lobby/stopped"
 _TRAINING = "lobby/training"
 _STARTED = "lobby/started"
 _LEADER = "lobby/leader"
+_ENDED = "lobby/ended"
 ALIVE_PREFIX = "lobby/alive/"  # + a claim's token: its supervisor's beat counter
 
 # How many of a claimant's beats its counter is watched for before it is judged gone.
@@ -90,6 +95,20 @@ def say_training(store, attempt: Optional[int]) -> None:
     store.set(_TRAINING, "" if attempt is None else str(attempt))
     if attempt is not None:
         store.set(_STARTED, "1")
+
+
+def say_ended(store, code: int, reason: str) -> None:
+    """Node 0: the job is over; the nodes waiting outside its round end too."""
+    store.set(_ENDED, json.dumps({"code": code, "reason": reason}))
+
+
+def read_ended(store, node: int) -> Optional[Tuple[int, str]]:
+    """The job's end (exit code, reason), acked, once node 0 said it."""
+    if not store.check([_ENDED]):
+        return None
+    said = json.loads(_text(store.get(_ENDED)))
+    store.set(f"lobby/ended-read/{node}", "1")
+    return int(said["code"]), str(said["reason"])
 
 
 def say_leader(store, info: dict) -> None:
@@ -228,6 +247,15 @@ class Lobby:
                     f"stopping every node: waiting up to {wait.left:.0f} s for node(s) {names} to "
                     "learn of it (a second signal ends the wait)"
                 )
+            wait.pause()
+
+    def await_ended_read(self, inside: Set[int], wait: Wait, gone: Callable[[int], bool]) -> None:
+        """The job is over: wait (``wait``'s limit) until every follower that came but is not
+        ``inside`` the last round has read the end (``say_ended``), or is gone."""
+        said = self._store.get("lobby/hellos") if self._store.check(["lobby/hellos"]) else b""
+        nodes = {int(n) for n in _text(said).split(",") if n} - inside - self._refused
+        while nodes and not wait.expired:
+            nodes = {n for n in nodes if not self._store.check([f"lobby/ended-read/{n}"]) and not gone(n)}
             wait.pause()
 
     def refuse(self, hello: Hello, signals: Inbox) -> str:

@@ -97,9 +97,12 @@ class JobOver(FtlaunchError):
 
 class StandbyReleased(FtlaunchError):
     """--standby-nodes: the job ended while this node waited outside its round (a late standby, a
-    lost node relaunched): it ends as the job did not need it, exit 0; srun's code is node 0's."""
+    lost node relaunched): it ends as the job did not need it, exit 0, or as a stopped job did
+    (``exit_code``: 143 for a preemption, so that it is requeued with the others)."""
 
-    exit_code = ExitCode.SUCCESS
+    def __init__(self, message: str, exit_code: int = ExitCode.SUCCESS) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class SignalReceived(FtlaunchError):

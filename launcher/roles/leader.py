@@ -243,6 +243,9 @@ class Leader(RunHolder):
 
     def announce(self, concluded: Conclusion, ended: Optional[RunResult], delay: float) -> None:
         result = concluded.result
+        if ended is not None and self.job.cluster.standby:  # nodes may wait outside the round
+            inside = {*self.layout.nodes, *self.layout.standby}
+            self._lobby.tell_outside(int(ended.exit_code), ended.reason, inside)
         if ended is not None:
             verdict = JobVerdict.end(
                 ended.exit_code,

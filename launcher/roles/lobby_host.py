@@ -3,7 +3,7 @@ for another job (refused), and followers that left unhealthy. The notices live i
 (``cluster.lobby``)."""
 
 import dataclasses
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING, List, Set
 
 from launcher.cluster.gone import KEY as GONE_KEY
 from launcher.cluster.gone import GoneWatch
@@ -14,6 +14,7 @@ from launcher.cluster.lobby import (
     claimed_counters,
     read_stop,
     read_unhealthy,
+    say_ended,
     say_leader,
     say_stop,
 )
@@ -84,6 +85,16 @@ class LobbyHost:
         """Whether the supervisor holding ``node``'s claim is gone (its connection ended)."""
         counter = claimed_counters(self._store, [node]).get(node, "")
         return bool(counter) and self.gone.gone(counter[len(ALIVE_PREFIX) :]) is not None
+
+    def tell_outside(self, code: int, reason: str, inside: Set[int]) -> None:
+        """The job is over: the nodes that wait outside its round (a late standby, a node back)
+        end too, told before this node's store goes away (--node-timeout at most)."""
+        try:
+            say_ended(self._store, code, reason)
+            wait = Wait(self.job.cluster.node_timeout, self._signals)
+            self._lobby.await_ended_read(inside, wait, self._gone)
+        except (SignalReceived, RuntimeError):  # a second signal; torch's store errors
+            pass
 
     def pass_on_stop(self, error: SignalReceived) -> None:
         """A signal on any node while the nodes meet stops every node, as during an attempt. The

@@ -16,6 +16,7 @@ from launcher.cluster.lobby import (
     NodeClaim,
     StopNotice,
     leader_once_started,
+    read_ended,
     read_stop,
     say_stop,
     say_unhealthy,
@@ -29,7 +30,7 @@ from launcher.core import failpoints
 from launcher.core.config import RunSection
 from launcher.core.events import Say
 from launcher.core.outcomes import RunStatus
-from launcher.grammar.errors import PeerStopped, SignalReceived, UsageError
+from launcher.grammar.errors import ExitCode, PeerStopped, SignalReceived, StandbyReleased, UsageError
 from launcher.process.signals import SignalInbox
 from launcher.roles.membership import Membership
 from launcher.roles.role import in_attempt
@@ -106,6 +107,14 @@ class Node0Connection:
         stop = self.call(lambda: read_stop(store, self.job.node))
         if stop is not None:
             raise PeerStopped(stop.node, stop.signum, stop.said_as)
+        ended = self.call(lambda: read_ended(store, self.job.node))
+        if ended is not None:  # it waited outside the round of a job that is over
+            code, reason = ended
+            raise StandbyReleased(
+                f"the job ended while node {self.job.node} stood by outside its round (node 0: {reason}); "
+                "nothing ran here",
+                code if code >= 128 else ExitCode.SUCCESS,  # a preemption is requeued with the others
+            )
 
     def call(self, call: Callable[[], T]) -> T:
         """A call to node 0's store; one that fails as a dead or silent node 0's store fails is
