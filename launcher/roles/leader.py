@@ -19,7 +19,7 @@ from launcher.cluster.wire import (
     plan_problem,
 )
 from launcher.core.beats import BeatSummary
-from launcher.core.events import Decision, NodesMet, RoundAbandoned
+from launcher.core.events import NodesMet, RoundAbandoned
 from launcher.core.failures import NodeLostFailure, root_cause, sure_blame
 from launcher.core.layout import Layout
 from launcher.core.outcomes import AttemptOutcome, RunStatus
@@ -227,12 +227,7 @@ class Leader(RunHolder):
             lost, self.layout, self.channel
         )
         if replaced and self._signals.first is None:
-            self._events.emit(Decision(result.attempt, "replace", result.cause, 0.0))
-            self._say(
-                f"attempt {result.attempt} ended: {result.cause}; a standby node takes its place "
-                f"(standing by: node(s) {', '.join(map(str, standing_by))}); not a failure, not counted "
-                "against --max-failures"
-            )
+            self._places.replacing(result, standing_by)
             return None, 0.0
         ended, delay = super().decide(concluded, attempts)
         self._excluding = {}

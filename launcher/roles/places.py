@@ -2,12 +2,13 @@
 nodes across attempts (and a relaunch of node 0), a standby takes a lost node's, and each change
 of hands is said and recorded with the reason the node left."""
 
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional, Sequence
 
 from launcher.core.config import ClusterSection
-from launcher.core.events import NodeReplaced
+from launcher.core.events import Decision, NodeReplaced
 from launcher.core.layout import Layout, Placed, place_nodes
 from launcher.core.records import AttemptEntry
+from launcher.core.results import AttemptResult
 from launcher.process.kit import NodeKit
 from launcher.runs.run import Run
 
@@ -41,6 +42,15 @@ class Places:
         """The nodes that left in the attempt that ended (lost, excluded), and why: what the next
         plan says of them."""
         self._left.update(why)
+
+    def replacing(self, ended: AttemptResult, standing_by: Sequence[int]) -> None:
+        """Node 0's decision after a lost training node with a standby to take its place."""
+        self._kit.events.emit(Decision(ended.attempt, "replace", ended.cause, 0.0))
+        self._kit.say(
+            f"attempt {ended.attempt} ended: {ended.cause}; a standby node takes its place (standing "
+            f"by: node(s) {', '.join(map(str, standing_by))}); not a failure, not counted against "
+            "--max-failures"
+        )
 
     def planned(self, number: int, placed: Placed, layout: Layout, entry: AttemptEntry) -> None:
         """Record and say which standby took which lost node's place, and when the last standby
