@@ -620,9 +620,13 @@ def test_status_of_a_live_and_of_a_finished_run(launcher, tmp_path):
 
 def test_status_of_a_live_run_says_a_damaged_progress_json_and_shows_the_rest(launcher, tmp_path):
     """progress.json without written_at made `status` exit 70 (KeyError); garbage hid the ranks
-    without a word. The supervisor is stopped (Ctrl+Z) so that it does not rewrite the file."""
+    without a word. The supervisor is stopped (Ctrl+Z) so that it does not rewrite the file; its
+    lease outlasts the nine `status` launches however loaded the machine (at 60 s one CI run's
+    status found the run no longer live and read no progress)."""
     ready, runs = tmp_path / "ready", tmp_path / "runs"
     live = launcher.start(
+        "--lease",
+        "15m",
         "--run-dir",
         str(runs),
         "--run-name",
