@@ -173,7 +173,8 @@ def test_a_standby_that_comes_late_stands_by_and_takes_the_next_lost_place(launc
     codes = {rank: job.nodes[rank].wait(180) for rank in (0, 2, 3)}
     assert codes == {0: 0, 2: 0, 3: 0}, (node0.stderr, late.stderr)
     assert "rank 1 attempt 1 has WORLD_SIZE 3" in late.stdout
-    assert [d.verdict for d in node0.events(Decision)] == ["node_lost"]  # no standby in its round
+    assert [d.verdict for d in node0.events(Decision)] == ["replace"]  # by the node outside the round
+    assert "a node waiting outside the round takes its place in a new round" in node0.stderr
     assert job.survivors() == []
 
 

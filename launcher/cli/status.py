@@ -254,8 +254,9 @@ def _table(report: Dict[str, Any]) -> List[str]:
 
 
 def _nodes(attempt: AttemptEntry) -> str:
-    """'0,2 (4)': the node ranks that held an attempt and its ranks in all."""
-    nodes = ",".join(str(n["node"]) for n in attempt.nodes)
+    """'0,2 (4)': the node ranks that held an attempt and its ranks in all; '+3' a standby."""
+    nodes = ",".join(str(n["node"]) for n in attempt.nodes if not n.get("standby"))
+    nodes += "".join(f"+{n['node']}" for n in attempt.nodes if n.get("standby"))
     return f"{nodes} ({attempt.world_size})" if attempt.world_size else nodes
 
 

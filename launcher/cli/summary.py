@@ -12,8 +12,8 @@ __all__ = ["summary_lines"]
 
 
 _UNHEALTHY = (
-    "  exit 8: this node is unhealthy: drain or replace it; the same command on a healthy node "
-    "resumes the run"
+    "  exit 8: this node is unhealthy or excluded: drain or replace it; the same command on a healthy "
+    "node resumes the run, or joins it"
 )
 
 

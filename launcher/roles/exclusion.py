@@ -40,7 +40,8 @@ class Exclusion:
         node, failures = found
         within = f" within {self._policy.failure_window:g} s" if self._policy.failure_window else ""
         why = (
-            f"node {node} ({hosts.get(node, '?')}) was the root cause of {failures} failures{within} "
+            f"node {node} ({hosts.get(node, '?')}) was the root cause of {failures} failure"
+            f"{'s' if failures != 1 else ''}{within} "
             f"(--exclude-after {self._policy.exclude_after})"
         )
         if node == 0:

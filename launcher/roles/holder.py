@@ -38,6 +38,7 @@ class RunHolder(NodeRole):
         self._injectable = injectable
         self._store_host = store_host
         self.run = run
+        self._kit = kit
         self._events, self._signals, self._say = kit.events, kit.signals, kit.say
         self._policy = policy
         self._store: Optional[AttemptStore] = None

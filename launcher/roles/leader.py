@@ -67,7 +67,6 @@ class Leader(RunHolder):
     ) -> None:
         super().__init__(run, kit, policy, store_at, injectable)
         self.job = job
-        self._kit = kit
         self._rendezvous = rendezvous
         self._round: Optional[Round] = None  # the rendezvous round the next attempt may keep
         self._channel: Optional[LeaderChannel] = None  # the attempt's, from meet to decide
@@ -226,9 +225,10 @@ class Leader(RunHolder):
         replaced = result.outcome is AttemptOutcome.NODE_LOST and _replaceable(
             lost, self.layout, self.channel
         )
-        if replaced and self._signals.first is None:
-            self._places.replacing(result, standing_by)
-            return None, 0.0
+        if self._signals.first is None and result.outcome is AttemptOutcome.NODE_LOST:
+            if replaced or self._places.outside(result, self._rendezvous.nodes_waiting):
+                self._places.replacing(result, standing_by)
+                return None, 0.0
         ended, delay = super().decide(concluded, attempts)
         self._excluding = {}
         if result.outcome is AttemptOutcome.FAILED:

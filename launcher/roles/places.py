@@ -2,7 +2,7 @@
 nodes across attempts (and a relaunch of node 0), a standby takes a lost node's, and each change
 of hands is said and recorded with the reason the node left."""
 
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from launcher.core.config import ClusterSection
 from launcher.core.events import Decision, NodeReplaced
@@ -43,12 +43,27 @@ class Places:
         plan says of them."""
         self._left.update(why)
 
+    def outside(self, ended: AttemptResult, waiting: Callable[[], int]) -> bool:
+        """With standby nodes and no standby in the round: whether a node waits outside it (a late
+        standby, a node back), to take the lost node's place in a new round."""
+        if not self.cluster.standby:
+            return False
+        try:
+            return waiting() > 0
+        except Exception:  # noqa: BLE001 - in doubt, the lost node is waited for, as it is said
+            return False
+
     def replacing(self, ended: AttemptResult, standing_by: Sequence[int]) -> None:
-        """Node 0's decision after a lost training node with a standby to take its place."""
+        """Node 0's decision after a lost training node with a node to take its place: a standby
+        of the round (``standing_by``), or one waiting outside it (a new round, a few seconds)."""
         self._kit.events.emit(Decision(ended.attempt, "replace", ended.cause, 0.0))
+        who = (
+            f"a standby node takes its place (standing by: node(s) {', '.join(map(str, standing_by))})"
+            if standing_by
+            else "a node waiting outside the round takes its place in a new round"
+        )
         self._kit.say(
-            f"attempt {ended.attempt} ended: {ended.cause}; a standby node takes its place (standing "
-            f"by: node(s) {', '.join(map(str, standing_by))}); not a failure, not counted against "
+            f"attempt {ended.attempt} ended: {ended.cause}; {who}; not a failure, not counted against "
             "--max-failures"
         )
 
