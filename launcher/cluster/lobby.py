@@ -13,7 +13,9 @@ once, not after --join-timeout; and a signal on any node while they meet stops e
     lobby/leader         node 0 as it announces itself: a node that comes once the job started
                          checks itself against it, and leaves alone when it cannot join
     lobby/ended          the job's end (exit code, reason), for the nodes outside its round;
-                         lobby/ended-read/<n> each one's ack"""
+                         lobby/ended-read/<n> each one's ack
+    lobby/outside/<n>    "1" while node n waits outside the running round; lobby/outsiders lists
+                         the nodes that ever did ("n,")"""
 
 import dataclasses
 import json
@@ -38,7 +40,9 @@ __all__ = [
     "say_stop",
     "read_ended",
     "say_ended",
+    "outside_nodes",
     "say_leader",
+    "say_outside",
     "say_training",
     "leader_once_started",
     "training",
@@ -51,6 +55,7 @@ _TRAINING = "lobby/training"
 _STARTED = "lobby/started"
 _LEADER = "lobby/leader"
 _ENDED = "lobby/ended"
+_OUTSIDERS = "lobby/outsiders"
 ALIVE_PREFIX = "lobby/alive/"  # + a claim's token: its supervisor's beat counter
 
 # How many of a claimant's beats its counter is watched for before it is judged gone.
@@ -109,6 +114,22 @@ def read_ended(store, node: int) -> Optional[Tuple[int, str]]:
     said = json.loads(_text(store.get(_ENDED)))
     store.set(f"lobby/ended-read/{node}", "1")
     return int(said["code"]), str(said["reason"])
+
+
+def say_outside(store, node: int, outside: bool) -> None:
+    """A follower waits outside the running round (True), or no longer (False)."""
+    if outside:
+        store.append(_OUTSIDERS, f"{node},")
+    store.set(f"lobby/outside/{node}", "1" if outside else "")
+
+
+def outside_nodes(store) -> List[int]:
+    """Node 0: the followers waiting outside the running round now."""
+    if not store.check([_OUTSIDERS]):
+        return []
+    nodes = sorted({int(n) for n in _text(store.get(_OUTSIDERS)).split(",") if n})
+    flags = store.multi_get([f"lobby/outside/{n}" for n in nodes])
+    return [n for n, flag in zip(nodes, flags) if _text(flag) == "1"]
 
 
 def say_leader(store, info: dict) -> None:

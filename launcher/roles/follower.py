@@ -128,8 +128,11 @@ class Follower(NodeRole):
         if self._kept is None:
             failpoints.reached("before-round")
         watch = self._watch_outside if self.job.cluster.standby else self._node0.watch
-        round_ = self._kept or self._node0.rendezvous.next_round(self._signals, self._say, watch=watch)
-        self._kept = None
+        say = self._say_unless_outside  # outside a running round, "waiting for N nodes" is not so
+        round_ = self._kept or self._node0.rendezvous.next_round(self._signals, say, watch=watch)
+        if self._outside_said:
+            self._node0.waits_outside(False)
+        self._kept, self._outside_said = None, False
         failpoints.reached("round-joined")
         self._channel = FollowerChannel(
             round_.next_attempt_store(), self._spec, self._signals, beater=self._node0.beater
@@ -186,9 +189,14 @@ class Follower(NodeRole):
         if self._node0.training():  # nodes that are in the attempt's round do not join
             self._say_outside()
 
+    def _say_unless_outside(self, line: str) -> None:
+        if not self._outside_said:
+            self._say(line)
+
     def _say_outside(self) -> None:
         if not self._outside_said:
             self._outside_said = True
+            self._node0.waits_outside(True)  # node 0 counts on it to take a lost node's place
             self._say(
                 f"node {self.node} came while the job trains without it: it waits to stand by from "
                 "the next round (it disturbs no running attempt)"

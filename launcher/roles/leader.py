@@ -226,7 +226,7 @@ class Leader(RunHolder):
             lost, self.layout, self.channel
         )
         if self._signals.first is None and result.outcome is AttemptOutcome.NODE_LOST:
-            if replaced or self._places.outside(result, self._rendezvous.nodes_waiting):
+            if replaced or self._places.outside(result, self._lobby.outside):
                 self._places.replacing(result, standing_by)
                 return None, 0.0
         ended, delay = super().decide(concluded, attempts)

@@ -12,6 +12,7 @@ from launcher.cluster.lobby import (
     Lobby,
     StopNotice,
     claimed_counters,
+    outside_nodes,
     read_stop,
     read_unhealthy,
     say_ended,
@@ -85,6 +86,10 @@ class LobbyHost:
         """Whether the supervisor holding ``node``'s claim is gone (its connection ended)."""
         counter = claimed_counters(self._store, [node]).get(node, "")
         return bool(counter) and self.gone.gone(counter[len(ALIVE_PREFIX) :]) is not None
+
+    def outside(self) -> int:
+        """Followers that wait outside the running round now (and are not gone)."""
+        return len([n for n in outside_nodes(self._store) if not self._gone(n)])
 
     def tell_outside(self, code: int, reason: str, inside: Set[int]) -> None:
         """The job is over: the nodes that wait outside its round (a late standby, a node back)

@@ -18,6 +18,7 @@ from launcher.cluster.lobby import (
     leader_once_started,
     read_ended,
     read_stop,
+    say_outside,
     say_stop,
     say_unhealthy,
     stop_read,
@@ -126,6 +127,11 @@ class Node0Connection:
                 raise
             where = self.job.cluster.rdzv_endpoint
             raise LeaderUnreachable(f"node 0's store at {where}: {what_failed(err)}") from None
+
+    def waits_outside(self, outside: bool) -> None:
+        """This node waits outside the running round (True), or no longer (False), as node 0 is told."""
+        store = self._store
+        self.call(lambda: say_outside(store, self.job.node, outside))
 
     def training(self) -> bool:
         """Whether node 0 runs an attempt now (LeaderUnreachable: node 0 lost)."""
