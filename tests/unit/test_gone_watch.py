@@ -7,18 +7,9 @@ import socket
 import time
 
 import pytest
+from helpers import until
 
 from launcher.cluster.gone import GoneWatch, hold_open
-
-
-def _until(predicate, timeout: float = 5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.01)
-    raise AssertionError("not within the deadline")
 
 
 @pytest.fixture
@@ -35,7 +26,7 @@ def test_a_held_connection_is_not_gone_and_its_end_is_seen_at_once(watch):
     assert watch.gone("host:123:1") is None
     before = time.monotonic()
     held.close()
-    ended = _until(lambda: watch.gone("host:123:1"))
+    ended = until(lambda: watch.gone("host:123:1"))
     assert before <= ended and watch.gone("host:456:2") is None  # the other one stays open
     other.close()
 
@@ -44,9 +35,9 @@ def test_a_supervisor_that_holds_it_anew_is_no_longer_gone(watch):
     """A follower that lost node 0 for a while lets go and holds on again with the same token."""
     first = hold_open(watch.address, "host:123:1")
     first.close()
-    _until(lambda: watch.gone("host:123:1"))
+    until(lambda: watch.gone("host:123:1"))
     again = hold_open(watch.address, "host:123:1")
-    _until(lambda: watch.gone("host:123:1") is None)
+    until(lambda: watch.gone("host:123:1") is None)
     again.close()
 
 
@@ -59,7 +50,7 @@ def test_a_connection_that_never_said_its_token_or_says_too_much_marks_nothing(w
     chatty.close()
     last = hold_open(watch.address, "host:789:3")  # seen after the two: they were looked at first
     last.close()
-    _until(lambda: watch.gone("host:789:3"))
+    until(lambda: watch.gone("host:789:3"))
     assert watch._ended.keys() == {"host:789:3"}
 
 
