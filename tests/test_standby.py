@@ -5,10 +5,11 @@ its GROUP_RANK and RANKs, not counted as a failure (--max-failures 0 holds throu
 import re
 import shutil
 import signal
+import socket
 
 import psutil
 import pytest
-from helpers import SCRIPTS, memory_folders, run_state, wait_for_files
+from helpers import SCRIPTS, memory_folders, run_state, until, wait_for_files
 from test_many_nodes import Job, _status_table
 
 from launcher.core.events import Decision, NodeReplaced, NodesMet, StandbyLost
@@ -329,3 +330,32 @@ def test_a_preemption_ends_a_node_that_waits_outside_the_round_too(launcher, tmp
     assert "the job ended while node 3 stood by outside its round (node 0: " in late.stderr
     assert "waiting for node 0 to come back" not in late.stderr
     assert job.survivors() == []
+
+
+def test_a_job_that_never_gets_its_nodes_ends_at_the_join_timeout_on_every_node(launcher, tmp_path):
+    """Two of the 3 training nodes: nothing trains. Node 1's --join-timeout ends first, while node 0
+    still waits: it ends there (exit 5) instead of taking itself for a standby outside a running
+    round (which would have waited for node 0, then ended with exit 0)."""
+    out = ["--out", str(tmp_path / "o")]
+    follower = _standby_job(launcher, tmp_path, "short", *out, options=["--join-timeout", "8s"])
+    leader = _standby_job(launcher, tmp_path, "short", *out, options=["--join-timeout", "60s"])
+    leader.endpoint = follower.endpoint
+    node0 = leader.start(0)
+    host, port = follower.endpoint.rsplit(":", 1)
+    until(lambda: _listening(host, int(port)), timeout=120, look=0.1)  # node 0 hosts the job's store
+    node1 = follower.start(1)
+    assert node1.wait(120) == 5, node1.stderr
+    assert "did not answer" not in node1.stderr  # it met node 0: its round timed out, not its wait
+    assert node0.proc.poll() is None  # node 0 still waits: the follower did not wait for it
+    assert "came while the job trains" not in node1.stderr, node1.stderr
+    node0.proc.send_signal(signal.SIGTERM)
+    assert node0.wait(120) == 143, node0.stderr
+    assert follower.survivors() == [] and leader.survivors() == []
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False

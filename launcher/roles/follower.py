@@ -205,14 +205,17 @@ class Follower(NodeRole):
     def _stand_by_outside(self, timeout: JoinTimeout) -> None:
         """--standby-nodes: a node that came while the job trains waits outside its round (a late
         standby, a lost node relaunched) until the next one, however long the attempt runs. Its
-        join timing out is no reason to leave while node 0 answers: it joins again. JoinTimeout
-        when node 0 does not answer."""
+        join timing out is no reason to leave while node 0 trains: it joins again. JoinTimeout
+        when node 0 does not answer, or trains nothing (the job never got its nodes)."""
         if not self._node0.connected:  # node 0 never answered
             raise timeout
         try:
             self._node0.watch()
+            training = self._node0.training()
         except LeaderUnreachable:
             raise timeout from None
+        if not training:
+            raise timeout
         self._say_outside()
 
     def conclude(self, local: AttemptResult) -> Conclusion:
