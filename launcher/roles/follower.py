@@ -211,11 +211,10 @@ class Follower(NodeRole):
             raise timeout
         try:
             self._node0.watch()
-            training = self._node0.training()
+            if not self._node0.training():
+                raise timeout
         except LeaderUnreachable:
             raise timeout from None
-        if not training:
-            raise timeout
         self._say_outside()
 
     def conclude(self, local: AttemptResult) -> Conclusion:
