@@ -138,6 +138,9 @@ def kill_tree_now(pid: int) -> Optional[float]:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(tree, timeout=10)
+    # Its orphan guard died with it: the memory tier's folder it would have removed goes too.
+    for folder in Path("/dev/shm").glob(f"ftlaunch-memory-owned-{pid}-*"):
+        shutil.rmtree(folder, ignore_errors=True)
     return killed_at
 
 
