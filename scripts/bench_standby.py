@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, TypeVar
 
 import psutil
+from chaos_matrix import marked_processes  # a run's processes, found by the marker in their environment
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
@@ -215,14 +216,7 @@ class Job:
 
     def survivors(self) -> List[psutil.Process]:
         """Processes of this run still alive (the marker is in their environment)."""
-        found = []
-        for proc in psutil.process_iter(["pid"]):
-            try:
-                if proc.environ().get(MARKER) == self.marker and proc.status() != psutil.STATUS_ZOMBIE:
-                    found.append(proc)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                pass
-        return found
+        return marked_processes(MARKER, self.marker)
 
     def stop_all(self) -> int:
         """Kill, by pid, whatever of this run is left; how many there were."""

@@ -54,6 +54,20 @@ from worker_lib.checkpoint.marker import REPLICATED, committed_steps, read_verif
 from worker_lib.core.storage import Storage  # noqa: E402
 
 MARKER = "FTLAUNCH_CHAOS_MATRIX_MARKER"
+
+
+def marked_processes(variable: str, marker: str) -> List[psutil.Process]:
+    """Live processes whose environment has ``variable`` = ``marker`` (a run's, whatever their parent)."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get(variable) == marker and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            pass
+    return found
+
+
 TRAIN = ROOT / "examples" / "train.py"
 _TRIAL_TIMEOUT_S = 180.0
 _OUTAGE_S = 10.0
@@ -223,14 +237,7 @@ class Subject:
         return json.loads(path.read_text())["attempts"] if path.exists() else []
 
     def processes(self) -> List[psutil.Process]:
-        found = []
-        for proc in psutil.process_iter(["pid"]):
-            try:
-                if proc.environ().get(MARKER) == self.marker and proc.status() != psutil.STATUS_ZOMBIE:
-                    found.append(proc)
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                pass
-        return found
+        return marked_processes(MARKER, self.marker)
 
     def left_after(self, timeout: float = 10.0) -> int:
         """Processes of this subject still alive once up to ``timeout`` has passed; they are killed."""

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 import psutil
-from chaos_matrix import _chosen  # the same --faults parsing as the one-node matrix
+from chaos_matrix import _chosen, marked_processes  # the one-node matrix's --faults parsing
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -195,14 +195,7 @@ class NodeJob:
         return len(left)
 
     def _processes(self) -> List[psutil.Process]:
-        found = []
-        for proc in psutil.process_iter(["pid"]):
-            try:
-                if proc.environ().get(MARKER) == self.marker and proc.status() != psutil.STATUS_ZOMBIE:
-                    found.append(proc)
-            except psutil.Error:
-                pass
-        return found
+        return marked_processes(MARKER, self.marker)
 
 
 def _json_or_none(line: str) -> Optional[dict]:
