@@ -297,9 +297,21 @@ def test_a_lost_standby_disturbs_nothing_and_the_last_one_gone_is_said_and_shown
 
 def test_a_node_that_cannot_join_the_running_job_leaves_alone_and_the_job_goes_on(launcher, tmp_path):
     """Another --nproc on a standby that comes late: once in a round it would stop the job (every
-    node refuses a plan with it); it checks itself against node 0 on arrival and leaves, exit 2."""
+    node refuses a plan with it); it checks itself against node 0 on arrival and leaves, exit 2.
+    The job trains until the test preempts it, so the misfit always finds it running (with a
+    fixed number of steps, a slow start let the job end first: exit 6, "the job has ended")."""
     out = tmp_path / "out.pt"
-    args = ["--steps", "60", "--step-time", "0.05", "--save-every", "10", "--out", str(out)]
+    args = [
+        "--steps",
+        "100000",
+        "--step-time",
+        "0.05",
+        "--save-every",
+        "10",
+        "--stop-aware",
+        "--out",
+        str(out),
+    ]
     job = _standby_job(launcher, tmp_path, "misfit", *args)
     node0 = _start(job, members=3).nodes[0]
     node0.wait_for_event(NodesMet, lambda e: e.attempt == 0, timeout=120)
@@ -308,8 +320,20 @@ def test_a_node_that_cannot_join_the_running_job_leaves_alone_and_the_job_goes_o
     misfit = other.start(3)
     assert misfit.wait(120) == 2, misfit.stderr
     assert "runs --nproc 1, node 3 runs --nproc 2: this node cannot join the running job" in misfit.stderr
-    codes = {rank: job.nodes[rank].wait(180) for rank in range(3)}
-    assert codes == {0: 0, 1: 0, 2: 0}, node0.stderr
+    # The job goes on: a step committed after the misfit left, in the same attempt.
+    checkpoints = tmp_path / "runs" / "misfit" / "checkpoints"
+
+    def newest() -> int:
+        steps = (int(c.parent.name.split("_")[1]) for c in checkpoints.glob("step_*/COMMITTED"))
+        return max(steps, default=-1)
+
+    left_at = newest()
+    until(lambda: newest() > left_at, timeout=90)
+    assert [node.proc.poll() for node in job.nodes.values()] == [None, None, None]
+    node0.proc.send_signal(signal.SIGUSR1)
+    codes = job.wait(120)
+    assert codes == {0: 143, 1: 143, 2: 143}, node0.stderr
+    assert len(run_state(tmp_path / "runs" / "misfit").attempts) == 1
     assert job.survivors() == [] and other.survivors() == []
 
 
