@@ -170,8 +170,8 @@ class MemorySnapshots:
         if not self._said_long_wait:
             self._said_long_wait = True
             log.warning(
-                "rank %d: the next memory snapshot waits for every rank to hold step %d (%.0f s so far; "
-                "said once): a rank is behind, or its snapshots are slow",
+                "rank %d waits for its memory snapshot of step %d to be recorded and held by every rank "
+                "(%.0f s so far; said once): a rank is behind, or its snapshots are slow",
                 self.rank,
                 step,
                 time.monotonic() - started,
