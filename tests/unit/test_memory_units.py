@@ -60,9 +60,15 @@ class Unpicklable:
         raise RuntimeError("the copy is cut off here")
 
 
+def _save(snaps, step):
+    snaps.save(step, {"state": {"w": torch.full((4,), float(step))}, "rng": None}, {"loss": 1.0 / step})
+
+
 def _save_all(ranks, step):
     for snaps in ranks:
-        snaps.save(step, {"state": {"w": torch.full((4,), float(step))}, "rng": None}, {"loss": 1.0 / step})
+        _save(snaps, step)
+    for snaps in ranks:  # each record follows the call, on the rank's thread: what a test reads next
+        snaps.flush()
 
 
 def test_two_slots_hold_the_newest_two_steps_and_a_load_takes_the_newest(tmp_path):
@@ -216,7 +222,8 @@ def test_a_crash_in_the_background_part_loads_the_newest_step_every_rank_complet
     for step in (1, 2):
         _save_all(ranks, step)
     _die_at(monkeypatch, moment, 3, dying_rank=1)
-    _save_all(ranks, 3)
+    for snaps in ranks:
+        _save(snaps, 3)
     assert sorted(ranks[0].held()) == [2, 3]  # rank 0 may not overwrite 2 until rank 1 shares 3
     again, _ = _ranks(tmp_path)  # the restarted group's ranks
     assert _each(again, lambda s: s.newest_agreed(storage_newest=None)) == [loaded, loaded]
