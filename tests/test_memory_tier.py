@@ -80,6 +80,25 @@ def test_a_crash_during_a_snapshot_falls_back_to_the_previous_one(launcher, tmp_
     _assert_bit_identical(clean, crashed)
 
 
+@pytest.mark.xdist_group("memory-clean")
+@pytest.mark.parametrize("moment, loaded", [("indexed", 16), ("recorded", 17)])
+def test_a_crash_in_a_snapshots_background_part_loads_the_newest_step_every_rank_completed(
+    launcher, tmp_path, clean, moment, loaded
+):
+    """Issue 51.5: save returns after the copy; the index, the record and the vote follow on the
+    rank's thread. Rank 1 is SIGKILLed there, at ``moment`` of step 17, rank 0 holding step 17:
+    before its record (index written), step 17 is half-made on rank 1 and 16 loads; after it
+    (not yet shared), 17 is whole on both and loads. Either way bit-identical."""
+    name = f"background-{moment}"
+    launch, crashed = _run(
+        launcher, tmp_path, name, "--memory-every", "1", "--die-in-snapshot", f"17:{moment}"
+    )
+    assert f"rank 1: dying at '{moment}' of its memory snapshot of step 17" in launch.stdout
+    assert _starts(launch, 1) == {loaded}, launch.stdout
+    assert f"attempt 1: every rank loaded step {loaded} from memory" in launch.stderr
+    _assert_bit_identical(clean, crashed)
+
+
 def test_a_killed_supervisor_is_resumed_from_storage_and_its_memory_is_freed(launcher, tmp_path):
     """Memory snapshots go with the supervisor: kill -9 of ftlaunch frees them (its orphan guard),
     and the relaunch resumes from the newest storage step, on every rank."""

@@ -43,6 +43,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--memory-every", type=int, default=0, help="steps between memory snapshots (0: none)")
     p.add_argument("--die-mid-snapshot", type=int, help="rank 1 dies half-way through this memory snapshot")
     p.add_argument(
+        "--die-in-snapshot",
+        help="STEP:MOMENT: rank 1 dies at MOMENT of its snapshot's background part (after save returned), "
+        "once rank 0 holds STEP",
+    )
+    p.add_argument(
         "--bad-node-step", type=int, help="with BAD_NODE=1 in its environment, a rank dies this many steps in"
     )
     p.add_argument("--out", required=True)
@@ -98,6 +103,38 @@ def inject_storage_faults(args, rank: int, attempt: int) -> None:
             return fill(tensors, views)
 
         memory._fill = fill_half_or_die
+    if args.die_in_snapshot is not None and rank == 1:
+        _die_in_snapshot(*args.die_in_snapshot.split(":"))
+
+
+def _die_in_snapshot(step: str, moment: str) -> None:
+    """Rank 1 is SIGKILLed at ``moment`` of the background part of its snapshot of ``step``, once
+    rank 0's record of that step is written (so what loads depends on rank 1's slot alone)."""
+    import worker_lib.checkpoint.memory as memory
+
+    def die_there(name: str, at: int) -> None:
+        if name != moment or at != int(step):
+            return
+        records = [memory.memory_folder() / f"rank_0.{slot}.json" for slot in (0, 1)]
+        deadline = time.monotonic() + 60
+        while not any(_record_step(p) == at for p in records):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"rank 0 never held step {at}")
+            time.sleep(0.01)
+        print(f"rank 1: dying at {name!r} of its memory snapshot of step {at}", flush=True)
+        die()
+
+    memory._moment = die_there
+
+
+def _record_step(path) -> int:
+    """The step of a slot's record; -1 while there is none (or it is being replaced)."""
+    import json
+
+    try:
+        return int(json.loads(path.read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return -1
 
 
 memory_step = [0]  # the memory snapshot being taken, for --die-mid-snapshot

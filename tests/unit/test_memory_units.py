@@ -60,9 +60,15 @@ class Unpicklable:
         raise RuntimeError("the copy is cut off here")
 
 
+def _save(snaps, step):
+    snaps.save(step, {"state": {"w": torch.full((4,), float(step))}, "rng": None}, {"loss": 1.0 / step})
+
+
 def _save_all(ranks, step):
     for snaps in ranks:
-        snaps.save(step, {"state": {"w": torch.full((4,), float(step))}, "rng": None}, {"loss": 1.0 / step})
+        _save(snaps, step)
+    for snaps in ranks:  # each record follows the call, on the rank's thread: what a test reads next
+        snaps.flush()
 
 
 def test_two_slots_hold_the_newest_two_steps_and_a_load_takes_the_newest(tmp_path):
@@ -135,11 +141,12 @@ def test_the_memory_tier_needs_ftlaunch():
 
 def test_the_votes_of_old_steps_leave_the_store(tmp_path):
     """A snapshot every step must not grow the job's store without end: a rank's vote on a step
-    goes once every rank has voted on the next one."""
+    goes once every rank has voted on the next one (on the rank's thread, right after its own)."""
     ranks, board = _ranks(tmp_path)
     for step in range(1, 6):
         _save_all(ranks, step)
-    assert sorted(board.values) == ["mem/4/0", "mem/4/1", "mem/5/0", "mem/5/1"]
+    _each(ranks, lambda s: s._settle())  # each rank's vote on step 5 is over
+    assert sorted(board.values) == ["mem/5/0", "mem/5/1"]
 
 
 @pytest.mark.parametrize(
@@ -156,3 +163,105 @@ def test_a_size_below_a_mib_is_not_said_as_0_mib(count, text):
     from worker_lib.checkpoint.staging import mib
 
     assert mib(count) == text
+
+
+class _Died(BaseException):
+    """A rank's snapshot thread stops here, as its process would at a crash."""
+
+
+def _die_at(monkeypatch, moment, step, dying_rank):
+    """``dying_rank``'s snapshot thread stops at ``moment`` of its background part of ``step``."""
+    from worker_lib.checkpoint import memory
+
+    def moment_of(name, at):
+        if (name, at) == (moment, step) and threading.current_thread().name.endswith(f"rank{dying_rank}"):
+            raise _Died(name)
+
+    monkeypatch.setattr(memory, "_moment", moment_of, raising=False)
+
+
+def test_a_snapshot_blocks_the_loop_for_its_copy_only(tmp_path, monkeypatch):
+    """Issue 51.5: save returns once the state is in the slot; the index, the record and the
+    rank's vote come after, on the rank's own thread (here held at its start until released)."""
+    from worker_lib.checkpoint import memory
+
+    released = threading.Event()
+    monkeypatch.setattr(memory, "_moment", lambda name, step: released.wait(10), raising=False)
+    loop = threading.current_thread()
+    calls = []
+
+    class Watched(Board):
+        def share(self, key, rank, value):
+            calls.append(threading.current_thread() is loop)
+            super().share(key, rank, value)
+
+        def gather(self, key, world_size, timeout):
+            calls.append(threading.current_thread() is loop)
+            return super().gather(key, world_size, timeout)
+
+    snaps = MemorySnapshots(tmp_path, 0, 1, Watched(), timeout=1.0)
+    snaps.save(1, {"state": {"w": torch.full((4,), 1.0)}, "rng": None}, {})
+    assert not (tmp_path / "rank_0.0.json").exists()  # the record is not the loop's to write
+    assert not (tmp_path / "rank_0.0.index").exists()
+    released.set()
+    snaps.save(2, {"state": {"w": torch.full((4,), 2.0)}, "rng": None}, {})  # waits for step 1's part
+    assert snaps.held() == {1: 0, 2: 1}
+    snaps._settle()
+    assert calls == [False] * 4  # each step's share and gather, none on the loop's thread
+    snaps.close()
+
+
+@pytest.mark.parametrize("moment, loaded", [("copied", 2), ("indexed", 2), ("recorded", 3), ("shared", 3)])
+def test_a_crash_in_the_background_part_loads_the_newest_step_every_rank_completed(
+    tmp_path, monkeypatch, moment, loaded
+):
+    """Rank 1 dies at each moment of its snapshot of step 3's background part, rank 0 holding
+    step 3: before the record, step 3 does not count on rank 1 and both load 2; after it, 3 is
+    whole on both. Never a torn step: what loads holds that step's values."""
+    ranks, _ = _ranks(tmp_path)
+    for step in (1, 2):
+        _save_all(ranks, step)
+    _die_at(monkeypatch, moment, 3, dying_rank=1)
+    for snaps in ranks:
+        _save(snaps, 3)
+    assert sorted(ranks[0].held()) == [2, 3]  # rank 0 may not overwrite 2 until rank 1 shares 3
+    again, _ = _ranks(tmp_path)  # the restarted group's ranks
+    assert _each(again, lambda s: s.newest_agreed(storage_newest=None)) == [loaded, loaded]
+    for snaps in again:
+        payload, problem = snaps.read(loaded)
+        assert problem is None and torch.equal(payload["state"]["w"], torch.full((4,), float(loaded)))
+
+
+def test_a_long_wait_for_the_last_snapshot_is_said_once(tmp_path, monkeypatch):
+    """The next save waits for the last snapshot's background part; a long wait is said, once
+    a process. Here "long" is 50 ms: step 1's part is held until the line is said, step 2's for
+    0.3 s (said no more)."""
+    import logging
+
+    from worker_lib.checkpoint import memory
+
+    monkeypatch.setattr(memory, "_LONG_WAIT_S", 0.05)
+    said_it = threading.Event()
+    holds = {1: lambda: said_it.wait(10), 2: lambda: threading.Event().wait(0.3)}
+    monkeypatch.setattr(memory, "_moment", lambda name, step: name == "copied" and holds.get(step, bool)())
+    said = []
+
+    class Told(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+            said_it.set()
+
+    handler = Told(logging.WARNING)
+    memory.log.addHandler(handler)
+    try:
+        snaps = MemorySnapshots(tmp_path, 0, 1, Board(), timeout=1.0)
+        for step in (1, 2, 3):
+            snaps.save(step, {"state": {"w": torch.full((4,), float(step))}, "rng": None}, {})
+        snaps.close()
+    finally:
+        memory.log.removeHandler(handler)
+    assert said == [
+        "rank 0 waits for its memory snapshot of step 1 to be recorded and held by every rank (0 s so "
+        "far; said once): a rank is behind, or its snapshots are slow"
+    ]
+    assert sorted(snaps.held()) == [2, 3]

@@ -110,6 +110,7 @@ def test_a_step_loaded_from_memory_is_skipped_only_when_storage_holds_it(
     first = _manager(storage, MemorySnapshots(shm, 0, 1, LocalChannel(), timeout=5))
     first.save(10, {"w": torch.full((2,), 1.0)}, blocking=True)
     first.snapshot(memory_step, {"w": torch.full((2,), 1.0)})
+    first.wait_all()  # as its exit does: the snapshot's record follows the call, on its thread
     resumed = _manager(storage, MemorySnapshots(shm, 0, 1, LocalChannel(), timeout=5))
     assert resumed.load().step == memory_step
     _kill_before_markers(monkeypatch)

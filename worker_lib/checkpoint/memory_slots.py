@@ -1,4 +1,4 @@
-"""One memory-tier slot's files, and the thread that finishes a CUDA snapshot.
+"""One memory-tier slot's files, and the thread that finishes each snapshot after its copy.
 
     rank_<r>.<k>          the flat buffer (``flat``), mapped shared, registered with CUDA for GPUs
     rank_<r>.<k>.index    the layout and the state's other objects (pickled), before the copy
@@ -173,8 +173,8 @@ class SlotFiles:
 
 
 class Finisher:
-    """One thread that ends each CUDA snapshot after its copy (the record, the other ranks told),
-    so the loop only enqueues; a failure is raised by the next ``wait``."""
+    """One thread that ends each snapshot after its copy (the record, the other ranks told and
+    waited for), so the loop only copies; a failure is raised by the next ``wait``."""
 
     def __init__(self, name: str) -> None:
         self._name = name
@@ -197,6 +197,7 @@ class Finisher:
             raise CheckpointError(f"the last memory snapshot failed: {error}") from error
 
     def _run(self) -> None:
+        _no_wakeup_preemption()
         while True:
             job = self._jobs.get()
             try:
@@ -207,3 +208,16 @@ class Finisher:
                 self._error = err
             finally:
                 self._jobs.task_done()
+
+
+def _no_wakeup_preemption() -> None:
+    """Make the calling thread SCHED_BATCH (Linux): the same share of the CPU, but waking it
+    never preempts the thread that woke it. Measured on 2 busy cores: a plain thread woken at
+    the end of each snapshot held the loop up to 40 ms (p75 13.8 ms; 1.9 ms as SCHED_BATCH)."""
+    batch = getattr(os, "SCHED_BATCH", None)
+    if batch is None:
+        return
+    try:
+        os.sched_setscheduler(0, batch, os.sched_param(0))  # 0: this thread
+    except OSError as err:  # a policy refused (seccomp): only the loop's latency is at stake
+        log.debug("the snapshot thread stays a normal thread: %s", err)
