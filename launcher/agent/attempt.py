@@ -9,6 +9,7 @@ import traceback
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
 
+from launcher.agent.copies import NO_COPIES, NoCopies
 from launcher.agent.group_stop import GroupStop, stopped_by_signal
 from launcher.agent.standing_by import stand_by
 from launcher.chaos.driver import NoChaos
@@ -71,6 +72,7 @@ class Workers:
     guard: OrphanGuard
     console: Tuple[BinaryIO, BinaryIO]
     memory_dir: Optional[Path] = None  # the node's memory tier, for the workers' snapshots
+    copies: NoCopies = NO_COPIES  # the tier's copies to and from other nodes
 
 
 class AttemptRunner:
@@ -89,6 +91,7 @@ class AttemptRunner:
         self._spawner = workers.spawner
         self._console = workers.console
         self._memory_dir = workers.memory_dir
+        self._copies = workers.copies
         self._hangs = hangs
         self._chaos = chaos
         self._node = node
@@ -114,6 +117,7 @@ class AttemptRunner:
 
     def run(self, plan: AttemptPlan, link: PeerLink) -> AttemptResult:
         self._link = link
+        self._copies.begin(plan)
         if not plan.layout.trains:
             return stand_by(plan, link, self._kit, self._spawner)
         attempt = plan.attempt

@@ -44,13 +44,15 @@ def run_terms(config: LaunchConfig) -> RunTerms:
     )
 
 
-def membership(config: LaunchConfig) -> Membership:
+def membership(config: LaunchConfig, copies: str = "") -> Membership:
+    """``copies``: this node's copy server, if it runs one."""
     return Membership(
         cluster=config.cluster,
         nproc=config.group.nproc,
         command=config.entry.command,
         run_id=config.run.run_id,
         grace_period=config.group.grace_period,
+        copies=copies,
     )
 
 

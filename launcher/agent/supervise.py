@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Optional, Tuple
 
 from launcher.agent import parts
 from launcher.agent.attempt import AttemptRunner, Workers
+from launcher.agent.copies import NO_COPIES, NoCopies, NodeCopies, copy_host
 from launcher.agent.health import NodeHealth
 from launcher.agent.held import hold
 from launcher.agent.loop import run_attempts
@@ -95,11 +96,11 @@ def _follow(
     on_events: OnEvents,
 ) -> RunResult:
     """A node other than node 0: it holds nothing of the run."""
-    with _node(config, signals, say, on_events) as (kit, guard, memory):
+    with _node(config, signals, say, on_events) as (kit, guard, memory, copies):
         # Whether the script beats is node 0's knowledge (run.json); here it is learned afresh.
         hangs = HangMonitor(config.hangs, kit.events, say, lambda: None, False)
-        workers = Workers(parts.worker_plan(config), spawner, guard, console, memory)
-        role = Follower(parts.membership(config), config.run, kit)
+        workers = Workers(parts.worker_plan(config), spawner, guard, console, memory, copies)
+        role = Follower(parts.membership(config, copies.address), config.run, kit)
         health = NodeHealth(parts.health_terms(config), kit, guard, memory)
         try:
             result = run_attempts(role, _runner(config, kit, workers, hangs), health)
@@ -124,12 +125,12 @@ def _lead(
     taken_from = _acquire(directory, config.run, signals, say)  # before anything is written, logs included
     run: Optional[Run] = None
     try:
-        with _node(config, signals, say, on_events) as (kit, guard, memory):
+        with _node(config, signals, say, on_events) as (kit, guard, memory, copies):
             run = _open(parts.run_terms(config), directory, kit, taken_from)
-            role = _holder_role(config, run, kit, spawner, job_store)
+            role = _holder_role(config, run, kit, spawner, job_store, copies.address)
             beat_before = any(a.beat for a in run.state.attempts)  # e.g. before a kill -9 of ftlaunch
             hangs = HangMonitor(config.hangs, kit.events, say, run.mark_first_step, beat_before)
-            workers = Workers(parts.worker_plan(config), spawner, guard, console, memory)
+            workers = Workers(parts.worker_plan(config), spawner, guard, console, memory, copies)
             health = NodeHealth(parts.health_terms(config), kit, guard, memory)
             runner = _runner(config, kit, workers, hangs)
             return hold(role, runner, health, run, kit.events, say, config.restart)
@@ -141,14 +142,15 @@ def _lead(
 
 
 def _holder_role(
-    config: LaunchConfig, run: Run, kit: NodeKit, spawner: Spawner, job_store: Optional["Store"]
+    config: LaunchConfig, run: Run, kit: NodeKit, spawner: Spawner, job_store: Optional["Store"], copies: str
 ) -> RunHolder:
-    """The only node's role, or node 0's of many (``job_store``: the job's store it hosts)."""
+    """The only node's role, or node 0's of many (``job_store``: the job's store it hosts;
+    ``copies``: its copy server)."""
     store_at = (config.group.master_addr, config.group.master_port)
     injectable = config.chaos.plan is not None
     if job_store is not None:
         rendezvous = Rendezvous(config.cluster, config.run.run_id, job_store)
-        membership = parts.membership(config)
+        membership = parts.membership(config, copies)
         return Leader(membership, run, kit, config.restart, store_at, injectable, rendezvous)
 
     # The workers' store in a process forked from the fork server, when it serves; none once a
@@ -184,16 +186,34 @@ def _open(terms: RunTerms, directory: RunDir, kit: NodeKit, taken_from: Optional
 @contextlib.contextmanager
 def _node(
     config: LaunchConfig, signals: SignalInbox, say: Say, on_events: OnEvents
-) -> Iterator[Tuple[NodeKit, OrphanGuard, Optional[Path]]]:
+) -> Iterator[Tuple[NodeKit, OrphanGuard, Optional[Path], NoCopies]]:
     """What every node's supervisor holds for its life, whatever its role: its descendants
-    (a subreaper), its event log (handed to ``on_events``, opened by RunStart), the orphan guard
-    and the memory tier."""
+    (a subreaper), its event log (handed to ``on_events``, opened by RunStart), the orphan guard,
+    the memory tier and its copies to other nodes."""
     become_subreaper()
     with EventLog(config.group.log_dir / "events.jsonl") as events:
         on_events(events)
         events.emit(RunStart(run_id=config.run.run_id, config=config.to_json(), pid=os.getpid()))
-        with OrphanGuard() as guard, _memory_tier(guard) as memory:
-            yield NodeKit(events, signals, say), guard, memory
+        with (
+            OrphanGuard() as guard,
+            _memory_tier(guard) as memory,
+            _copies(config, memory, events, say) as copies,
+        ):
+            yield NodeKit(events, signals, say), guard, memory, copies
+
+
+@contextlib.contextmanager
+def _copies(config: LaunchConfig, memory: Optional[Path], events: EventLog, say: Say) -> Iterator[NoCopies]:
+    """--memory-peers: the tier's copies to and from the other nodes, for the supervisor's life."""
+    if memory is None or not config.cluster.many_nodes or not config.copies.peers:
+        yield NO_COPIES
+        return
+    host = copy_host(config.cluster.rdzv_endpoint)
+    copies = NodeCopies(memory, config.cluster.node_rank, config.copies, host, events, say)
+    try:
+        yield copies
+    finally:
+        copies.close()
 
 
 @contextlib.contextmanager

@@ -323,6 +323,22 @@ LAUNCH_OPTIONS: Tuple[click.Option, ...] = (
         help="How long --health-check may take before it is killed (a failure).",
     ),
     click.Option(
+        ["--memory-peers"],
+        type=WHOLE,
+        default=1,
+        metavar="R",
+        help='With many nodes: each node\'s newest memory snapshots (ft.save_checkpoint(to="memory")) are '
+        "copied to R other nodes, so a node lost with its memory costs a step, not the storage interval. "
+        "0: no copies",
+    ),
+    click.Option(
+        ["--memory-copy-rate"],
+        default="1GB",
+        metavar="BYTES",
+        help="The most bytes a second a node sends for those copies (500MB, 2GiB; 0: no cap), so they never "
+        "starve the job's own network.",
+    ),
+    click.Option(
         ["--chaos"],
         default=None,
         metavar="SPEC",

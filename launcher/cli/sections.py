@@ -11,6 +11,7 @@ from launcher.cli.discover import place, resolve_backend, slurm_step, visible_gp
 from launcher.core.config import (
     ChaosSection,
     ClusterSection,
+    CopySection,
     EntryKind,
     EntrySection,
     GroupSection,
@@ -24,7 +25,7 @@ from launcher.core.policy import RestartPolicy
 from launcher.grammar.chaos import ChaosPlan, parse_chaos
 from launcher.grammar.durations import parse_duration
 from launcher.grammar.errors import UsageError
-from launcher.grammar.numbers import digits, whole_number
+from launcher.grammar.numbers import byte_rate, digits, whole_number
 
 __all__ = ["config_from_options"]
 
@@ -112,6 +113,7 @@ def config_from_options(
         health=HealthSection(
             o["health_check"] or "", _seconds(o, "health_check_timeout", "--health-check-timeout")
         ),
+        copies=CopySection(o["memory_peers"], _bytes(o, "memory_copy_rate", "--memory-copy-rate")),
     )
 
 
@@ -139,6 +141,16 @@ def _seconds(options: Mapping[str, Any], name: str, option: str) -> float:
     if options[name] is None:
         raise UsageError(f"{option} needs a duration")
     return parse_duration(options[name], option)
+
+
+def _bytes(options: Mapping[str, Any], name: str, option: str) -> int:
+    """A number of bytes with a unit ("500MB", "1GiB"), one line when it is not."""
+    try:
+        return byte_rate(options[name])
+    except ValueError:
+        raise UsageError(
+            f"{option} must be bytes a second, e.g. 500MB or 1GiB (0: no cap), got {options[name]!r}"
+        ) from None
 
 
 def _parse_chaos(spec: str, run_id: str, nnodes: int) -> ChaosPlan:

@@ -19,7 +19,7 @@ import json
 import os
 import socket
 import time
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from launcher.core.failures import Failure, failure_from_json, failure_to_json
 from launcher.core.outcomes import AttemptOutcome, RunStatus
@@ -31,6 +31,7 @@ __all__ = [
     "InterruptKind",
     "JobVerdict",
     "NodeInfo",
+    "copy_servers",
     "NodeReport",
     "plan_problem",
     "reading_from_json",
@@ -75,10 +76,11 @@ class NodeInfo:
     nproc: int
     command: List[str]
     standby: int = 0  # its --standby-nodes: every node must agree on who may stand by
+    copies: str = ""  # HOST:PORT of its copy server (--memory-peers); "": it takes no copies
 
     @classmethod
-    def here(cls, node: int, nproc: int, command, standby: int = 0) -> "NodeInfo":
-        return cls(node, socket.gethostname(), os.getpid(), nproc, list(command), standby)
+    def here(cls, node: int, nproc: int, command, standby: int = 0, copies: str = "") -> "NodeInfo":
+        return cls(node, socket.gethostname(), os.getpid(), nproc, list(command), standby, copies)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +96,16 @@ class RoundPlan:
     world_size: int = 0  # every rank's WORLD_SIZE: each node checks it before it starts a rank
     round_failed: str = ""  # a node of the round never announced itself: why; every node meets again
     standby: List[int] = dataclasses.field(default_factory=list)  # the round's nodes that stand by
+    copies: List[list] = dataclasses.field(default_factory=list)  # [node, host, its copy server]
+
+    def copy_servers(self) -> Tuple[Tuple[int, str, str], ...]:
+        """(node, host, HOST:PORT) of each node of the round that takes copies (--memory-peers)."""
+        return tuple((int(node), str(host), str(at)) for node, host, at in self.copies)
+
+
+def copy_servers(infos: Dict[int, NodeInfo]) -> List[list]:
+    """``RoundPlan.copies`` from the nodes' announcements."""
+    return [[node, info.host, info.copies] for node, info in sorted(infos.items()) if info.copies]
 
 
 def plan_problem(plan: RoundPlan, node: int, nproc: int, fewest: int, nnodes: int, standby: int = 0) -> str:

@@ -21,6 +21,7 @@ from launcher.grammar.numbers import digits
 __all__ = [
     "ChaosSection",
     "ClusterSection",
+    "CopySection",
     "EntryKind",
     "EntrySection",
     "GroupSection",
@@ -346,6 +347,21 @@ class HealthSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class CopySection:
+    """Each node's newest memory snapshots copied to other nodes (``launcher.replicas``), so a
+    node lost with its /dev/shm costs a step, not the storage interval."""
+
+    peers: int = 1  # --memory-peers: the nodes each node's copies go to; 0: none
+    rate: int = 1_000_000_000  # --memory-copy-rate: the bytes a second a node sends at most; 0: no cap
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.peers < MAX_NODES:
+            raise UsageError(f"--memory-peers must be 0 to {MAX_NODES - 1}, got {self.peers}")
+        if self.rate < 0:
+            raise UsageError(f"--memory-copy-rate must be 0 (no cap) or more bytes a second, got {self.rate}")
+
+
+@dataclasses.dataclass(frozen=True)
 class ChaosSection:
     plan: Optional[ChaosPlan] = None  # faults to inject into the run (--chaos); None: none
 
@@ -403,6 +419,8 @@ _FLAT = {
     "metrics_file": ("metrics", "file"),
     "health_check": ("health", "command"),
     "health_check_timeout": ("health", "timeout"),
+    "memory_peers": ("copies", "peers"),
+    "memory_copy_rate": ("copies", "rate"),
 }
 _SECTIONS = {
     "entry": EntrySection,
@@ -414,6 +432,7 @@ _SECTIONS = {
     "chaos": ChaosSection,
     "metrics": MetricsSection,
     "health": HealthSection,
+    "copies": CopySection,
 }
 
 
@@ -431,6 +450,7 @@ class LaunchConfig:
     chaos: ChaosSection = ChaosSection()
     metrics: MetricsSection = MetricsSection()
     health: HealthSection = HealthSection()
+    copies: CopySection = CopySection()
 
     def __post_init__(self) -> None:
         ranks = self.group.console_ranks

@@ -65,6 +65,7 @@ __all__ = [
     "RunEnd",
     "RunStart",
     "StandbyLost",
+    "CopyRestored",
     "Steps",
     "StopRequested",
     "Takeover",
@@ -250,6 +251,21 @@ class StandbyLost:
 
 
 @dataclasses.dataclass(frozen=True)
+class CopyRestored:
+    """--memory-peers: this node's ranks held no snapshot of their own (a standby that took a
+    place, a node relaunched), and got one from another node's copy before they started."""
+
+    KIND: ClassVar[str] = "copy_restored"
+    attempt: int
+    step: int
+    ranks: List[int]
+    holder: int  # the node that held the copy
+    source: int  # the node that sent it
+    bytes: int
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
 class RoundAbandoned:
     """Many nodes, node 0: a node of the rendezvous round never announced itself (its supervisor
     died on the way); no attempt ran on the round, every node met again."""
@@ -405,6 +421,7 @@ Event = Union[
     NodesMet,
     NodeReplaced,
     StandbyLost,
+    CopyRestored,
     RoundAbandoned,
     PeerInterrupt,
     ChaosInjected,

@@ -4,9 +4,22 @@ torchrun command line means by a number never has them, so they are refused, not
 
 import re
 
-__all__ = ["decimal", "digits", "whole_number"]
+__all__ = ["byte_rate", "decimal", "digits", "whole_number"]
 
 _WHOLE = re.compile(r"[+-]?[0-9]+")
+_BYTES = re.compile(r"([0-9]+\.?[0-9]*)\s*([KMGT]i?B|B)?", re.I)
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 _DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
@@ -29,3 +42,12 @@ def decimal(text: str) -> float:
     if not _DECIMAL.fullmatch(stripped):
         raise ValueError(f"not a number: {text!r}")
     return float(stripped)
+
+
+def byte_rate(text: str) -> int:
+    """Bytes from "500MB", "1.5GB", "2GiB" or "1000000" (a unit of bytes: B, KB, MB, GB, TB are
+    powers of 1000, KiB..TiB of 1024); ValueError for anything else ("fast", "-1MB", "1e9")."""
+    found = _BYTES.fullmatch(text.strip())
+    if not found:
+        raise ValueError(f"not a number of bytes: {text!r}")
+    return int(float(found.group(1)) * _UNITS[(found.group(2) or "").lower()])

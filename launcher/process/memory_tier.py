@@ -4,6 +4,7 @@ supervisor starts, removed when it ends, and by its orphan guard when it is kill
 supervisor on the node removes any that no live supervisor holds (the guard killed too:
 launcher.core.owned, whose lock holds across PID namespaces)."""
 
+import dataclasses
 import json
 import os
 import re
@@ -14,7 +15,7 @@ from typing import Dict, List, Optional
 from launcher.core.health import CheckResult, tier_room_needed
 from launcher.core.owned import owned_folder, remove_unowned
 
-__all__ = ["MemoryTier", "drop_own_tiers", "room_for_tier"]
+__all__ = ["HeldSlot", "MemoryTier", "drop_own_tiers", "held_slots", "room_for_tier"]
 
 _KIND = "ftlaunch-memory-"  # then owned-, the supervisor's pid and a random suffix
 _SHM = Path("/dev/shm")
@@ -52,6 +53,48 @@ def drop_own_tiers(shm: Path = _SHM) -> None:
 _RECORD = re.compile(r"rank_(\d+)\.(\d+)\.json")  # worker_lib.checkpoint.memory_slots' slot record
 
 
+@dataclasses.dataclass(frozen=True)
+class HeldSlot:
+    """One whole slot of the tier as its files say (worker_lib.checkpoint.memory_slots writes
+    them: ``rank_<r>.<k>`` the data, ``.index``, and the record ``.json`` last)."""
+
+    rank: int
+    slot: int
+    step: int
+    size: int  # bytes of the data file
+    index_size: int
+    record: bytes  # the record's text, as written
+    record_inode: int  # a rewrite of the slot removes the record first: a new one is a new inode
+
+    def path(self, folder: Path, suffix: str = "") -> Path:
+        return folder / f"rank_{self.rank}.{self.slot}{suffix}"
+
+
+def held_slots(folder: Path, files: bool = True) -> List[HeldSlot]:
+    """Each whole slot in ``folder``: a record that reads back, with data and index of its sizes
+    (a slot being written, or damaged, is not one). ``files=False``: the records alone."""
+    held = []
+    for path in folder.glob("rank_*.json"):
+        found = _RECORD.fullmatch(path.name)
+        if not found:
+            continue
+        try:
+            with open(path, "rb") as handle:
+                inode, text = os.fstat(handle.fileno()).st_ino, handle.read()
+            record = json.loads(text)
+            step, size, index_size = int(record["step"]), int(record["size"]), int(record["index_size"])
+            whole = not files or (
+                path.with_suffix("").stat().st_size == size
+                and path.with_suffix(".index").stat().st_size == index_size
+            )
+        except (OSError, ValueError, KeyError, TypeError, OverflowError):
+            continue
+        if whole:
+            rank, slot = int(found.group(1)), int(found.group(2))
+            held.append(HeldSlot(rank, slot, step, size, index_size, text, inode))
+    return held
+
+
 def room_for_tier(folder: Optional[Path]) -> CheckResult:
     """/dev/shm can still take what the tier would hold: two snapshots a rank at the sizes its
     slots show (data and index; the slots made are reserved and stay). Before any snapshot the
@@ -77,13 +120,6 @@ def room_for_tier(folder: Optional[Path]) -> CheckResult:
 def _slot_sizes(folder: Path) -> Dict[int, List[int]]:
     """Each rank's whole slots (a record read back), by size; a slot being written is not counted."""
     sizes: Dict[int, List[int]] = {}
-    for path in folder.glob("rank_*.json"):
-        found = _RECORD.fullmatch(path.name)
-        try:
-            record = json.loads(path.read_text()) if found else None
-            size = int(record["size"]) + int(record["index_size"]) if record else None
-        except (OSError, ValueError, KeyError, TypeError):
-            size = None
-        if found and size is not None:
-            sizes.setdefault(int(found.group(1)), []).append(size)
+    for held in held_slots(folder, files=False):
+        sizes.setdefault(held.rank, []).append(held.size + held.index_size)
     return sizes

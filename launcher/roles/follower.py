@@ -165,7 +165,7 @@ class Follower(NodeRole):
         layout = Layout(nodes, self.node, self.job.nproc, tuple(plan.standby))
         self._say_place(layout)
         self._link = FollowerLink(self.node, self.channel)
-        return AttemptPlan(plan.attempt, plan.master_addr, plan.master_port, layout)
+        return AttemptPlan(plan.attempt, plan.master_addr, plan.master_port, layout, plan.copy_servers())
 
     def _say_place(self, layout: Layout) -> None:
         """--standby-nodes: this node's part, said when it changes (it stands by, or trains where)."""

@@ -16,6 +16,7 @@ from launcher.cluster.wire import (
     NodeInfo,
     NodeReport,
     RoundPlan,
+    copy_servers,
     plan_problem,
 )
 from launcher.core.beats import BeatSummary
@@ -143,9 +144,8 @@ class Leader(RunHolder):
         cluster, nproc = self.job.cluster, self.job.nproc
         placed = self._places.place(infos)
         layout = Layout(placed.nodes, 0, nproc, placed.standby)
-        draft = RoundPlan(
-            -1, "", 0, list(layout.nodes), world_size=layout.world_size, standby=list(layout.standby)
-        )
+        draft = RoundPlan(-1, "", 0, list(layout.nodes), world_size=layout.world_size)
+        draft = dataclasses.replace(draft, standby=list(layout.standby), copies=copy_servers(infos))
         problem = self.job.disagreement(infos) or plan_problem(
             draft, 0, nproc, cluster.fewest, cluster.nnodes, cluster.standby
         )
@@ -171,7 +171,7 @@ class Leader(RunHolder):
         channel.set_standby(layout.standby)
         say_training(self._rendezvous.store, number)
         channel.publish_plan(plan)
-        return AttemptPlan(number, address, port, layout)
+        return AttemptPlan(number, address, port, layout, plan.copy_servers())
 
     def _announce_size(self, layout: Layout) -> None:
         """An elastic job says on which nodes each attempt runs, when that changes."""

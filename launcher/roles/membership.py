@@ -23,6 +23,7 @@ class Membership:
     command: Tuple[str, ...]
     run_id: str
     grace_period: float
+    copies: str = ""  # this node's copy server (HOST:PORT), told to node 0 as it announces itself
 
     @property
     def node(self) -> int:
@@ -34,7 +35,7 @@ class Membership:
 
     def info(self) -> NodeInfo:
         """This node as it announces itself to node 0."""
-        return NodeInfo.here(self.node, self.nproc, self.command, self.cluster.standby)
+        return NodeInfo.here(self.node, self.nproc, self.command, self.cluster.standby, self.copies)
 
     @property
     def announce_timeout(self) -> float:

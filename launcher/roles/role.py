@@ -26,6 +26,7 @@ class AttemptPlan:
     master_addr: str
     master_port: int
     layout: Layout
+    copies: Tuple[Tuple[int, str, str], ...] = ()  # (node, host, its copy server) of the round's nodes
 
 
 def in_attempt(value: Optional[T], what: str) -> T:

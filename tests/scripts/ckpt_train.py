@@ -50,6 +50,12 @@ def parse() -> argparse.Namespace:
     p.add_argument(
         "--bad-node-step", type=int, help="with BAD_NODE=1 in its environment, a rank dies this many steps in"
     )
+    p.add_argument(
+        "--fixed-buckets",
+        action="store_true",
+        help="DDP never rebuilds its buckets (find_unused_parameters=True), so a restart's first steps "
+        "sum each gradient in the order the clean run does: bit-identical with 3 or more ranks",
+    )
     p.add_argument("--out", required=True)
     add_option(p)
     return p.parse_args()
@@ -156,7 +162,7 @@ def main() -> None:
         start = ckpt.step
     print(f"rank {info.rank} attempt {info.attempt} starts at step {start}", flush=True)
     print(f"rank {info.rank} attempt {info.attempt} has WORLD_SIZE {os.environ['WORLD_SIZE']}", flush=True)
-    ddp = DDP(model)
+    ddp = DDP(model, find_unused_parameters=args.fixed_buckets)
     for step in steps(start, args.steps, info.attempt, args.until_attempt):
         crash = (step, info.attempt) in crashes and info.rank == args.crash_rank
         if (

@@ -23,7 +23,14 @@ _LAYERS: Tuple[Tuple[str, ...], ...] = (
     ("launcher.forked", "launcher.orphan_guard"),
     ("launcher.process",),  # the supervisor's process mechanics: spawn, signal, stop, logs, its ends
     # the mechanisms of one node's watch and of many nodes' meeting
-    ("launcher.runs", "launcher.observe", "launcher.hangs", "launcher.chaos", "launcher.cluster"),
+    (
+        "launcher.runs",
+        "launcher.observe",
+        "launcher.hangs",
+        "launcher.chaos",
+        "launcher.cluster",
+        "launcher.replicas",
+    ),
     ("launcher.roles",),  # single node, node 0, follower: what the loop and the attempt ask of each
     ("launcher.agent",),  # one node's supervisor: its parts from the sections, the loop, the attempt
     ("launcher",),  # the console line

@@ -1,0 +1,125 @@
+"""This node's part in copying memory snapshots to other nodes (--memory-peers, issue 51): its
+copy server and sender for the supervisor's life, and at each attempt's start the restore of its
+ranks' snapshots from another node's copy where its own tier holds none. ``NO_COPIES`` where
+there is nothing to copy: one node, no /dev/shm, or --memory-peers 0."""
+
+import logging
+import socket
+from pathlib import Path
+from typing import Callable
+
+from launcher.core.config import CopySection
+from launcher.core.events import CopyRestored, EventLog
+from launcher.replicas.held import HeldCopies
+from launcher.replicas.peers import peers_of
+from launcher.replicas.restore import needs_restore, restore
+from launcher.replicas.sender import Duty, Sender
+from launcher.replicas.server import CopyServer
+from launcher.roles.role import AttemptPlan
+
+__all__ = ["NO_COPIES", "NodeCopies", "NoCopies", "copy_host"]
+
+log = logging.getLogger(__name__)
+_MIB = 2**20
+
+
+class NoCopies:
+    address = ""
+
+    def begin(self, plan: AttemptPlan) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+NO_COPIES = NoCopies()
+
+
+class NodeCopies(NoCopies):
+    def __init__(
+        self,
+        tier: Path,
+        node: int,
+        section: CopySection,
+        host: str,
+        events: EventLog,
+        say: Callable[[str], None],
+    ) -> None:
+        self._tier, self._node, self._section = tier, node, section
+        self._events, self._say = events, say
+        self._full_said = False
+        self._server = CopyServer(host, HeldCopies(tier / "peers"), self._on_full)
+        self.address = self._server.address
+        self._sender = Sender(tier, node, section.rate, say)
+
+    def begin(self, plan: AttemptPlan) -> None:
+        """Before the attempt's workers start: restore where needed, then send to this attempt's
+        peers (a standby sends nothing; it still keeps what it holds)."""
+        layout = plan.layout
+        if not layout.trains:
+            self._sender.assign(None)
+            return
+        first, count = layout.rank(0), layout.nproc
+        others = [(node, address) for node, _, address in plan.copies if node != self._node]
+        if plan.attempt > 0 and others and needs_restore(self._tier, first, count):
+            self._restore(plan.attempt, first, count, others)
+        hosts = {node: host for node, host, _ in plan.copies}
+        addresses = {node: address for node, _, address in plan.copies}
+        peers = peers_of(self._node, layout.nodes, hosts, self._section.peers)
+        self._sender.assign(
+            Duty(plan.attempt, first, count, tuple((n, addresses[n]) for n in peers if n in addresses))
+        )
+
+    def _restore(self, attempt: int, first: int, count: int, holders: list) -> None:
+        ranks = list(range(first, first + count))
+        named = f"rank{'s' if count > 1 else ''} {first}" + (f"-{first + count - 1}" if count > 1 else "")
+        restored, problems = restore(self._tier, first, count, attempt - 1, holders)
+        for problem in problems:
+            log.info("node %d: a copy could not be fetched: %s", self._node, problem)
+        if restored is None:
+            why = f" ({'; '.join(problems)})" if problems else ""
+            self._say(
+                f"node {self._node}: no other node holds a copy of {named}'s memory snapshots from attempt "
+                f"{attempt - 1}{why}: they load from storage"
+            )
+            return
+        self._events.emit(
+            CopyRestored(
+                attempt,
+                restored.step,
+                ranks,
+                restored.holder,
+                restored.source,
+                restored.size,
+                round(restored.seconds, 3),
+            )
+        )
+        self._say(
+            f"node {self._node}: step {restored.step} of {named} from node {restored.holder}'s copy of node "
+            f"{restored.source} ({restored.size / _MIB:.1f} MiB in {restored.seconds:.2f} s)"
+        )
+
+    def _on_full(self, why: str) -> None:
+        if not self._full_said:
+            self._full_said = True
+            self._say(
+                f"node {self._node}: /dev/shm has no room for other nodes' copies ({why}): it takes no more"
+            )
+
+    def close(self) -> None:
+        self._sender.close()
+        self._server.close()
+
+
+def copy_host(rdzv_endpoint: str) -> str:
+    """The address other nodes reach this one at: the one this host uses towards node 0's
+    endpoint (no packet is sent: a UDP socket's connect only picks the route)."""
+    host = rdzv_endpoint.rpartition(":")[0].strip("[]")
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return socket.gethostname()

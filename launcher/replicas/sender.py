@@ -1,0 +1,176 @@
+"""A node's sender: a thread that watches the node's tier and, once every rank of the node holds
+a newer whole snapshot, sends that step's slots to the node's peers. It never touches the slots'
+writers: a rewrite removes a slot's record before anything else, so a record still in place
+(the same inode) after the send means the bytes sent were whole; else the peer discards them."""
+
+import dataclasses
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+from launcher.process.memory_tier import HeldSlot, held_slots
+from launcher.replicas.wire import (
+    Pace,
+    WireError,
+    connect,
+    recv_json,
+    send_crc,
+    send_file,
+    send_json,
+    send_view,
+)
+
+__all__ = ["Duty", "Sender"]
+
+log = logging.getLogger(__name__)
+
+_LOOK_S = 0.005  # how often the tier is looked at: a copy trails its snapshot by about this
+_TIMEOUT_S = 10.0  # one send's socket calls: a peer that stops answering fails the send
+_RETRY_S = 1.0  # after a failed send, before the next try to that peer
+
+
+@dataclasses.dataclass(frozen=True)
+class Duty:
+    """What the node copies during one attempt: its ranks (``first``, ``count``) to ``peers``
+    (node, address)."""
+
+    attempt: int
+    first: int
+    count: int
+    peers: Tuple[Tuple[int, str], ...]
+
+
+@dataclasses.dataclass
+class _Peer:
+    node: int
+    address: str
+    sent: int = -1  # the newest step it holds, this attempt
+    failing: str = ""  # why the last send failed ("" while they succeed)
+    retry_at: float = 0.0
+    full: bool = False
+
+
+class Sender:
+    def __init__(self, tier: Path, node: int, rate: int, say: Callable[[str], None]) -> None:
+        self._tier = tier
+        self._node = node
+        self._say = say
+        self._stopped = threading.Event()
+        self._pace = Pace(rate, self._stopped)
+        self._lock = threading.Lock()
+        self._duty: Optional[Duty] = None
+        self._peers: List[_Peer] = []
+        self._newest = -1  # the newest step every rank of this node holds
+        self._thread = threading.Thread(target=self._run, name="ftlaunch-copy-sender", daemon=True)
+        self._thread.start()
+
+    def assign(self, duty: Optional[Duty]) -> None:
+        """The attempt's duty (None: this node runs no rank, it sends nothing)."""
+        with self._lock:
+            self._duty = duty
+            self._peers = [_Peer(node, address) for node, address in (duty.peers if duty else ())]
+            self._newest = -1
+
+    def lag(self) -> Dict[int, int]:
+        """peer node -> the steps its copy trails this node's newest snapshot (-1: none yet)."""
+        with self._lock:
+            return {p.node: (self._newest - p.sent if p.sent >= 0 else -1) for p in self._peers}
+
+    def close(self) -> None:
+        self._stopped.set()
+        self._thread.join(_TIMEOUT_S + 1)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(_LOOK_S):
+            with self._lock:
+                duty, peers = self._duty, list(self._peers)
+            if duty is None or not peers:
+                continue
+            slots = _newest_whole(self._tier, duty.first, duty.count)
+            if slots is None:
+                continue
+            step = slots[0].step
+            with self._lock:
+                self._newest = step
+            for peer in peers:
+                if peer.sent < step and not peer.full and time.monotonic() >= peer.retry_at:
+                    self._send(duty, peer, step, slots)
+
+    def _send(self, duty: Duty, peer: _Peer, step: int, slots: List[HeldSlot]) -> None:
+        try:
+            reply = self._put(duty, peer, step, slots)
+        except (OSError, WireError, ValueError) as err:
+            if not peer.failing:
+                self._say(
+                    f"node {self._node}: copying its memory snapshots to node {peer.node} failed ({err}); "
+                    f"training goes on, retried every {_RETRY_S:g} s (node {peer.node} holds step "
+                    f"{peer.sent if peer.sent >= 0 else 'none'} of it)"
+                )
+            peer.failing, peer.retry_at = str(err) or type(err).__name__, time.monotonic() + _RETRY_S
+            return
+        if reply.get("full"):
+            peer.full = True
+            self._say(
+                f"node {self._node}: node {peer.node} has no room left in /dev/shm for copies "
+                f"({reply.get('why', '')}): copies to it are off"
+            )
+        elif reply.get("ok"):
+            if peer.failing:
+                self._say(f"node {self._node}: copies to node {peer.node} go again, at step {step}")
+            with self._lock:
+                peer.sent, peer.failing = step, ""
+        # else: the slots changed under the send (a snapshot overtook it); the next look sends anew
+
+    def _put(self, duty: Duty, peer: _Peer, step: int, slots: List[HeldSlot]) -> dict:
+        files = []
+        for slot in slots:
+            name = f"rank_{slot.rank}"
+            files += [
+                [name, slot.size],
+                [f"{name}.index", slot.index_size],
+                [f"{name}.json", len(slot.record)],
+            ]
+        header = {
+            "op": "put",
+            "first": duty.first,
+            "count": duty.count,
+            "attempt": duty.attempt,
+            "step": step,
+            "source": self._node,
+            "files": [{"name": n, "size": s} for n, s in files],
+        }
+        with connect(peer.address, _TIMEOUT_S) as sock:
+            send_json(sock, header)
+            go = recv_json(sock)
+            if not go.get("ok"):
+                return go
+            for slot in slots:
+                send_crc(sock, send_file(sock, slot.path(self._tier), slot.size, self._pace))
+                send_crc(sock, send_file(sock, slot.path(self._tier, ".index"), slot.index_size, self._pace))
+                send_crc(sock, send_view(sock, memoryview(slot.record), self._pace))
+            send_crc(sock, 1 if all(_unchanged(self._tier, slot) for slot in slots) else 0)
+            return recv_json(sock)
+
+
+def _newest_whole(tier: Path, first: int, count: int) -> Optional[List[HeldSlot]]:
+    """The slots of the newest step every one of the ranks holds whole, or None."""
+    by_rank: Dict[int, Dict[int, HeldSlot]] = {}
+    for slot in held_slots(tier):
+        if first <= slot.rank < first + count:
+            by_rank.setdefault(slot.rank, {})[slot.step] = slot
+    if len(by_rank) < count:
+        return None
+    common = set.intersection(*(set(steps) for steps in by_rank.values()))
+    if not common:
+        return None
+    step = max(common)
+    return [by_rank[rank][step] for rank in sorted(by_rank)]
+
+
+def _unchanged(tier: Path, slot: HeldSlot) -> bool:
+    try:
+        return slot.path(tier, ".json").stat().st_ino == slot.record_inode
+    except OSError:
+        return False

@@ -1,0 +1,95 @@
+"""Each node's copy server: a thread on a TCP port of the node's own address that takes other
+nodes' copies (``put``) into what it holds, and says (``newest``) and sends (``get``) what it
+holds to a node that restores. One request a connection, each on a thread of its own."""
+
+import logging
+import socket
+import threading
+from typing import Callable, List
+
+from launcher.replicas.held import Copy, HeldCopies, NoRoomForCopy
+from launcher.replicas.wire import Pace, WireError, recv_json, send_crc, send_file, send_json
+
+__all__ = ["CopyServer"]
+
+log = logging.getLogger(__name__)
+
+_TIMEOUT_S = 30.0  # one request's socket reads and writes: a peer that stops answering is dropped
+
+
+class CopyServer:
+    def __init__(self, host: str, held: HeldCopies, on_full: Callable[[str], None]) -> None:
+        self.held = held
+        self._on_full = on_full
+        self._sock = socket.create_server((host, 0))
+        self._sock.settimeout(0.5)
+        self.address = f"{host}:{self._sock.getsockname()[1]}"
+        self._closed = threading.Event()
+        self._full = False
+        self._thread = threading.Thread(target=self._serve, name="ftlaunch-copy-server", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(5)
+        self._sock.close()
+
+    def _serve(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), name="ftlaunch-copy", daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(_TIMEOUT_S)
+            try:
+                request = recv_json(conn)
+                op = request.get("op")
+                if op == "put":
+                    self._put(conn, request)
+                elif op == "newest":
+                    send_json(conn, {"copies": [_said(c) for c in self._copies(request)]})
+                elif op == "get":
+                    self._get(conn, request)
+                else:
+                    send_json(conn, {"ok": False, "why": f"no such request: {op!r}"})
+            except (OSError, WireError, ValueError, KeyError, TypeError) as err:
+                log.debug("a copy request failed: %s", err)
+
+    def _put(self, conn: socket.socket, request: dict) -> None:
+        if self._full:
+            send_json(conn, {"ok": False, "full": True, "why": "no room in /dev/shm"})
+            return
+        send_json(conn, {"ok": True})  # go ahead
+        try:
+            reply = self.held.receive(conn, request)
+        except NoRoomForCopy as err:
+            self._full = True
+            self._on_full(str(err))
+            reply = {"ok": False, "full": True, "why": f"no room in /dev/shm: {err}"}
+        send_json(conn, reply)
+
+    def _copies(self, request: dict) -> List[Copy]:
+        copies = self.held.copies(int(request["first"]), int(request["count"]))
+        return [c for c in copies if c.attempt == int(request["attempt"])]
+
+    def _get(self, conn: socket.socket, request: dict) -> None:
+        copies = [c for c in self._copies(request) if c.step == int(request["step"])]
+        if not copies:
+            send_json(conn, {"found": False})
+            return
+        copy = copies[0]
+        names = sorted(copy.files)
+        send_json(conn, {"found": True, **_said(copy), "files": [[n, copy.files[n][0]] for n in names]})
+        pace = Pace(0)
+        for name in names:
+            send_crc(conn, send_file(conn, copy.folder / name, copy.files[name][0], pace))
+
+
+def _said(copy: Copy) -> dict:
+    return {"attempt": copy.attempt, "step": copy.step, "source": copy.source, "size": copy.size}

@@ -1,0 +1,73 @@
+"""Memory snapshots copied to other nodes (--memory-peers, issue 51) with real nodes on loopback:
+a training node's whole tree killed with its /dev/shm, never relaunched; the standby that takes
+its place restores its ranks' newest snapshot from a peer's copy before they start."""
+
+import json
+import re
+
+import pytest
+import torch
+from helpers import memory_folders, until
+from test_standby import TRAIN, _kill_tree, _standby_job, _start
+
+from launcher.core.events import CopyRestored, NodesMet
+
+pytestmark = pytest.mark.timeout(400)
+
+# A snapshot every step, storage every 50; DDP's buckets never rebuilt, so that the resumed run sums
+# every gradient in the order the clean run does (bit-identical with 3 ranks, at any step).
+ARGS = [
+    "--steps",
+    "240",
+    "--step-time",
+    "0.03",
+    "--save-every",
+    "50",
+    "--memory-every",
+    "1",
+    "--fixed-buckets",
+]
+
+
+def _newest_step(tier) -> int:
+    steps = []
+    for record in tier.glob("rank_*.json"):
+        try:
+            steps.append(int(json.loads(record.read_text())["step"]))
+        except (OSError, ValueError, KeyError):
+            pass  # being replaced
+    return max(steps, default=-1)
+
+
+def test_a_node_lost_with_its_memory_resumes_from_a_peers_copy_within_two_steps_bit_identical(
+    launcher, tmp_path
+):
+    clean_out, out = tmp_path / "clean.pt", tmp_path / "out.pt"
+    clean = launcher.start("--nproc", "3", "--run-name", "clean", TRAIN, *ARGS, "--out", str(clean_out))
+    assert clean.wait(300) == 0, clean.stderr
+
+    job = _standby_job(launcher, tmp_path, "copies", *ARGS, "--out", str(out))
+    node0 = _start(job).nodes[0]
+    first = node0.wait_for_event(NodesMet, lambda e: e.attempt == 0, timeout=120)
+    (standby,) = first.standby
+    lost = first.nodes[2]  # position 2: its copies go to position 0, node 0
+    (tier,) = memory_folders(job.nodes[lost].proc.pid)
+    until(lambda: _newest_step(tier) >= 80, timeout=120, look=0.005)
+    held = _newest_step(tier)  # the kill comes at most a step later
+    _kill_tree(job.nodes[lost])
+
+    codes = {n: job.nodes[n].wait(300) for n in (0, 1, standby) if n != lost}
+    assert set(codes.values()) == {0}, (codes, node0.stderr, job.nodes[standby].stderr)
+    (restored,) = job.nodes[standby].events(CopyRestored)
+    assert (restored.attempt, restored.ranks, restored.holder, restored.source) == (1, [2], 0, lost), restored
+    assert restored.step >= held - 1, (restored, held)
+    starts = {
+        n: re.findall(r"rank \d attempt 1 starts at step (\d+)", job.nodes[n].stdout)
+        for n in (0, first.nodes[1], standby)
+    }
+    assert {n: s for n, s in starts.items()} == {n: [str(restored.step)] for n in starts}, starts
+    said = f"node {standby}: step {restored.step} of rank 2 from node 0's copy of node {lost}"
+    assert said in job.nodes[standby].stderr
+    a, b = torch.load(clean_out), torch.load(out)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert job.survivors() == [] and clean.survivors() == []
