@@ -13,6 +13,7 @@ import os
 import random
 import signal
 import sys
+import time
 from pathlib import Path
 
 import numpy
@@ -21,6 +22,7 @@ import torch
 import worker_lib
 
 RANK = int(os.environ["RANK"])
+WORLD_SIZE = int(os.environ["WORLD_SIZE"])
 ATTEMPT = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 
 
@@ -63,6 +65,13 @@ def main() -> None:
         worker_lib._probe_leak = True
     print(f"rank {RANK} probed", flush=True)
     if ATTEMPT == 0 and RANK == crash_rank:
+        # Not before every rank wrote its probe: the crash stops the others (on a busy machine
+        # rank 0 was stopped before it wrote, and its attempt-0 probe was missing).
+        deadline = time.monotonic() + 60
+        while not all((out / f"rank_{r}.attempt_0.json").exists() for r in range(WORLD_SIZE)):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
         sys.exit(3)
 
 
