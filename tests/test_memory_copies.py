@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 from helpers import memory_folders, until
+from test_many_nodes import _status_table, _status_when
 from test_standby import TRAIN, _kill_tree, _standby_job, _start
 
 from launcher.core.events import CopyRestored, NodesMet
@@ -39,6 +40,12 @@ def _newest_step(tier) -> int:
     return max(steps, default=-1)
 
 
+def _copied(progress: dict, node: int) -> dict:
+    """The node's row in status's progress once it says how far its copies are, else {}."""
+    row = next((n for n in progress.get("nodes") or [] if n["node"] == node), None)
+    return row if row and row.get("copied") is not None else {}
+
+
 def test_a_node_lost_with_its_memory_resumes_from_a_peers_copy_within_two_steps_bit_identical(
     launcher, tmp_path
 ):
@@ -47,10 +54,15 @@ def test_a_node_lost_with_its_memory_resumes_from_a_peers_copy_within_two_steps_
     assert clean.wait(300) == 0, clean.stderr
 
     job = _standby_job(launcher, tmp_path, "copies", *ARGS, "--out", str(out))
-    node0 = _start(job).nodes[0]
+    metrics = tmp_path / "node0.prom"
+    node0 = _start(job, node0=("--metrics-file", str(metrics))).nodes[0]
     first = node0.wait_for_event(NodesMet, lambda e: e.attempt == 0, timeout=120)
     (standby,) = first.standby
     lost = first.nodes[2]  # position 2: its copies go to position 0, node 0
+    # Seen from outside: each training node's copies, in status (node 0 publishes every 5 s).
+    report = _status_when(tmp_path, "copies", lambda p: all(_copied(p, n) for n in first.nodes), timeout=60)
+    assert all(_copied(report["progress"], n)["copy_lag"] >= 0 for n in first.nodes), report["progress"]
+    assert "copied on peers" in _status_table(tmp_path, "copies")
     (tier,) = memory_folders(job.nodes[lost].proc.pid)
     until(lambda: _newest_step(tier) >= 80, timeout=120, look=0.005)
     held = _newest_step(tier)  # the kill comes at most a step later
@@ -68,6 +80,9 @@ def test_a_node_lost_with_its_memory_resumes_from_a_peers_copy_within_two_steps_
     assert {n: s for n, s in starts.items()} == {n: [str(restored.step)] for n in starts}, starts
     said = f"node {standby}: step {restored.step} of rank 2 from node 0's copy of node {lost}"
     assert said in job.nodes[standby].stderr
+    final = metrics.read_text()
+    assert re.search(r"^ftlaunch_memory_copy_step\{[^}]*\} \d+\.0$", final, re.M), final
+    assert re.search(r"^ftlaunch_memory_copy_sent_bytes_total\{[^}]*\} [1-9]", final, re.M), final
     a, b = torch.load(clean_out), torch.load(out)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert job.survivors() == [] and clean.survivors() == []

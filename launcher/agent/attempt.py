@@ -267,7 +267,9 @@ class AttemptRunner:
         if now < self._next_progress:
             return
         self._next_progress = now + self.link.progress_every_s
-        self.link.publish_progress(attempt, progress_rows(slots, group.running(), now))
+        self.link.publish_progress(
+            attempt, progress_rows(slots, group.running(), now), self._copies.note(attempt)
+        )
 
     def _record_exit(self, attempt: int, exited: Exit, failures: List[Failure]) -> None:
         self._events.emit(

@@ -6,10 +6,11 @@ there is nothing to copy: one node, no /dev/shm, or --memory-peers 0."""
 import logging
 import socket
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
+from launcher.core.beats import CopyReading
 from launcher.core.config import CopySection
-from launcher.core.events import CopyRestored, EventLog
+from launcher.core.events import CopiesNoted, CopyRestored, EventLog
 from launcher.replicas.held import HeldCopies
 from launcher.replicas.peers import peers_of
 from launcher.replicas.restore import needs_restore, restore
@@ -28,6 +29,11 @@ class NoCopies:
 
     def begin(self, plan: AttemptPlan) -> None:
         pass
+
+    def note(self, attempt: int) -> Optional[CopyReading]:
+        """How far this node's copies are (None: it makes none), noted in the event log when
+        that changed."""
+        return None
 
     def close(self) -> None:
         pass
@@ -49,6 +55,7 @@ class NodeCopies(NoCopies):
         self._tier, self._node, self._section = tier, node, section
         self._events, self._say = events, say
         self._full_said = False
+        self._noted: Optional[CopyReading] = None
         self._server = CopyServer(host, HeldCopies(tier / "peers"), self._on_full)
         self.address = self._server.address
         self._sender = Sender(tier, node, section.rate, say)
@@ -99,6 +106,13 @@ class NodeCopies(NoCopies):
             f"node {self._node}: step {restored.step} of {named} from node {restored.holder}'s copy of node "
             f"{restored.source} ({restored.size / _MIB:.1f} MiB in {restored.seconds:.2f} s)"
         )
+
+    def note(self, attempt: int) -> Optional[CopyReading]:
+        reading = self._sender.reading()
+        if reading is not None and reading != self._noted:
+            self._noted = reading
+            self._events.emit(CopiesNoted(attempt, reading.newest, reading.copied, reading.sent))
+        return reading
 
     def _on_full(self, why: str) -> None:
         if not self._full_said:

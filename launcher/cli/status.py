@@ -270,10 +270,17 @@ def _progress_lines(progress: LiveProgress, now: float) -> List[str]:
     lines = []
     if progress.nodes:
         lines += ["", f"nodes of attempt {progress.attempt} (as of {age:.0f} s ago):"]
-        lines.append(f"{'node':>5}  {'host':<20}  {'pid':>7}  last seen")
+        copies = any(n.copied is not None for n in progress.nodes)  # --memory-peers
+        lines.append(
+            f"{'node':>5}  {'host':<20}  {'pid':>7}  {'last seen':<12}"
+            + ("  copied on peers" if copies else "")
+        )
         for n in progress.nodes:
             seen = "lost" if n.lost else f"{n.silent_for + age:.1f} s ago"
-            lines.append(f"{n.node:>5}  {n.host or '?':<20}  {n.pid or '?':>7}  {seen}")
+            copied = (
+                f"  step {n.copied}, {n.copy_lag} behind" if n.copied is not None else "  -" if copies else ""
+            )
+            lines.append(f"{n.node:>5}  {n.host or '?':<20}  {n.pid or '?':>7}  {seen:<12}{copied}".rstrip())
     ranks = progress.ranks
     many = any(r.node is not None for r in ranks)
     lines += ["", f"ranks of attempt {progress.attempt} (as of {age:.0f} s ago):"]

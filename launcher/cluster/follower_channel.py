@@ -12,7 +12,7 @@ from launcher.cluster.deadline_store import DeadlineStore
 from launcher.cluster.rendezvous import WATCH_EVERY_S, LeaderUnreachable
 from launcher.cluster.store_errors import leader_gone
 from launcher.cluster.wire import Interrupt, JobVerdict, RoundPlan
-from launcher.core.beats import ProgressRow, ProgressShare
+from launcher.core.beats import CopyReading, ProgressRow, ProgressShare
 from launcher.process.signals import SignalInbox
 
 __all__ = ["FollowerChannel"]
@@ -34,7 +34,7 @@ class FollowerChannel(AttemptChannel):
         self._looked = time.monotonic()  # this loop's last judgement of node 0
         self._judge_from = 0.0
         self._heard = 0.0  # node 0's last answer to a look of this loop's (its beat's: the beater's)
-        self._said: Tuple[tuple, ...] = ()  # the rows of the last share, as ``_as_said`` puts them
+        self._said: tuple = ()  # the rows (as ``_as_said`` puts them) and copies of the last share
         self.broken = ""  # why node 0 cannot be reached, once it cannot
         self._next_verdict_look = 0.0
 
@@ -100,13 +100,14 @@ class FollowerChannel(AttemptChannel):
             self.set_nodes(plan.nodes)
         return plan
 
-    def share_progress(self, rows: List[ProgressRow]) -> None:
-        """Its ranks' steps and beat ages, for node 0 to publish; not again while unchanged."""
+    def share_progress(self, rows: List[ProgressRow], copies: Optional[CopyReading] = None) -> None:
+        """Its ranks' steps and beat ages (and its copies), for node 0 to publish; not again while
+        unchanged."""
         now = time.time()
-        said = _as_said(rows, now)
+        said = (_as_said(rows, now), copies)
         if said == self._said:
             return
-        shared = ProgressShare(now, rows)
+        shared = ProgressShare(now, rows, copies)
         try:
             self._call("set", f"progress/{self.node}", json.dumps(shared.to_json()))
             self._said = said

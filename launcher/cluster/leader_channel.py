@@ -12,7 +12,7 @@ from launcher.cluster.channel import AttemptChannel, ChannelSpec
 from launcher.cluster.lobby import ALIVE_PREFIX, claimed_counters
 from launcher.cluster.rendezvous import WATCH_EVERY_S, RoundFailed
 from launcher.cluster.wire import Interrupt, JobVerdict, NodeInfo, NodeReport, RoundPlan
-from launcher.core.beats import NodeRow, ProgressRow, ProgressShare
+from launcher.core.beats import CopyReading, NodeRow, ProgressRow, ProgressShare
 from launcher.core.failures import NodeLostFailure
 from launcher.grammar.errors import SignalReceived
 from launcher.process.signals import SignalInbox
@@ -190,23 +190,27 @@ class LeaderChannel(AttemptChannel):
 
     # -- progress, for `ftlaunch status` --------------------------------------------------------
 
-    def job_progress(self, own: List[ProgressRow]) -> Tuple[List[ProgressRow], List[NodeRow]]:
+    def job_progress(
+        self, own: List[ProgressRow], own_copies: Optional[CopyReading] = None
+    ) -> Tuple[List[ProgressRow], List[NodeRow]]:
         """Every rank's row (a follower's from its last share, aged to now) and every node's
-        supervisor: host, pid, seconds since its counter moved."""
+        supervisor: host, pid, seconds since its counter moved, its copies on other nodes."""
         wall = time.time()
         others = [n for n in self._nodes if n != self.node]
         texts = self._call("multi_get", [f"progress/{n}" for n in others]) if others else []
         shares = dict(zip(others, texts))  # one call for every node
         ranks, nodes = [], []
         for n in self._nodes:
-            rows, silent = own, 0.0
+            rows, silent, copies = own, 0.0, own_copies
             if n != self.node:
                 silent, shared = self._silent_for(n), self._share(n, shares[n])
-                rows = [row.aged(wall - shared.at) for row in shared.rows]
+                rows, copies = [row.aged(wall - shared.at) for row in shared.rows], shared.copies
             ranks += [dataclasses.replace(row, node=n) for row in rows]
             info = self._infos.get(n)
             host, pid = (info.host, info.pid) if info else (None, None)
-            nodes.append(NodeRow(n, host, pid, round(silent, 1), n in self._lost))
+            copied = copies.copied if copies is not None and copies.copied >= 0 else None
+            lag = copies.lag if copies is not None else None
+            nodes.append(NodeRow(n, host, pid, round(silent, 1), n in self._lost, copied, lag))
         return ranks, nodes
 
     def _share(self, node: int, text: bytes) -> ProgressShare:

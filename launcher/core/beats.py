@@ -12,6 +12,7 @@ __all__ = [
     "BeatReading",
     "BeatSummary",
     "CheckpointCounters",
+    "CopyReading",
     "LiveProgress",
     "NodeRow",
     "Phase",
@@ -111,6 +112,28 @@ class ProgressRow:
 
 
 @dataclasses.dataclass(frozen=True)
+class CopyReading:
+    """--memory-peers: how far this node's copies on other nodes are."""
+
+    newest: int  # the newest step every rank of this node holds in its tier (-1: none yet)
+    copied: int  # the newest step every one of its peers holds of it (-1: none yet)
+    sent: int  # bytes sent for copies since the supervisor started
+
+    @property
+    def lag(self) -> Optional[int]:
+        """Steps the copies trail the node's newest snapshot (None: unknown, nothing copied yet)."""
+        return self.newest - self.copied if self.copied >= 0 else None
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> "CopyReading":
+        check_record(cls, data, {"newest": -1, "copied": -1})
+        return cls(**data)
+
+
+@dataclasses.dataclass(frozen=True)
 class NodeRow:
     """One node's supervisor as node 0 last heard from it (progress.json's ``nodes``)."""
 
@@ -119,6 +142,8 @@ class NodeRow:
     pid: Optional[int]
     silent_for: float  # seconds since its liveness counter last moved
     lost: bool
+    copied: Optional[int] = None  # --memory-peers: the newest step its peers hold of it (None: unknown)
+    copy_lag: Optional[int] = None  # steps that trails its newest snapshot (None: unknown)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -167,12 +192,15 @@ class ProgressShare:
 
     at: float  # wall clock
     rows: List[ProgressRow]
+    copies: Optional[CopyReading] = None  # --memory-peers: its copies on other nodes
 
     def to_json(self) -> dict:
-        return {"at": self.at, "rows": [r.to_json() for r in self.rows]}
+        data = {"at": self.at, "rows": [r.to_json() for r in self.rows]}
+        return {**data, "copies": self.copies.to_json()} if self.copies is not None else data
 
     @classmethod
     def from_json(cls, data: Any) -> "ProgressShare":
         """Raises ValueError, TypeError or KeyError for anything ``to_json`` does not write."""
         check_record(cls, data)
-        return cls(data["at"], [ProgressRow.from_json(r) for r in data["rows"]])
+        copies = CopyReading.from_json(data["copies"]) if data.get("copies") is not None else None
+        return cls(data["at"], [ProgressRow.from_json(r) for r in data["rows"]], copies)

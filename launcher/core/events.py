@@ -66,6 +66,7 @@ __all__ = [
     "RunStart",
     "StandbyLost",
     "CopyRestored",
+    "CopiesNoted",
     "Steps",
     "StopRequested",
     "Takeover",
@@ -266,6 +267,18 @@ class CopyRestored:
 
 
 @dataclasses.dataclass(frozen=True)
+class CopiesNoted:
+    """--memory-peers: how far this node's copies on other nodes are, when that changed (noted
+    with the progress, every 5 s at most)."""
+
+    KIND: ClassVar[str] = "copies_noted"
+    attempt: int
+    newest: int  # the newest step every rank of this node holds (-1: none)
+    copied: int  # the newest step every one of its peers holds of it (-1: none)
+    sent: int  # bytes sent for copies since the supervisor started
+
+
+@dataclasses.dataclass(frozen=True)
 class RoundAbandoned:
     """Many nodes, node 0: a node of the rendezvous round never announced itself (its supervisor
     died on the way); no attempt ran on the round, every node met again."""
@@ -422,6 +435,7 @@ Event = Union[
     NodeReplaced,
     StandbyLost,
     CopyRestored,
+    CopiesNoted,
     RoundAbandoned,
     PeerInterrupt,
     ChaosInjected,

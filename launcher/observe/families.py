@@ -91,6 +91,7 @@ def families(metrics: RunMetrics, now: float, now_wall: float) -> List[Family]:
             "Lost nodes whose place a standby node took (node 0).",
             metrics.replacements,
         ),
+        *_copy_families(metrics),
         Family.one(
             "ftlaunch_hangs_detected", "counter", "Ranks found past their heartbeat deadline.", metrics.hangs
         ),
@@ -168,6 +169,41 @@ def _checkpoint_families(totals: List[CheckpointTotals]) -> Sequence[Family]:
             {tier: summed(f"loads_{tier}", f"load_{tier}_s") for tier in TIERS},
         ),
     ]
+
+
+def _copy_families(metrics: RunMetrics) -> Sequence[Family]:
+    """--memory-peers: how far this node's copies on other nodes are (NaN: it makes none, or none
+    is known yet)."""
+    noted = metrics.copies
+    copied = noted.copied if noted is not None and noted.copied >= 0 else None
+    lag = noted.newest - noted.copied if noted is not None and noted.copied >= 0 else None
+    return (
+        Family.one(
+            "ftlaunch_memory_copy_step",
+            "gauge",
+            "The newest memory snapshot step of this node's ranks that every one of its peers holds "
+            "(--memory-peers; NaN: none yet, or no copies).",
+            _or(copied),
+        ),
+        Family.one(
+            "ftlaunch_memory_copy_lag_steps",
+            "gauge",
+            "Steps this node's copies trail its newest snapshot (NaN: unknown).",
+            _or(lag),
+        ),
+        Family.one(
+            "ftlaunch_memory_copy_sent_bytes",
+            "counter",
+            "Bytes of whole copies this node sent to its peers.",
+            float(noted.sent) if noted is not None else 0.0,
+        ),
+        Family.one(
+            "ftlaunch_memory_copy_restores",
+            "counter",
+            "Times this node's ranks got their snapshots from another node's copy.",
+            metrics.copy_restores,
+        ),
+    )
 
 
 def _or(value: Optional[float], default: float = _UNKNOWN) -> float:

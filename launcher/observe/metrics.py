@@ -15,6 +15,8 @@ from launcher.core.events import (
     ChaosInjected,
     CheckpointLoaded,
     CheckpointTotals,
+    CopiesNoted,
+    CopyRestored,
     Event,
     FirstStep,
     Hang,
@@ -49,6 +51,8 @@ class RunMetrics:
         self.nodes: Optional[int] = None
         self.standby_nodes = _UNKNOWN  # --standby-nodes: standing by in the round (NaN: none asked)
         self.replacements = 0  # a standby took a lost node's place
+        self.copies: Optional[CopiesNoted] = None  # --memory-peers: the newest note of this node's copies
+        self.copy_restores = 0  # its ranks' snapshots restored from another node's copy
         self.downtime = 0.0
         self._phases: List[Logged[Event]] = []  # what recoveries() reads: transitions, loads, first steps
         self._steps: List[Steps] = []  # the newest attempt's last two: its pace
@@ -87,6 +91,10 @@ class RunMetrics:
             self.standby_nodes = float(event.left)
         elif isinstance(event, NodeReplaced):
             self.replacements += 1
+        elif isinstance(event, CopiesNoted):
+            self.copies = event
+        elif isinstance(event, CopyRestored):
+            self.copy_restores += 1
 
     def _transition(self, logged: Logged[Event], event: Transition) -> None:
         if event.old is None:

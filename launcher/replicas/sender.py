@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
+from launcher.core.beats import CopyReading
 from launcher.process.memory_tier import HeldSlot, held_slots
 from launcher.replicas.wire import (
     Pace,
@@ -63,6 +64,7 @@ class Sender:
         self._duty: Optional[Duty] = None
         self._peers: List[_Peer] = []
         self._newest = -1  # the newest step every rank of this node holds
+        self._sent = 0  # bytes of whole copies sent
         self._thread = threading.Thread(target=self._run, name="ftlaunch-copy-sender", daemon=True)
         self._thread.start()
 
@@ -77,6 +79,13 @@ class Sender:
         """peer node -> the steps its copy trails this node's newest snapshot (-1: none yet)."""
         with self._lock:
             return {p.node: (self._newest - p.sent if p.sent >= 0 else -1) for p in self._peers}
+
+    def reading(self) -> Optional[CopyReading]:
+        """How far the copies are (None: this node sends none in this attempt)."""
+        with self._lock:
+            if not self._peers:
+                return None
+            return CopyReading(self._newest, min(p.sent for p in self._peers), self._sent)
 
     def close(self) -> None:
         self._stopped.set()
@@ -121,6 +130,7 @@ class Sender:
                 self._say(f"node {self._node}: copies to node {peer.node} go again, at step {step}")
             with self._lock:
                 peer.sent, peer.failing = step, ""
+                self._sent += sum(s.size + s.index_size + len(s.record) for s in slots)
         # else: the slots changed under the send (a snapshot overtook it); the next look sends anew
 
     def _put(self, duty: Duty, peer: _Peer, step: int, slots: List[HeldSlot]) -> dict:

@@ -10,7 +10,7 @@ from launcher.cluster.follower_channel import FollowerChannel
 from launcher.cluster.leader_channel import LeaderChannel
 from launcher.cluster.rendezvous import Rendezvous
 from launcher.cluster.wire import Interrupt, InterruptKind
-from launcher.core.beats import ProgressRow
+from launcher.core.beats import CopyReading, ProgressRow
 from launcher.core.events import StandbyLost
 from launcher.core.results import AttemptResult
 from launcher.core.stopping import StopReading, local_stop_step
@@ -49,8 +49,10 @@ class PeerLink(abc.ABC):
         running rank) and the other nodes'; 0: none is asked."""
 
     @abc.abstractmethod
-    def publish_progress(self, attempt: int, rows: List[ProgressRow]) -> None:
-        """The live ranks' steps, for ``ftlaunch status``."""
+    def publish_progress(
+        self, attempt: int, rows: List[ProgressRow], copies: Optional[CopyReading] = None
+    ) -> None:
+        """The live ranks' steps (and this node's copies on other nodes), for ``ftlaunch status``."""
 
     def keep_alive(self) -> None:  # noqa: B027 - a hook; by default nothing
         """Called often while workers start and run: the run's lease, where this node holds it."""
@@ -82,7 +84,9 @@ class SingleLink(_HolderLink):
     def agree_stop_step(self, reading: Optional[StopReading]) -> int:
         return local_stop_step(reading) if reading is not None else 0
 
-    def publish_progress(self, attempt: int, rows: List[ProgressRow]) -> None:
+    def publish_progress(
+        self, attempt: int, rows: List[ProgressRow], copies: Optional[CopyReading] = None
+    ) -> None:
         self.run.publish_progress(attempt, rows)
 
 
@@ -140,8 +144,10 @@ class LeaderLink(_HolderLink):
     def agree_stop_step(self, reading: Optional[StopReading]) -> int:
         return self.channel.agree_stop_step(reading)
 
-    def publish_progress(self, attempt: int, rows: List[ProgressRow]) -> None:
-        self.run.publish_progress(attempt, *self.channel.job_progress(rows))
+    def publish_progress(
+        self, attempt: int, rows: List[ProgressRow], copies: Optional[CopyReading] = None
+    ) -> None:
+        self.run.publish_progress(attempt, *self.channel.job_progress(rows, copies))
 
 
 class FollowerLink(PeerLink):
@@ -163,5 +169,7 @@ class FollowerLink(PeerLink):
     def agree_stop_step(self, reading: Optional[StopReading]) -> int:
         return self.channel.agree_stop_step(reading)
 
-    def publish_progress(self, attempt: int, rows: List[ProgressRow]) -> None:
-        self.channel.share_progress(rows)
+    def publish_progress(
+        self, attempt: int, rows: List[ProgressRow], copies: Optional[CopyReading] = None
+    ) -> None:
+        self.channel.share_progress(rows, copies)
