@@ -86,3 +86,72 @@ def test_a_node_lost_with_its_memory_resumes_from_a_peers_copy_within_two_steps_
     a, b = torch.load(clean_out), torch.load(out)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert job.survivors() == [] and clean.survivors() == []
+
+
+def _starts(job, nodes) -> set:
+    return {
+        s for n in nodes for s in re.findall(r"rank \d attempt 1 starts at step (\d+)", job.nodes[n].stdout)
+    }
+
+
+def test_two_nodes_lost_at_once_with_the_copy_one_held_every_rank_loads_from_storage(launcher, tmp_path):
+    """Positions 1 and 2 killed together: position 1's copy was on position 2, lost with it. The
+    standby and position 2's node relaunched take the places; position 2's ranks get their copy
+    from node 0, position 1's get none (said), and every rank loads the storage step."""
+    clean_out, out = tmp_path / "clean.pt", tmp_path / "out.pt"
+    clean = launcher.start("--nproc", "3", "--run-name", "clean", TRAIN, *ARGS, "--out", str(clean_out))
+    assert clean.wait(300) == 0, clean.stderr
+    job = _standby_job(launcher, tmp_path, "two", *ARGS, "--out", str(out), options=["--max-failures", "3"])
+    node0 = _start(job).nodes[0]
+    first = node0.wait_for_event(NodesMet, lambda e: e.attempt == 0, timeout=120)
+    (standby,) = first.standby
+    one, two = first.nodes[1], first.nodes[2]
+    _status_when(tmp_path, "two", lambda p: _copied(p, one) and _copied(p, two), timeout=60)
+    _kill_tree(job.nodes[one], job.nodes[two])
+    job.start(two)  # relaunched on its machine; node one never comes back
+
+    codes = {n: job.nodes[n].wait(300) for n in (0, standby, two)}
+    assert set(codes.values()) == {0}, (codes, node0.stderr)
+    met = node0.events(NodesMet)[-1]
+    places = dict(zip(met.nodes, range(3)))
+    took_one = next(n for n in (standby, two) if places[n] == 1)
+    took_two = next(n for n in (standby, two) if places[n] == 2)
+    assert "no other node holds a copy of rank 1's memory snapshots" in job.nodes[took_one].stderr
+    (restored,) = job.nodes[took_two].events(CopyRestored)
+    assert (restored.ranks, restored.holder, restored.source) == ([2], 0, two), restored
+    starts = _starts(job, (0, standby, two))
+    assert len(starts) == 1 and int(starts.pop()) % 50 == 0, starts  # the storage step, on every rank
+    a, b = torch.load(clean_out), torch.load(out)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert job.survivors() == [] and clean.survivors() == []
+
+
+def test_a_copy_trailing_on_a_slow_link_shows_its_lag_and_is_never_chosen_over_newer_steps(
+    launcher, tmp_path
+):
+    """--memory-copy-rate 2KB: a copy (about 7 KB a rank here) trails by many steps, shown as its
+    lag in status, while the job trains on. The standby restores that old copy; the survivors hold
+    newer steps only, so no step is every rank's in memory, and every rank loads from storage."""
+    clean_out, out = tmp_path / "clean.pt", tmp_path / "out.pt"
+    clean = launcher.start("--nproc", "3", "--run-name", "clean", TRAIN, *ARGS, "--out", str(clean_out))
+    assert clean.wait(300) == 0, clean.stderr
+    job = _standby_job(
+        launcher, tmp_path, "slow", *ARGS, "--out", str(out), options=["--memory-copy-rate", "2KB"]
+    )
+    node0 = _start(job).nodes[0]
+    first = node0.wait_for_event(NodesMet, lambda e: e.attempt == 0, timeout=120)
+    (standby,) = first.standby
+    lost = first.nodes[2]
+    seen = _status_when(tmp_path, "slow", lambda p: _copied(p, lost).get("copy_lag", 0) >= 10, timeout=90)
+    lagging = _copied(seen["progress"], lost)
+    _kill_tree(job.nodes[lost])
+
+    codes = {n: job.nodes[n].wait(300) for n in (0, first.nodes[1], standby)}
+    assert set(codes.values()) == {0}, (codes, node0.stderr)
+    (restored,) = job.nodes[standby].events(CopyRestored)
+    assert restored.step <= lagging["copied"] + lagging["copy_lag"], (restored, lagging)
+    starts = _starts(job, (0, first.nodes[1], standby))
+    assert len(starts) == 1 and int(starts.pop()) % 50 == 0, starts  # not the old copy's step
+    a, b = torch.load(clean_out), torch.load(out)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert job.survivors() == [] and clean.survivors() == []

@@ -5,10 +5,11 @@ writers: a rewrite removes a slot's record before anything else, so a record sti
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from launcher.core.beats import CopyReading
 from launcher.process.memory_tier import HeldSlot, held_slots
@@ -18,7 +19,6 @@ from launcher.replicas.wire import (
     connect,
     recv_json,
     send_crc,
-    send_file,
     send_json,
     send_view,
 )
@@ -108,8 +108,11 @@ class Sender:
                     self._send(duty, peer, step, slots)
 
     def _send(self, duty: Duty, peer: _Peer, step: int, slots: List[HeldSlot]) -> None:
+        files = _read_whole(self._tier, slots)
+        if files is None:
+            return  # a snapshot overtook the read: the next look takes the newer step
         try:
-            reply = self._put(duty, peer, step, slots)
+            reply = self._put(duty, peer, step, files)
         except (OSError, WireError, ValueError) as err:
             if not peer.failing:
                 self._say(
@@ -130,18 +133,11 @@ class Sender:
                 self._say(f"node {self._node}: copies to node {peer.node} go again, at step {step}")
             with self._lock:
                 peer.sent, peer.failing = step, ""
-                self._sent += sum(s.size + s.index_size + len(s.record) for s in slots)
-        # else: the slots changed under the send (a snapshot overtook it); the next look sends anew
+                self._sent += sum(len(data) for _, data in files)
 
-    def _put(self, duty: Duty, peer: _Peer, step: int, slots: List[HeldSlot]) -> dict:
-        files = []
-        for slot in slots:
-            name = f"rank_{slot.rank}"
-            files += [
-                [name, slot.size],
-                [f"{name}.index", slot.index_size],
-                [f"{name}.json", len(slot.record)],
-            ]
+    def _put(
+        self, duty: Duty, peer: _Peer, step: int, files: List[Tuple[str, Union[bytes, bytearray]]]
+    ) -> dict:
         header = {
             "op": "put",
             "first": duty.first,
@@ -149,18 +145,16 @@ class Sender:
             "attempt": duty.attempt,
             "step": step,
             "source": self._node,
-            "files": [{"name": n, "size": s} for n, s in files],
+            "files": [{"name": name, "size": len(data)} for name, data in files],
         }
         with connect(peer.address, _TIMEOUT_S) as sock:
             send_json(sock, header)
             go = recv_json(sock)
             if not go.get("ok"):
                 return go
-            for slot in slots:
-                send_crc(sock, send_file(sock, slot.path(self._tier), slot.size, self._pace))
-                send_crc(sock, send_file(sock, slot.path(self._tier, ".index"), slot.index_size, self._pace))
-                send_crc(sock, send_view(sock, memoryview(slot.record), self._pace))
-            send_crc(sock, 1 if all(_unchanged(self._tier, slot) for slot in slots) else 0)
+            for _, data in files:
+                send_crc(sock, send_view(sock, memoryview(data), self._pace))
+            send_crc(sock, 1)  # whole: read while the slots held still
             return recv_json(sock)
 
 
@@ -179,8 +173,35 @@ def _newest_whole(tier: Path, first: int, count: int) -> Optional[List[HeldSlot]
     return [by_rank[rank][step] for rank in sorted(by_rank)]
 
 
-def _unchanged(tier: Path, slot: HeldSlot) -> bool:
+def _read_whole(tier: Path, slots: List[HeldSlot]) -> Optional[List[Tuple[str, Union[bytes, bytearray]]]]:
+    """The slots' files as (copy's name, bytes), read in one go (a memcpy's pace, not the
+    link's: a slow send never races the writer), or None if a slot changed while it was read."""
+    files = []
     try:
-        return slot.path(tier, ".json").stat().st_ino == slot.record_inode
+        for slot in slots:
+            name = f"rank_{slot.rank}"
+            files.append((name, _read(slot.path(tier), slot.size)))
+            files.append((f"{name}.index", _read(slot.path(tier, ".index"), slot.index_size)))
+            files.append((f"{name}.json", slot.record))
+    except OSError:
+        return None
+    return files if all(_unchanged(tier, slot) for slot in slots) else None
+
+
+def _read(path: Path, size: int) -> bytearray:
+    data = bytearray(size)
+    with open(path, "rb", buffering=0) as handle:
+        got = handle.readinto(data) if size else 0
+    if got != size:
+        raise OSError(f"{path.name}: {got} of {size} bytes")
+    return data
+
+
+def _unchanged(tier: Path, slot: HeldSlot) -> bool:
+    """The slot's record is the one read before: the same file (a rewrite removes it first and
+    writes a new one) with the same text (its step: an inode number may be reused at once)."""
+    try:
+        with open(slot.path(tier, ".json"), "rb") as handle:
+            return os.fstat(handle.fileno()).st_ino == slot.record_inode and handle.read() == slot.record
     except OSError:
         return False

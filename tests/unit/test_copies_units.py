@@ -4,6 +4,7 @@ and real files: the sender, a node's copy server, the restore, and the peer choi
 import json
 import os
 import socket
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -172,6 +173,34 @@ def test_two_copies_of_a_nodes_ranks_are_kept_and_the_oldest_goes(nodes):
     finally:
         sender.close()
     assert [c.step for c in servers[1].held.copies(0, 1)] == [5, 4]
+
+
+def test_a_send_slower_than_the_snapshots_still_delivers_whole_copies(nodes):
+    """The slots are rewritten every 20 ms while a copy takes about 0.5 s on the wire: the sender
+    reads a step whole first, so copies still arrive (they failed every time when the send read
+    the slots as it went: a snapshot always overtook it)."""
+    tiers, servers, _ = nodes
+    stop = threading.Event()
+
+    def snapshots():
+        step = 1
+        while not stop.is_set():
+            _slot(tiers[0], 0, step % 2, step, bytes([step % 256]) * 5000)
+            step += 1
+            stop.wait(0.02)
+
+    writer = threading.Thread(target=snapshots)
+    writer.start()
+    sender = Sender(tiers[0], node=0, rate=10_000, say=print)
+    try:
+        sender.assign(Duty(0, 0, 1, ((1, servers[1].address),)))
+        until(lambda: len(servers[1].held.copies(0, 1)) == 2, timeout=30)
+    finally:
+        sender.close()
+        stop.set()
+        writer.join()
+    for copy in servers[1].held.copies(0, 1):
+        assert (copy.folder / "rank_0").read_bytes() == bytes([copy.step % 256]) * 5000
 
 
 def test_the_pace_caps_the_bytes_a_second(nodes):
