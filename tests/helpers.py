@@ -1,5 +1,6 @@
 """Run ftlaunch for real, watch what it started, and find what outlived it."""
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -13,7 +14,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence, Type, TypeVar, Union
+from typing import Callable, Iterator, List, Optional, Sequence, Type, TypeVar, Union
 
 import psutil
 
@@ -323,3 +324,19 @@ def frozen_at(launch: "Launch", point: str, timeout: float = 90.0) -> None:
     while proc.status() != psutil.STATUS_STOPPED:
         assert time.monotonic() < deadline, proc.status()
         time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def tiny_tmpfs(mount: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` ("256k") at ``mount``: a /dev/shm that fills up (mounting needs root,
+    as CI and the dev machines run)."""
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI and dev machines run as root)")
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)

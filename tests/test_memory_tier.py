@@ -4,13 +4,12 @@ the node, that a crashed group reloads instead of going back to the last storage
 import os
 import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import SCRIPTS, Launcher, dead_pid, memory_folders, wait_for_files
+from helpers import SCRIPTS, Launcher, dead_pid, memory_folders, tiny_tmpfs, wait_for_files
 from test_checkpoint_e2e import _assert_bit_identical
 
 from worker_lib.checkpoint.commit import CheckpointError
@@ -137,15 +136,8 @@ def test_a_killed_supervisor_is_resumed_from_storage_and_its_memory_is_freed(lau
 @pytest.fixture
 def tiny_shm(tmp_path):
     """A 256 KiB tmpfs: /dev/shm as a container's default 64 MiB is to a large model."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI and dev machines run as root)")
-    mount = tmp_path / "shm"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], check=True)
-    try:
+    with tiny_tmpfs(tmp_path / "shm", "256k") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 def test_a_snapshot_that_does_not_fit_is_a_clear_error_and_keeps_the_last_one(tiny_shm):

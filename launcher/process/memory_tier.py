@@ -102,9 +102,10 @@ def room_for_tier(folder: Optional[Path]) -> CheckResult:
     name = "memory tier room"
     if folder is None:
         return CheckResult.unknown(name, "no memory tier on this node (no writable /dev/shm)")
-    need = tier_room_needed(_slot_sizes(folder))
-    if need is None:
+    own = tier_room_needed(_slot_sizes(folder))
+    if own is None:
         return CheckResult.unknown(name, "no snapshot in the tier yet: its size is not known")
+    need = own + _copies_room(folder / "peers")
     stat = os.statvfs(folder)
     free = stat.f_bavail * stat.f_frsize
     mib = 2**20
@@ -115,6 +116,22 @@ def room_for_tier(folder: Optional[Path]) -> CheckResult:
             f"{need / mib:.0f} MiB",
         )
     return CheckResult.passed(name, f"{free / mib:.0f} MiB free, {need / mib:.0f} MiB needed")
+
+
+def _copies_room(peers: Path) -> int:
+    """What the next copies from other nodes (--memory-peers) need beyond what they hold: as much
+    again as the newest of each node's, since a copy arrives whole before the oldest goes
+    (launcher.replicas.held's ``peers/ranks_*/copy_*``)."""
+    total = 0
+    for ranks in peers.glob("ranks_*"):
+        sizes = []
+        for copy in ranks.glob("copy_*"):
+            try:
+                sizes.append(sum(f.stat().st_size for f in copy.iterdir()))
+            except OSError:  # pruned meanwhile
+                continue
+        total += max(sizes, default=0)
+    return total
 
 
 def _slot_sizes(folder: Path) -> Dict[int, List[int]]:

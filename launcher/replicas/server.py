@@ -63,7 +63,7 @@ class CopyServer:
 
     def _put(self, conn: socket.socket, request: dict) -> None:
         if self._full:
-            send_json(conn, {"ok": False, "full": True, "why": "no room in /dev/shm"})
+            send_json(conn, {"ok": False, "full": True, "why": "it filled up before"})
             return
         send_json(conn, {"ok": True})  # go ahead
         try:
@@ -71,7 +71,7 @@ class CopyServer:
         except NoRoomForCopy as err:
             self._full = True
             self._on_full(str(err))
-            reply = {"ok": False, "full": True, "why": f"no room in /dev/shm: {err}"}
+            reply = {"ok": False, "full": True, "why": str(err)}
         send_json(conn, reply)
 
     def _copies(self, request: dict) -> List[Copy]:

@@ -10,7 +10,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from helpers import until
+from helpers import tiny_tmpfs, until
 
 from launcher.replicas.held import HeldCopies
 from launcher.replicas.peers import peers_of
@@ -215,6 +215,31 @@ def test_the_pace_caps_the_bytes_a_second(nodes):
     finally:
         sender.close()
     assert took >= 0.4, took
+
+
+def test_a_full_dev_shm_turns_copies_off_with_one_line_and_leaves_nothing_half_written(tmp_path):
+    """The holder's /dev/shm (a 64 KiB tmpfs) cannot take a 100 KB copy: it says so once, takes
+    no more, and the sender stops sending to it with one line; nothing of the copy stays."""
+    tier = tmp_path / "tier"
+    tier.mkdir()
+    _slot(tier, 0, 0, 1, os.urandom(100_000))
+    said_full, said = [], []
+    with tiny_tmpfs(tmp_path / "shm", "64k") as shm:
+        server = CopyServer("127.0.0.1", HeldCopies(shm / "peers"), said_full.append)
+        sender = Sender(tier, node=0, rate=0, say=said.append)
+        try:
+            sender.assign(Duty(0, 0, 1, ((1, server.address),)))
+            until(lambda: said, timeout=10)
+            _slot(tier, 0, 1, 2, b"small")  # a copy that would fit: copies to it are off
+            until(lambda: sender.reading() is not None and sender.reading().newest == 2, timeout=10)
+        finally:
+            sender.close()
+            server.close()
+        assert len(said_full) == 1 and "No space left on device" in said_full[0], said_full
+        off = f"node 0: node 1 has no room left in /dev/shm for copies ({said_full[0]}): copies to it are off"
+        assert said == [off]
+        assert [p for p in shm.rglob("*") if p.is_file()] == []
+        assert sender.reading().copied == -1
 
 
 def test_peers_follow_the_ring_and_skip_the_nodes_own_host():

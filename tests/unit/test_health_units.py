@@ -95,6 +95,21 @@ def test_the_tier_room_is_read_from_the_slots_records(tmp_path):
     assert "MiB free, the tier's next snapshots need" in result.detail
 
 
+def test_the_tier_room_counts_the_next_copies_from_other_nodes(tmp_path):
+    """--memory-peers: a copy arrives whole before the older one goes, so the room needed grows
+    by the newest copy each node sent (here one that could never fit)."""
+    _slot(tmp_path, 0, 0, 1000)
+    _slot(tmp_path, 0, 1, 1000)
+    before = room_for_tier(tmp_path)
+    copy = tmp_path / "peers" / "ranks_4_1" / "copy_0_7"
+    copy.mkdir(parents=True)
+    with open(copy / "rank_4", "wb") as data:
+        data.truncate(2**42)  # sparse: no room taken, only its size said (4 TiB)
+    (copy / "rank_4.json").write_text("{}")
+    assert before.status is CheckStatus.PASSED
+    assert room_for_tier(tmp_path).status is CheckStatus.FAILED
+
+
 def test_the_ranks_gpus_are_the_first_nproc_the_node_sees():
     assert ranks_gpus(2, "nccl", None) == "0,1"
     assert ranks_gpus(2, "nccl", "3,5,7") == "3,5"
