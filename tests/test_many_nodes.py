@@ -16,6 +16,7 @@ import torch
 from helpers import ACTOR, MARKER, ROOT, SCRIPTS, Launch, processes_with_marker, run_state, wait_for_files
 
 from launcher.core.events import Hang, NodesMet, PeerInterrupt, Transition
+from launcher.grammar.errors import UsageError
 
 # Several launches (a fault-free run, relaunches), each with its own bounded waits: on a loaded
 # machine more than the suite's 120 s. The limit is a hang guard, not a measure of speed. The
@@ -96,7 +97,10 @@ def _status_when(tmp_path, name, ready, timeout=30) -> dict:
 
     deadline = time.monotonic() + timeout
     while True:
-        report = run_status(str(tmp_path / "runs" / name))
+        try:
+            report = run_status(str(tmp_path / "runs" / name))
+        except UsageError:  # no run.json yet: a fresh run writes it once its first group runs
+            report = {"progress": None}
         progress = report["progress"] and report["progress"].to_json()  # as --json gives it
         if progress and ready(progress):
             return {**report, "progress": progress}

@@ -11,7 +11,7 @@ from helpers import memory_folders, until
 from test_many_nodes import _status_table, _status_when
 from test_standby import TRAIN, _kill_tree, _standby_job, _start
 
-from launcher.core.events import CopyRestored, NodesMet
+from launcher.core.events import CheckpointLoaded, CopyRestored, NodesMet
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -80,6 +80,9 @@ def test_a_node_lost_with_its_memory_resumes_from_a_peers_copy_within_two_steps_
     assert {n: s for n, s in starts.items()} == {n: [str(restored.step)] for n in starts}, starts
     said = f"node {standby}: step {restored.step} of rank 2 from node 0's copy of node {lost}"
     assert said in job.nodes[standby].stderr
+    loaded = {n: [e for e in job.nodes[n].events(CheckpointLoaded) if e.attempt == 1] for n in (0, standby)}
+    assert [(e.step, e.tier) for e in loaded[standby]] == [(restored.step, "another node's copy")], loaded
+    assert [(e.step, e.tier) for e in loaded[0]] == [(restored.step, "memory")], loaded
     final = metrics.read_text()
     assert re.search(r"^ftlaunch_memory_copy_step\{[^}]*\} \d+\.0$", final, re.M), final
     assert re.search(r"^ftlaunch_memory_copy_sent_bytes_total\{[^}]*\} [1-9]", final, re.M), final

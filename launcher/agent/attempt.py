@@ -117,7 +117,7 @@ class AttemptRunner:
 
     def run(self, plan: AttemptPlan, link: PeerLink) -> AttemptResult:
         self._link = link
-        self._copies.begin(plan)
+        self._copies.begin(plan, go_on=lambda: self._signals.first is None)
         if not plan.layout.trains:
             return stand_by(plan, link, self._kit, self._spawner)
         attempt = plan.attempt

@@ -27,7 +27,7 @@ _MIB = 2**20
 class NoCopies:
     address = ""
 
-    def begin(self, plan: AttemptPlan) -> None:
+    def begin(self, plan: AttemptPlan, go_on: Callable[[], bool] = lambda: True) -> None:
         pass
 
     def note(self, attempt: int) -> Optional[CopyReading]:
@@ -60,28 +60,34 @@ class NodeCopies(NoCopies):
         self.address = self._server.address
         self._sender = Sender(tier, node, section.rate, say)
 
-    def begin(self, plan: AttemptPlan) -> None:
-        """Before the attempt's workers start: restore where needed, then send to this attempt's
-        peers (a standby sends nothing; it still keeps what it holds)."""
+    def begin(self, plan: AttemptPlan, go_on: Callable[[], bool] = lambda: True) -> None:
+        """Before the attempt's workers start: restore where needed (``go_on``: asked between
+        holders; a signal ends the restore), then send to this attempt's peers (a standby sends
+        nothing; it still keeps what it holds)."""
         layout = plan.layout
         if not layout.trains:
             self._sender.assign(None)
             return
         first, count = layout.rank(0), layout.nproc
-        others = [(node, address) for node, _, address in plan.copies if node != self._node]
-        if plan.attempt > 0 and others and needs_restore(self._tier, first, count):
-            self._restore(plan.attempt, first, count, others)
         hosts = {node: host for node, host, _ in plan.copies}
         addresses = {node: address for node, _, address in plan.copies}
-        peers = peers_of(self._node, layout.nodes, hosts, self._section.peers)
-        self._sender.assign(
-            Duty(plan.attempt, first, count, tuple((n, addresses[n]) for n in peers if n in addresses))
-        )
+        # A position's copies go to the nodes after it (peers_of): those are whom to ask, never
+        # every node (a restart of a job without snapshots asks R nodes, not hundreds).
+        peers = [
+            (n, addresses[n])
+            for n in peers_of(self._node, layout.nodes, hosts, self._section.peers)
+            if n in addresses
+        ]
+        if plan.attempt > 0 and peers and needs_restore(self._tier, first, count):
+            self._restore(plan.attempt, first, count, peers, go_on)
+        self._sender.assign(Duty(plan.attempt, first, count, tuple(peers)))
 
-    def _restore(self, attempt: int, first: int, count: int, holders: list) -> None:
+    def _restore(
+        self, attempt: int, first: int, count: int, holders: list, go_on: Callable[[], bool]
+    ) -> None:
         ranks = list(range(first, first + count))
         named = f"rank{'s' if count > 1 else ''} {first}" + (f"-{first + count - 1}" if count > 1 else "")
-        restored, problems = restore(self._tier, first, count, attempt - 1, holders)
+        restored, problems = restore(self._tier, first, count, attempt - 1, holders, go_on)
         for problem in problems:
             log.info("node %d: a copy could not be fetched: %s", self._node, problem)
         if restored is None:

@@ -198,13 +198,10 @@ def progress_rows(slots: Dict[int, BeatReading], running: Dict[int, int], now: f
     return rows
 
 
-_TIERS = {c.LOADED_STORAGE: "storage", c.LOADED_MEMORY: "memory"}
-
-
 def _loaded_from(readings) -> Tuple[Optional[int], str]:
     """The step every rank loaded and the tier it came from, when they all say the same."""
     seen = {(r.loaded_step, r.loaded_tier) for r in readings}
     if len(seen) != 1:
         return None, ""
     ((step, tier),) = seen
-    return (step, _TIERS[tier]) if tier in _TIERS and step >= 0 else (None, "")
+    return (step, c.TIER_NAMES[tier]) if tier in c.TIER_NAMES and step >= 0 else (None, "")

@@ -16,7 +16,6 @@ _EARLY_S = 60.0
 _STEPS_EVERY_S = (5.0, 15.0)  # early, later
 _TOTALS_EVERY_S = (5.0, 60.0)
 _COUNTERS_READ_S = 1.0
-_TIERS = {c.LOADED_MEMORY: "memory", c.LOADED_STORAGE: "storage"}
 
 
 class SlotObserver:
@@ -77,13 +76,18 @@ class SlotObserver:
         return True
 
 
+# Where a load read its bytes, for the load metrics: another node's copy is read from this node's
+# memory tier (it was put there before the rank started).
+_READ_FROM = {c.LOADED_MEMORY: "memory", c.LOADED_PEER: "memory", c.LOADED_STORAGE: "storage"}
+
+
 def checkpoint_totals(
     attempt: int, counters: Dict[int, CheckpointCounters], slots: Dict[int, BeatReading]
 ) -> CheckpointTotals:
     """The node's ranks' counters summed; each rank's load under the tier its slot names."""
     loads = {"memory": [0, 0], "storage": [0, 0]}
     for rank, reading in slots.items():
-        tier = _TIERS.get(reading.loaded_tier)
+        tier = _READ_FROM.get(reading.loaded_tier)
         if reading.loaded_at > 0 and tier is not None and rank in counters:
             loads[tier][0] += 1
             loads[tier][1] += counters[rank].load_ns

@@ -5,10 +5,11 @@ the node's tier as the ranks' own slots. Their vote then finds it as it finds an
 and takes it only where every rank holds that step and storage has none newer."""
 
 import dataclasses
+import json
 import os
 import time
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from launcher.process.memory_tier import held_slots
 from launcher.replicas.wire import WireError, connect, recv_crc, recv_file, recv_json, send_json
@@ -41,15 +42,23 @@ def needs_restore(tier: Path, first: int, count: int) -> bool:
 
 
 def restore(
-    tier: Path, first: int, count: int, attempt: int, holders: List[Tuple[int, str]]
+    tier: Path,
+    first: int,
+    count: int,
+    attempt: int,
+    holders: List[Tuple[int, str]],
+    go_on: Callable[[], bool] = lambda: True,
 ) -> Tuple[Optional[Restored], List[str]]:
     """(what was restored, or None; why each holder could not give it). ``attempt``: the attempt
     whose copies count (the one just ended: an older copy may belong to another course of the
-    run, after a restart from storage)."""
+    run, after a restart from storage). At most ``_TIMEOUT_S`` a holder, and ``go_on()`` false
+    (a signal) ends it between holders."""
     started = time.monotonic()
     problems: List[str] = []
     offers = []
     for holder, address in holders:
+        if not go_on():
+            return None, [*problems, "a signal came"]
         try:
             with connect(address, _TIMEOUT_S) as sock:
                 send_json(sock, {"op": "newest", "first": first, "count": count, "attempt": attempt})
@@ -59,6 +68,8 @@ def restore(
             continue
         offers += [_Offer(holder, address, int(c["step"]), int(c["source"])) for c in copies]
     for offer in sorted(offers, key=lambda o: o.step, reverse=True):
+        if not go_on():
+            return None, [*problems, "a signal came"]
         try:
             size = _fetch(tier, first, count, attempt, offer)
         except (OSError, WireError, ValueError) as err:
@@ -90,6 +101,11 @@ def _fetch(tier: Path, first: int, count: int, attempt: int, offer: _Offer) -> i
                 if got != sent:
                     raise WireError(f"{name}: checksum {got:08x} received, {sent:08x} sent")
         records = [(h, f) for h, f in written if f.name.endswith(".json")]
+        for hidden, _ in records:  # the rank's log and the summary say where it came from
+            record = json.loads(hidden.read_text())
+            hidden.write_text(
+                json.dumps({**record, "origin": f"node {offer.holder}'s copy of node {offer.source}"})
+            )
         for hidden, final in [*[(h, f) for h, f in written if not f.name.endswith(".json")], *records]:
             hidden.rename(final)
         return sum(size for _, size in files)

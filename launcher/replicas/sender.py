@@ -27,7 +27,10 @@ __all__ = ["Duty", "Sender"]
 
 log = logging.getLogger(__name__)
 
-_LOOK_S = 0.005  # how often the tier is looked at: a copy trails its snapshot by about this
+_LOOK_S = 0.005  # how often the tier folder's mtime is looked at: a copy trails its snapshot by about this
+# The records are read when that mtime changed, and at least this often: a record renamed within
+# the clock tick of the last change (tmpfs times are coarse, a few ms) leaves the mtime as it was.
+_READ_S = 0.02
 _TIMEOUT_S = 10.0  # one send's socket calls: a peer that stops answering fails the send
 _RETRY_S = 1.0  # after a failed send, before the next try to that peer
 
@@ -65,6 +68,8 @@ class Sender:
         self._peers: List[_Peer] = []
         self._newest = -1  # the newest step every rank of this node holds
         self._sent = 0  # bytes of whole copies sent
+        self._looked = -1  # the tier folder's mtime when its records were last read
+        self._read_at = 0.0  # and when (monotonic)
         self._thread = threading.Thread(target=self._run, name="ftlaunch-copy-sender", daemon=True)
         self._thread.start()
 
@@ -74,6 +79,7 @@ class Sender:
             self._duty = duty
             self._peers = [_Peer(node, address) for node, address in (duty.peers if duty else ())]
             self._newest = -1
+            self._looked = -1  # a new attempt reads the tier afresh
 
     def lag(self) -> Dict[int, int]:
         """peer node -> the steps its copy trails this node's newest snapshot (-1: none yet)."""
@@ -88,8 +94,10 @@ class Sender:
             return CopyReading(self._newest, min(p.sent for p in self._peers), self._sent)
 
     def close(self) -> None:
+        """Stop sending; a send in flight is left to its daemon thread (the supervisor's end never
+        waits for a peer that stopped answering)."""
         self._stopped.set()
-        self._thread.join(_TIMEOUT_S + 1)
+        self._thread.join(1.0)
 
     def _run(self) -> None:
         while not self._stopped.wait(_LOOK_S):
@@ -97,6 +105,15 @@ class Sender:
                 duty, peers = self._duty, list(self._peers)
             if duty is None or not peers:
                 continue
+            try:
+                changed = os.stat(self._tier).st_mtime_ns  # a record written or removed changes it
+            except OSError:
+                continue
+            now = time.monotonic()
+            owed = any(p.sent < self._newest and not p.full for p in peers)
+            if changed == self._looked and not owed and now < self._read_at + _READ_S:
+                continue  # nothing new, nothing owed: no need to read the records
+            self._looked, self._read_at = changed, now
             slots = _newest_whole(self._tier, duty.first, duty.count)
             if slots is None:
                 continue

@@ -14,6 +14,7 @@ __all__ = ["CopyServer"]
 
 log = logging.getLogger(__name__)
 
+_AT_ONCE = 16  # requests served at once; more are closed at once (the sender retries)
 _TIMEOUT_S = 30.0  # one request's socket reads and writes: a peer that stops answering is dropped
 
 
@@ -26,11 +27,16 @@ class CopyServer:
         self.address = f"{host}:{self._sock.getsockname()[1]}"
         self._closed = threading.Event()
         self._full = False
+        self._slots = threading.BoundedSemaphore(_AT_ONCE)
         self._thread = threading.Thread(target=self._serve, name="ftlaunch-copy-server", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
         self._closed.set()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept (Linux), no half-second wait
+        except OSError:
+            pass
         self._thread.join(5)
         self._sock.close()
 
@@ -42,9 +48,18 @@ class CopyServer:
                 continue
             except OSError:
                 return
+            if not self._slots.acquire(blocking=False):  # a peer that opens connections without end
+                conn.close()
+                continue
             threading.Thread(target=self._answer, args=(conn,), name="ftlaunch-copy", daemon=True).start()
 
     def _answer(self, conn: socket.socket) -> None:
+        try:
+            self._answer_one(conn)
+        finally:
+            self._slots.release()
+
+    def _answer_one(self, conn: socket.socket) -> None:
         with conn:
             conn.settimeout(_TIMEOUT_S)
             try:

@@ -241,10 +241,12 @@ class CheckpointManager:
         if step == stored:  # committed in storage too: not to be written again
             self._steps_in_storage.add(step)
         self.restore_rng(payload)
-        self.loaded_tier = c.LOADED_MEMORY
+        origin = self.memory.origin(step)
+        self.loaded_tier = c.LOADED_PEER if origin else c.LOADED_MEMORY
         log.info(
-            "checkpoint step %d loaded from the node's memory tier%s",
+            "checkpoint step %d loaded from the node's memory tier%s%s",
             step,
+            f" ({origin})" if origin else "",
             " (its slot mapped ahead by this worker's warm spare)" if self.memory.read_ahead else "",
         )
         return Checkpoint(step=step, state=state, metrics=self.memory.metrics(step))

@@ -267,11 +267,19 @@ class MemorySnapshots:
         return rebuild(skeleton, tensors), None
 
     def metrics(self, step: int) -> Dict[str, float]:
+        return self._record(step).metrics
+
+    def origin(self, step: int) -> str:
+        """Where the snapshot of ``step`` came from if not this node's ranks ("node 0's copy of
+        node 2": restored by the launcher before this rank started), else ''."""
+        return self._record(step).origin
+
+    def _record(self, step: int) -> Record:
         slot = self.held(self._kind)[step]
         record = self._slots[slot].read_record()
         if record is None:  # held() just found it whole: its files changed since
             raise CheckpointError(f"rank {self.rank}: memory snapshot of step {step} changed while loaded")
-        return record.metrics
+        return record
 
     def agree_read(self, ok: bool) -> bool:
         """Whether every rank read its snapshot of the step ``newest_agreed`` chose."""

@@ -38,6 +38,7 @@ class Record:
     size: int  # bytes of the slot's data file
     index_size: int  # bytes of its index
     metrics: Dict[str, float]
+    origin: str = ""  # restored from another node's copy: "node 0's copy of node 2" (the launcher's)
 
     @classmethod
     def from_json(cls, text: str) -> "Record":
@@ -49,6 +50,7 @@ class Record:
             int(data["size"]),
             int(data["index_size"]),
             dict(data["metrics"]),
+            str(data.get("origin", "")),
         )
 
 

@@ -53,6 +53,8 @@ __all__ = [
     "LOADED_NONE",
     "LOADED_STORAGE",
     "LOADED_MEMORY",
+    "LOADED_PEER",
+    "TIER_NAMES",
     "FT_MEMORY_DIR",
     "CHAOS_AT_BEAT",
     "CHAOS_AT_SAVE",
@@ -120,6 +122,8 @@ SLOT_CHAOS = 11
 SLOT_LOADED_TIER = 12
 SLOT_LOADED_STEP = 13
 LOADED_NONE, LOADED_STORAGE, LOADED_MEMORY = 0, 1, 2
+LOADED_PEER = 3  # the node's memory tier, from another node's copy (its record names it: "origin")
+TIER_NAMES = {LOADED_STORAGE: "storage", LOADED_MEMORY: "memory", LOADED_PEER: "another node's copy"}
 # worker_lib's checkpoint counters for the metrics, cumulative in this process (counts and ns).
 SLOT_SAVES_MEMORY = 14
 SLOT_SAVE_MEMORY_NS = 15
