@@ -16,12 +16,14 @@ from launcher.core.events import CheckpointLoaded, CopyRestored, NodesMet
 pytestmark = pytest.mark.timeout(400)
 
 # A snapshot every step, storage every 50; DDP's buckets never rebuilt, so that the resumed run sums
-# every gradient in the order the clean run does (bit-identical with 3 ranks, at any step).
+# every gradient in the order the clean run does (bit-identical with 3 ranks, at any step). A step
+# of 100 ms: a copy must land within about a step of its snapshot for the lost node's step to be
+# every rank's (the issue's bound is for 30 ms steps: bench_copies.py; a test runs on busy cores).
 ARGS = [
     "--steps",
     "240",
     "--step-time",
-    "0.03",
+    "0.1",
     "--save-every",
     "50",
     "--memory-every",
@@ -132,14 +134,14 @@ def test_two_nodes_lost_at_once_with_the_copy_one_held_every_rank_loads_from_sto
 def test_a_copy_trailing_on_a_slow_link_shows_its_lag_and_is_never_chosen_over_newer_steps(
     launcher, tmp_path
 ):
-    """--memory-copy-rate 2KB: a copy (about 7 KB a rank here) trails by many steps, shown as its
+    """--memory-copy-rate 5KB: a copy (about 19 KB a rank here) trails by many steps, shown as its
     lag in status, while the job trains on. The standby restores that old copy; the survivors hold
     newer steps only, so no step is every rank's in memory, and every rank loads from storage."""
     clean_out, out = tmp_path / "clean.pt", tmp_path / "out.pt"
     clean = launcher.start("--nproc", "3", "--run-name", "clean", TRAIN, *ARGS, "--out", str(clean_out))
     assert clean.wait(300) == 0, clean.stderr
     job = _standby_job(
-        launcher, tmp_path, "slow", *ARGS, "--out", str(out), options=["--memory-copy-rate", "2KB"]
+        launcher, tmp_path, "slow", *ARGS, "--out", str(out), options=["--memory-copy-rate", "5KB"]
     )
     node0 = _start(job).nodes[0]
     first = node0.wait_for_event(NodesMet, lambda e: e.attempt == 0, timeout=120)

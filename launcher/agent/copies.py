@@ -91,10 +91,12 @@ class NodeCopies(NoCopies):
         for problem in problems:
             log.info("node %d: a copy could not be fetched: %s", self._node, problem)
         if restored is None:
-            why = f" ({'; '.join(problems)})" if problems else ""
+            whose = f"{named}'s memory snapshots"
             self._say(
-                f"node {self._node}: no other node holds a copy of {named}'s memory snapshots from attempt "
-                f"{attempt - 1}{why}: they load from storage"
+                f"node {self._node}: no copy of {whose} could be fetched ({'; '.join(problems)}): they load "
+                "from storage"
+                if problems
+                else f"node {self._node}: no other node holds a copy of {whose}: they load from storage"
             )
             return
         self._events.emit(

@@ -48,6 +48,9 @@ def byte_rate(text: str) -> int:
     """Bytes from "500MB", "1.5GB", "2GiB" or "1000000" (a unit of bytes: B, KB, MB, GB, TB are
     powers of 1000, KiB..TiB of 1024); ValueError for anything else ("fast", "-1MB", "1e9")."""
     found = _BYTES.fullmatch(text.strip())
-    if not found:
+    if not found or len(found.group(1)) > 20:  # beyond any machine's bytes (and float's range)
         raise ValueError(f"not a number of bytes: {text!r}")
-    return int(float(found.group(1)) * _UNITS[(found.group(2) or "").lower()])
+    exact = float(found.group(1)) * _UNITS[(found.group(2) or "").lower()]
+    if 0 < exact < 1:  # "0.5" would round to 0, which means no cap at all
+        raise ValueError(f"less than a byte: {text!r}")
+    return int(exact)

@@ -15,7 +15,7 @@ from typing import Dict, List, Optional
 from launcher.core.health import CheckResult, tier_room_needed
 from launcher.core.owned import owned_folder, remove_unowned
 
-__all__ = ["HeldSlot", "MemoryTier", "drop_own_tiers", "held_slots", "room_for_tier"]
+__all__ = ["HeldSlot", "MemoryTier", "drop_own_tiers", "held_slots", "room_for_tier", "snapshot_room_needed"]
 
 _KIND = "ftlaunch-memory-"  # then owned-, the supervisor's pid and a random suffix
 _SHM = Path("/dev/shm")
@@ -116,6 +116,11 @@ def room_for_tier(folder: Optional[Path]) -> CheckResult:
             f"{need / mib:.0f} MiB",
         )
     return CheckResult.passed(name, f"{free / mib:.0f} MiB free, {need / mib:.0f} MiB needed")
+
+
+def snapshot_room_needed(folder: Path) -> Optional[int]:
+    """Bytes the node's own ranks still need for two snapshots each (None: none made yet)."""
+    return tier_room_needed(_slot_sizes(folder))
 
 
 def _copies_room(peers: Path) -> int:

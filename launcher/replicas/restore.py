@@ -32,6 +32,7 @@ class Restored:
 class _Offer:
     holder: int
     address: str
+    attempt: int
     step: int
     source: int
 
@@ -49,10 +50,10 @@ def restore(
     holders: List[Tuple[int, str]],
     go_on: Callable[[], bool] = lambda: True,
 ) -> Tuple[Optional[Restored], List[str]]:
-    """(what was restored, or None; why each holder could not give it). ``attempt``: the attempt
-    whose copies count (the one just ended: an older copy may belong to another course of the
-    run, after a restart from storage). At most ``_TIMEOUT_S`` a holder, and ``go_on()`` false
-    (a signal) ends it between holders."""
+    """(what was restored, or None; why each holder could not give it): the newest copy of the
+    latest attempt up to ``attempt`` that made one (the one just ended, unless it ended before
+    any copy; the ranks' vote decides whether it loads). At most ``_TIMEOUT_S`` a holder, and
+    ``go_on()`` false (a signal) ends it between holders."""
     started = time.monotonic()
     problems: List[str] = []
     offers = []
@@ -66,12 +67,14 @@ def restore(
         except (OSError, WireError) as err:
             problems.append(f"node {holder}: {err}")
             continue
-        offers += [_Offer(holder, address, int(c["step"]), int(c["source"])) for c in copies]
-    for offer in sorted(offers, key=lambda o: o.step, reverse=True):
+        offers += [
+            _Offer(holder, address, int(c["attempt"]), int(c["step"]), int(c["source"])) for c in copies
+        ]
+    for offer in sorted(offers, key=lambda o: (o.attempt, o.step), reverse=True):
         if not go_on():
             return None, [*problems, "a signal came"]
         try:
-            size = _fetch(tier, first, count, attempt, offer)
+            size = _fetch(tier, first, count, offer)
         except (OSError, WireError, ValueError) as err:
             problems.append(f"node {offer.holder}'s copy of step {offer.step}: {err}")
             continue
@@ -79,13 +82,19 @@ def restore(
     return None, problems
 
 
-def _fetch(tier: Path, first: int, count: int, attempt: int, offer: _Offer) -> int:
+def _fetch(tier: Path, first: int, count: int, offer: _Offer) -> int:
     """Receive the copy into hidden files, checksums checked, then put each rank's data and index
     in place and its record last (slot 0: the node holds nothing else of these ranks)."""
     written: List[Tuple[Path, Path]] = []
     try:
         with connect(offer.address, _TIMEOUT_S) as sock:
-            request = {"op": "get", "first": first, "count": count, "attempt": attempt, "step": offer.step}
+            request = {
+                "op": "get",
+                "first": first,
+                "count": count,
+                "attempt": offer.attempt,
+                "step": offer.step,
+            }
             send_json(sock, request)
             answer = recv_json(sock)
             if not answer.get("found"):

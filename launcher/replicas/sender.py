@@ -51,78 +51,87 @@ class _Peer:
     node: int
     address: str
     sent: int = -1  # the newest step it holds, this attempt
-    failing: str = ""  # why the last send failed ("" while they succeed)
+    failing: str = ""  # why the sends fail, once said ("" while they succeed)
+    failed_once: bool = False  # the last send failed
     retry_at: float = 0.0
     full: bool = False
 
 
 class Sender:
+    """One thread a peer (a peer that stops answering holds up only its own copies), each looking
+    at the tier for a newer whole step than its peer holds."""
+
     def __init__(self, tier: Path, node: int, rate: int, say: Callable[[str], None]) -> None:
         self._tier = tier
         self._node = node
         self._say = say
         self._stopped = threading.Event()
-        self._pace = Pace(rate, self._stopped)
+        self._pace = Pace(rate, self._stopped)  # shared: the cap is the node's, over all peers
         self._lock = threading.Lock()
         self._duty: Optional[Duty] = None
         self._peers: List[_Peer] = []
-        self._newest = -1  # the newest step every rank of this node holds
+        self._threads: List[threading.Thread] = []
         self._sent = 0  # bytes of whole copies sent
-        self._looked = -1  # the tier folder's mtime when its records were last read
-        self._read_at = 0.0  # and when (monotonic)
-        self._thread = threading.Thread(target=self._run, name="ftlaunch-copy-sender", daemon=True)
-        self._thread.start()
 
     def assign(self, duty: Optional[Duty]) -> None:
-        """The attempt's duty (None: this node runs no rank, it sends nothing)."""
+        """The attempt's duty (None: this node runs no rank, it sends nothing). The threads of
+        the duty before end at their next look."""
         with self._lock:
             self._duty = duty
             self._peers = [_Peer(node, address) for node, address in (duty.peers if duty else ())]
-            self._newest = -1
-            self._looked = -1  # a new attempt reads the tier afresh
+            peers = list(self._peers)
+        if duty is None:
+            return
+        self._threads = [t for t in self._threads if t.is_alive()]
+        for peer in peers:
+            thread = threading.Thread(
+                target=self._run, args=(duty, peer), name=f"ftlaunch-copy-to-{peer.node}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
 
     def lag(self) -> Dict[int, int]:
         """peer node -> the steps its copy trails this node's newest snapshot (-1: none yet)."""
+        newest = self._newest()
         with self._lock:
-            return {p.node: (self._newest - p.sent if p.sent >= 0 else -1) for p in self._peers}
+            return {p.node: (newest - p.sent if p.sent >= 0 else -1) for p in self._peers}
 
     def reading(self) -> Optional[CopyReading]:
-        """How far the copies are (None: this node sends none in this attempt)."""
+        """How far the copies are (None: this node sends none in this attempt). The newest step is
+        read from the tier now: a send stuck on a peer does not hide how far behind it is."""
+        newest = self._newest()
         with self._lock:
             if not self._peers:
                 return None
-            return CopyReading(self._newest, min(p.sent for p in self._peers), self._sent)
+            return CopyReading(newest, min(p.sent for p in self._peers), self._sent)
+
+    def _newest(self) -> int:
+        duty = self._duty
+        slots = _newest_whole(self._tier, duty.first, duty.count) if duty is not None else None
+        return slots[0].step if slots else -1
 
     def close(self) -> None:
         """Stop sending; a send in flight is left to its daemon thread (the supervisor's end never
         waits for a peer that stopped answering)."""
         self._stopped.set()
-        self._thread.join(1.0)
+        deadline = time.monotonic() + 1.0
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
-    def _run(self) -> None:
-        while not self._stopped.wait(_LOOK_S):
-            with self._lock:
-                duty, peers = self._duty, list(self._peers)
-            if duty is None or not peers:
-                continue
+    def _run(self, duty: Duty, peer: _Peer) -> None:
+        looked, read_at = -1, 0.0  # the tier folder's mtime when its records were last read, and when
+        while not self._stopped.wait(_LOOK_S) and self._duty is duty and not peer.full:
             try:
                 changed = os.stat(self._tier).st_mtime_ns  # a record written or removed changes it
             except OSError:
                 continue
             now = time.monotonic()
-            owed = any(p.sent < self._newest and not p.full for p in peers)
-            if changed == self._looked and not owed and now < self._read_at + _READ_S:
-                continue  # nothing new, nothing owed: no need to read the records
-            self._looked, self._read_at = changed, now
+            if (changed == looked and now < read_at + _READ_S) or now < peer.retry_at:
+                continue  # nothing new (or a retry not due): no need to read the records
+            looked, read_at = changed, now
             slots = _newest_whole(self._tier, duty.first, duty.count)
-            if slots is None:
-                continue
-            step = slots[0].step
-            with self._lock:
-                self._newest = step
-            for peer in peers:
-                if peer.sent < step and not peer.full and time.monotonic() >= peer.retry_at:
-                    self._send(duty, peer, step, slots)
+            if slots is not None and peer.sent < slots[0].step:
+                self._send(duty, peer, slots[0].step, slots)
 
     def _send(self, duty: Duty, peer: _Peer, step: int, slots: List[HeldSlot]) -> None:
         files = _read_whole(self._tier, slots)
@@ -131,13 +140,16 @@ class Sender:
         try:
             reply = self._put(duty, peer, step, files)
         except (OSError, WireError, ValueError) as err:
-            if not peer.failing:
+            # Said once it fails twice in a row: a peer's end at the job's end breaks one send.
+            if peer.failed_once and not peer.failing:
                 self._say(
                     f"node {self._node}: copying its memory snapshots to node {peer.node} failed ({err}); "
-                    f"training goes on, retried every {_RETRY_S:g} s (node {peer.node} holds step "
-                    f"{peer.sent if peer.sent >= 0 else 'none'} of it)"
+                    f"training goes on, retried every {_RETRY_S:g} s (node {peer.node} holds "
+                    + (f"step {peer.sent} of it)" if peer.sent >= 0 else "none of it)")
                 )
-            peer.failing, peer.retry_at = str(err) or type(err).__name__, time.monotonic() + _RETRY_S
+            if peer.failed_once:
+                peer.failing = str(err) or type(err).__name__
+            peer.failed_once, peer.retry_at = True, time.monotonic() + _RETRY_S
             return
         if reply.get("full"):
             peer.full = True
@@ -149,7 +161,7 @@ class Sender:
             if peer.failing:
                 self._say(f"node {self._node}: copies to node {peer.node} go again, at step {step}")
             with self._lock:
-                peer.sent, peer.failing = step, ""
+                peer.sent, peer.failing, peer.failed_once = step, "", False
                 self._sent += sum(len(data) for _, data in files)
 
     def _put(

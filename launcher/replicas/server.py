@@ -3,10 +3,12 @@ nodes' copies (``put``) into what it holds, and says (``newest``) and sends (``g
 holds to a node that restores. One request a connection, each on a thread of its own."""
 
 import logging
+import os
 import socket
 import threading
 from typing import Callable, List
 
+from launcher.process.memory_tier import snapshot_room_needed
 from launcher.replicas.held import Copy, HeldCopies, NoRoomForCopy
 from launcher.replicas.wire import Pace, WireError, recv_json, send_crc, send_file, send_json
 
@@ -80,6 +82,12 @@ class CopyServer:
         if self._full:
             send_json(conn, {"ok": False, "full": True, "why": "it filled up before"})
             return
+        short = self._short_of_room(sum(int(f["size"]) for f in request["files"]))
+        if short:
+            self._full = True
+            self._on_full(short)
+            send_json(conn, {"ok": False, "full": True, "why": short})
+            return
         send_json(conn, {"ok": True})  # go ahead
         try:
             reply = self.held.receive(conn, request)
@@ -89,12 +97,30 @@ class CopyServer:
             reply = {"ok": False, "full": True, "why": str(err)}
         send_json(conn, reply)
 
+    def _short_of_room(self, size: int) -> str:
+        """Why a copy of ``size`` bytes must not come ('' if it may): the node's own snapshots
+        come first. Before its ranks made any, they are taken to need what the copy's ranks do
+        (two snapshots each, as a copy holds one)."""
+        tier = self.held.folder.parent
+        stat = os.statvfs(tier)
+        free = stat.f_bavail * stat.f_frsize
+        own = snapshot_room_needed(tier)
+        own = 2 * size if own is None else own
+        if free >= size + own:
+            return ""
+        return (
+            f"{_size(free)} free in {tier.parent}; a copy of {_size(size)} and this node's own "
+            f"snapshots ({_size(own)} more) need more"
+        )
+
     def _copies(self, request: dict) -> List[Copy]:
         copies = self.held.copies(int(request["first"]), int(request["count"]))
-        return [c for c in copies if c.attempt == int(request["attempt"])]
+        return [c for c in copies if c.attempt <= int(request["attempt"])]
 
     def _get(self, conn: socket.socket, request: dict) -> None:
-        copies = [c for c in self._copies(request) if c.step == int(request["step"])]
+        copies = [
+            c for c in self._copies(request) if (c.attempt, c.step) == (request["attempt"], request["step"])
+        ]
         if not copies:
             send_json(conn, {"found": False})
             return
@@ -104,6 +130,10 @@ class CopyServer:
         pace = Pace(0)
         for name in names:
             send_crc(conn, send_file(conn, copy.folder / name, copy.files[name][0], pace))
+
+
+def _size(count: int) -> str:
+    return f"{count / 2**20:.0f} MiB" if count >= 2**20 else f"{count / 2**10:.0f} KiB"
 
 
 def _said(copy: Copy) -> dict:

@@ -156,10 +156,11 @@ def test_a_peer_that_does_not_answer_fails_the_send_said_once_and_a_later_one_go
             _slot(tiers[0], 0, 1, 5, b"def" * 1000)
             until(lambda: [c.step for c in servers[1].held.copies(0, 1)] == [5, 4], timeout=10)
             until(lambda: sender.lag() == {2: -1, 1: 0}, timeout=10)
+            until(lambda: said, timeout=10)  # once it failed twice in a row, 1 s apart
         finally:
             sender.close()
     assert len([s for s in said if "to node 2 failed" in s]) == 1, said
-    assert "training goes on" in said[0]
+    assert "training goes on" in said[0] and "(node 2 holds none of it)" in said[0], said
 
 
 def test_two_copies_of_a_nodes_ranks_are_kept_and_the_oldest_goes(nodes):
@@ -218,8 +219,9 @@ def test_the_pace_caps_the_bytes_a_second(nodes):
 
 
 def test_a_full_dev_shm_turns_copies_off_with_one_line_and_leaves_nothing_half_written(tmp_path):
-    """The holder's /dev/shm (a 64 KiB tmpfs) cannot take a 100 KB copy: it says so once, takes
-    no more, and the sender stops sending to it with one line; nothing of the copy stays."""
+    """The holder's /dev/shm (a 64 KiB tmpfs) cannot take a 100 KB copy and leave its own ranks
+    the room for theirs: it says so once, takes no more, and the sender stops sending to it with
+    one line; nothing of the copy stays."""
     tier = tmp_path / "tier"
     tier.mkdir()
     _slot(tier, 0, 0, 1, os.urandom(100_000))
@@ -235,7 +237,8 @@ def test_a_full_dev_shm_turns_copies_off_with_one_line_and_leaves_nothing_half_w
         finally:
             sender.close()
             server.close()
-        assert len(said_full) == 1 and "No space left on device" in said_full[0], said_full
+        assert len(said_full) == 1 and "KiB free in" in said_full[0], said_full
+        assert "a copy of 98 KiB and this node's own snapshots (196 KiB more) need more" in said_full[0]
         off = f"node 0: node 1 has no room left in /dev/shm for copies ({said_full[0]}): copies to it are off"
         assert said == [off]
         assert [p for p in shm.rglob("*") if p.is_file()] == []
@@ -252,3 +255,12 @@ def test_peers_follow_the_ring_and_skip_the_nodes_own_host():
     assert peers_of(0, (0, 1, 2, 3), two_hosts, 1) == (2,)
     assert peers_of(2, (0, 1, 2, 3), two_hosts, 5) == (0, 1)
     assert peers_of(1, (0, 1), one_host, 0) == ()
+
+
+def test_a_copy_rate_below_a_byte_or_beyond_any_number_is_refused():
+    from launcher.grammar.numbers import byte_rate
+
+    assert byte_rate("500MB") == 500_000_000 and byte_rate("2GiB") == 2 * 2**30 and byte_rate("0") == 0
+    for bad in ("0.5", "0.0001KB", "9" * 320 + "TB", "fast", "-1", "1e9", ""):
+        with pytest.raises(ValueError):
+            byte_rate(bad)
