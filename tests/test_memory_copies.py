@@ -82,6 +82,10 @@ def test_a_node_lost_with_its_memory_resumes_from_a_peers_copy_within_two_steps_
     assert {n: s for n, s in starts.items()} == {n: [str(restored.step)] for n in starts}, starts
     said = f"node {standby}: step {restored.step} of rank 2 from node 0's copy of node {lost}"
     assert said in job.nodes[standby].stderr
+    summary = (
+        f"attempt 1: node {standby} got step {restored.step} of rank 2 from node 0's copy of node {lost}"
+    )
+    assert summary in node0.stderr  # node 0's summary, from the standby's report
     loaded = {n: [e for e in job.nodes[n].events(CheckpointLoaded) if e.attempt == 1] for n in (0, standby)}
     assert [(e.step, e.tier) for e in loaded[standby]] == [(restored.step, "another node's copy")], loaded
     assert [(e.step, e.tier) for e in loaded[0]] == [(restored.step, "memory")], loaded

@@ -117,7 +117,10 @@ class AttemptRunner:
 
     def run(self, plan: AttemptPlan, link: PeerLink) -> AttemptResult:
         self._link = link
-        self._copies.begin(plan, go_on=lambda: self._signals.first is None)
+        restored = self._copies.begin(plan, go_on=lambda: self._signals.first is None)
+        return dataclasses.replace(self._run(plan, link), restored=restored)
+
+    def _run(self, plan: AttemptPlan, link: PeerLink) -> AttemptResult:
         if not plan.layout.trains:
             return stand_by(plan, link, self._kit, self._spawner)
         attempt = plan.attempt

@@ -27,8 +27,8 @@ _MIB = 2**20
 class NoCopies:
     address = ""
 
-    def begin(self, plan: AttemptPlan, go_on: Callable[[], bool] = lambda: True) -> None:
-        pass
+    def begin(self, plan: AttemptPlan, go_on: Callable[[], bool] = lambda: True) -> str:
+        return ""
 
     def note(self, attempt: int) -> Optional[CopyReading]:
         """How far this node's copies are (None: it makes none), noted in the event log when
@@ -60,14 +60,14 @@ class NodeCopies(NoCopies):
         self.address = self._server.address
         self._sender = Sender(tier, node, section.rate, say)
 
-    def begin(self, plan: AttemptPlan, go_on: Callable[[], bool] = lambda: True) -> None:
+    def begin(self, plan: AttemptPlan, go_on: Callable[[], bool] = lambda: True) -> str:
         """Before the attempt's workers start: restore where needed (``go_on``: asked between
         holders; a signal ends the restore), then send to this attempt's peers (a standby sends
-        nothing; it still keeps what it holds)."""
+        nothing; it still keeps what it holds). What was restored, for node 0's summary ('')."""
         layout = plan.layout
         if not layout.trains:
             self._sender.assign(None)
-            return
+            return ""
         first, count = layout.rank(0), layout.nproc
         hosts = {node: host for node, host, _ in plan.copies}
         addresses = {node: address for node, _, address in plan.copies}
@@ -78,13 +78,13 @@ class NodeCopies(NoCopies):
             for n in peers_of(self._node, layout.nodes, hosts, self._section.peers)
             if n in addresses
         ]
+        restored = ""
         if plan.attempt > 0 and peers and needs_restore(self._tier, first, count):
-            self._restore(plan.attempt, first, count, peers, go_on)
+            restored = self._restore(plan.attempt, first, count, peers, go_on)
         self._sender.assign(Duty(plan.attempt, first, count, tuple(peers)))
+        return restored
 
-    def _restore(
-        self, attempt: int, first: int, count: int, holders: list, go_on: Callable[[], bool]
-    ) -> None:
+    def _restore(self, attempt: int, first: int, count: int, holders: list, go_on: Callable[[], bool]) -> str:
         ranks = list(range(first, first + count))
         named = f"rank{'s' if count > 1 else ''} {first}" + (f"-{first + count - 1}" if count > 1 else "")
         restored, problems = restore(self._tier, first, count, attempt - 1, holders, go_on)
@@ -98,7 +98,7 @@ class NodeCopies(NoCopies):
                 if problems
                 else f"node {self._node}: no other node holds a copy of {whose}: they load from storage"
             )
-            return
+            return ""
         self._events.emit(
             CopyRestored(
                 attempt,
@@ -110,10 +110,9 @@ class NodeCopies(NoCopies):
                 round(restored.seconds, 3),
             )
         )
-        self._say(
-            f"node {self._node}: step {restored.step} of {named} from node {restored.holder}'s copy of node "
-            f"{restored.source} ({restored.size / _MIB:.1f} MiB in {restored.seconds:.2f} s)"
-        )
+        got = f"step {restored.step} of {named} from node {restored.holder}'s copy of node {restored.source}"
+        self._say(f"node {self._node}: {got} ({restored.size / _MIB:.1f} MiB in {restored.seconds:.2f} s)")
+        return f"node {self._node} got {got}"
 
     def note(self, attempt: int) -> Optional[CopyReading]:
         reading = self._sender.reading()

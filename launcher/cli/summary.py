@@ -31,6 +31,8 @@ def summary_lines(result: RunResult) -> List[str]:
             lines.append(f"  attempt {attempt.attempt}: resized, {attempt.resize}")
         if attempt.replaced:  # --standby-nodes: which standby took which lost node's place
             lines.append(f"  attempt {attempt.attempt}: {attempt.replaced}")
+        if attempt.restored:  # --memory-peers: whose snapshots came from another node's copy
+            lines.append(f"  attempt {attempt.attempt}: {attempt.restored}")
         if attempt.outcome is AttemptOutcome.RESIZED:  # an elastic job's nodes changed: why
             lines.append(f"  attempt {attempt.attempt}: the job's nodes changed ({attempt.cause})")
         elif attempt.outcome is AttemptOutcome.NODE_LOST:

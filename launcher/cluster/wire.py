@@ -144,6 +144,7 @@ class NodeReport:
     beat: bool
     furthest_step: Optional[int]
     signum: Optional[int] = None
+    restored: str = ""  # --memory-peers: its ranks' snapshots came from another node's copy
 
     def to_json(self) -> str:
         return _dump_with_failures(self)

@@ -28,6 +28,7 @@ class AttemptResult:
     cause: str = ""  # many nodes: why this node's ranks were stopped, when another node said so
     resize: str = ""  # node 0 of an elastic job: it ran on other nodes than the attempt before, and why
     replaced: str = ""  # node 0, --standby-nodes: which standby took which lost node's place, and why
+    restored: str = ""  # --memory-peers: whose ranks' snapshots came from another node's copy
 
     @property
     def root_cause(self) -> Optional[Failure]:

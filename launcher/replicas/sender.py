@@ -205,7 +205,7 @@ def _newest_whole(tier: Path, first: int, count: int) -> Optional[List[HeldSlot]
 def _read_whole(tier: Path, slots: List[HeldSlot]) -> Optional[List[Tuple[str, Union[bytes, bytearray]]]]:
     """The slots' files as (copy's name, bytes), read in one go (a memcpy's pace, not the
     link's: a slow send never races the writer), or None if a slot changed while it was read."""
-    files = []
+    files: List[Tuple[str, Union[bytes, bytearray]]] = []
     try:
         for slot in slots:
             name = f"rank_{slot.rank}"

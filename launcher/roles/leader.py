@@ -51,7 +51,13 @@ def node_report(node: int, result: AttemptResult) -> NodeReport:
     """What a node tells node 0 about the attempt."""
     beats = result.beats
     return NodeReport(
-        node, result.outcome.value, result.failures, beats.beat, beats.furthest_step, result.signum
+        node,
+        result.outcome.value,
+        result.failures,
+        beats.beat,
+        beats.furthest_step,
+        result.signum,
+        result.restored,
     )
 
 
@@ -205,6 +211,7 @@ class Leader(RunHolder):
             self.job.cluster.elastic,
         )
         result = dataclasses.replace(result, resize=self.entry.resize, replaced=self.entry.replaced)
+        result = dataclasses.replace(result, restored="; ".join(r.restored for r in reports if r.restored))
         self._places.left({f.node: f.describe() for f in channel.lost_failures()})
         told = channel.interrupted_by
         first = told.node if told is not None and told.kind is InterruptKind.FAILURE else None
