@@ -81,19 +81,16 @@ def test_a_nodes_newest_whole_step_reaches_its_peer_and_restores_byte_for_byte_e
     assert said == []
 
 
+def _put_header(files) -> dict:
+    """A put of rank 0's step 7 (of attempt 0, from node 3) with these (name, size) files."""
+    listed = [{"name": name, "size": size} for name, size in files]
+    return {"op": "put", "first": 0, "count": 1, "attempt": 0, "step": 7, "source": 3, "files": listed}
+
+
 def _put(address: str, data: bytes, crc: int, whole: int = 1) -> dict:
     """A peer's put of rank 0's step 7, by hand: ``crc`` as sent for the data."""
     record = b"{}"
-    files = [["rank_0", len(data)], ["rank_0.index", 1], ["rank_0.json", len(record)]]
-    header = {
-        "op": "put",
-        "first": 0,
-        "count": 1,
-        "attempt": 0,
-        "step": 7,
-        "source": 3,
-        "files": [{"name": n, "size": s} for n, s in files],
-    }
+    header = _put_header([("rank_0", len(data)), ("rank_0.index", 1), ("rank_0.json", len(record))])
     with connect(address, 5) as sock:
         send_json(sock, header)
         assert recv_json(sock) == {"ok": True}
@@ -125,17 +122,8 @@ def test_a_copy_torn_on_the_way_or_rewritten_under_its_sender_is_never_held(node
 
 def test_a_copy_cut_mid_transfer_leaves_nothing(nodes):
     tiers, servers, _ = nodes
-    header = {
-        "op": "put",
-        "first": 0,
-        "count": 1,
-        "attempt": 0,
-        "step": 7,
-        "source": 3,
-        "files": [{"name": "rank_0", "size": 1 << 20}],
-    }
     with connect(servers[1].address, 5) as sock:
-        send_json(sock, header)
+        send_json(sock, _put_header([("rank_0", 1 << 20)]))
         assert recv_json(sock) == {"ok": True}
         sock.sendall(b"x" * 1000)
     until(lambda: not [p for p in (tiers[1] / "peers").rglob("*") if p.is_file()], timeout=10)
