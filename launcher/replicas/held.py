@@ -121,19 +121,6 @@ class HeldCopies:
             if other != where and _overlaps(other.name, first, count):
                 shutil.rmtree(other, ignore_errors=True)
 
-    def newest_steps(self) -> Dict[str, int]:
-        """ranks key -> the newest step held, for the status line."""
-        held = {}
-        for where in self.folder.glob("ranks_*"):
-            first, count = (int(x) for x in where.name.split("_")[1:])
-            copies = self.copies(first, count)
-            if copies:
-                held[where.name] = copies[0].step
-        return held
-
-    def drop(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
-
 
 def _overlaps(name: str, first: int, count: int) -> bool:
     try:
