@@ -3,10 +3,11 @@ copy server and sender for the supervisor's life, and at each attempt's start th
 ranks' snapshots from another node's copy where its own tier holds none. ``NO_COPIES`` where
 there is nothing to copy: one node, no /dev/shm, or --memory-peers 0."""
 
+import ipaddress
 import logging
 import socket
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 from launcher.core.beats import CopyReading
 from launcher.core.config import CopySection
@@ -18,7 +19,7 @@ from launcher.replicas.sender import Duty, Sender
 from launcher.replicas.server import CopyServer
 from launcher.roles.role import AttemptPlan
 
-__all__ = ["NO_COPIES", "NodeCopies", "NoCopies", "copy_host"]
+__all__ = ["NO_COPIES", "NodeCopies", "NoCopies", "copy_address"]
 
 log = logging.getLogger(__name__)
 _MIB = 2**20
@@ -48,7 +49,7 @@ class NodeCopies(NoCopies):
         tier: Path,
         node: int,
         section: CopySection,
-        host: str,
+        address: Tuple[str, str],
         events: EventLog,
         say: Callable[[str], None],
     ) -> None:
@@ -56,7 +57,7 @@ class NodeCopies(NoCopies):
         self._events, self._say = events, say
         self._full_said = False
         self._noted: Optional[CopyReading] = None
-        self._server = CopyServer(host, HeldCopies(tier / "peers"), self._on_full)
+        self._server = CopyServer(address, HeldCopies(tier / "peers"), self._on_full)
         self.address = self._server.address
         self._sender = Sender(tier, node, section.rate, say)
 
@@ -133,14 +134,27 @@ class NodeCopies(NoCopies):
         self._server.close()
 
 
-def copy_host(rdzv_endpoint: str) -> str:
-    """The address other nodes reach this one at: the one this host uses towards node 0's
-    endpoint (no packet is sent: a UDP socket's connect only picks the route)."""
+def copy_address(rdzv_endpoint: str, leads: bool) -> Tuple[str, str]:
+    """(the address this node's copy server binds, the one other nodes reach it at). Node 0: the
+    endpoint's host is how the others reach it (its own lookup of its name may say 127.0.1.1, as
+    Debian's /etc/hosts does), so it binds every interface, or the loopback one when the job is on
+    loopback. Another node: the address its host uses towards node 0 (a UDP socket's connect picks
+    the route; no packet is sent)."""
     host = rdzv_endpoint.rpartition(":")[0].strip("[]")
+    if leads:
+        return (host if _loopback(host) else "", host)
     try:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         with socket.socket(family, socket.SOCK_DGRAM) as probe:
             probe.connect((host, 9))
-            return str(probe.getsockname()[0])
+            route = str(probe.getsockname()[0])
     except OSError:
-        return socket.gethostname()
+        route = socket.gethostname()
+    return route, route
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name
+        return False

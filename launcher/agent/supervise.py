@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Optional, Tuple
 
 from launcher.agent import parts
 from launcher.agent.attempt import AttemptRunner, Workers
-from launcher.agent.copies import NO_COPIES, NoCopies, NodeCopies, copy_host
+from launcher.agent.copies import NO_COPIES, NoCopies, NodeCopies, copy_address
 from launcher.agent.health import NodeHealth
 from launcher.agent.held import hold
 from launcher.agent.loop import run_attempts
@@ -208,8 +208,8 @@ def _copies(config: LaunchConfig, memory: Optional[Path], events: EventLog, say:
     if memory is None or not config.cluster.many_nodes or not config.copies.peers:
         yield NO_COPIES
         return
-    host = copy_host(config.cluster.rdzv_endpoint)
-    copies = NodeCopies(memory, config.cluster.node_rank, config.copies, host, events, say)
+    address = copy_address(config.cluster.rdzv_endpoint, config.cluster.leads)
+    copies = NodeCopies(memory, config.cluster.node_rank, config.copies, address, events, say)
     try:
         yield copies
     finally:

@@ -6,7 +6,7 @@ import logging
 import os
 import socket
 import threading
-from typing import Callable, List
+from typing import Callable, List, Tuple
 
 from launcher.process.memory_tier import snapshot_room_needed
 from launcher.replicas.held import Copy, HeldCopies, NoRoomForCopy
@@ -21,12 +21,15 @@ _TIMEOUT_S = 30.0  # one request's socket reads and writes: a peer that stops an
 
 
 class CopyServer:
-    def __init__(self, host: str, held: HeldCopies, on_full: Callable[[str], None]) -> None:
+    def __init__(self, address: Tuple[str, str], held: HeldCopies, on_full: Callable[[str], None]) -> None:
+        """``address``: (the host to bind, "" for every interface; the host others reach it at)."""
+        bind, reached_at = address
         self.held = held
         self._on_full = on_full
-        self._sock = socket.create_server((host, 0))
+        self._sock = _listen(bind)
         self._sock.settimeout(0.5)
-        self.address = f"{host}:{self._sock.getsockname()[1]}"
+        port = self._sock.getsockname()[1]
+        self.address = f"[{reached_at}]:{port}" if ":" in reached_at else f"{reached_at}:{port}"
         self._closed = threading.Event()
         self._full = False
         self._slots = threading.BoundedSemaphore(_AT_ONCE)
@@ -130,6 +133,13 @@ class CopyServer:
         pace = Pace(0)
         for name in names:
             send_crc(conn, send_file(conn, copy.folder / name, copy.files[name][0], pace))
+
+
+def _listen(bind: str) -> socket.socket:
+    """A listening socket on ``bind`` ("": every interface, IPv6 and IPv4 where both are there)."""
+    if not bind and socket.has_dualstack_ipv6():
+        return socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True)
+    return socket.create_server((bind, 0), family=socket.AF_INET6 if ":" in bind else socket.AF_INET)
 
 
 def _size(count: int) -> str:

@@ -19,6 +19,8 @@ from launcher.replicas.sender import Duty, Sender
 from launcher.replicas.server import CopyServer
 from launcher.replicas.wire import connect, recv_json, send_crc, send_json
 
+LOOPBACK = ("127.0.0.1", "127.0.0.1")  # bound and reached at
+
 
 def _slot(tier: Path, rank: int, slot: int, step: int, data: bytes, world_size: int = 4) -> None:
     """A slot as worker_lib writes it: data, index, and the record last."""
@@ -45,7 +47,7 @@ def nodes(tmp_path):
     for tier in tiers:
         tier.mkdir()
     said = []
-    servers = {n: CopyServer("127.0.0.1", HeldCopies(tiers[n] / "peers"), said.append) for n in (1, 2)}
+    servers = {n: CopyServer(LOOPBACK, HeldCopies(tiers[n] / "peers"), said.append) for n in (1, 2)}
     yield tiers, servers, said
     for server in servers.values():
         server.close()
@@ -215,7 +217,7 @@ def test_a_full_dev_shm_turns_copies_off_with_one_line_and_leaves_nothing_half_w
     _slot(tier, 0, 0, 1, os.urandom(100_000))
     said_full, said = [], []
     with tiny_tmpfs(tmp_path / "shm", "64k") as shm:
-        server = CopyServer("127.0.0.1", HeldCopies(shm / "peers"), said_full.append)
+        server = CopyServer(LOOPBACK, HeldCopies(shm / "peers"), said_full.append)
         sender = Sender(tier, node=0, rate=0, say=said.append)
         try:
             sender.assign(Duty(0, 0, 1, ((1, server.address),)))
@@ -252,3 +254,14 @@ def test_a_copy_rate_below_a_byte_or_beyond_any_number_is_refused():
     for bad in ("0.5", "0.0001KB", "9" * 320 + "TB", "fast", "-1", "1e9", ""):
         with pytest.raises(ValueError):
             byte_rate(bad)
+
+
+def test_node_0_is_reached_at_its_endpoints_host_and_a_follower_at_its_route_to_it():
+    """Node 0's own lookup of its name may be 127.0.1.1 (Debian's /etc/hosts): the others reach it
+    as the endpoint says, so it binds every interface, except on loopback."""
+    from launcher.agent.copies import copy_address
+
+    assert copy_address("127.0.0.1:29500", leads=True) == ("127.0.0.1", "127.0.0.1")
+    assert copy_address("node0.cluster:29500", leads=True) == ("", "node0.cluster")
+    assert copy_address("[::1]:29500", leads=True) == ("::1", "::1")
+    assert copy_address("127.0.0.1:29500", leads=False) == ("127.0.0.1", "127.0.0.1")
