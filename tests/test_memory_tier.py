@@ -159,11 +159,13 @@ def test_a_snapshot_that_does_not_fit_is_a_clear_error_and_keeps_the_last_one(ti
 def test_a_node_that_lost_its_memory_makes_every_rank_load_from_storage(launcher, tmp_path):
     """Issue 26.3: node 1's supervisor is killed, and its memory tier with it. Node 0 still holds
     its snapshots, but a step is loadable from memory only when every rank holds it: the
-    relaunched job agrees on the newest storage step, on both nodes."""
+    relaunched job agrees on the newest storage step, on both nodes. No copies on other nodes
+    (--memory-peers 0): with them node 1 gets its snapshot back from node 0's copy
+    (tests/test_memory_copies.py)."""
     from test_many_nodes import Job
 
     job = Job(
-        launcher, tmp_path, 2, "--nproc", "1", "--run-name", "lost",
+        launcher, tmp_path, 2, "--nproc", "1", "--run-name", "lost", "--memory-peers", "0",
         "--checkpoint-dir", str(tmp_path / "ckpt"), TRAIN, "--out", str(tmp_path / "out.pt"),
         "--steps", "150", "--step-time", "0.02", "--memory-every", "1", "--replicated",
         "--until-attempt", "1",  # attempt 0 trains until node 1 is killed: it cannot finish first
