@@ -26,7 +26,6 @@ round is met on node 0, the last rank is spawned, the first step at full size.
 
 import argparse
 import dataclasses
-import json
 import os
 import re
 import shutil
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, TypeVar
 
 import psutil
-from chaos_matrix import marked_processes  # a run's processes, found by the marker in their environment
+from chaos_matrix import marked_processes, read_jsonl  # a run's processes by their marker; events
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
@@ -322,22 +321,16 @@ def _recover(arm: str, job: Job, victim: int, killed_at: float, endpoint: str, e
     return run
 
 
-def read_events(path: Path) -> List[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def ftlaunch_phases(logs: Path, killed_at: float, first: float) -> Dict[str, float]:
     """Phase by phase from the event logs: lost (kill → node 0's ``decision``), met (→ node 0's
     ``nodes_met`` of the new round), spawn (→ the last node of the new attempt RUNNING), first
     step (→ every rank's first step: the workers' stamps). A phase whose end is not logged ends
     the list."""
-    node0 = read_events(logs / "node0" / "events.jsonl")
+    node0 = read_jsonl(logs / "node0" / "events.jsonl")
     decided = _first_after(node0, killed_at, lambda e: e["event"] == "decision")
     met = _first_after(node0, killed_at, lambda e: e["event"] == "nodes_met")
     running = [
-        _first_after(read_events(path), met["t_mono"], lambda e: e.get("new") == "RUNNING")
+        _first_after(read_jsonl(path), met["t_mono"], lambda e: e.get("new") == "RUNNING")
         for path in logs.glob("node*/events.jsonl")
         if met is not None
     ]

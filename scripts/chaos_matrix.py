@@ -229,8 +229,7 @@ class Subject:
             )
 
     def events(self, launch: int) -> List[dict]:
-        path = self.logs / f"logs_{launch}" / "events.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        return read_jsonl(self.logs / f"logs_{launch}" / "events.jsonl")
 
     def attempts(self) -> List[dict]:
         path = self.work / "runs" / "train" / "run.json"
@@ -482,6 +481,15 @@ def full_disk(subject: Subject, rng: random.Random, steps: int) -> Trial:
     if failed is not None:
         result.recovery = recovery_from(subject.events(1), failed)
     return result
+
+
+def read_jsonl(path: Path) -> List[dict]:
+    """A JSON-lines file that may be written to as it is read: its whole lines only. A line not yet
+    ended is the writer's next write, half seen (a read and an append may interleave: found by CI
+    as an unterminated string); the next read has it whole."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().split("\n")[:-1] if line.strip()]
 
 
 def _group_failed(events: List[dict]) -> Optional[float]:
