@@ -109,6 +109,18 @@ def test_a_follower_at_an_endpoint_that_never_answers_ends_on_sigterm(launcher, 
     assert follower.survivors_after(10) == []
 
 
+@pytest.mark.parametrize("mute_server", ["silent"], indirect=True)
+def test_a_follower_at_an_endpoint_that_never_answers_says_so_at_its_join_timeout(launcher, mute_server):
+    """Exit 5 at --join-timeout, saying node 0's port took the connection: not "nothing there"."""
+    follower = launcher.start(
+        "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.1:{mute_server.port}",
+        "--join-timeout", "3s", ACTOR,
+    )  # fmt: skip
+    assert follower.wait(60) == 5, follower.stderr
+    assert "accepts connections but did not answer as a store) within --join-timeout (3 s)" in follower.stderr
+    assert follower.survivors_after(10) == []
+
+
 def test_a_follower_whose_node_0_stops_answering_while_the_nodes_meet_ends_on_sigterm(launcher):
     """The lobby's calls have --node-timeout (60 s here) as their deadline; a signal ends one at
     once, and the stop passed on to node 0 waits a second at most."""

@@ -81,11 +81,13 @@ def connect_job_store(
     for every refused try. ``ended()`` says (every 5 s) why the job is over for good, or ''."""
     wait = Wait(deadline - time.monotonic(), signals, since=0, look=0.2)
     connecting: Optional[_Connecting] = None
+    listened = False  # node 0's port took a connection at least once
     while True:
         wait.check_signals()
         if connecting is None and _listening(
             cluster.rdzv_host, cluster.rdzv_port, min(_CONNECT_TRY_S, max(wait.left, 0.1))
         ):
+            listened = True
             connecting = _Connecting(
                 cluster.rdzv_host, cluster.rdzv_port, min(_CONNECT_TRY_S, max(wait.left, 1.0))
             )
@@ -97,8 +99,9 @@ def connect_job_store(
             if not connecting.stuck:
                 connecting = None  # refused or broken: the next look tries anew
         if wait.expired:
+            heard = " (it accepts connections but did not answer as a store)" if listened else ""
             raise JoinTimeout(
-                f"node 0 did not answer at {cluster.rdzv_endpoint} within --join-timeout "
+                f"node 0 did not answer at {cluster.rdzv_endpoint}{heard} within --join-timeout "
                 f"({cluster.join_timeout:g} s); relaunching the same command resumes the job"
             )
         if wait.due(_SAY_EVERY_S / 6, "look", first=0):  # node 0 gone for good: the job may be over

@@ -32,6 +32,7 @@ from launcher.core.config import RunSection
 from launcher.core.events import Say
 from launcher.core.outcomes import RunStatus
 from launcher.grammar.errors import ExitCode, PeerStopped, SignalReceived, StandbyReleased, UsageError
+from launcher.process.quiet_torch import import_torch
 from launcher.process.signals import SignalInbox
 from launcher.roles.membership import Membership
 from launcher.roles.role import in_attempt
@@ -50,6 +51,9 @@ class Node0Connection:
         self.run = run
         self._signals = signals
         self._say = say
+        # Torch's store client, loaded now: its import takes seconds on a busy machine, and it must
+        # not eat into --join-timeout (CI's spent a whole 8 s one; the timeout is waiting for nodes).
+        import_torch()
         hello = Hello(job.node, socket.gethostname(), os.getpid(), job.rdzv_id, list(job.command))
         self._claim = NodeClaim(job.node, hello, job.cluster.node_timeout)
         self._store: Optional[DeadlineStore] = None  # node 0's store, each call with a deadline
