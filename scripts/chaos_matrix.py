@@ -484,12 +484,17 @@ def full_disk(subject: Subject, rng: random.Random, steps: int) -> Trial:
 
 
 def read_jsonl(path: Path) -> List[dict]:
-    """A JSON-lines file that may be written to as it is read: its whole lines only. A line not yet
-    ended is the writer's next write, half seen (a read and an append may interleave: found by CI
-    as an unterminated string); the next read has it whole."""
+    """A JSON-lines file that may be written to as it is read. A last line not yet ended may be
+    the writer's next write, half seen (a read and an append interleave: found by CI as an
+    unterminated string): skipped unless it parses, and the next read has it whole."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().split("\n")[:-1] if line.strip()]
+    *ended, last = path.read_text().split("\n")
+    records = [json.loads(line) for line in ended if line.strip()]
+    try:
+        return records + [json.loads(last)] if last.strip() else records
+    except ValueError:
+        return records
 
 
 def _group_failed(events: List[dict]) -> Optional[float]:

@@ -230,6 +230,7 @@ class AttemptRunner:
             slots = board.read()
             self._chaos.inject(attempt, group, board, slots)
             rate.observe(time.monotonic(), BeatSummary.of(slots.values()).furthest_step)
+            self._hangs.look_at_work(time.monotonic(), board.own_work)
             self._publish_progress(attempt, group, slots)
             self._observer.look(time.monotonic(), slots, group.running(), board.checkpoint_counters)
             overdue = self._hangs.check(watch, attempt, group.running(), slots)
@@ -270,9 +271,10 @@ class AttemptRunner:
         if now < self._next_progress:
             return
         self._next_progress = now + self.link.progress_every_s
-        self.link.publish_progress(
-            attempt, progress_rows(slots, group.running(), now), self._copies.note(attempt)
-        )
+        rows = progress_rows(slots, group.running(), now, self._hangs.own_work())
+        job = self.link.publish_progress(attempt, rows, self._copies.note(attempt))
+        if job is not None:  # this node holds the run: it judges every rank of the job
+            self._hangs.judge_stragglers(attempt, job.ranks, job.hosts)
 
     def _record_exit(self, attempt: int, exited: Exit, failures: List[Failure]) -> None:
         self._events.emit(

@@ -176,6 +176,19 @@ LAUNCH_OPTIONS: Tuple[click.Option, ...] = (
         "counts as hung  [default: off: a beat proves only that the rank's thread runs]",
     ),
     click.Option(
+        ["--straggler-factor"],
+        default="1.5",
+        metavar="F|off",
+        help="A rank whose own work (its step without the wait for the others, read from torch's flight "
+        "recorder) is F times the median of the other ranks' over --straggler-window is named slow.",
+    ),
+    click.Option(
+        ["--straggler-window"],
+        default="30s",
+        metavar="DURATION",
+        help="How long each rank's own work is averaged over before it is compared.",
+    ),
+    click.Option(
         ["--run-dir"],
         default="ftlaunch_runs",
         metavar="URL",

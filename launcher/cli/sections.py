@@ -88,6 +88,8 @@ def config_from_options(
             heartbeat_timeout=_parse_heartbeat_timeout(o["heartbeat_timeout"]),
             heartbeat_floor=_seconds(o, "heartbeat_floor", "--heartbeat-floor"),
             progress_timeout=_duration(o, "progress_timeout", "--progress-timeout"),
+            straggler_factor=_parse_factor(o["straggler_factor"]),
+            straggler_window=_seconds(o, "straggler_window", "--straggler-window"),
         ),
         run=RunSection(
             url=at.run_url,
@@ -166,6 +168,16 @@ def _parse_heartbeat_timeout(value: str) -> Optional[float]:
     if value.strip().lower() == "off":
         return 0.0
     return parse_duration(value, "--heartbeat-timeout")
+
+
+def _parse_factor(value: str) -> Optional[float]:
+    """--straggler-factor: a number, or off (None)."""
+    if value.strip().lower() == "off":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise UsageError(f"--straggler-factor must be a number more than 1, or off, got {value!r}") from None
 
 
 def _parse_nproc(value: str, gpus: int) -> int:

@@ -21,6 +21,7 @@ from launcher.core.failures import seconds
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.records import AttemptEntry, RunState
 from launcher.grammar.errors import UsageError
+from launcher.hangs.stragglers import own_work_ratios
 from launcher.runs.checkpoints import CheckpointDir
 from launcher.runs.directory import Damaged, LockState, RunDir
 
@@ -283,15 +284,19 @@ def _progress_lines(progress: LiveProgress, now: float) -> List[str]:
             lines.append(f"{n.node:>5}  {n.host or '?':<20}  {n.pid or '?':>7}  {seen:<12}{copied}".rstrip())
     ranks = progress.ranks
     many = any(r.node is not None for r in ranks)
+    ratios = own_work_ratios(ranks)
     lines += ["", f"ranks of attempt {progress.attempt} (as of {age:.0f} s ago):"]
     lines.append(
-        ("node  " if many else "") + f"{'rank':>5}  {'pid':>7}  {'step':>8}  {'last beat':>10}  phase"
+        ("node  " if many else "")
+        + f"{'rank':>5}  {'pid':>7}  {'step':>8}  {'last beat':>10}  {'phase':<8}  own work a step"
     )
     for r in ranks:
         beat = "-" if r.silent_for is None else f"{r.silent_for + age:.1f} s ago"
         step = "-" if r.step is None else r.step
         node = f"{'-' if r.node is None else r.node:>4}  " if many else ""
-        lines.append(f"{node}{r.rank:>5}  {r.pid:>7}  {step:>8}  {beat:>10}  {r.phase}")
+        own = "-" if r.own_work is None else f"{r.own_work:.3f} s"
+        own += f" ({ratios[r.rank]:.1f}× the others')" if r.rank in ratios else ""
+        lines.append(f"{node}{r.rank:>5}  {r.pid:>7}  {step:>8}  {beat:>10}  {r.phase:<8}  {own}")
     return lines
 
 

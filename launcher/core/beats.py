@@ -15,6 +15,7 @@ __all__ = [
     "CopyReading",
     "LiveProgress",
     "NodeRow",
+    "OwnWork",
     "Phase",
     "ProgressRow",
     "ProgressShare",
@@ -81,6 +82,16 @@ class CheckpointCounters:
 
 
 @dataclasses.dataclass(frozen=True)
+class OwnWork:
+    """One rank's own work as its slot shows it, cumulative in its process: the steps measured,
+    their ns from start to the last collective the rank entered, and their whole ns."""
+
+    steps: int = 0
+    own_ns: int = 0
+    step_ns: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class ProgressRow:
     """One running rank as ``ftlaunch status`` shows it (progress.json's ``ranks``)."""
 
@@ -90,6 +101,9 @@ class ProgressRow:
     silent_for: Optional[float]  # seconds since its last beat or pause edge; None: never active
     phase: str  # a Phase value
     node: Optional[int] = None  # many nodes only
+    # Its own work, the mean seconds a step over --straggler-window (None: not measured, or not
+    # long enough yet); the stragglers are judged on it where the run is held.
+    own_work: Optional[float] = None
 
     def aged(self, seconds: float) -> "ProgressRow":
         """The same row read ``seconds`` later (a follower's share, as node 0 publishes it)."""
@@ -99,8 +113,9 @@ class ProgressRow:
 
     def to_json(self) -> dict:
         data = dataclasses.asdict(self)
-        if self.node is None:
-            del data["node"]
+        for name in ("node", "own_work"):
+            if data[name] is None:
+                del data[name]
         return data
 
     @classmethod

@@ -130,8 +130,19 @@ class HangSection:
     heartbeat_timeout: Optional[float] = None  # seconds between beats; None: auto; 0: off
     heartbeat_floor: float = 120.0  # the smallest deadline auto sets
     progress_timeout: Optional[float] = None  # seconds a rank may beat without a new step; None: off
+    # A rank whose own work is this many times the median of the others' is named slow; None: off.
+    straggler_factor: Optional[float] = 1.5
+    straggler_window: float = 30.0  # seconds each rank's own work is averaged over
 
     def __post_init__(self) -> None:
+        _finite(self.straggler_factor, "--straggler-factor")
+        if self.straggler_factor is not None and not 1 < self.straggler_factor <= 1000:
+            raise UsageError(
+                f"--straggler-factor must be more than 1 and at most 1000, got {self.straggler_factor:g}"
+            )
+        _finite(self.straggler_window, "--straggler-window")
+        if not 1 <= self.straggler_window <= MAX_CLUSTER_WAIT_S:
+            raise UsageError(f"--straggler-window must be 1 s to 7d, got {self.straggler_window:g} s")
         _finite(self.init_timeout, "--init-timeout")
         _finite(self.heartbeat_timeout, "--heartbeat-timeout")
         _finite(self.heartbeat_floor, "--heartbeat-floor")

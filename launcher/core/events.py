@@ -56,6 +56,8 @@ __all__ = [
     "InternalError",
     "KeptTime",
     "Laggard",
+    "Straggler",
+    "OwnWorkNoted",
     "Logged",
     "NodeReplaced",
     "NodesMet",
@@ -152,6 +154,31 @@ class Laggard(Hang):
     """A rank silent for over half its deadline (not yet hung)."""
 
     KIND: ClassVar[str] = "laggard"
+
+
+@dataclasses.dataclass(frozen=True)
+class Straggler:
+    """A rank named slow: its own work (its step without the wait for the others) ``ratio``
+    times the median of the other ranks' over the window; ``back``: it is no longer."""
+
+    KIND: ClassVar[str] = "straggler"
+    attempt: int
+    rank: int
+    node: Optional[int]  # None: the only node
+    host: str
+    ratio: float
+    window: float  # seconds the own work was averaged over
+    back: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnWorkNoted:
+    """Each measured rank's own work a step against the median of the others' (rank as text,
+    as JSON keys are), where the run is held: every 15 s at first, then every minute at most."""
+
+    KIND: ClassVar[str] = "own_work_noted"
+    attempt: int
+    ratios: Dict[str, float]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -424,6 +451,8 @@ Event = Union[
     StopRequested,
     Hang,
     Laggard,
+    Straggler,
+    OwnWorkNoted,
     HeartbeatDeadline,
     CheckpointLoaded,
     FirstStep,

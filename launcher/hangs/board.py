@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, Tuple
 
-from launcher.core.beats import BeatReading, CheckpointCounters
+from launcher.core.beats import BeatReading, CheckpointCounters, OwnWork
 from launcher.core.owned import owned_file, remove_unowned
 from worker_lib.core import contract as c
 
@@ -92,6 +92,16 @@ class HeartbeatBoard:
                 commits=w[c.SLOT_COMMITS],
                 commit_ns=w[c.SLOT_COMMIT_NS],
                 load_ns=w[c.SLOT_LOAD_NS],
+            )
+        return counters
+
+    def own_work(self) -> Dict[int, OwnWork]:
+        """Every local rank's own-work counters, by global rank."""
+        counters = {}
+        for index in range(self._nproc):
+            w = self._words[index * c.SLOT_WORDS :][: c.SLOT_WORDS].tolist()
+            counters[self._first_rank + index] = OwnWork(
+                w[c.SLOT_OWN_STEPS], w[c.SLOT_OWN_NS], w[c.SLOT_OWN_STEP_NS]
             )
         return counters
 

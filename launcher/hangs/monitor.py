@@ -6,16 +6,27 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
-from launcher.core.beats import BeatReading, Phase, ProgressRow
+from launcher.core.beats import BeatReading, OwnWork, Phase, ProgressRow
 from launcher.core.config import HangSection
-from launcher.core.events import CheckpointLoaded, EventLog, FirstStep, Hang, HeartbeatDeadline, Laggard
+from launcher.core.events import (
+    CheckpointLoaded,
+    EventLog,
+    FirstStep,
+    Hang,
+    HeartbeatDeadline,
+    Laggard,
+    OwnWorkNoted,
+    Straggler,
+)
 from launcher.core.failures import Failure, HangFailure, seconds
 from launcher.hangs.deadlines import HangLimits, HangWatch, Overdue
+from launcher.hangs.stragglers import OwnWorkWindow, Slowdown, StragglerJudge, own_work_ratios
 from worker_lib.core import contract as c
 
 __all__ = ["HangMonitor", "hang_failures", "progress_rows"]
 
 _LAGGARD_REPORT_EVERY_S = 10.0  # at most one "rank N is behind" report per this many seconds
+_OWN_WORK_NOTED_EVERY_S = (15.0, 60.0)  # the attempt's first minute, later: a weekend's log stays small
 
 
 class HangMonitor:
@@ -45,11 +56,52 @@ class HangMonitor:
         self._said_never_beats = False
         self._next_laggard_report = 0.0
         self._reported_deadline: Optional[float] = None
+        self._straggler_factor, self._window = hangs.straggler_factor, hangs.straggler_window
+        self._work = OwnWorkWindow(self._window)
+        self._judge = StragglerJudge(self._straggler_factor or 0.0)
+        self._started = self._noted_due = 0.0
 
     def watch_attempt(self) -> HangWatch:
         """Deadlines for a group just started (auto learns afresh: the hardware may differ)."""
         self._reported_deadline = None
-        return HangWatch(self._limits, time.monotonic(), self._known_to_beat)
+        self._work = OwnWorkWindow(self._window)
+        self._judge = StragglerJudge(self._straggler_factor or 0.0)
+        self._started = self._noted_due = time.monotonic()
+        return HangWatch(self._limits, self._started, self._known_to_beat)
+
+    def look_at_work(self, now: float, read: Callable[[], Mapping[int, OwnWork]]) -> None:
+        """This node's ranks' own work (``read()``: their counters), sampled when due."""
+        self._work.observe(now, read)
+
+    def own_work(self) -> Dict[int, float]:
+        """This node's ranks' own work a step over the window, where it is known."""
+        return self._work.figures()
+
+    def judge_stragglers(
+        self, attempt: int, rows: List[ProgressRow], hosts: Mapping[Optional[int], str]
+    ) -> None:
+        """Where the run is held: every rank of the job (``rows``, with their own work) compared,
+        the slow named and those back said; ``hosts``: node (None: the only one) → its host."""
+        if self._straggler_factor is None:
+            return
+        changes = self._judge.judge(rows)
+        now = time.monotonic()
+        if changes or now >= self._noted_due:
+            ratios = own_work_ratios(rows)
+            if ratios:
+                later = now - self._started >= 60
+                self._noted_due = now + _OWN_WORK_NOTED_EVERY_S[later]
+                self._events.emit(
+                    OwnWorkNoted(attempt, {str(r): round(v, 3) for r, v in sorted(ratios.items())})
+                )
+        for change in changes:
+            host = hosts.get(change.node, "")
+            self._events.emit(
+                Straggler(
+                    attempt, change.rank, change.node, host, round(change.ratio, 3), self._window, change.back
+                )
+            )
+            self._say(_slowdown_line(change, host, self._window))
 
     def check(
         self, watch: HangWatch, attempt: int, running: Mapping[int, int], slots: Dict[int, BeatReading]
@@ -130,6 +182,19 @@ class HangMonitor:
         self._say(f"behind: {named}{others}")
 
 
+def _slowdown_line(change: Slowdown, host: str, window: float) -> str:
+    """ "behind: rank 5 on node 2 (host): its own work 1.9× the median for the last 30 s; every
+    rank waits for it", or that it is back."""
+    where = f" on node {change.node}" if change.node is not None else ""
+    who = f"rank {change.rank}{where}" + (f" ({host})" if host else "")
+    if change.back:
+        return f"{who} is back to speed: its own work {change.ratio:.1f}× the median of the other ranks'"
+    return (
+        f"behind: {who}: its own work {change.ratio:.1f}× the median of the other ranks' "
+        f"for the last {seconds(window)} s; every rank waits for it"
+    )
+
+
 def _who_hung(named: List[Overdue], progress_timeout: Optional[float]) -> str:
     """ "rank(s) 1 missed the heartbeat deadline (silent with them: rank(s) 2; beating at one step
     while they wait: rank(s) 0 at step 30)"."""
@@ -180,8 +245,10 @@ def hang_failures(
     ]
 
 
-def progress_rows(slots: Dict[int, BeatReading], running: Dict[int, int], now: float) -> List[ProgressRow]:
-    """Each running rank's step and beat age, as ``ftlaunch status`` shows them."""
+def progress_rows(
+    slots: Dict[int, BeatReading], running: Dict[int, int], now: float, own_work: Mapping[int, float] = {}
+) -> List[ProgressRow]:
+    """Each running rank's step, beat age and own work, as ``ftlaunch status`` shows them."""
     rows = []
     for rank, pid in sorted(running.items()):
         r = slots.get(rank)
@@ -193,6 +260,7 @@ def progress_rows(slots: Dict[int, BeatReading], running: Dict[int, int], now: f
                 step=r.step if r is not None and r.beats > 0 else None,
                 silent_for=round(now - r.active_at, 3) if r is not None and r.active_at else None,
                 phase=phase.value,
+                own_work=own_work.get(rank),
             )
         )
     return rows

@@ -92,6 +92,21 @@ def families(metrics: RunMetrics, now: float, now_wall: float) -> List[Family]:
             metrics.replacements,
         ),
         *_copy_families(metrics),
+        Family.by(
+            "ftlaunch_rank_own_work_ratio",
+            "gauge",
+            "Each rank's own work a step (its step without the wait for the others) over the median of "
+            "the other ranks', over --straggler-window, where the run is held: 1 is the job's pace, 2 a "
+            "rank every other one waits for. Only measured ranks have a sample.",
+            "rank",
+            dict(metrics.own_work),
+        ),
+        Family.one(
+            "ftlaunch_stragglers",
+            "gauge",
+            "Ranks named slow now (--straggler-factor), where the run is held.",
+            float(len(metrics.stragglers)),
+        ),
         Family.one(
             "ftlaunch_hangs_detected", "counter", "Ranks found past their heartbeat deadline.", metrics.hangs
         ),

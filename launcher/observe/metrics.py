@@ -24,8 +24,10 @@ from launcher.core.events import (
     Logged,
     NodeReplaced,
     NodesMet,
+    OwnWorkNoted,
     StandbyLost,
     Steps,
+    Straggler,
     Transition,
 )
 from launcher.core.group_state import GroupState
@@ -53,6 +55,10 @@ class RunMetrics:
         self.replacements = 0  # a standby took a lost node's place
         self.copies: Optional[CopiesNoted] = None  # --memory-peers: the newest note of this node's copies
         self.copy_restores = 0  # its ranks' snapshots restored from another node's copy
+        # The newest attempt's ranks' own work over the median of the others' (where the run is
+        # held), and the ranks named slow now: rank → ratio.
+        self.own_work: Dict[str, float] = {}
+        self.stragglers: Dict[int, float] = {}
         self.downtime = 0.0
         self._phases: List[Logged[Event]] = []  # what recoveries() reads: transitions, loads, first steps
         self._steps: List[Steps] = []  # the newest attempt's last two: its pace
@@ -95,11 +101,19 @@ class RunMetrics:
             self.copies = event
         elif isinstance(event, CopyRestored):
             self.copy_restores += 1
+        elif isinstance(event, OwnWorkNoted) and event.attempt == self.attempt:
+            self.own_work = dict(event.ratios)
+        elif isinstance(event, Straggler) and event.attempt == self.attempt:
+            if event.back:
+                self.stragglers.pop(event.rank, None)
+            else:
+                self.stragglers[event.rank] = event.ratio
 
     def _transition(self, logged: Logged[Event], event: Transition) -> None:
         if event.old is None:
             self.attempts += 1
             self.attempt, self._stepping_since, self._steps = event.attempt, None, []
+            self.own_work, self.stragglers = {}, {}
         self.running = event.new is GroupState.RUNNING
         self._phases.append(logged)
         if event.new in (GroupState.RUNNING, GroupState.STOPPED):

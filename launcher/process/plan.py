@@ -11,6 +11,10 @@ from worker_lib.core import contract as c
 
 __all__ = ["WorkerPlan", "WorkerSpec", "attempt_dir", "plan_workers", "worker_env"]
 
+# The flight recorder's entries (its ring; torch's default is off): enough for the last steps'
+# collectives of a DDP job; a dump of 512 takes ~10 ms, read every few seconds (own_work.py).
+FR_ENTRIES = "512"
+
 
 @dataclasses.dataclass(frozen=True)
 class WorkerSpec:
@@ -112,6 +116,8 @@ def worker_env(
             c.USE_AGENT_STORE: "True",
             c.ERROR_FILE: str(error_file.resolve()),
             c.NCCL_ASYNC_ERROR_HANDLING: base.get(c.NCCL_ASYNC_ERROR_HANDLING, "1"),
+            # torch's flight recorder: each rank's own work is read from it (stragglers)
+            c.FR_BUFFER_SIZE: base.get(c.FR_BUFFER_SIZE, FR_ENTRIES),
             c.FT_ATTEMPT: str(attempt),
             c.FT_BACKEND: plan.group.backend,
         }

@@ -3,8 +3,10 @@ them, ``tick`` for their news, ``agree_stop_step``, ``publish_progress``, ``keep
 attempt, made by the role when it plans the attempt (``NodeRole.link``)."""
 
 import abc
+import dataclasses
+import socket
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from launcher.cluster.follower_channel import FollowerChannel
 from launcher.cluster.leader_channel import LeaderChannel
@@ -17,7 +19,17 @@ from launcher.core.stopping import StopReading, local_stop_step
 from launcher.process.kit import NodeKit
 from launcher.runs.run import Run
 
-__all__ = ["FollowerLink", "LeaderLink", "PeerLink", "SingleLink"]
+__all__ = ["FollowerLink", "JobRows", "LeaderLink", "PeerLink", "SingleLink"]
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRows:
+    """Every rank of the job as the node that holds the run last published them, and each node's
+    host (None: the only node), for what is judged across the job (stragglers)."""
+
+    ranks: List[ProgressRow]
+    hosts: Dict[Optional[int], str]
+
 
 # --nnodes MIN:MAX: how often node 0 asks the rendezvous whether a node waits to join.
 _LOOK_FOR_JOINERS_S = 1.0
@@ -51,8 +63,9 @@ class PeerLink(abc.ABC):
     @abc.abstractmethod
     def publish_progress(
         self, attempt: int, rows: List[ProgressRow], copies: Optional[CopyReading] = None
-    ) -> None:
-        """The live ranks' steps (and this node's copies on other nodes), for ``ftlaunch status``."""
+    ) -> Optional[JobRows]:
+        """The live ranks' steps (and this node's copies on other nodes), for ``ftlaunch status``;
+        where the run is held, every rank of the job as published (else None)."""
 
     def keep_alive(self) -> None:  # noqa: B027 - a hook; by default nothing
         """Called often while workers start and run: the run's lease, where this node holds it."""
@@ -86,8 +99,9 @@ class SingleLink(_HolderLink):
 
     def publish_progress(
         self, attempt: int, rows: List[ProgressRow], copies: Optional[CopyReading] = None
-    ) -> None:
+    ) -> Optional[JobRows]:
         self.run.publish_progress(attempt, rows)
+        return JobRows(rows, {None: socket.gethostname()})
 
 
 class LeaderLink(_HolderLink):
@@ -146,8 +160,10 @@ class LeaderLink(_HolderLink):
 
     def publish_progress(
         self, attempt: int, rows: List[ProgressRow], copies: Optional[CopyReading] = None
-    ) -> None:
-        self.run.publish_progress(attempt, *self.channel.job_progress(rows, copies))
+    ) -> Optional[JobRows]:
+        ranks, nodes = self.channel.job_progress(rows, copies)
+        self.run.publish_progress(attempt, ranks, nodes)
+        return JobRows(ranks, {n.node: n.host or "" for n in nodes})
 
 
 class FollowerLink(PeerLink):
@@ -171,5 +187,6 @@ class FollowerLink(PeerLink):
 
     def publish_progress(
         self, attempt: int, rows: List[ProgressRow], copies: Optional[CopyReading] = None
-    ) -> None:
+    ) -> Optional[JobRows]:
         self.channel.share_progress(rows, copies)
+        return None

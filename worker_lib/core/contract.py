@@ -50,6 +50,10 @@ __all__ = [
     "SLOT_COMMITS",
     "SLOT_COMMIT_NS",
     "SLOT_LOAD_NS",
+    "SLOT_OWN_NS",
+    "SLOT_OWN_STEP_NS",
+    "SLOT_OWN_STEPS",
+    "FR_BUFFER_SIZE",
     "LOADED_NONE",
     "LOADED_STORAGE",
     "LOADED_MEMORY",
@@ -94,6 +98,9 @@ FT_CHECKPOINT_URL = "FTLAUNCH_CHECKPOINT_URL"  # fsspec URL of the checkpoint ro
 FT_MEMORY_DIR = "FTLAUNCH_MEMORY_DIR"
 # Shared-memory file of heartbeat slots, one per LOCAL_RANK; absent: a private page nobody reads.
 FT_HEARTBEAT_FILE = "FTLAUNCH_HEARTBEAT_FILE"
+# torch's flight recorder (gloo's and NCCL's collectives), which the own-work thread reads; the
+# supervisor sets it for its workers unless the user has.
+FR_BUFFER_SIZE = "TORCH_FR_BUFFER_SIZE"
 # "1" under --chaos: ft.heartbeat() also reads requests in SLOT_CHAOS.
 FT_CHAOS = "FTLAUNCH_CHAOS_REQUESTS"
 
@@ -132,7 +139,13 @@ SLOT_SAVE_STORAGE_NS = 17
 SLOT_COMMITS = 18  # written by the background save thread, the others by the training thread
 SLOT_COMMIT_NS = 19
 SLOT_LOAD_NS = 20
-# 21..31: spare, zero
+# Each rank's own work (worker_lib.core.own_work's thread, their one writer), cumulative: the ns
+# from each measured step's start to the last collective the rank entered in it, the measured
+# steps' whole ns, and how many steps were measured. The straggler report compares ranks by it.
+SLOT_OWN_NS = 21
+SLOT_OWN_STEP_NS = 22
+SLOT_OWN_STEPS = 23
+# 24..31: spare, zero
 
 # Where a --chaos request is carried out, and what it does (a signal number, or one of these).
 CHAOS_AT_BEAT = 0  # in the training thread, at the next ft.heartbeat()

@@ -15,6 +15,7 @@ import time
 from typing import Iterator, Optional
 
 from worker_lib.core import contract as c
+from worker_lib.core import own_work
 
 __all__ = [
     "chaos_request",
@@ -34,19 +35,29 @@ STACK_DUMP_SIGNAL = signal.SIGRTMIN + 4
 
 _slot: Optional[memoryview] = None  # this rank's SLOT_WORDS int64 words
 _beats = 0
+# The last beats' times, beat i at [i % RING], for the own-work thread (written before the count).
+_ring = [0] * own_work.RING
 _chaos_seen = 0  # the last --chaos request word read from the slot
 
 
 def heartbeat(
-    step: int = -1, _now_ns=time.monotonic_ns, _STEP=c.SLOT_STEP, _TIME=c.SLOT_TIME_NS, _BEATS=c.SLOT_BEATS
+    step: int = -1,
+    _now_ns=time.monotonic_ns,
+    _STEP=c.SLOT_STEP,
+    _TIME=c.SLOT_TIME_NS,
+    _BEATS=c.SLOT_BEATS,
+    _ring=_ring,
+    _LAST=own_work.RING - 1,
 ) -> None:
     """This rank made progress (``step``: where it is, shown when it is the one behind)."""
     # Bound as locals: looking them up as globals was a third of a beat's cost.
     global _beats
     slot = _slot if _slot is not None else _attach()
+    now = _now_ns()
+    _ring[(_beats + 1) & _LAST] = now
     _beats += 1
     slot[_STEP] = step
-    slot[_TIME] = _now_ns()
+    slot[_TIME] = now
     slot[_BEATS] = _beats
 
 
@@ -160,6 +171,8 @@ def _attach() -> memoryview:
     words[c.SLOT_MAIN_THREAD] = threading.main_thread().ident or 0
     words[c.SLOT_PID] = os.getpid()
     _slot = words
+    if path:
+        own_work.start(words, lambda: _beats, _ring)
     return words
 
 
