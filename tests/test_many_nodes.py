@@ -218,6 +218,7 @@ def test_workers_see_torchruns_multi_node_environment(launcher, tmp_path):
         "FTLAUNCH_HEARTBEAT_FILE",
         "FTLAUNCH_CHECKPOINT_URL",
         "FTLAUNCH_MEMORY_DIR",
+        "TORCH_FR_BUFFER_SIZE",  # 512 unless set: torch's flight recorder, for the stragglers
     }
     for rank in range(4):
         theirs = {k: v for k, v in _env(theirs_dir, rank).items() if base.get(k) != v}

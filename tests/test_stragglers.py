@@ -13,6 +13,8 @@ from helpers import SCRIPTS, until
 from test_many_nodes import Job, _status_when
 
 from launcher.core.events import OwnWorkNoted, Straggler
+from launcher.observe.plot import draw_run, node_events
+from launcher.runs.directory import RunDir
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -63,6 +65,8 @@ def test_a_rank_twice_as_slow_is_named_with_its_node_within_a_minute_and_said_ba
     assert [e.back for e in node0.events(Straggler)] == [False, True]
     _stop(job)
     assert not any(e.rank != 3 for e in node0.events(Straggler))
+    figure = draw_run("slow", node_events(RunDir(str(tmp_path / "runs" / "slow")).read_events(), None))
+    assert "straggler/attempt0/rank3" in {patch.get_gid() for patch in figure.axes[0].patches}
 
 
 def test_the_same_job_balanced_names_no_one(launcher, tmp_path):

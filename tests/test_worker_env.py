@@ -19,6 +19,7 @@ OURS = {
     "FTLAUNCH_HEARTBEAT_FILE",
     "FTLAUNCH_CHECKPOINT_URL",
     "FTLAUNCH_MEMORY_DIR",
+    "TORCH_FR_BUFFER_SIZE",  # 512 unless set: torch's flight recorder, for the stragglers
     MARKER,
 }
 

@@ -17,6 +17,7 @@ from launcher.core.events import (
     FirstStep,
     Logged,
     NodeReplaced,
+    Straggler,
     RunStart,
     Steps,
     Transition,
@@ -120,6 +121,17 @@ def _draw_node(axes, n: NodeEvents, t0: float, colour: str, many: bool) -> None:
         axes.annotate(
             words, (x, y), textcoords="offset points", xytext=(4, -12), fontsize="small", color="tab:blue"
         )
+    for start, end, named in _slow_spans(n.events):  # the stragglers, from their name to back
+        gid = f"straggler/attempt{named.attempt}/rank{named.rank}"
+        axes.axvspan(start - t0, end - t0, color="tab:orange", alpha=0.12, lw=0, gid=gid, label="a rank slow")
+        axes.annotate(
+            f"rank {named.rank} slow ({named.ratio:.1f}×)",
+            (start - t0, last_step.get(named.attempt, 0)),
+            textcoords="offset points",
+            xytext=(4, -24),
+            fontsize="small",
+            color="tab:orange",
+        )
     for loaded in (e for e in of_kind(n.events, CheckpointLoaded) if e.event.tier):
         axes.annotate(
             f"step {loaded.event.step} from {loaded.event.tier}",
@@ -151,6 +163,23 @@ def _mark_end(axes, ended: Logged[AttemptEnded], step: int, t0: float) -> None:
         axes.plot([ended.t_wall - t0], [step], "o", color="tab:green", ms=7, label="succeeded")
     else:  # preempted, resized, interrupted: the run stopped or changed, nothing failed
         axes.plot([ended.t_wall - t0], [step], "v", color="tab:orange", ms=8, label=e.outcome.lower())
+
+
+def _slow_spans(events: Sequence[Logged[Event]]) -> List[Tuple[float, float, Straggler]]:
+    """Each rank named slow: (named, back or its attempt's end or the last event, the naming)."""
+    ends = {e.event.attempt: e.t_wall for e in of_kind(events, AttemptEnded)}
+    last = max(e.t_wall for e in events)
+    spans: List[Tuple[float, float, Straggler]] = []
+    open_: Dict[Tuple[int, int], Logged[Straggler]] = {}
+    for e in of_kind(events, Straggler):
+        key = (e.event.attempt, e.event.rank)
+        if not e.event.back:
+            open_.setdefault(key, e)
+        elif key in open_:
+            named = open_.pop(key)
+            spans.append((named.t_wall, e.t_wall, named.event))
+    spans += [(n.t_wall, ends.get(n.event.attempt, last), n.event) for n in open_.values()]
+    return spans
 
 
 def _steps_by_attempt(events: Sequence[Logged[Event]]) -> Dict[int, List[Logged[Steps]]]:
