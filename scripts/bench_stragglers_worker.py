@@ -9,6 +9,7 @@ Runs ``--steps`` steps, or until ftlaunch asks it to stop; the same script runs 
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -58,7 +59,11 @@ def main() -> None:
             break
     if RANK == 0:
         (args.out / "steps.json").write_text(json.dumps(times[args.warmup :]))
-    dist.destroy_process_group()
+    # No teardown: torch's can deadlock with gloo and DDP (found here, with torchrun as with
+    # ftlaunch): the main thread, holding the GIL, joins gloo's run loop as the reducer goes,
+    # while that thread waits for the GIL to free a finished work's state.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -82,3 +82,20 @@ def test_the_same_job_balanced_names_no_one(launcher, tmp_path):
     assert "behind: rank" not in node0.stderr
     ratios = [r for e in node0.events(OwnWorkNoted) for r in e.ratios.values()]
     assert max(ratios) < 1.5, ratios
+
+
+def test_a_rank_made_slow_by_chaos_is_named(launcher, tmp_path):
+    """--chaos slow: the rehearsal of a straggler on one's own job, here on one node."""
+    launch = launcher.start(
+        "--nproc", "2", "--run-name", "chaos", *WINDOW, "--chaos", "slow:rank=1,at=step:30,factor=3",
+        SLOW, "--out", str(tmp_path),
+    )  # fmt: skip
+    launch.read_console_until(
+        lambda text: "chaos: asked rank 1" in text and "for slow" in text, 120, stream="stderr"
+    )
+    line = launch.read_console_until(lambda text: "behind: rank 1" in text, 120, stream="stderr")
+    assert re.search(r"behind: rank 1 \(\S+\): its own work \d\.\d× the median", line), line
+    launch.proc.send_signal(signal.SIGTERM)
+    assert launch.wait(120) == 143, launch.stderr
+    assert "never landed" not in launch.stderr
+    assert launch.survivors() == []

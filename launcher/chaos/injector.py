@@ -177,7 +177,7 @@ class ChaosInjector:
         return True  # SAVE, COMMIT: the request waits in the slot for the save
 
 
-_WORKER_SIDE = {FaultKind.RAISE: c.CHAOS_RAISE, FaultKind.SLEEP: c.CHAOS_SLEEP}
+_WORKER_SIDE = {FaultKind.RAISE: c.CHAOS_RAISE, FaultKind.SLEEP: c.CHAOS_SLEEP, FaultKind.SLOW: c.CHAOS_SLOW}
 _POINTS = {TriggerKind.SAVE: c.CHAOS_AT_SAVE, TriggerKind.COMMIT: c.CHAOS_AT_COMMIT}
 
 
@@ -187,13 +187,16 @@ def _request_word(fault: Fault, sequence: int) -> int:
     if point is None and fault.kind not in _WORKER_SIDE:
         return 0
     action = _WORKER_SIDE.get(fault.kind, fault.kind.signum)
-    return (sequence << 16) | ((point or c.CHAOS_AT_BEAT) << 8) | action
+    factor = round(fault.factor * 100) << c.CHAOS_FACTOR_SHIFT  # slow's; 0 for the others
+    return factor | (sequence << 16) | ((point or c.CHAOS_AT_BEAT) << 8) | action
 
 
 def mark_injected(failures: List[Failure], injected: List[Injection]) -> List[Failure]:
     """A failure of a process --chaos sent a fault to is the fault's doing (the signal's death,
     a hang, an error exit); anything else, a peer's broken collective, keeps its own cause."""
-    sent = {(i.rank, i.pid): i.signum for i in injected}
+    sent = {
+        (i.rank, i.pid): i.signum for i in injected if i.kind != FaultKind.SLOW.value
+    }  # slow fails nothing
     return [
         dataclasses.replace(f, injected=True) if isinstance(f, _MARKABLE) and _caused(f, sent) else f
         for f in failures
@@ -203,7 +206,9 @@ def mark_injected(failures: List[Failure], injected: List[Injection]) -> List[Fa
 def not_landed(failures: List[Failure], injected: List[Injection]) -> List[Injection]:
     """The requests left for worker_lib that caused none of ``failures`` (marked already)."""
     landed = {(f.rank, f.pid) for f in failures if isinstance(f, _MARKABLE) and f.injected}
-    return [i for i in injected if i.request and (i.rank, i.pid) not in landed]
+    # a slow rank fails nothing: its request is carried out at its next beat, and said there
+    slow = FaultKind.SLOW.value
+    return [i for i in injected if i.request and i.kind != slow and (i.rank, i.pid) not in landed]
 
 
 def _caused(f: Failure, sent: dict) -> bool:

@@ -5,6 +5,8 @@
     FAULT  = "kill" (SIGKILL) | "segv" (SIGSEGV) | "hang" (SIGSTOP: the rank stops, a hang)
            | "raise" (an exception in the training thread, at its next heartbeat)
            | "sleep" (the training thread sleeps for good, at its next heartbeat: a live hang)
+           | "slow" (from its next heartbeat, each of the rank's steps takes factor= times as
+                     long: a straggler, for the rehearsal of the slow-rank report)
            | "kill-node" (node=: its whole process tree SIGKILLed, once, for good: a machine lost)
            | "bad-node" (node=: its ranks SIGKILLed in every attempt, at= after the attempt's
                          start or at its step: a bad GPU)
@@ -20,6 +22,8 @@
            | "every=" DURATION                 again and again, counted while workers run
            | "jitter=" DURATION                with every=: each wait is every ± up to this
            | "times=" INT                      at most this many (default: 1 for at=, no limit for every=)
+           | "factor=" NUMBER                  slow: how many times as long (more than 1, at most
+                                               100; default 2)
 
 kill, segv and hang at a time or a step are the supervisor's signals (any script); the others
 are worker_lib's, asked through the heartbeat slot. kill-node and bad-node take node= and at=
@@ -48,6 +52,7 @@ class FaultKind(str, enum.Enum):
     HANG = "hang"
     RAISE = "raise"
     SLEEP = "sleep"
+    SLOW = "slow"  # each of the rank's steps takes factor times as long
     KILL_NODE = "kill-node"  # a node's whole tree, once and for good
     BAD_NODE = "bad-node"  # a node's ranks, in every attempt
 
@@ -102,11 +107,13 @@ class Fault:
     rank: Optional[int] = None  # None: a random rank each time
     times: Optional[int] = 1  # None: no limit
     node: Optional[int] = None  # kill-node, bad-node: the node rank they act on
+    factor: float = 0.0  # slow: how many times as long each step takes; 0 for the others
 
     def __str__(self) -> str:
         who = f"node={self.node}" if self.kind.of_a_node else f"rank={_rank_text(self.rank)}"
         times = "" if self.times == _default_times(self.kind, self.trigger) else f",times={self.times}"
-        return f"{self.kind.value}:{who},{self.trigger}{times}"
+        factor = f",factor={self.factor:g}" if self.kind is FaultKind.SLOW else ""
+        return f"{self.kind.value}:{who},{self.trigger}{times}{factor}"
 
 
 def _rank_text(rank: Optional[int]) -> str:
@@ -173,13 +180,16 @@ def _fault(clause: str) -> Fault:
     for param in filter(None, (p.strip() for p in params.split(","))):
         key, sep, value = param.partition("=")
         key = key.strip().lower()
-        if not sep or key not in ("rank", "node", "at", "every", "jitter", "times"):
+        if not sep or key not in ("rank", "node", "at", "every", "jitter", "times", "factor"):
             raise UsageError(
-                f"{_OPTION}: {param!r} in {clause!r} is not rank=, node=, at=, every=, jitter= or times="
+                f"{_OPTION}: {param!r} in {clause!r} is not rank=, node=, at=, every=, jitter=, times= "
+                "or factor="
             )
         if key in values:
             raise UsageError(f"{_OPTION}: {key}= given twice in {clause!r}")
         values[key] = value.strip()
+    if "factor" in values and kind is not FaultKind.SLOW:
+        raise UsageError(f"{_OPTION}: factor= goes with slow, in {clause!r}")
     if kind.of_a_node:
         return _node_fault(kind, values, clause)
     if "node" in values:
@@ -197,7 +207,21 @@ def _fault(clause: str) -> Fault:
     times = _default_times(kind, trigger)
     if "times" in values:
         times = _integer(values["times"], "times", minimum=1)
-    return Fault(kind, trigger, rank, times)
+    factor = _factor(values.get("factor", "2"), clause) if kind is FaultKind.SLOW else 0.0
+    return Fault(kind, trigger, rank, times, factor=factor)
+
+
+def _factor(text: str, clause: str) -> float:
+    """slow's factor=: more than 1 and at most 100, in hundredths (as the slot word carries it)."""
+    try:
+        factor = round(float(text), 2)
+    except ValueError:
+        factor = float("nan")
+    if not 1 < factor <= 100:  # NaN fails it too
+        raise UsageError(
+            f"{_OPTION}: factor= must be a number more than 1 and at most 100, got {text!r} in {clause!r}"
+        )
+    return factor
 
 
 # What a node fault refuses, and why (a node is lost once; each attempt starts the clock anew).

@@ -234,3 +234,30 @@ def test_a_stop_half_way_through_a_part_happens_once_however_many_chunks_follow(
     finally:
         signal.signal(signal.SIGUSR2, previous)
     assert received == [signal.SIGUSR2]
+
+
+def test_a_slow_rank_is_a_request_carrying_its_factor_and_never_a_failure_not_landed():
+    plan = parse_chaos("slow:rank=1,at=step:50,factor=2.5", 1)
+    assert str(plan.faults[0]) == "slow:rank=1,at=step:50,factor=2.5"
+    injector = ChaosInjector(plan, 2, {0, 1}, started=0.0)
+    (asked,) = injector.look(1.0, {0: 10, 1: 11}, {1: slot(step=50, beats=50)})
+    word = asked.request
+    assert (word >> c.CHAOS_FACTOR_SHIFT, (word >> 16) & 0xFFFF, (word >> 8) & 0xFF, word & 0xFF) == (
+        250,
+        1,
+        c.CHAOS_AT_BEAT,
+        c.CHAOS_SLOW,
+    )
+    assert not_landed([], [asked]) == []  # it fails nothing by design: never "did not land"
+    assert parse_chaos("slow:rank=0,at=1s", 1).faults[0].factor == 2.0  # the default
+
+
+@pytest.mark.parametrize("factor", ["1", "0.5", "101", "nan", "inf", "fast", ""])
+def test_a_slow_factor_outside_1_to_100_is_refused(factor):
+    with pytest.raises(UsageError, match="factor= must be a number more than 1 and at most 100"):
+        parse_chaos(f"slow:rank=0,at=1s,factor={factor}", 1)
+
+
+def test_a_factor_goes_with_slow_only():
+    with pytest.raises(UsageError, match="factor= goes with slow"):
+        parse_chaos("kill:rank=0,at=1s,factor=2", 1)

@@ -1,5 +1,6 @@
-"""Faults ``--chaos`` asks a worker to inflict on itself (a raise or endless sleep in the training
-thread, a death mid-part or before the commit), requested through ``contract.SLOT_CHAOS``."""
+"""Faults ``--chaos`` asks a worker to inflict on itself (a raise, an endless sleep or steps made
+slower in the training thread, a death mid-part or before the commit), requested through
+``contract.SLOT_CHAOS``."""
 
 import signal
 import sys
@@ -8,7 +9,7 @@ from typing import BinaryIO, Callable, Optional, Tuple
 
 from worker_lib.core import contract as c
 
-__all__ = ["ChaosError", "act", "receive", "take"]
+__all__ = ["ChaosError", "act", "receive", "slow_down", "take"]
 
 
 class ChaosError(RuntimeError):
@@ -16,16 +17,33 @@ class ChaosError(RuntimeError):
 
 
 _pending: Optional[Tuple[int, int]] = None  # (point, action) waiting for its save point
+_slow = 0.0  # slow: each step takes this many times as long from now on; 0: not slowed
+_step_began = 0.0  # slow: when the step now under way began (the last beat, once slept)
 
 
 def receive(word: int) -> None:
     """A new request: carried out now when it is for a beat, kept for its save point otherwise."""
-    global _pending
+    global _pending, _slow, _step_began
     point, action = (word >> 8) & 0xFF, word & 0xFF
-    if point == c.CHAOS_AT_BEAT:
+    if action == c.CHAOS_SLOW:
+        _slow, _step_began = (word >> c.CHAOS_FACTOR_SHIFT) / 100, time.monotonic()
+        print(f"[worker_lib] --chaos: each step {_slow:g}× as long from now on", file=sys.stderr, flush=True)
+    elif point == c.CHAOS_AT_BEAT:
         act(action, "at a heartbeat")
     else:
         _pending = (point, action)
+
+
+def slow_down() -> None:
+    """At each beat of a rank made slow: wait (factor - 1) times the step just ended. Once slow,
+    the rank waits for no one in the collectives, so its step is its own work: the factor holds
+    (the wait is counted from after the last one, never compounding)."""
+    global _step_began
+    if not _slow:
+        return
+    now = time.monotonic()
+    time.sleep((_slow - 1) * (now - _step_began))
+    _step_began = time.monotonic()
 
 
 def take(point: int) -> Optional[int]:

@@ -65,6 +65,8 @@ __all__ = [
     "CHAOS_AT_COMMIT",
     "CHAOS_RAISE",
     "CHAOS_SLEEP",
+    "CHAOS_SLOW",
+    "CHAOS_FACTOR_SHIFT",
 ]
 
 # torchrun's variables (torch/distributed/elastic/agent/server/local_elastic_agent.py).
@@ -153,3 +155,6 @@ CHAOS_AT_SAVE = 1  # half-way through writing this rank's part of the next save
 CHAOS_AT_COMMIT = 2  # once this rank's part is written, before the step can be committed
 CHAOS_RAISE = 200  # an exception in the training thread
 CHAOS_SLEEP = 201  # the training thread sleeps for good: a hang of a live process
+CHAOS_SLOW = 202  # from now on each step takes the factor times as long (a straggler)
+# slow's factor, in hundredths, above the sequence number in the word
+CHAOS_FACTOR_SHIFT = 48

@@ -18,6 +18,7 @@ GPU: the figure there is the CPU's side of a step (not measured on a GPU yet).
 
 import bisect
 import json
+import os
 import sys
 import threading
 import time
@@ -90,8 +91,6 @@ class _Meter(threading.Thread):
 
 
 def _capacity() -> int:
-    import os
-
     try:
         return int(os.environ.get(c.FR_BUFFER_SIZE, "0"))
     except ValueError:

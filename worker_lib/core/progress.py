@@ -63,14 +63,17 @@ def heartbeat(
 
 if os.environ.get(c.FT_CHAOS) == "1":  # a --chaos rehearsal: beats also look for requests
     # Chosen at import so a plain run's beat pays nothing (mypy refuses the differing signature).
+    from worker_lib.core.chaos import slow_down
+
     def heartbeat(  # type: ignore[misc]  # noqa: F811
-        step: int = -1, _beat=heartbeat, _CHAOS=c.SLOT_CHAOS
+        step: int = -1, _beat=heartbeat, _CHAOS=c.SLOT_CHAOS, _slow_down=slow_down
     ) -> None:
         """This rank made progress (``step``: where it is, shown when it is the one behind)."""
         _beat(step)
         slot = _slot if _slot is not None else _attach()  # the beat attached it
         if slot[_CHAOS] != _chaos_seen:
             _chaos_arrived(slot)
+        _slow_down()
 
 
 def chaos_request(point: int):
