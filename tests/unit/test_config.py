@@ -114,3 +114,20 @@ def test_worker_libs_node_cache_refuses_an_id_that_leaves_its_folder(run_id, tmp
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with pytest.raises(CheckpointError, match="run id .* names no folder"):
         node_cache_root(run_id)
+
+
+def test_the_straggler_options_take_sane_values_or_off():
+    config = _config("--straggler-factor", "2", "--straggler-window", "1m")
+    assert (config.hangs.straggler_factor, config.hangs.straggler_window) == (2.0, 60.0)
+    assert _config("--straggler-factor", "OFF").hangs.straggler_factor is None
+    assert _config().hangs.straggler_factor == 1.5 and _config().hangs.straggler_window == 30.0
+    for value in ("1", "0.5", "-2", "nan", "inf", "1e300", "1001"):
+        with pytest.raises(UsageError, match=r"^--straggler-factor must be"):
+            _config("--straggler-factor", value)
+    with pytest.raises(
+        UsageError, match=r"^--straggler-factor must be a number more than 1, or off, got 'fast'"
+    ):
+        _config("--straggler-factor", "fast")
+    for value in ("0.5s", "0", "8d"):
+        with pytest.raises(UsageError, match=r"^--straggler-window must be 1 s to 7d"):
+            _config("--straggler-window", value)
