@@ -130,8 +130,7 @@ class Follower(NodeRole):
         watch = self._watch_outside if self.job.cluster.standby else self._node0.watch
         say = self._say_unless_outside  # outside a running round, "waiting for N nodes" is not so
         round_ = self._kept or self._node0.rendezvous.next_round(self._signals, say, watch=watch)
-        if self._outside_said:
-            self._node0.waits_outside(False)
+        self._node0.met(outside_said=self._outside_said)
         self._kept, self._outside_said = None, False
         failpoints.reached("round-joined")
         self._channel = FollowerChannel(

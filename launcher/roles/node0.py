@@ -83,10 +83,7 @@ class Node0Connection:
         self.call(lambda: self._claim.take(lobby, store, self._signals))
         failpoints.reached("claimed")
         self._fits(self.call(lambda: leader_once_started(lobby)))
-        address = self.call(lambda: lobby.get(GONE_KEY).decode() if lobby.check([GONE_KEY]) else "")
-        if address != self._held_at:  # node 0 anew (relaunched): hold on to its watch instead
-            self._let_go()
-            self._held, self._held_at = hold_open(address, self._claim.token) if address else None, address
+        self._hold(lobby)
         # c10d's backend writes to node 0's store as it is made: node 0 may be gone by then.
         self._rendezvous = self.call(lambda: Rendezvous(self.job.cluster, self.job.run_id, store))
         return self._rendezvous
@@ -102,9 +99,29 @@ class Node0Connection:
             self._claim.release(patient=False)
             raise UsageError(f"{differs}: this node cannot join the running job, which goes on without it")
 
+    def _hold(self, lobby: DeadlineStore) -> None:
+        """Hold a connection to node 0's gone-watch, whose address node 0 puts in the lobby once
+        it has opened the run: a follower that connected as node 0 started reads it only while
+        they meet (found when followers imported torch before their join timeout: they came early
+        enough to miss it, and a killed one was found only by its silence)."""
+        address = self.call(lambda: lobby.get(GONE_KEY).decode() if lobby.check([GONE_KEY]) else "")
+        if address != self._held_at:  # node 0 anew (relaunched): hold on to its watch instead
+            self._let_go()
+            self._held, self._held_at = hold_open(address, self._claim.token) if address else None, address
+
+    def met(self, outside_said: bool) -> None:
+        """A round met: it no longer waits outside one (if it said so), and node 0's gone-watch is
+        held before the attempt, had the meeting's looks not found it yet."""
+        if outside_said:
+            self.waits_outside(False)
+        if not self._held_at and self._store is not None:
+            self._hold(self._store)
+
     def watch(self) -> None:
         """While the nodes meet: node 0 may have refused this node (another command), or a node
         got a signal (PeerStopped: this one stops as it does)."""
+        if not self._held_at and self._store is not None:
+            self._hold(self._store)
         store = self._store
         reason = self.call(lambda: self._claim.refusal(store))
         if reason:
