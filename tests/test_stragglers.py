@@ -99,3 +99,28 @@ def test_a_rank_made_slow_by_chaos_is_named(launcher, tmp_path):
     assert launch.wait(120) == 143, launch.stderr
     assert "never landed" not in launch.stderr
     assert launch.survivors() == []
+
+
+@pytest.mark.parametrize("culprit", [1, 2, 3])
+def test_a_hangs_culprit_on_either_node_is_the_rank_that_never_entered_the_collective(
+    launcher, tmp_path, culprit
+):
+    """Issue 52 item 5: 2 nodes × 2 ranks of DDP; the culprit sleeps before a step's forward while the
+    other three enter that step's all_reduce (in DDP's backward, where no Python frame of
+    torch.distributed shows) and wait. Before, ranks 2, 0 and 2 were blamed."""
+    job = _job(launcher, tmp_path, "hang", "--work", "0.02", "--hang-rank", str(culprit), "--hang-at", "40")
+    job.args = ("--heartbeat-timeout", "8s", "--max-failures", "0", *job.args)
+    job.start(1)
+    node0 = job.start(0)
+    codes = job.wait(150)
+    assert codes[0] != 0, node0.stderr
+    node = culprit // 2
+    line = re.search(
+        rf"attempt 0: rank {culprit} \(node {node}\) never entered all_reduce #(\d+).*", node0.stderr
+    )
+    assert line, node0.stderr
+    waiting = [r for r in range(4) if r != culprit]
+    assert ", ".join(f"{r} (node {r // 2})" for r in waiting[:2]) in line.group(0), line.group(0)
+    assert "they wait, they are not hung of their own" in line.group(0)
+    assert f"attempt 0: rank {culprit} never" not in node0.stderr  # named with its node, once
+    assert job.survivors() == []

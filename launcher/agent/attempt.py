@@ -15,7 +15,7 @@ from launcher.agent.standing_by import stand_by
 from launcher.chaos.driver import NoChaos
 from launcher.cluster.wire import InterruptKind
 from launcher.core import failpoints
-from launcher.core.beats import BeatReading, BeatSummary
+from launcher.core.beats import BeatReading, BeatSummary, Entered
 from launcher.core.events import (
     AttemptEnded,
     AttemptPlanned,
@@ -155,7 +155,13 @@ class AttemptRunner:
             self._stops.stop(machine, group, result, may_restart=link.may_restart(result))
             slots = board.read()
             self._observer.final(slots, board.checkpoint_counters())
-            result = dataclasses.replace(result, lived=lived, beats=BeatSummary.of(slots.values()))
+            entered = {r: Entered(s.collective, s.collective_kind, self._node) for r, s in slots.items()}
+            result = dataclasses.replace(
+                result,
+                lived=lived,
+                beats=BeatSummary.of(slots.values()),
+                collectives={r: e for r, e in entered.items() if e.seq >= 0},  # -1: not known
+            )
         except FtlaunchError:
             self._stops.kill(machine, group)
             raise

@@ -41,6 +41,8 @@ def summary_lines(result: RunResult) -> List[str]:
             extra = len(attempt.failures) - 1
             more = f" (+{extra} more rank(s) failed)" if extra else ""
             lines.append(f"  attempt {attempt.attempt}: {attempt.describe_cause()}{more}")
+            if attempt.culprit:  # a hang: who never entered the collective the others wait in
+                lines.append(f"  attempt {attempt.attempt}: {attempt.culprit}")
     for r in result.recoveries:
         lines.append(f"  recovery after attempt {r.failed}: {_phases(r)}")
     if result.recoveries:

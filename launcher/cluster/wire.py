@@ -145,6 +145,8 @@ class NodeReport:
     furthest_step: Optional[int]
     signum: Optional[int] = None
     restored: str = ""  # --memory-peers: its ranks' snapshots came from another node's copy
+    # rank (as text) → [the last collective it entered, its kind]: a hang's culprit, across nodes
+    collectives: Dict[str, List] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> str:
         return _dump_with_failures(self)

@@ -13,6 +13,7 @@ __all__ = [
     "BeatSummary",
     "CheckpointCounters",
     "CopyReading",
+    "Entered",
     "LiveProgress",
     "NodeRow",
     "OwnWork",
@@ -46,12 +47,26 @@ class BeatReading:
     stop_aware: bool = False  # it calls ft.should_stop(): it can be asked to stop cleanly
     loaded_step: int = -1  # the step its load returned (-1: none, a fresh start)
     loaded_tier: int = 0  # where from: worker_lib.core.contract's LOADED_NONE, _STORAGE or _MEMORY
+    # the last collective it entered, unchanged for 2 s or more (its sequence number; 0: none;
+    # -1: unknown, or it moved since the last read)
+    collective: int = -1
+    collective_kind: str = ""  # that collective: "all_reduce", ...
 
     @property
     def phase(self) -> Phase:
         if self.paused:
             return Phase.PAUSED
         return Phase.STEPPING if self.beats > 0 else Phase.STARTING
+
+
+@dataclasses.dataclass(frozen=True)
+class Entered:
+    """The last collective a rank entered in the default process group (seq 0: none), as its
+    slot said when its attempt ended."""
+
+    seq: int
+    kind: str
+    node: Optional[int] = None  # None: the only node
 
 
 @dataclasses.dataclass(frozen=True)

@@ -88,6 +88,7 @@ class HangFailure:
     node: Optional[int] = None
     injected: bool = False  # --chaos stopped it (SIGSTOP)
     stalled: bool = False  # it beat, but at one step since ``observed_at``
+    collective: int = -1  # the last collective it entered, settled (0: none; -1: not known)
 
     def describe(self) -> str:
         """One line: "rank 1 (pid 42): hung: no heartbeat for 5.1 s (deadline 5 s) after step 17, at ..."."""
@@ -117,6 +118,7 @@ class HangFailure:
         frozen = self.process_status in _NOTABLE_STATUS
         return (
             not frozen,
+            self.collective,  # behind the others' collective: they wait for it (root_cause)
             self.waits_on_peers,
             self.last_step,
             not self.stalled,
@@ -201,9 +203,16 @@ def root_cause(failures: Sequence[Failure]) -> Failure:
     """The failure that most likely caused the others: one --chaos injected (known, not
     guessed); for exits a rank killed by a signal, then the earliest (the others are usually peers
     dying of a broken collective); for hangs the rank that is behind."""
-    return min(
-        failures, key=lambda f: (not getattr(f, "injected", False), _KIND_ORDER[type(f)], f.blame_order)
-    )
+    # The hung ranks' last collectives are compared only when every one of them is known.
+    compared = all(f.collective >= 0 for f in failures if isinstance(f, HangFailure))
+
+    def order(f: Failure) -> tuple:
+        blame = f.blame_order
+        if isinstance(f, HangFailure) and not compared:
+            blame = (blame[0], -1, *blame[2:])
+        return (not getattr(f, "injected", False), _KIND_ORDER[type(f)], blame)
+
+    return min(failures, key=order)
 
 
 def sure_blame(failures: Sequence[Failure], first_to_tell: Optional[int]) -> Optional[int]:

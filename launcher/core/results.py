@@ -3,9 +3,9 @@ the summary and the CLI (below all of them, above only the failure records)."""
 
 import dataclasses
 import signal
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
-from launcher.core.beats import BeatSummary
+from launcher.core.beats import BeatSummary, Entered
 from launcher.core.failures import Failure, root_cause
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.grammar.errors import CheckStopped, PeerStopped, SignalReceived, exit_code_for_signal
@@ -29,6 +29,10 @@ class AttemptResult:
     resize: str = ""  # node 0 of an elastic job: it ran on other nodes than the attempt before, and why
     replaced: str = ""  # node 0, --standby-nodes: which standby took which lost node's place, and why
     restored: str = ""  # --memory-peers: whose ranks' snapshots came from another node's copy
+    # rank → the last collective it entered, where known: a hang's culprit is read from every
+    # node's ranks' (launcher.hangs.culprit)
+    collectives: Dict[int, Entered] = dataclasses.field(default_factory=dict)
+    culprit: str = ""  # a hang's: who never entered the collective the others wait in
 
     @property
     def root_cause(self) -> Optional[Failure]:

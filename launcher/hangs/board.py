@@ -33,6 +33,10 @@ def _slot_file(attempt: int, size: int, folder: str) -> Tuple[int, Path]:
     return fd, name
 
 
+def _kind(index: int) -> str:
+    return c.COLLECTIVE_KINDS[index] if 0 <= index < len(c.COLLECTIVE_KINDS) else "other"
+
+
 class HeartbeatBoard:
     """The slot file for ``nproc`` local ranks, in /dev/shm where it has room, else in the temp
     dir (``fallback`` says why)."""
@@ -76,6 +80,9 @@ class HeartbeatBoard:
                 stop_aware=bool(w[c.SLOT_STOP_AWARE]),
                 loaded_step=w[c.SLOT_LOADED_STEP] if w[c.SLOT_LOADED_TIER] else -1,
                 loaded_tier=w[c.SLOT_LOADED_TIER],
+                # settled evidence only: a rank that just entered its collective may not show it yet
+                collective=w[c.SLOT_COLLECTIVE_SEQ] if w[c.SLOT_COLLECTIVE_SAME] else -1,
+                collective_kind=_kind(w[c.SLOT_COLLECTIVE_KIND]) if w[c.SLOT_COLLECTIVE_SAME] else "",
             )
         return readings
 

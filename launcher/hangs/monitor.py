@@ -240,6 +240,7 @@ def hang_failures(
             thread_id=readings[o.rank].main_thread,
             process_status=statuses.get(o.rank, ""),
             stalled=o.stalled,
+            collective=readings[o.rank].collective,
         )
         for o in silent
     ]

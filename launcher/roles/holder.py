@@ -1,16 +1,18 @@
 """What the only node and node 0 of many share: they hold the run (run.json, its lease and
 checkpoints), host the workers' store, and decide with the restart policy."""
 
+import dataclasses
 import time
 from typing import List, Optional, Tuple
 
 from launcher.core.events import Decision
-from launcher.core.failures import NodeLostFailure
+from launcher.core.failures import HangFailure, NodeLostFailure
 from launcher.core.outcomes import AttemptOutcome, RunStatus
 from launcher.core.policy import RestartPolicy, Verdict
 from launcher.core.records import AttemptEntry
 from launcher.core.results import AttemptResult, RunResult, ended_by_signal, meeting_stopped
 from launcher.grammar.errors import ExitCode, FtlaunchError, SignalReceived, StartFailed
+from launcher.hangs.culprit import hang_culprit
 from launcher.process.attempt_store import AttemptStore, StoreHost, host_here
 from launcher.process.kit import NodeKit
 from launcher.process.waiting import Wait
@@ -82,6 +84,16 @@ class RunHolder(NodeRole):
             where = f"{address}:{port}"
             message = f"cannot listen on {where} for the workers' store: {err.strerror or err}"
             raise StartFailed(message) from None
+
+    def _with_culprit(self, result: AttemptResult) -> AttemptResult:
+        """A hang: who never entered the collective every other rank waits in, from every rank's
+        last collective (every node's), said once the attempt's end is known."""
+        if not isinstance(result.root_cause, HangFailure):
+            return result
+        culprit = hang_culprit(result.collectives)
+        if culprit:
+            self._say(f"attempt {result.attempt}: {culprit}")
+        return dataclasses.replace(result, culprit=culprit)
 
     def _record_end(self, result: AttemptResult) -> None:
         self._newest = self.run.newest_checkpoint()  # what this attempt left is where the next starts

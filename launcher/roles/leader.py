@@ -19,7 +19,7 @@ from launcher.cluster.wire import (
     copy_servers,
     plan_problem,
 )
-from launcher.core.beats import BeatSummary
+from launcher.core.beats import BeatSummary, Entered
 from launcher.core.events import NodesMet, RoundAbandoned
 from launcher.core.failures import NodeLostFailure, root_cause, sure_blame
 from launcher.core.layout import Layout
@@ -58,7 +58,30 @@ def node_report(node: int, result: AttemptResult) -> NodeReport:
         beats.furthest_step,
         result.signum,
         result.restored,
+        {str(rank): [e.seq, e.kind] for rank, e in result.collectives.items()},
     )
+
+
+def _with_reports(result: AttemptResult, reports: List[NodeReport]) -> AttemptResult:
+    """What every node's report adds: whose snapshots came from a copy, every rank's last collective."""
+    restored = "; ".join(r.restored for r in reports if r.restored)
+    return dataclasses.replace(result, restored=restored, collectives=_entered(reports))
+
+
+def _entered(reports: List[NodeReport]) -> Dict[int, Entered]:
+    """Every reporting node's ranks' last collectives; what does not parse is left out."""
+    found = {}
+    for report in reports:
+        for rank, pair in report.collectives.items():
+            seq, kind = pair if isinstance(pair, list) and len(pair) == 2 else (None, None)
+            if (
+                isinstance(seq, int)
+                and not isinstance(seq, bool)
+                and isinstance(kind, str)
+                and rank.isdigit()
+            ):
+                found[int(rank)] = Entered(seq, kind, report.node)
+    return found
 
 
 class Leader(RunHolder):
@@ -211,7 +234,7 @@ class Leader(RunHolder):
             self.job.cluster.elastic,
         )
         result = dataclasses.replace(result, resize=self.entry.resize, replaced=self.entry.replaced)
-        result = dataclasses.replace(result, restored="; ".join(r.restored for r in reports if r.restored))
+        result = self._with_culprit(_with_reports(result, reports))
         self._places.left({f.node: f.describe() for f in channel.lost_failures()})
         told = channel.interrupted_by
         first = told.node if told is not None and told.kind is InterruptKind.FAILURE else None

@@ -42,6 +42,7 @@ class SingleNode(RunHolder):
 
     def conclude(self, local: AttemptResult) -> Conclusion:
         self._close_store()
+        local = self._with_culprit(local)
         self._record_end(local)
         self._link = None
         return Conclusion(local)

@@ -2,7 +2,8 @@
 "loaded" for that long, as a slow disk or a slow GPU would take), one beat a step. ``--slow-rank R
 --slow-from S --slow-factor F``: from step S, rank R's own work takes F times as long; it writes
 ``<out>/slow_since`` (the wall time) at that step, so that a test can time the report; after
-``--slow-steps`` it is back to speed. Steps on
+``--slow-steps`` it is back to speed. ``--hang-rank R --hang-at S``: rank R sleeps for good before step
+S, while the others enter its backward's all_reduce and wait there (a hang's culprit). Steps on
 until ftlaunch asks it to stop (``ft.should_stop``), for ``--longest`` seconds at most. It works
 without the script marking anything for ftlaunch: only ``ft.heartbeat``."""
 
@@ -28,6 +29,10 @@ def parse() -> argparse.Namespace:
     p.add_argument("--slow-from", type=int, default=0)
     p.add_argument("--slow-factor", type=float, default=2.0)
     p.add_argument("--slow-steps", type=int, default=10**9, help="steps it stays slow, then back to speed")
+    p.add_argument("--hang-rank", type=int, default=-1, help="this rank sleeps for good at --hang-at")
+    p.add_argument(
+        "--hang-at", type=int, default=0, help="before this step's forward: the others wait in its backward"
+    )
     p.add_argument("--longest", type=float, default=240.0)
     p.add_argument("--out", type=Path, required=True)
     return p.parse_args()
@@ -42,6 +47,10 @@ def main() -> None:
     deadline = time.monotonic() + args.longest
     step = 0
     while time.monotonic() < deadline:
+        if RANK == args.hang_rank and step == args.hang_at:
+            print(f"rank {RANK} hangs before step {step}", flush=True)
+            while True:
+                time.sleep(3600)
         slow = RANK == args.slow_rank and args.slow_from <= step < args.slow_from + args.slow_steps
         if RANK == args.slow_rank and step == args.slow_from:
             (args.out / "slow_since").write_text(str(time.time()))

@@ -53,6 +53,11 @@ __all__ = [
     "SLOT_OWN_NS",
     "SLOT_OWN_STEP_NS",
     "SLOT_OWN_STEPS",
+    "SLOT_COLLECTIVE_SEQ",
+    "SLOT_COLLECTIVE_KIND",
+    "SLOT_COLLECTIVE_READS",
+    "SLOT_COLLECTIVE_SAME",
+    "COLLECTIVE_KINDS",
     "FR_BUFFER_SIZE",
     "LOADED_NONE",
     "LOADED_STORAGE",
@@ -147,7 +152,35 @@ SLOT_LOAD_NS = 20
 SLOT_OWN_NS = 21
 SLOT_OWN_STEP_NS = 22
 SLOT_OWN_STEPS = 23
-# 24..31: spare, zero
+# The last collective this rank entered in the default process group, as the same thread last read
+# the flight recorder: its sequence number (0: none yet), its kind (an index in COLLECTIVE_KINDS),
+# and how many reads there were (0: never read: unknown, not "none"). A hang's culprit is the
+# rank that never entered the collective the others wait in.
+SLOT_COLLECTIVE_SEQ = 24
+SLOT_COLLECTIVE_KIND = 25
+SLOT_COLLECTIVE_READS = 26
+# Reads in a row that found the same last collective: 1 or more, it has not moved for a read's
+# period (2 s): settled evidence, where a rank just entered may not yet show (a hang's is settled).
+SLOT_COLLECTIVE_SAME = 27
+# 28..31: spare, zero
+COLLECTIVE_KINDS = (
+    "other",
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "reduce_scatter",
+    "barrier",
+    "reduce",
+    "gather",
+    "scatter",
+    "all_to_all",
+    "send",
+    "recv",
+    "allgather_into_tensor_coalesced",
+    "reduce_scatter_tensor_coalesced",
+    "_allgather_base",
+    "_reduce_scatter_base",
+)
 
 # Where a --chaos request is carried out, and what it does (a signal number, or one of these).
 CHAOS_AT_BEAT = 0  # in the training thread, at the next ft.heartbeat()

@@ -26,7 +26,7 @@ from typing import Callable, List, Optional
 
 from worker_lib.core import contract as c
 
-__all__ = ["RING", "start", "step_own_work"]
+__all__ = ["RING", "last_collective", "start", "step_own_work"]
 
 RING = 16  # beats whose times are kept (a power of two: the beat masks its index)
 PERIOD_S = 2.0  # how often the flight recorder is read (a dump of 512 entries: ~10 ms)
@@ -45,6 +45,18 @@ def step_own_work(beats: List[int], entered: List[int], oldest_kept: Optional[in
         if last >= 0 and entered[last] > start:
             measured.append((entered[last] - start, end - start))
     return measured
+
+
+def last_collective(entries: List[dict]) -> tuple:
+    """(sequence number, kind index) of the last collective entered in the default process group
+    (pg_id 0), from the flight recorder's entries; (0, 0) when it entered none."""
+    ours = [e for e in entries if str(e.get("pg_id", "")) == "0" and not e.get("is_p2p")]
+    if not ours:
+        return 0, 0
+    last = max(ours, key=lambda e: int(e.get("collective_seq_id") or 0))
+    name = str(last.get("profiling_name", "")).rpartition(":")[2]
+    kind = c.COLLECTIVE_KINDS.index(name) if name in c.COLLECTIVE_KINDS else 0
+    return int(last.get("collective_seq_id") or 0), kind
 
 
 class _Meter(threading.Thread):
@@ -73,6 +85,7 @@ class _Meter(threading.Thread):
         first, times, last = self._beats(), list(self._ring), self._beats()
         to_wall = time.time_ns() - time.monotonic_ns()  # the recorder's times are the wall clock's
         entries = json.loads(dump(True, False)).get("entries") or []
+        self._note_last_collective(entries)  # a hang beats no more: read it all the same
         # Beat i is written before the count says i; while the ring was copied, beats up to
         # last + 1 may have overwritten theirs: last - RING + 2 onwards are intact.
         since = max(self._measured, last - RING + 2)
@@ -88,6 +101,14 @@ class _Meter(threading.Thread):
             self._slot[c.SLOT_OWN_STEPS] += 1
         self._measured = first
         return True
+
+    def _note_last_collective(self, entries: List[dict]) -> None:
+        seq, kind = last_collective(entries)
+        same = self._slot[c.SLOT_COLLECTIVE_READS] and self._slot[c.SLOT_COLLECTIVE_SEQ] == seq
+        self._slot[c.SLOT_COLLECTIVE_SAME] = self._slot[c.SLOT_COLLECTIVE_SAME] + 1 if same else 0
+        self._slot[c.SLOT_COLLECTIVE_SEQ] = seq
+        self._slot[c.SLOT_COLLECTIVE_KIND] = kind
+        self._slot[c.SLOT_COLLECTIVE_READS] += 1
 
 
 def _capacity() -> int:
