@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
+from bench_heartbeat import _table  # a Markdown table, as the other benches print theirs
 from bench_recovery import ROOT, kill_tree
 
 WORKER = Path(__file__).resolve().parent / "bench_stragglers_worker.py"
@@ -150,14 +151,6 @@ def false_names(args, work: Path) -> List[List[str]]:
         named += len(_named(folder))
         _end(procs)
     return [[f"{args.balanced} balanced runs of {args.balanced_seconds:g} s", str(named)]]
-
-
-def _table(title: str, header: List[str], rows: List[List[str]]) -> None:
-    print(f"\n{title}\n")
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
 
 
 def main() -> None:
